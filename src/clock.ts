@@ -1,0 +1,141 @@
+/**
+ * The injected clock. Everything that schedules work takes a `Clock`, so tests can move time
+ * instead of sleeping. Lease validity is never decided here: PostgreSQL's `now()` is the lease
+ * clock (see src/db/activations.ts); this clock only drives local scheduling.
+ */
+import { DateTime, Duration } from 'luxon';
+
+export interface TimerHandle {
+  cancel(): void;
+}
+
+export interface Clock {
+  /** Milliseconds since the epoch. */
+  nowMs(): number;
+  now(): DateTime;
+  /** Resolves after `ms`; rejects with the signal's reason if aborted first. */
+  sleep(ms: number, signal?: AbortSignal): Promise<void>;
+  setTimeout(fn: () => void, ms: number): TimerHandle;
+  setInterval(fn: () => void, ms: number): TimerHandle;
+}
+
+export function toMs(d: Duration | number): number {
+  return typeof d === 'number' ? d : d.toMillis();
+}
+
+function abortReason(signal: AbortSignal): unknown {
+  return signal.reason ?? new DOMException('aborted', 'AbortError');
+}
+
+export const systemClock: Clock = {
+  nowMs: () => Date.now(),
+  now: () => DateTime.now(),
+  sleep(ms, signal) {
+    return new Promise((resolve, reject) => {
+      if (signal?.aborted) return reject(abortReason(signal));
+      const t = setTimeout(() => {
+        signal?.removeEventListener('abort', onAbort);
+        resolve();
+      }, ms);
+      const onAbort = (): void => {
+        clearTimeout(t);
+        reject(abortReason(signal!));
+      };
+      signal?.addEventListener('abort', onAbort, { once: true });
+    });
+  },
+  setTimeout(fn, ms) {
+    const t = setTimeout(fn, ms);
+    return { cancel: () => clearTimeout(t) };
+  },
+  setInterval(fn, ms) {
+    const t = setInterval(fn, ms);
+    return { cancel: () => clearInterval(t) };
+  },
+};
+
+interface ManualTimer {
+  id: number;
+  at: number;
+  every: number | null;
+  fn: () => void;
+}
+
+/**
+ * A clock that only moves when told to. `advance(ms)` fires due timers in time order and lets
+ * promise continuations run between them, so code awaiting `sleep()` observes the new time.
+ */
+export class ManualClock implements Clock {
+  private current: number;
+  private timers = new Map<number, ManualTimer>();
+  private nextId = 1;
+
+  constructor(startMs = Date.UTC(2026, 0, 1)) {
+    this.current = startMs;
+  }
+
+  nowMs(): number {
+    return this.current;
+  }
+
+  now(): DateTime {
+    return DateTime.fromMillis(this.current);
+  }
+
+  sleep(ms: number, signal?: AbortSignal): Promise<void> {
+    return new Promise((resolve, reject) => {
+      if (signal?.aborted) return reject(abortReason(signal));
+      const handle = this.setTimeout(() => {
+        signal?.removeEventListener('abort', onAbort);
+        resolve();
+      }, ms);
+      const onAbort = (): void => {
+        handle.cancel();
+        reject(abortReason(signal!));
+      };
+      signal?.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
+  setTimeout(fn: () => void, ms: number): TimerHandle {
+    return this.add(fn, ms, null);
+  }
+
+  setInterval(fn: () => void, ms: number): TimerHandle {
+    return this.add(fn, ms, Math.max(1, ms));
+  }
+
+  /** Number of timers waiting to fire. */
+  pending(): number {
+    return this.timers.size;
+  }
+
+  async advance(ms: number): Promise<void> {
+    const target = this.current + ms;
+    await flushMicrotasks();
+    for (;;) {
+      const due = [...this.timers.values()]
+        .filter((t) => t.at <= target)
+        .sort((a, b) => a.at - b.at || a.id - b.id)[0];
+      if (!due) break;
+      this.current = Math.max(this.current, due.at);
+      if (due.every === null) this.timers.delete(due.id);
+      else due.at += due.every;
+      due.fn();
+      await flushMicrotasks();
+    }
+    this.current = target;
+    await flushMicrotasks();
+  }
+
+  private add(fn: () => void, ms: number, every: number | null): TimerHandle {
+    const id = this.nextId++;
+    this.timers.set(id, { id, at: this.current + Math.max(0, ms), every, fn });
+    return { cancel: () => void this.timers.delete(id) };
+  }
+}
+
+async function flushMicrotasks(): Promise<void> {
+  for (let i = 0; i < 20; i++) await Promise.resolve();
+  await new Promise<void>((r) => setImmediate(r));
+}

@@ -1,0 +1,141 @@
+/**
+ * Configuration, resolved once at the edge (flag > environment > default) and validated.
+ * Nothing below the entry points reads `process.env`: components receive a `Config`.
+ */
+import { resolve } from 'node:path';
+import { z } from 'zod';
+import { CorralError } from './errors.ts';
+
+export const DEAD_LETTER_MODES = ['continue', 'block'] as const;
+export type DeadLetterMode = (typeof DEAD_LETTER_MODES)[number];
+
+const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
+
+const configSchema = z
+  .object({
+    /** External PostgreSQL; when absent, the embedded server under `homeDir` is used. */
+    databaseUrl: z.string().min(1).optional(),
+    /** Folder for the embedded database and local state (git-ignored `.corral/`). */
+    homeDir: z.string().min(1),
+    /** The broker's ROUTER endpoint. */
+    endpoint: z.string().regex(/^(tcp|ipc|inproc):\/\/.+/, 'expected tcp://host:port, ipc://path or inproc://name'),
+    queueName: z.string().regex(/^[A-Za-z0-9_.-]{1,50}$/),
+    bossSchema: z.string().regex(/^[a-z_][a-z0-9_]{0,62}$/),
+    /** Lease granted to an activation per dispatch / heartbeat. */
+    leaseMs: int(100),
+    /** How often a worker reports progress on a running turn (extends the lease). */
+    progressIntervalMs: int(50),
+    workerHeartbeatMs: int(50),
+    /** A worker silent for this long is stale: its unaccepted deliveries go elsewhere. */
+    workerStaleMs: int(100),
+    /** A warm activation with no current event is stopped after this long. */
+    idleTimeoutMs: int(100),
+    watchdogIntervalMs: int(10),
+    recoveryIntervalMs: int(100),
+    /** pg-boss retry policy for actor events (seconds); the default is the 5–120 s contract. */
+    retryLimit: int(0, 1000),
+    retryDelaySeconds: int(1, 3600),
+    retryDelayMaxSeconds: int(1, 86_400),
+    /** Backstop: pg-boss expires an active job that no daemon settled for this long. */
+    jobExpireSeconds: int(5, 86_400),
+    deadLetterMode: z.enum(DEAD_LETTER_MODES),
+    fetchBatchSize: int(1, 500),
+    /** Fallback poll for delayed retries (NOTIFY wakes new events at once). */
+    pollIntervalMs: int(20),
+    maxMessageBytes: int(1024),
+    metricsPort: int(0, 65_535).optional(),
+    metricsHost: z.string().min(1),
+    logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
+    logPretty: z.boolean(),
+  })
+  .refine((c) => c.retryDelayMaxSeconds >= c.retryDelaySeconds, {
+    message: 'retryDelayMaxSeconds must be >= retryDelaySeconds',
+  })
+  .refine((c) => c.progressIntervalMs < c.leaseMs, { message: 'progressIntervalMs must be shorter than leaseMs' });
+
+export type Config = z.infer<typeof configSchema>;
+
+export const DEFAULTS: Omit<Config, 'homeDir'> = {
+  endpoint: 'tcp://127.0.0.1:5555',
+  queueName: 'actor-events',
+  bossSchema: 'pgboss',
+  leaseMs: 60_000,
+  progressIntervalMs: 10_000,
+  workerHeartbeatMs: 2_000,
+  workerStaleMs: 10_000,
+  idleTimeoutMs: 300_000,
+  watchdogIntervalMs: 1_000,
+  recoveryIntervalMs: 30_000,
+  retryLimit: 5,
+  retryDelaySeconds: 5,
+  retryDelayMaxSeconds: 120,
+  jobExpireSeconds: 3_600,
+  deadLetterMode: 'continue',
+  fetchBatchSize: 50,
+  pollIntervalMs: 1_000,
+  maxMessageBytes: 1024 * 1024,
+  metricsHost: '127.0.0.1',
+  logLevel: 'info',
+  logPretty: false,
+};
+
+/** Environment variable for each setting (documented in the README). */
+export const ENV_NAMES: Partial<Record<keyof Config, string>> = {
+  databaseUrl: 'DATABASE_URL',
+  homeDir: 'CORRAL_HOME',
+  endpoint: 'CORRAL_ENDPOINT',
+  queueName: 'CORRAL_QUEUE',
+  bossSchema: 'CORRAL_BOSS_SCHEMA',
+  leaseMs: 'CORRAL_LEASE_MS',
+  progressIntervalMs: 'CORRAL_PROGRESS_INTERVAL_MS',
+  workerHeartbeatMs: 'CORRAL_WORKER_HEARTBEAT_MS',
+  workerStaleMs: 'CORRAL_WORKER_STALE_MS',
+  idleTimeoutMs: 'CORRAL_IDLE_TIMEOUT_MS',
+  watchdogIntervalMs: 'CORRAL_WATCHDOG_INTERVAL_MS',
+  recoveryIntervalMs: 'CORRAL_RECOVERY_INTERVAL_MS',
+  retryLimit: 'CORRAL_RETRY_LIMIT',
+  retryDelaySeconds: 'CORRAL_RETRY_DELAY_S',
+  retryDelayMaxSeconds: 'CORRAL_RETRY_DELAY_MAX_S',
+  jobExpireSeconds: 'CORRAL_JOB_EXPIRE_S',
+  deadLetterMode: 'CORRAL_DEAD_LETTER_MODE',
+  fetchBatchSize: 'CORRAL_FETCH_BATCH',
+  pollIntervalMs: 'CORRAL_POLL_INTERVAL_MS',
+  maxMessageBytes: 'CORRAL_MAX_MESSAGE_BYTES',
+  metricsPort: 'CORRAL_METRICS_PORT',
+  metricsHost: 'CORRAL_METRICS_HOST',
+  logLevel: 'CORRAL_LOG_LEVEL',
+  logPretty: 'CORRAL_LOG_PRETTY',
+};
+
+/**
+ * Resolves the configuration: `overrides` (flags) win over `env`, which wins over defaults.
+ * Throws `CorralError('invalid_config')` naming the variable at fault.
+ */
+export function loadConfig(
+  overrides: Partial<Config> = {},
+  env: Record<string, string | undefined> = {},
+  cwd = process.cwd(),
+): Config {
+  const fromEnv: Record<string, unknown> = {};
+  for (const [key, name] of Object.entries(ENV_NAMES)) {
+    const raw = name ? env[name] : undefined;
+    if (raw === undefined || raw === '') continue;
+    fromEnv[key] = key === 'logPretty' ? ['1', 'true', 'yes'].includes(raw.toLowerCase()) : raw;
+  }
+  const defined = Object.fromEntries(Object.entries(overrides).filter(([, v]) => v !== undefined));
+  const merged = { ...DEFAULTS, homeDir: '.corral', ...fromEnv, ...defined };
+  const parsed = configSchema.safeParse(merged);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0]!;
+    const key = String(issue.path[0] ?? '');
+    const envName = ENV_NAMES[key as keyof Config];
+    const where = key ? `${key}${envName ? ` (${envName})` : ''}: ` : '';
+    throw new CorralError('invalid_config', `invalid configuration: ${where}${issue.message}`);
+  }
+  return { ...parsed.data, homeDir: resolve(cwd, parsed.data.homeDir) };
+}
+
+/** The connection string with its password masked, for logs. */
+export function maskUrl(url: string): string {
+  return url.replace(/(\/\/[^:/@]+:)[^@]*@/, '$1****@');
+}

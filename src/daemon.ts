@@ -1,0 +1,183 @@
+/**
+ * The composition root: builds the database handle, pg-boss, the broker, the runtime, the queue
+ * consumer, the watchdog and recovery, and owns their lifecycle. Start order: migrations →
+ * pg-boss → broker → recovery pass → consumer / watchdog / recovery loops. Stop order is the
+ * reverse. `corral daemon` wraps this in a supervisor with local worker processes.
+ */
+import { randomUUID } from 'node:crypto';
+import type { PgBoss } from 'pg-boss';
+import { systemClock, type Clock } from './clock.ts';
+import type { Config } from './config.ts';
+import { openDatabase, type Database } from './db/client.ts';
+import { migrateDatabase } from './db/migrate.ts';
+import { markOwnerWorkersGone } from './db/workers.ts';
+import { toError } from './errors.ts';
+import { Broker } from './fabric/broker.ts';
+import type { Logger } from './logger.ts';
+import { createBoss, ensureQueues, type QueueNames } from './queue/boss.ts';
+import { QueueConsumer } from './queue/consumer.ts';
+import { createEventQueue, type EventQueue } from './queue/events.ts';
+import { Recovery } from './runtime/recovery.ts';
+import { Runtime } from './runtime/runtime.ts';
+import { TurnStore } from './runtime/turns.ts';
+import { Watchdog } from './runtime/watchdog.ts';
+import type { RuntimeMetrics } from './runtime/metrics.ts';
+
+export interface DaemonDeps {
+  config: Config;
+  /** The resolved database URL (embedded or DATABASE_URL). */
+  databaseUrl: string;
+  logger: Logger;
+  clock?: Clock;
+  metrics?: RuntimeMetrics;
+  /** Skip applying migrations (they were applied already, e.g. a test template). */
+  skipMigrations?: boolean;
+}
+
+export type DaemonState = 'idle' | 'starting' | 'running' | 'stopping' | 'stopped';
+
+/** The daemon's parts, built and wired but not started. */
+export class Daemon {
+  readonly ownerId = `daemon-${randomUUID()}`;
+  readonly config: Config;
+  readonly database: Database;
+  readonly boss: PgBoss;
+  readonly broker: Broker;
+  readonly runtime: Runtime;
+  readonly store: TurnStore;
+  readonly consumer: QueueConsumer;
+  readonly watchdog: Watchdog;
+  readonly recovery: Recovery;
+  readonly events: EventQueue;
+  readonly queues: QueueNames;
+  private readonly deps: DaemonDeps;
+  private readonly log: Logger;
+  private readonly abort = new AbortController();
+  private loops: Promise<void>[] = [];
+  private _state: DaemonState = 'idle';
+
+  constructor(deps: DaemonDeps) {
+    const { config, logger } = deps;
+    const clock = deps.clock ?? systemClock;
+    this.deps = deps;
+    this.config = config;
+    this.log = logger.child({ component: 'daemon', ownerId: this.ownerId });
+    this.database = openDatabase(deps.databaseUrl, {
+      max: 20,
+      onError: (e) => this.log.warn({ err: e.message }, 'idle database connection lost'),
+    });
+    this.boss = createBoss(deps.databaseUrl, config, {
+      supervise: true,
+      max: 10,
+      onError: (e) => this.log.warn({ err: e.message }, 'pg-boss background error'),
+    });
+    this.queues = { events: config.queueName, deadLetter: `${config.queueName}-dlq` };
+    this.events = createEventQueue(this.boss, this.queues.events);
+    this.store = new TurnStore({
+      db: this.database.db,
+      boss: this.boss,
+      queueName: this.queues.events,
+      ownerId: this.ownerId,
+      config: { leaseMs: config.leaseMs, deadLetterMode: config.deadLetterMode },
+    });
+    let consumer: QueueConsumer | undefined;
+    this.runtime = new Runtime({
+      db: this.database.db,
+      store: this.store,
+      transport: { send: (id, msg) => this.broker.send(id, msg) },
+      clock,
+      logger,
+      ownerId: this.ownerId,
+      workerStaleMs: config.workerStaleMs,
+      onCapacity: () => consumer?.wake(),
+      ...(deps.metrics ? { metrics: deps.metrics } : {}),
+    });
+    this.broker = new Broker({
+      endpoint: config.endpoint,
+      logger,
+      clock,
+      heartbeatIntervalMs: config.workerHeartbeatMs,
+      progressIntervalMs: config.progressIntervalMs,
+      maxMessageBytes: config.maxMessageBytes,
+      onEvent: (e) => this.runtime.handleBrokerEvent(e),
+    });
+    consumer = this.consumer = new QueueConsumer({
+      boss: this.boss,
+      queueName: this.queues.events,
+      bossSchema: config.bossSchema,
+      clock,
+      logger,
+      pollIntervalMs: config.pollIntervalMs,
+      batchSize: config.fetchBatchSize,
+      capacity: () => this.runtime.fetchCapacity(),
+      onJobs: (jobs) => this.runtime.dispatchJobs(jobs),
+    });
+    this.watchdog = new Watchdog({
+      db: this.database.db,
+      store: this.store,
+      runtime: this.runtime,
+      clock,
+      logger,
+      intervalMs: config.watchdogIntervalMs,
+      idleTimeoutMs: config.idleTimeoutMs,
+    });
+    this.recovery = new Recovery({
+      db: this.database.db,
+      store: this.store,
+      clock,
+      logger,
+      intervalMs: config.recoveryIntervalMs,
+    });
+  }
+
+  get state(): DaemonState {
+    return this._state;
+  }
+
+  get signal(): AbortSignal {
+    return this.abort.signal;
+  }
+
+  /** Migrations, pg-boss, queues, broker and a first recovery pass. Loops are started by `startLoops`. */
+  async prepare(): Promise<void> {
+    this._state = 'starting';
+    if (!this.deps.skipMigrations) await migrateDatabase(this.deps.databaseUrl);
+    await this.boss.start();
+    await ensureQueues(this.boss, this.config);
+    await this.broker.start();
+    const report = await this.recovery.tick();
+    this.log.info({ endpoint: this.broker.endpoint, recovered: report }, 'daemon prepared');
+  }
+
+  /** Runs the consumer, watchdog and recovery loops until `stop()`. */
+  startLoops(): void {
+    const signal = this.abort.signal;
+    const loop = (name: string, fn: (s: AbortSignal) => Promise<void>) =>
+      fn(signal).catch((e: unknown) => this.log.error({ err: toError(e), loop: name }, 'loop ended with an error'));
+    this.loops = [
+      loop('consumer', (s) => this.consumer.run(s)),
+      loop('watchdog', (s) => this.watchdog.run(s)),
+      loop('recovery', (s) => this.recovery.run(s)),
+    ];
+    this._state = 'running';
+  }
+
+  async start(): Promise<void> {
+    await this.prepare();
+    this.startLoops();
+  }
+
+  /** Graceful stop: no new fetches; in-flight turns are left to their leases (nothing is lost). */
+  async stop(): Promise<void> {
+    if (this._state === 'stopped' || this._state === 'stopping') return;
+    this._state = 'stopping';
+    this.abort.abort();
+    await Promise.allSettled(this.loops);
+    await this.runtime.drain();
+    await this.broker.stop().catch(() => undefined);
+    await markOwnerWorkersGone(this.database.db, this.ownerId).catch(() => undefined);
+    await this.boss.stop({ graceful: false, close: true, timeout: 5_000 }).catch(() => undefined);
+    await this.database.close().catch(() => undefined);
+    this._state = 'stopped';
+  }
+}

@@ -1,0 +1,189 @@
+/**
+ * SQL for `corral.activations`. PostgreSQL's `now()` is the lease clock: leases are computed and
+ * compared in SQL only.
+ */
+import { and, eq, inArray, isNull, isNotNull, lte, sql } from 'drizzle-orm';
+import { randomUUID } from 'node:crypto';
+import type { ActorKey } from '../actor-key.ts';
+import type { DbOrTx } from './client.ts';
+import { ACTIVATION_LIVE, activations, type ActivationStatus } from './schema.ts';
+
+export type ActivationRow = typeof activations.$inferSelect;
+
+const live = inArray(activations.status, [...ACTIVATION_LIVE]);
+const leaseFrom = (leaseMs: number) => sql`now() + ${leaseMs} * interval '1 millisecond'`;
+
+/** The live activation of `key`, row-locked, with whether its lease is still alive. */
+export async function lockLiveActivation(
+  tx: DbOrTx,
+  key: ActorKey,
+): Promise<(ActivationRow & { leaseAlive: boolean }) | undefined> {
+  const rows = await tx
+    .select({ a: activations, leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()` })
+    .from(activations)
+    .where(and(eq(activations.agentUid, key.agentUid), eq(activations.sessionId, key.sessionId), live))
+    .for('update');
+  const row = rows[0];
+  return row ? { ...row.a, leaseAlive: row.leaseAlive } : undefined;
+}
+
+/**
+ * Inserts a new live activation. The partial unique index `activations_one_live` (I1) makes a
+ * second concurrent insert for the same actor fail with a unique violation.
+ */
+export async function insertActivation(
+  tx: DbOrTx,
+  input: { key: ActorKey; epoch: number; ownerId: string; leaseMs: number; eventId: string | null },
+): Promise<ActivationRow> {
+  const rows = await tx
+    .insert(activations)
+    .values({
+      activationUid: randomUUID(),
+      agentUid: input.key.agentUid,
+      sessionId: input.key.sessionId,
+      actorEpoch: input.epoch,
+      leaseId: randomUUID(),
+      leaseExpiresAt: leaseFrom(input.leaseMs),
+      ownerId: input.ownerId,
+      currentEventId: input.eventId,
+      revision: 0,
+      status: 'active',
+    })
+    .returning();
+  return rows[0]!;
+}
+
+/** Points a warm activation at its next event and renews its lease. */
+export async function assignEvent(
+  tx: DbOrTx,
+  activationUid: string,
+  eventId: string,
+  leaseMs: number,
+  ownerId: string,
+): Promise<ActivationRow> {
+  const rows = await tx
+    .update(activations)
+    .set({
+      currentEventId: eventId,
+      revision: 0,
+      leaseExpiresAt: leaseFrom(leaseMs),
+      ownerId,
+      status: 'active',
+      updatedAt: sql`now()`,
+    })
+    .where(and(eq(activations.activationUid, activationUid), live))
+    .returning();
+  return rows[0]!;
+}
+
+/** Extends the lease of a live activation that is still running `eventId` at `revision`. */
+export async function extendLease(
+  tx: DbOrTx,
+  activationUid: string,
+  leaseMs: number,
+): Promise<Date | undefined> {
+  const rows = await tx
+    .update(activations)
+    .set({ leaseExpiresAt: sql`greatest(${activations.leaseExpiresAt}, ${leaseFrom(leaseMs)})`, updatedAt: sql`now()` })
+    .where(and(eq(activations.activationUid, activationUid), live))
+    .returning({ leaseExpiresAt: activations.leaseExpiresAt });
+  return rows[0]?.leaseExpiresAt;
+}
+
+export async function bumpRevision(tx: DbOrTx, activationUid: string): Promise<number> {
+  const rows = await tx
+    .update(activations)
+    .set({ revision: sql`${activations.revision} + 1`, updatedAt: sql`now()` })
+    .where(and(eq(activations.activationUid, activationUid), live))
+    .returning({ revision: activations.revision });
+  return rows[0]!.revision;
+}
+
+/** The turn is done: the activation stays warm (live, no current event) for the actor's next event. */
+export async function clearCurrentEvent(tx: DbOrTx, activationUid: string, leaseMs: number): Promise<void> {
+  await tx
+    .update(activations)
+    .set({ currentEventId: null, leaseExpiresAt: leaseFrom(leaseMs), updatedAt: sql`now()` })
+    .where(and(eq(activations.activationUid, activationUid), live));
+}
+
+/** Ends a live activation (terminal `failed` or `stopped`). Returns whether it was live. */
+export async function endActivation(
+  tx: DbOrTx,
+  activationUid: string,
+  status: Extract<ActivationStatus, 'failed' | 'stopped'>,
+  reason: string,
+): Promise<boolean> {
+  const rows = await tx
+    .update(activations)
+    .set({ status, endReason: reason, endedAt: sql`now()`, updatedAt: sql`now()` })
+    .where(and(eq(activations.activationUid, activationUid), live))
+    .returning({ uid: activations.activationUid });
+  return rows.length > 0;
+}
+
+/** Live activations running an event whose lease has expired (the watchdog's work list). */
+export async function listExpiredInFlight(db: DbOrTx, limit = 100): Promise<ActivationRow[]> {
+  return db
+    .select()
+    .from(activations)
+    .where(and(live, isNotNull(activations.currentEventId), lte(activations.leaseExpiresAt, sql`now()`)))
+    .limit(limit);
+}
+
+/** Warm activations (no current event) idle for at least `idleMs`. */
+export async function listIdle(db: DbOrTx, idleMs: number, limit = 100): Promise<ActivationRow[]> {
+  return db
+    .select()
+    .from(activations)
+    .where(
+      and(
+        live,
+        isNull(activations.currentEventId),
+        lte(activations.updatedAt, sql`now() - ${idleMs} * interval '1 millisecond'`),
+      ),
+    )
+    .limit(limit);
+}
+
+export async function listLive(db: DbOrTx): Promise<ActivationRow[]> {
+  return db.select().from(activations).where(live);
+}
+
+export async function getActivation(db: DbOrTx, activationUid: string): Promise<ActivationRow | undefined> {
+  const rows = await db.select().from(activations).where(eq(activations.activationUid, activationUid));
+  return rows[0];
+}
+
+export async function liveActivationOf(db: DbOrTx, key: ActorKey): Promise<ActivationRow | undefined> {
+  const rows = await db
+    .select()
+    .from(activations)
+    .where(and(eq(activations.agentUid, key.agentUid), eq(activations.sessionId, key.sessionId), live));
+  return rows[0];
+}
+
+export type LockCondition = 'expired_in_flight' | 'live' | 'idle';
+
+/**
+ * Row-locks a live activation if it is (still) in the given condition: the watchdog and recovery
+ * re-check under the lock, because a heartbeat or a new event may have changed it since listing.
+ */
+export async function lockActivationIf(
+  tx: DbOrTx,
+  activationUid: string,
+  condition: LockCondition,
+): Promise<ActivationRow | undefined> {
+  const extra =
+    condition === 'expired_in_flight'
+      ? and(isNotNull(activations.currentEventId), lte(activations.leaseExpiresAt, sql`now()`))
+      : condition === 'idle'
+        ? isNull(activations.currentEventId)
+        : undefined;
+  const rows = await tx
+    .select()
+    .from(activations)
+    .where(and(eq(activations.activationUid, activationUid), live, extra))
+    .for('update');
+  return rows[0];
+}

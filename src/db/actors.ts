@@ -1,0 +1,39 @@
+/** SQL for `corral.actors`: the durable epoch counter (I2) and the dead-letter block flag. */
+import { and, eq, sql } from 'drizzle-orm';
+import type { ActorKey } from '../actor-key.ts';
+import type { DbOrTx } from './client.ts';
+import { actors } from './schema.ts';
+
+const byKey = (key: ActorKey) => and(eq(actors.agentUid, key.agentUid), eq(actors.sessionId, key.sessionId));
+
+/**
+ * Takes the next epoch for `key` (creating the actor row on first use). The row lock it takes
+ * serialises concurrent activation attempts for one actor; the counter never decreases, so an epoch
+ * is never reused even if every activation row is lost.
+ */
+export async function nextEpoch(tx: DbOrTx, key: ActorKey): Promise<number> {
+  const rows = await tx
+    .insert(actors)
+    .values({ agentUid: key.agentUid, sessionId: key.sessionId, epochCounter: 1 })
+    .onConflictDoUpdate({
+      target: [actors.agentUid, actors.sessionId],
+      set: { epochCounter: sql`${actors.epochCounter} + 1`, updatedAt: sql`now()` },
+    })
+    .returning({ epoch: actors.epochCounter });
+  return rows[0]!.epoch;
+}
+
+export async function getActor(db: DbOrTx, key: ActorKey) {
+  const rows = await db.select().from(actors).where(byKey(key));
+  return rows[0];
+}
+
+export async function setBlockedBy(tx: DbOrTx, key: ActorKey, eventId: string | null): Promise<void> {
+  await tx
+    .insert(actors)
+    .values({ agentUid: key.agentUid, sessionId: key.sessionId, blockedByEventId: eventId })
+    .onConflictDoUpdate({
+      target: [actors.agentUid, actors.sessionId],
+      set: { blockedByEventId: eventId, updatedAt: sql`now()` },
+    });
+}

@@ -1,0 +1,53 @@
+/**
+ * The database handle: a pg Pool wrapped by Drizzle. `Db` is the pool-level handle, `Tx` a
+ * transaction; query modules take `DbOrTx` first so callers can compose them in one transaction.
+ */
+import pg from 'pg';
+import { drizzle, type NodePgDatabase } from 'drizzle-orm/node-postgres';
+import type { PgTransaction } from 'drizzle-orm/pg-core';
+import type { NodePgQueryResultHKT } from 'drizzle-orm/node-postgres';
+import type { ExtractTablesWithRelations } from 'drizzle-orm';
+import * as schema from './schema.ts';
+
+export type Schema = typeof schema;
+export type Db = NodePgDatabase<Schema> & { $client: pg.Pool };
+export type Tx = PgTransaction<NodePgQueryResultHKT, Schema, ExtractTablesWithRelations<Schema>>;
+export type DbOrTx = Db | Tx;
+
+export interface Database {
+  db: Db;
+  pool: pg.Pool;
+  url: string;
+  close(): Promise<void>;
+}
+
+export interface OpenOptions {
+  max?: number;
+  applicationName?: string;
+  /** Called for errors on idle clients (e.g. the server restarted); must not throw. */
+  onError?: (err: Error) => void;
+}
+
+export function openDatabase(url: string, opts: OpenOptions = {}): Database {
+  const pool = new pg.Pool({
+    connectionString: url,
+    max: opts.max ?? 10,
+    application_name: opts.applicationName ?? 'corral',
+    connectionTimeoutMillis: 10_000,
+    idleTimeoutMillis: 30_000,
+  });
+  // Without a listener an idle client's error (server restart) would crash the process.
+  pool.on('error', (err) => opts.onError?.(err));
+  const db = drizzle(pool, { schema }) as Db;
+  let closed = false;
+  return {
+    db,
+    pool,
+    url,
+    async close() {
+      if (closed) return;
+      closed = true;
+      await pool.end();
+    },
+  };
+}

@@ -1,0 +1,105 @@
+/** SQL for `corral.deliveries`: one worker execution of one actor event, carrying the fence. */
+import { and, eq, inArray, sql } from 'drizzle-orm';
+import { randomUUID } from 'node:crypto';
+import type { DbOrTx } from './client.ts';
+import type { ActivationRow } from './activations.ts';
+import { DELIVERY_LIVE, deliveries, type DeliveryState } from './schema.ts';
+
+export type DeliveryRow = typeof deliveries.$inferSelect;
+
+const liveState = inArray(deliveries.state, [...DELIVERY_LIVE]);
+
+/**
+ * Writes a delivery in state `created` with the fence copied from `activation`. The partial unique
+ * index `deliveries_one_live_per_event` (D1) refuses a second live delivery of one event.
+ */
+export async function insertDelivery(
+  tx: DbOrTx,
+  activation: ActivationRow,
+  eventId: string,
+  jobRetryCount: number,
+  workerId: string | null,
+): Promise<DeliveryRow> {
+  const rows = await tx
+    .insert(deliveries)
+    .values({
+      deliveryId: randomUUID(),
+      activationUid: activation.activationUid,
+      agentUid: activation.agentUid,
+      sessionId: activation.sessionId,
+      actorEpoch: activation.actorEpoch,
+      eventId,
+      revision: activation.revision,
+      jobRetryCount,
+      workerId,
+      state: 'created',
+    })
+    .returning();
+  return rows[0]!;
+}
+
+/** Moves a live delivery to `to` if it is currently in one of `from`. Returns whether it moved. */
+export async function transitionDelivery(
+  tx: DbOrTx,
+  deliveryId: string,
+  from: readonly DeliveryState[],
+  to: DeliveryState,
+  reason?: string,
+): Promise<boolean> {
+  const rows = await tx
+    .update(deliveries)
+    .set({ state: to, stateReason: reason ?? null, updatedAt: sql`now()` })
+    .where(and(eq(deliveries.deliveryId, deliveryId), inArray(deliveries.state, [...from])))
+    .returning({ id: deliveries.deliveryId });
+  return rows.length > 0;
+}
+
+export async function setDeliveryRevision(tx: DbOrTx, deliveryId: string, revision: number): Promise<void> {
+  await tx
+    .update(deliveries)
+    .set({ revision, updatedAt: sql`now()` })
+    .where(and(eq(deliveries.deliveryId, deliveryId), liveState));
+}
+
+/** Supersedes every live delivery of an activation (it failed or was stopped). */
+export async function supersedeDeliveriesOf(tx: DbOrTx, activationUid: string, reason: string): Promise<string[]> {
+  const rows = await tx
+    .update(deliveries)
+    .set({ state: 'superseded', stateReason: reason, updatedAt: sql`now()` })
+    .where(and(eq(deliveries.activationUid, activationUid), liveState))
+    .returning({ id: deliveries.deliveryId });
+  return rows.map((r) => r.id);
+}
+
+/** Live deliveries sent to `workerId` that it never accepted (re-dispatch candidates). */
+export async function unacceptedDeliveriesOf(db: DbOrTx, workerId: string): Promise<DeliveryRow[]> {
+  return db
+    .select()
+    .from(deliveries)
+    .where(and(eq(deliveries.workerId, workerId), inArray(deliveries.state, ['created', 'sent'])));
+}
+
+export async function liveDeliveryOfEvent(db: DbOrTx, eventId: string): Promise<DeliveryRow | undefined> {
+  const rows = await db.select().from(deliveries).where(and(eq(deliveries.eventId, eventId), liveState));
+  return rows[0];
+}
+
+export async function getDelivery(db: DbOrTx, deliveryId: string): Promise<DeliveryRow | undefined> {
+  const rows = await db.select().from(deliveries).where(eq(deliveries.deliveryId, deliveryId));
+  return rows[0];
+}
+
+/** The pg-boss attempt (retryCount) the latest delivery of `eventId` under `activationUid` carries. */
+export async function latestJobRetryCount(
+  db: DbOrTx,
+  activationUid: string,
+  eventId: string,
+): Promise<number | undefined> {
+  const rows = await db
+    .select({ n: deliveries.jobRetryCount })
+    .from(deliveries)
+    .where(and(eq(deliveries.activationUid, activationUid), eq(deliveries.eventId, eventId)))
+    .orderBy(sql`${deliveries.createdAt} desc`)
+    .limit(1);
+  return rows[0]?.n;
+}

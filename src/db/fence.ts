@@ -1,0 +1,103 @@
+/**
+ * The fence: the one check every reply from a worker must pass before it changes anything.
+ *
+ * A worker echoes the `turn_ref` it was given. It counts only if it equals, field by field, the
+ * delivery row it names and the live activation that delivery belongs to, and the activation's
+ * lease is still alive by PostgreSQL's clock. `lockFence` takes the row locks and runs
+ * `checkFence`; every fenced operation (accept, progress, commit, fail, steer, cancel) goes
+ * through it, inside the transaction that then writes.
+ */
+import { eq, sql } from 'drizzle-orm';
+import { FenceRejected, type FenceReason } from '../errors.ts';
+import type { ActivationRow } from './activations.ts';
+import type { DbOrTx } from './client.ts';
+import type { DeliveryRow } from './deliveries.ts';
+import { activations, actors, deliveries, ACTIVATION_LIVE } from './schema.ts';
+
+/** The fence a worker echoes (camelCase form of the wire `turn_ref`). */
+export interface Fence {
+  agentUid: string;
+  sessionId: string;
+  activationUid: string;
+  actorEpoch: number;
+  eventId: string;
+  revision: number;
+  deliveryId: string;
+}
+
+export interface FenceRows {
+  delivery: DeliveryRow | undefined;
+  activation: ActivationRow | undefined;
+  /** `now() < lease_expires_at`, evaluated by PostgreSQL. */
+  leaseAlive: boolean;
+  /** The actor's durable epoch counter (to tell a stale epoch from a merely ended activation). */
+  actorEpochCounter: number | undefined;
+}
+
+const isLive = (status: string) => (ACTIVATION_LIVE as readonly string[]).includes(status);
+
+/**
+ * Plain equality checks of `fence` against the rows. Returns null when the fence holds, else the
+ * reason. A delivery that already completed is reported as `already_committed` so the caller can
+ * answer a duplicate result with the committed outcome.
+ */
+export function checkFence(fence: Fence, rows: FenceRows): FenceReason | null {
+  const { delivery: d, activation: a } = rows;
+  if (!d) return 'unknown_delivery';
+  if (d.agentUid !== fence.agentUid || d.sessionId !== fence.sessionId) return 'wrong_actor';
+  if (d.activationUid !== fence.activationUid) return 'unknown_activation';
+  if (d.eventId !== fence.eventId) return 'stale_event';
+  if (d.actorEpoch !== fence.actorEpoch) return 'stale_epoch';
+  if (!a) return 'unknown_activation';
+  if (a.agentUid !== fence.agentUid || a.sessionId !== fence.sessionId) return 'wrong_actor';
+  if (a.actorEpoch !== fence.actorEpoch) return 'stale_epoch';
+  if (d.state === 'completed') return 'already_committed';
+  if (d.state === 'failed') return a.endReason === 'cancelled' ? 'cancelled' : 'already_failed';
+  if (!isLive(a.status)) {
+    if (a.endReason === 'cancelled') return 'cancelled';
+    if ((rows.actorEpochCounter ?? 0) > fence.actorEpoch) return 'stale_epoch';
+    return 'activation_not_live';
+  }
+  if (d.state === 'superseded' || d.state === 'send_failed') return 'delivery_superseded';
+  if (a.currentEventId !== fence.eventId) return 'stale_event';
+  if (a.revision !== fence.revision || d.revision !== fence.revision) return 'stale_revision';
+  if (!rows.leaseAlive) return 'lease_expired';
+  return null;
+}
+
+/** Loads and row-locks the delivery and activation named by `fence`. */
+export async function loadFenceRows(tx: DbOrTx, deliveryId: string): Promise<FenceRows> {
+  const found = await tx
+    .select({
+      d: deliveries,
+      a: activations,
+      leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()`,
+      epochCounter: sql<number>`(select ${actors.epochCounter} from ${actors} where ${actors.agentUid} = ${deliveries.agentUid} and ${actors.sessionId} = ${deliveries.sessionId})`,
+    })
+    .from(deliveries)
+    .innerJoin(activations, eq(activations.activationUid, deliveries.activationUid))
+    .where(eq(deliveries.deliveryId, deliveryId))
+    .for('update');
+  const row = found[0];
+  if (!row) return { delivery: undefined, activation: undefined, leaseAlive: false, actorEpochCounter: undefined };
+  return {
+    delivery: row.d,
+    activation: row.a,
+    leaseAlive: row.leaseAlive,
+    actorEpochCounter: row.epochCounter === null ? undefined : Number(row.epochCounter),
+  };
+}
+
+/** Locks the fence rows and throws `FenceRejected` unless the fence holds. */
+export async function lockFence(
+  tx: DbOrTx,
+  fence: Fence,
+): Promise<{ delivery: DeliveryRow; activation: ActivationRow }> {
+  if (!UUID.test(fence.deliveryId)) throw new FenceRejected('unknown_delivery');
+  const rows = await loadFenceRows(tx, fence.deliveryId);
+  const reason = checkFence(fence, rows);
+  if (reason) throw new FenceRejected(reason);
+  return { delivery: rows.delivery!, activation: rows.activation! };
+}
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;

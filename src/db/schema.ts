@@ -1,0 +1,231 @@
+/**
+ * The Drizzle schema of corral's own tables (schema `corral`). pg-boss owns and migrates its own
+ * schema; it is never modelled here.
+ *
+ * Two families:
+ *  - durable agent state: actors (the durable epoch counter), conversations, turns, messages;
+ *  - runtime projections: activations, deliveries, workers. They can be rebuilt or failed on
+ *    recovery; nothing that must survive lives only in them.
+ *
+ * Invariants enforced by the database itself:
+ *  I1 at most one live activation per actor key (partial unique index `activations_one_live`).
+ *  I2 `actors.epoch_counter` only grows; a new activation takes `epoch_counter + 1`.
+ *  I3' at most one succeeded turn per event (partial unique index `turns_one_success_per_event`).
+ *  D1 at most one live delivery per event (partial unique index `deliveries_one_live_per_event`).
+ */
+import { sql } from 'drizzle-orm';
+import {
+  bigint,
+  bigserial,
+  boolean,
+  check,
+  index,
+  integer,
+  jsonb,
+  pgSchema,
+  primaryKey,
+  text,
+  timestamp,
+  uniqueIndex,
+  uuid,
+} from 'drizzle-orm/pg-core';
+
+export const corral = pgSchema('corral');
+
+const tz = (name: string) => timestamp(name, { withTimezone: true, mode: 'date' });
+
+export const ACTIVATION_LIVE = ['starting', 'active', 'draining'] as const;
+export const ACTIVATION_STATUSES = [...ACTIVATION_LIVE, 'stopped', 'failed'] as const;
+export type ActivationStatus = (typeof ACTIVATION_STATUSES)[number];
+
+export const DELIVERY_LIVE = ['created', 'sent', 'accepted'] as const;
+export const DELIVERY_STATES = [...DELIVERY_LIVE, 'completed', 'failed', 'send_failed', 'superseded'] as const;
+export type DeliveryState = (typeof DELIVERY_STATES)[number];
+
+export const TURN_STATUSES = ['started', 'succeeded', 'failed', 'cancelled'] as const;
+export type TurnStatus = (typeof TURN_STATUSES)[number];
+
+export const MESSAGE_ROLES = ['user', 'assistant', 'tool'] as const;
+export type MessageRole = (typeof MESSAGE_ROLES)[number];
+
+export const WORKER_STATUSES = ['ready', 'stale', 'gone'] as const;
+export type WorkerStatus = (typeof WORKER_STATUSES)[number];
+
+const inList = (col: string, values: readonly string[]) =>
+  sql.raw(`${col} in (${values.map((v) => `'${v}'`).join(', ')})`);
+
+/** One row per actor key ever seen. Holds the durable epoch counter (I2). */
+export const actors = corral.table(
+  'actors',
+  {
+    agentUid: text('agent_uid').notNull(),
+    sessionId: text('session_id').notNull(),
+    epochCounter: bigint('epoch_counter', { mode: 'number' }).notNull().default(0),
+    /** Set while the actor is held by a dead-lettered event (dead-letter mode `block`). */
+    blockedByEventId: uuid('blocked_by_event_id'),
+    createdAt: tz('created_at').notNull().defaultNow(),
+    updatedAt: tz('updated_at').notNull().defaultNow(),
+  },
+  (t) => [primaryKey({ columns: [t.agentUid, t.sessionId] }), check('actors_epoch_nonneg', sql`${t.epochCounter} >= 0`)],
+);
+
+export const conversations = corral.table(
+  'conversations',
+  {
+    id: uuid('id').primaryKey(),
+    agentUid: text('agent_uid').notNull(),
+    sessionId: text('session_id').notNull(),
+    /** Next message position; messages are numbered 1, 2, 3 … within a conversation. */
+    nextSeq: integer('next_seq').notNull().default(1),
+    createdAt: tz('created_at').notNull().defaultNow(),
+    updatedAt: tz('updated_at').notNull().defaultNow(),
+  },
+  (t) => [uniqueIndex('conversations_actor').on(t.agentUid, t.sessionId)],
+);
+
+/** One row per attempt to process an actor event (one per delivery). */
+export const turns = corral.table(
+  'turns',
+  {
+    id: uuid('id').primaryKey(),
+    conversationId: uuid('conversation_id')
+      .notNull()
+      .references(() => conversations.id),
+    eventId: uuid('event_id').notNull(),
+    deliveryId: uuid('delivery_id').notNull(),
+    status: text('status', { enum: TURN_STATUSES }).notNull(),
+    /** The fence this turn was (or is being) processed under. */
+    activationUid: uuid('activation_uid').notNull(),
+    actorEpoch: bigint('actor_epoch', { mode: 'number' }).notNull(),
+    revision: integer('revision').notNull(),
+    attempt: integer('attempt').notNull(),
+    workerId: text('worker_id'),
+    /** The event payload this turn processed (becomes the turn's `user` message on commit). */
+    input: jsonb('input'),
+    error: jsonb('error'),
+    output: jsonb('output'),
+    startedAt: tz('started_at').notNull().defaultNow(),
+    finishedAt: tz('finished_at'),
+  },
+  (t) => [
+    uniqueIndex('turns_delivery').on(t.deliveryId),
+    uniqueIndex('turns_one_success_per_event').on(t.eventId).where(sql`status = 'succeeded'`),
+    index('turns_conversation').on(t.conversationId, t.startedAt),
+    index('turns_started').on(t.startedAt).where(sql`status = 'started'`),
+    check('turns_status', inList('status', TURN_STATUSES)),
+  ],
+);
+
+export const messages = corral.table(
+  'messages',
+  {
+    id: bigserial('id', { mode: 'number' }).primaryKey(),
+    conversationId: uuid('conversation_id')
+      .notNull()
+      .references(() => conversations.id),
+    turnId: uuid('turn_id')
+      .notNull()
+      .references(() => turns.id),
+    seq: integer('seq').notNull(),
+    role: text('role', { enum: MESSAGE_ROLES }).notNull(),
+    content: jsonb('content').notNull(),
+    createdAt: tz('created_at').notNull().defaultNow(),
+  },
+  (t) => [
+    uniqueIndex('messages_conversation_seq').on(t.conversationId, t.seq),
+    index('messages_turn').on(t.turnId),
+    check('messages_role', inList('role', MESSAGE_ROLES)),
+  ],
+);
+
+/** A lease on an actor: who may run its turns, under which epoch, until when. */
+export const activations = corral.table(
+  'activations',
+  {
+    activationUid: uuid('activation_uid').primaryKey(),
+    agentUid: text('agent_uid').notNull(),
+    sessionId: text('session_id').notNull(),
+    actorEpoch: bigint('actor_epoch', { mode: 'number' }).notNull(),
+    leaseId: uuid('lease_id').notNull(),
+    leaseExpiresAt: tz('lease_expires_at').notNull(),
+    /** The daemon instance that holds the lease. */
+    ownerId: text('owner_id').notNull(),
+    currentEventId: uuid('current_event_id'),
+    revision: integer('revision').notNull().default(0),
+    status: text('status', { enum: ACTIVATION_STATUSES }).notNull(),
+    endReason: text('end_reason'),
+    createdAt: tz('created_at').notNull().defaultNow(),
+    updatedAt: tz('updated_at').notNull().defaultNow(),
+    endedAt: tz('ended_at'),
+  },
+  (t) => [
+    uniqueIndex('activations_one_live')
+      .on(t.agentUid, t.sessionId)
+      .where(inList('status', ACTIVATION_LIVE)),
+    index('activations_live_lease').on(t.leaseExpiresAt).where(inList('status', ACTIVATION_LIVE)),
+    index('activations_actor_epoch').on(t.agentUid, t.sessionId, t.actorEpoch),
+    check('activations_status', inList('status', ACTIVATION_STATUSES)),
+  ],
+);
+
+/** One worker execution of exactly one actor event, carrying the fence copied from its activation. */
+export const deliveries = corral.table(
+  'deliveries',
+  {
+    deliveryId: uuid('delivery_id').primaryKey(),
+    activationUid: uuid('activation_uid')
+      .notNull()
+      .references(() => activations.activationUid),
+    agentUid: text('agent_uid').notNull(),
+    sessionId: text('session_id').notNull(),
+    actorEpoch: bigint('actor_epoch', { mode: 'number' }).notNull(),
+    eventId: uuid('event_id').notNull(),
+    revision: integer('revision').notNull(),
+    /** pg-boss attempt fence: the job is settled as `{ id: event_id, retryCount }`. */
+    jobRetryCount: integer('job_retry_count').notNull(),
+    workerId: text('worker_id'),
+    state: text('state', { enum: DELIVERY_STATES }).notNull(),
+    stateReason: text('state_reason'),
+    createdAt: tz('created_at').notNull().defaultNow(),
+    updatedAt: tz('updated_at').notNull().defaultNow(),
+  },
+  (t) => [
+    uniqueIndex('deliveries_one_live_per_event').on(t.eventId).where(inList('state', DELIVERY_LIVE)),
+    index('deliveries_activation').on(t.activationUid),
+    index('deliveries_worker_live').on(t.workerId).where(inList('state', DELIVERY_LIVE)),
+    check('deliveries_state', inList('state', DELIVERY_STATES)),
+  ],
+);
+
+export const workers = corral.table(
+  'workers',
+  {
+    workerId: text('worker_id').primaryKey(),
+    /** The daemon instance the worker is connected to. */
+    ownerId: text('owner_id').notNull(),
+    status: text('status', { enum: WORKER_STATUSES }).notNull(),
+    capacity: integer('capacity').notNull(),
+    inFlight: integer('in_flight').notNull().default(0),
+    registeredAt: tz('registered_at').notNull().defaultNow(),
+    lastHeartbeatAt: tz('last_heartbeat_at').notNull().defaultNow(),
+  },
+  (t) => [check('workers_status', inList('status', WORKER_STATUSES))],
+);
+
+/** Operator actions on dead letters (replay, discard), kept for the record. */
+export const deadLetterActions = corral.table(
+  'dead_letter_actions',
+  {
+    id: bigserial('id', { mode: 'number' }).primaryKey(),
+    action: text('action', { enum: ['replay', 'discard'] }).notNull(),
+    deadLetterId: uuid('dead_letter_id').notNull(),
+    eventId: uuid('event_id').notNull(),
+    agentUid: text('agent_uid').notNull(),
+    sessionId: text('session_id').notNull(),
+    payload: jsonb('payload'),
+    outcome: text('outcome').notNull(),
+    actedAt: tz('acted_at').notNull().defaultNow(),
+    replayed: boolean('replayed').notNull().default(false),
+  },
+  (t) => [index('dead_letter_actions_dl').on(t.deadLetterId)],
+);

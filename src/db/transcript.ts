@@ -1,0 +1,176 @@
+/**
+ * SQL for the durable transcript: conversations, turns, messages. A transcript message is written
+ * only by `appendMessages`, called from the fenced commit transaction (I3).
+ */
+import { and, asc, desc, eq, sql } from 'drizzle-orm';
+import { randomUUID } from 'node:crypto';
+import type { ActorKey } from '../actor-key.ts';
+import type { DbOrTx } from './client.ts';
+import { conversations, messages, turns, type MessageRole, type TurnStatus } from './schema.ts';
+
+export type TurnRow = typeof turns.$inferSelect;
+export type MessageRow = typeof messages.$inferSelect;
+
+export interface NewMessage {
+  role: MessageRole;
+  content: unknown;
+}
+
+export async function ensureConversation(tx: DbOrTx, key: ActorKey): Promise<string> {
+  const inserted = await tx
+    .insert(conversations)
+    .values({ id: randomUUID(), agentUid: key.agentUid, sessionId: key.sessionId })
+    .onConflictDoNothing()
+    .returning({ id: conversations.id });
+  if (inserted[0]) return inserted[0].id;
+  const rows = await tx
+    .select({ id: conversations.id })
+    .from(conversations)
+    .where(and(eq(conversations.agentUid, key.agentUid), eq(conversations.sessionId, key.sessionId)));
+  return rows[0]!.id;
+}
+
+export async function insertStartedTurn(
+  tx: DbOrTx,
+  input: {
+    conversationId: string;
+    eventId: string;
+    deliveryId: string;
+    activationUid: string;
+    actorEpoch: number;
+    revision: number;
+    attempt: number;
+    workerId: string | null;
+    input: unknown;
+  },
+): Promise<string> {
+  const id = randomUUID();
+  await tx.insert(turns).values({ id, status: 'started', ...input, input: input.input as object });
+  return id;
+}
+
+/** Moves a `started` turn to a terminal status. Returns the turn id, or undefined if it was not started. */
+export async function finishTurn(
+  tx: DbOrTx,
+  deliveryId: string,
+  status: Exclude<TurnStatus, 'started'>,
+  extra: { revision?: number; error?: unknown; output?: unknown; workerId?: string } = {},
+): Promise<{ id: string; conversationId: string } | undefined> {
+  const rows = await tx
+    .update(turns)
+    .set({
+      status,
+      finishedAt: sql`now()`,
+      ...(extra.revision !== undefined ? { revision: extra.revision } : {}),
+      ...(extra.error !== undefined ? { error: extra.error } : {}),
+      ...(extra.output !== undefined ? { output: extra.output } : {}),
+      ...(extra.workerId !== undefined ? { workerId: extra.workerId } : {}),
+    })
+    .where(and(eq(turns.deliveryId, deliveryId), eq(turns.status, 'started')))
+    .returning({ id: turns.id, conversationId: turns.conversationId });
+  return rows[0];
+}
+
+export async function setTurnRevision(tx: DbOrTx, deliveryId: string, revision: number): Promise<void> {
+  await tx
+    .update(turns)
+    .set({ revision })
+    .where(and(eq(turns.deliveryId, deliveryId), eq(turns.status, 'started')));
+}
+
+/** Appends messages at the end of the conversation, numbering them in order. */
+export async function appendMessages(
+  tx: DbOrTx,
+  conversationId: string,
+  turnId: string,
+  list: NewMessage[],
+): Promise<void> {
+  if (list.length === 0) return;
+  const [conv] = await tx
+    .update(conversations)
+    .set({ nextSeq: sql`${conversations.nextSeq} + ${list.length}`, updatedAt: sql`now()` })
+    .where(eq(conversations.id, conversationId))
+    .returning({ next: conversations.nextSeq });
+  const first = conv!.next - list.length;
+  await tx.insert(messages).values(
+    list.map((m, i) => ({ conversationId, turnId, seq: first + i, role: m.role, content: m.content as object })),
+  );
+}
+
+export interface TranscriptEntry {
+  turnId: string;
+  eventId: string;
+  status: TurnStatus;
+  actorEpoch: number;
+  revision: number;
+  startedAt: Date;
+  finishedAt: Date | null;
+  messages: { seq: number; role: MessageRole; content: unknown; createdAt: Date }[];
+}
+
+/** The committed transcript of `key`: succeeded turns with their messages, in order. */
+export async function readTranscript(db: DbOrTx, key: ActorKey): Promise<TranscriptEntry[]> {
+  const rows = await db
+    .select({ turn: turns, msg: messages })
+    .from(messages)
+    .innerJoin(turns, eq(turns.id, messages.turnId))
+    .innerJoin(conversations, eq(conversations.id, messages.conversationId))
+    .where(and(eq(conversations.agentUid, key.agentUid), eq(conversations.sessionId, key.sessionId)))
+    .orderBy(asc(messages.seq));
+  const out: TranscriptEntry[] = [];
+  for (const { turn, msg } of rows) {
+    let entry = out.at(-1);
+    if (!entry || entry.turnId !== turn.id) {
+      entry = {
+        turnId: turn.id,
+        eventId: turn.eventId,
+        status: turn.status,
+        actorEpoch: turn.actorEpoch,
+        revision: turn.revision,
+        startedAt: turn.startedAt,
+        finishedAt: turn.finishedAt,
+        messages: [],
+      };
+      out.push(entry);
+    }
+    entry.messages.push({ seq: msg.seq, role: msg.role, content: msg.content, createdAt: msg.createdAt });
+  }
+  return out;
+}
+
+export async function recentTurns(db: DbOrTx, key: ActorKey, limit = 10): Promise<TurnRow[]> {
+  return db
+    .select({ t: turns })
+    .from(turns)
+    .innerJoin(conversations, eq(conversations.id, turns.conversationId))
+    .where(and(eq(conversations.agentUid, key.agentUid), eq(conversations.sessionId, key.sessionId)))
+    .orderBy(desc(turns.startedAt))
+    .limit(limit)
+    .then((rows) => rows.map((r) => r.t));
+}
+
+/** Turns still `started` whose delivery is no longer live (their process died): recovery repairs them. */
+export async function orphanedStartedTurns(db: DbOrTx, limit = 100): Promise<TurnRow[]> {
+  const rows = await db.execute<{ id: string }>(sql`
+    select t.id from corral.turns t
+    left join corral.deliveries d on d.delivery_id = t.delivery_id
+    where t.status = 'started' and (d.delivery_id is null or d.state not in ('created', 'sent', 'accepted'))
+    limit ${limit}`);
+  if (rows.rows.length === 0) return [];
+  const ids = rows.rows.map((r) => r.id);
+  return db.select().from(turns).where(sql`${turns.id} = any(${sql.param(ids)}::uuid[])`);
+}
+
+/** The event payload recorded on the turn of `deliveryId`. */
+export async function turnInput(db: DbOrTx, deliveryId: string): Promise<unknown> {
+  const rows = await db.select({ input: turns.input }).from(turns).where(eq(turns.deliveryId, deliveryId));
+  return rows[0]?.input;
+}
+
+export async function actorOfConversation(db: DbOrTx, conversationId: string): Promise<ActorKey | undefined> {
+  const rows = await db
+    .select({ agentUid: conversations.agentUid, sessionId: conversations.sessionId })
+    .from(conversations)
+    .where(eq(conversations.id, conversationId));
+  return rows[0];
+}

@@ -1,0 +1,60 @@
+/** SQL for `corral.workers`: the durable view of connected workers (for operators and recovery). */
+import { and, eq, lte, sql } from 'drizzle-orm';
+import type { DbOrTx } from './client.ts';
+import { workers, type WorkerStatus } from './schema.ts';
+
+export type WorkerRow = typeof workers.$inferSelect;
+
+export async function upsertWorker(
+  db: DbOrTx,
+  w: { workerId: string; ownerId: string; capacity: number },
+): Promise<void> {
+  await db
+    .insert(workers)
+    .values({ ...w, status: 'ready', inFlight: 0 })
+    .onConflictDoUpdate({
+      target: workers.workerId,
+      set: {
+        ownerId: w.ownerId,
+        capacity: w.capacity,
+        status: 'ready',
+        registeredAt: sql`now()`,
+        lastHeartbeatAt: sql`now()`,
+      },
+    });
+}
+
+export async function recordHeartbeat(db: DbOrTx, workerId: string, inFlight: number): Promise<void> {
+  await db
+    .update(workers)
+    .set({ inFlight, lastHeartbeatAt: sql`now()`, status: 'ready' })
+    .where(eq(workers.workerId, workerId));
+}
+
+export async function setWorkerStatus(db: DbOrTx, workerId: string, status: WorkerStatus): Promise<void> {
+  await db.update(workers).set({ status }).where(eq(workers.workerId, workerId));
+}
+
+/** Marks `ready` workers of `ownerId` silent for `staleMs` as stale; returns their ids. */
+export async function markStaleWorkers(db: DbOrTx, ownerId: string, staleMs: number): Promise<string[]> {
+  const rows = await db
+    .update(workers)
+    .set({ status: 'stale' })
+    .where(
+      and(
+        eq(workers.ownerId, ownerId),
+        eq(workers.status, 'ready'),
+        lte(workers.lastHeartbeatAt, sql`now() - ${staleMs} * interval '1 millisecond'`),
+      ),
+    )
+    .returning({ id: workers.workerId });
+  return rows.map((r) => r.id);
+}
+
+export async function listWorkers(db: DbOrTx): Promise<WorkerRow[]> {
+  return db.select().from(workers).orderBy(workers.workerId);
+}
+
+export async function markOwnerWorkersGone(db: DbOrTx, ownerId: string): Promise<void> {
+  await db.update(workers).set({ status: 'gone' }).where(eq(workers.ownerId, ownerId));
+}

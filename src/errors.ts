@@ -1,0 +1,97 @@
+/**
+ * Typed errors with stable codes. Across process boundaries (wire, CLI exit codes) match on
+ * `code`, never on `instanceof`.
+ */
+export type ErrorCode =
+  | 'invalid_actor_key'
+  | 'invalid_config'
+  | 'invalid_argument'
+  | 'not_found'
+  | 'nothing_matched'
+  | 'fence_rejected'
+  | 'database_unavailable'
+  | 'protocol_error'
+  | 'send_failed'
+  | 'timeout'
+  | 'invalid_timeout'
+  | 'restart_intensity'
+  | 'shutdown'
+  | 'internal';
+
+export class CorralError extends Error {
+  readonly code: ErrorCode;
+  readonly retryable: boolean;
+  readonly details: Record<string, unknown>;
+
+  constructor(
+    code: ErrorCode,
+    message: string,
+    opts: { retryable?: boolean; cause?: unknown; details?: Record<string, unknown> } = {},
+  ) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.name = 'CorralError';
+    this.code = code;
+    this.retryable = opts.retryable ?? false;
+    this.details = opts.details ?? {};
+  }
+}
+
+/** Why a fenced operation refused to act. Stable strings: they travel on the wire. */
+export type FenceReason =
+  | 'unknown_delivery'
+  | 'unknown_activation'
+  | 'wrong_actor'
+  | 'wrong_worker'
+  | 'stale_epoch'
+  | 'stale_revision'
+  | 'stale_event'
+  | 'lease_expired'
+  | 'activation_not_live'
+  | 'delivery_superseded'
+  | 'already_committed'
+  | 'already_failed'
+  | 'cancelled'
+  | 'job_not_active';
+
+export class FenceRejected extends CorralError {
+  readonly reason: FenceReason;
+  constructor(reason: FenceReason, message?: string) {
+    super('fence_rejected', message ?? `fence rejected: ${reason}`, { details: { reason } });
+    this.name = 'FenceRejected';
+    this.reason = reason;
+  }
+}
+
+/** Normalise anything thrown into an Error with a message (never throws). */
+export function toError(e: unknown): Error {
+  if (e instanceof Error) return e;
+  try {
+    return new Error(typeof e === 'string' ? e : JSON.stringify(e));
+  } catch {
+    return new Error(String(e));
+  }
+}
+
+const CONNECTION_SQLSTATE_PREFIXES = ['08', '57P']; // connection exceptions, operator intervention (shutdown)
+const CONNECTION_ERRNO = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'ENOTFOUND', 'EHOSTUNREACH']);
+
+/** True when the error means "the database is not reachable right now": retry later, lose nothing. */
+export function isConnectionError(e: unknown): boolean {
+  const err = e as { code?: unknown; message?: unknown } | null;
+  if (!err) return false;
+  const code = typeof err.code === 'string' ? err.code : '';
+  if (CONNECTION_ERRNO.has(code)) return true;
+  if (CONNECTION_SQLSTATE_PREFIXES.some((p) => code.startsWith(p))) return true;
+  const msg = typeof err.message === 'string' ? err.message : '';
+  return /Connection terminated|connection timeout|terminating connection|Client has encountered a connection error|the database system is (starting up|shutting down)/i.test(
+    msg,
+  );
+}
+
+/** SQLSTATE 23505: unique violation. */
+export function isUniqueViolation(e: unknown, constraint?: string): boolean {
+  const err = e as { code?: unknown; constraint?: unknown; cause?: unknown } | null;
+  if (!err) return false;
+  if (err.code === '23505') return constraint === undefined || err.constraint === constraint;
+  return err.cause !== undefined && err.cause !== err ? isUniqueViolation(err.cause, constraint) : false;
+}

@@ -1,0 +1,106 @@
+/**
+ * pg-boss setup for actor events.
+ *
+ * One queue (`actor-events` by default) with policy `key_strict_fifo` and `singletonKey` = the
+ * actor key: at most one event in flight per actor, FIFO within an actor, other actors never held
+ * back (I4). Its dead-letter queue is a `standard` queue (pg-boss does not copy the policy).
+ *
+ * Retention: a failed head must never vanish silently, and an event may wait for days, so the
+ * actor queue never deletes finished jobs on its own (`deleteAfterSeconds: 0`) and keeps queued
+ * jobs for ten years; dead letters likewise stay until an operator replays or discards them.
+ */
+import { PgBoss, type Queue } from 'pg-boss';
+import { CorralError } from '../errors.ts';
+import type { Config } from '../config.ts';
+
+export const TEN_YEARS_S = 10 * 365 * 24 * 3600;
+
+export interface QueueNames {
+  events: string;
+  deadLetter: string;
+}
+
+export function queueNames(config: Pick<Config, 'queueName'>): QueueNames {
+  return { events: config.queueName, deadLetter: `${config.queueName}-dlq` };
+}
+
+export type QueueConfig = Pick<
+  Config,
+  'queueName' | 'bossSchema' | 'retryLimit' | 'retryDelaySeconds' | 'retryDelayMaxSeconds' | 'jobExpireSeconds'
+>;
+
+export interface BossOptions {
+  /** Maintenance and LISTEN/NOTIFY: true for the daemon, false for short-lived commands. */
+  supervise?: boolean;
+  max?: number;
+  onError?: (err: Error) => void;
+}
+
+export function createBoss(url: string, config: QueueConfig, opts: BossOptions = {}): PgBoss {
+  const supervise = opts.supervise ?? false;
+  const boss = new PgBoss({
+    connectionString: url,
+    schema: config.bossSchema,
+    max: opts.max ?? 10,
+    application_name: 'corral-boss',
+    supervise,
+    schedule: false,
+    migrate: true,
+    useListenNotify: supervise,
+    registerInstance: false,
+    persistWarnings: false,
+  });
+  // pg-boss emits 'error' for background failures (e.g. the database restarting); an EventEmitter
+  // without an 'error' listener would crash the process.
+  boss.on('error', (err: Error) => opts.onError?.(err));
+  return boss;
+}
+
+/** Creates (or updates) the actor queue and its dead-letter queue. Idempotent. */
+export async function ensureQueues(boss: PgBoss, config: QueueConfig): Promise<QueueNames> {
+  const names = queueNames(config);
+  const dlq = {
+    policy: 'standard' as const,
+    retentionSeconds: TEN_YEARS_S,
+    deleteAfterSeconds: 0,
+    retryLimit: 0,
+  };
+  const events = {
+    policy: 'key_strict_fifo' as const,
+    deadLetter: names.deadLetter,
+    retryLimit: config.retryLimit,
+    retryDelay: config.retryDelaySeconds,
+    retryBackoff: true,
+    retryDelayMax: config.retryDelayMaxSeconds,
+    expireInSeconds: config.jobExpireSeconds,
+    retentionSeconds: TEN_YEARS_S,
+    deleteAfterSeconds: 0,
+    notify: true,
+  };
+  await upsertQueue(boss, names.deadLetter, dlq);
+  await upsertQueue(boss, names.events, events);
+  return names;
+}
+
+/** Creates the queue, or updates its options (a policy cannot change after creation). */
+async function upsertQueue(boss: PgBoss, name: string, options: Omit<Queue, 'name'>): Promise<void> {
+  const existing = await boss.getQueue(name);
+  if (!existing) {
+    try {
+      await boss.createQueue(name, options);
+      return;
+    } catch (e) {
+      // another daemon created it at the same moment: fall through to the update
+      if (!(await boss.getQueue(name))) throw e;
+    }
+  }
+  const current = await boss.getQueue(name);
+  if (current && options.policy && current.policy !== options.policy) {
+    throw new CorralError(
+      'invalid_config',
+      `queue ${name} has policy ${current.policy}, expected ${options.policy}; it cannot be changed in place`,
+    );
+  }
+  const { policy: _policy, ...mutable } = options;
+  await boss.updateQueue(name, mutable);
+}

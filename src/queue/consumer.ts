@@ -1,0 +1,134 @@
+/**
+ * The queue consumer: one loop that fetches actor events in batches and hands them to the runtime,
+ * which routes each to its actor's controller. No polling loop per actor.
+ *
+ * It fetches only as many jobs as there are free worker slots (backpressure stays in the queue),
+ * wakes on LISTEN/NOTIFY when an event is enqueued (pg-boss notifies for queues created with
+ * `notify: true`), when capacity frees up, and otherwise polls slowly for delayed retries.
+ */
+import { createHash } from 'node:crypto';
+import type { PgBoss } from 'pg-boss';
+import { backoffDelayMs } from '../backoff.ts';
+import type { Clock } from '../clock.ts';
+import { toError } from '../errors.ts';
+import type { Logger } from '../logger.ts';
+import type { ActorEventJobData } from './events.ts';
+
+export interface ConsumedJob {
+  id: string;
+  retryCount: number;
+  data: ActorEventJobData;
+}
+
+export interface ConsumerOptions {
+  boss: PgBoss;
+  queueName: string;
+  bossSchema: string;
+  clock: Clock;
+  logger: Logger;
+  pollIntervalMs: number;
+  batchSize: number;
+  /** How many jobs may be taken now. */
+  capacity: () => number;
+  /** Receives fetched jobs; must not throw or block. */
+  onJobs: (jobs: ConsumedJob[]) => void;
+}
+
+/** pg-boss's NOTIFY channel for a schema (the same expression pg-boss evaluates in SQL). */
+export function bossNotifyChannel(schema: string): string {
+  const name = /^".*"$/.test(schema) ? schema.slice(1, -1) : schema;
+  return `pgboss_${createHash('sha224').update(name).digest('hex').slice(0, 24)}`;
+}
+
+export class QueueConsumer {
+  private readonly opts: ConsumerOptions;
+  private readonly log: Logger;
+  private wakeUp: (() => void) | undefined;
+  private woken = false;
+  private failures = 0;
+  fetched = 0;
+
+  constructor(opts: ConsumerOptions) {
+    this.opts = opts;
+    this.log = opts.logger.child({ component: 'consumer', queue: opts.queueName });
+  }
+
+  /** Asks the loop to fetch now. */
+  wake(): void {
+    this.woken = true;
+    this.wakeUp?.();
+  }
+
+  /** One fetch round. Returns how many jobs were taken. */
+  async tick(): Promise<number> {
+    const capacity = Math.min(this.opts.capacity(), this.opts.batchSize);
+    if (capacity <= 0) return 0;
+    const jobs = await this.opts.boss.fetch<ActorEventJobData>(this.opts.queueName, { batchSize: capacity });
+    if (jobs.length > 0) {
+      this.fetched += jobs.length;
+      this.opts.onJobs(jobs.map((j) => ({ id: j.id, retryCount: j.retryCount, data: j.data })));
+    }
+    return jobs.length;
+  }
+
+  /** Runs until `signal` aborts. Database errors are logged and retried with backoff. */
+  async run(signal: AbortSignal): Promise<void> {
+    const listener = await this.listen();
+    try {
+      while (!signal.aborted) {
+        this.woken = false;
+        let taken = 0;
+        let asked = 0;
+        try {
+          asked = Math.min(this.opts.capacity(), this.opts.batchSize);
+          taken = await this.tick();
+          if (this.failures > 0) this.log.info({ after: this.failures }, 'queue reachable again');
+          this.failures = 0;
+        } catch (e) {
+          this.failures++;
+          const delay = backoffDelayMs(this.failures, { baseMs: 200, maxMs: 10_000 });
+          this.log.warn({ err: toError(e).message, retryInMs: delay }, 'fetch failed');
+          await this.pause(delay, signal);
+          continue;
+        }
+        if (taken > 0 && taken >= asked) continue; // a full batch: more may be waiting
+        if (!this.woken) await this.pause(this.opts.pollIntervalMs, signal);
+      }
+    } finally {
+      await listener?.close().catch(() => undefined);
+    }
+  }
+
+  private async listen(): Promise<{ close(): Promise<void> } | undefined> {
+    const db = this.opts.boss.getDb();
+    if (typeof db.listen !== 'function') return undefined;
+    try {
+      return await db.listen(
+        bossNotifyChannel(this.opts.bossSchema),
+        (payload) => {
+          if (payload === this.opts.queueName) this.wake();
+        },
+        () => this.wake(),
+      );
+    } catch (e) {
+      this.log.warn({ err: toError(e).message }, 'LISTEN unavailable; polling only');
+      return undefined;
+    }
+  }
+
+  private async pause(ms: number, signal: AbortSignal): Promise<void> {
+    if (this.woken || signal.aborted) return;
+    const ctl = new AbortController();
+    const onAbort = () => ctl.abort();
+    signal.addEventListener('abort', onAbort, { once: true });
+    this.wakeUp = () => ctl.abort();
+    try {
+      await this.opts.clock.sleep(ms, ctl.signal);
+    } catch {
+      // woken or aborted
+    } finally {
+      this.wakeUp = undefined;
+      signal.removeEventListener('abort', onAbort);
+    }
+  }
+}

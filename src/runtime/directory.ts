@@ -1,0 +1,127 @@
+/**
+ * SessionController and ActorDirectory.
+ *
+ * A SessionController is the in-process home of one actor key: it serialises that actor's
+ * runtime operations (dispatch, commit, failure, steering) so two of them never interleave in
+ * this process. Correctness across processes comes from the database fence, not from here.
+ *
+ * The ActorDirectory starts controllers on demand and idempotently (two concurrent wakes of one
+ * actor get the same controller) and releases idle ones after a linger, so memory grows with
+ * active actors only.
+ */
+import { formatActorKey, type ActorKey } from '../actor-key.ts';
+import type { Clock, TimerHandle } from '../clock.ts';
+import { toError } from '../errors.ts';
+
+export interface CurrentTurn {
+  eventId: string;
+}
+
+export class SessionController {
+  readonly key: ActorKey;
+  readonly name: string;
+  /** The event this actor is running in this process, if any. */
+  current: CurrentTurn | undefined;
+  private tail: Promise<unknown> = Promise.resolve();
+  private pending = 0;
+  private readonly onIdle: () => void;
+
+  constructor(key: ActorKey, onIdle: () => void) {
+    this.key = key;
+    this.name = formatActorKey(key);
+    this.onIdle = onIdle;
+  }
+
+  /** Runs `fn` after every operation queued before it on this actor. */
+  run<T>(fn: () => Promise<T>): Promise<T> {
+    this.pending++;
+    const result = this.tail.then(fn);
+    this.tail = result.then(
+      () => this.settle(),
+      () => this.settle(),
+    );
+    return result;
+  }
+
+  get idle(): boolean {
+    return this.pending === 0 && this.current === undefined;
+  }
+
+  private settle(): void {
+    this.pending--;
+    if (this.idle) this.onIdle();
+  }
+}
+
+export class ActorDirectory {
+  private readonly controllers = new Map<string, SessionController>();
+  private readonly releaseTimers = new Map<string, TimerHandle>();
+  private readonly clock: Clock;
+  private readonly lingerMs: number;
+  private readonly onError: (e: Error) => void;
+
+  constructor(opts: { clock: Clock; lingerMs?: number; onError?: (e: Error) => void }) {
+    this.clock = opts.clock;
+    this.lingerMs = opts.lingerMs ?? 5_000;
+    this.onError = opts.onError ?? (() => undefined);
+  }
+
+  /** The controller of `key`, started if needed. Idempotent and synchronous: no race can start two. */
+  wake(key: ActorKey): SessionController {
+    const name = formatActorKey(key);
+    this.releaseTimers.get(name)?.cancel();
+    this.releaseTimers.delete(name);
+    let c = this.controllers.get(name);
+    if (!c) {
+      const controller = new SessionController(key, () => this.scheduleRelease(controller));
+      this.controllers.set(name, controller);
+      c = controller;
+    }
+    return c;
+  }
+
+  get(key: ActorKey): SessionController | undefined {
+    return this.controllers.get(formatActorKey(key));
+  }
+
+  get size(): number {
+    return this.controllers.size;
+  }
+
+  list(): SessionController[] {
+    return [...this.controllers.values()];
+  }
+
+  /** Releases every idle controller now (shutdown, tests). */
+  releaseIdle(): number {
+    let n = 0;
+    for (const c of [...this.controllers.values()]) {
+      if (c.idle) {
+        this.release(c);
+        n++;
+      }
+    }
+    return n;
+  }
+
+  private scheduleRelease(c: SessionController): void {
+    if (this.releaseTimers.has(c.name)) return;
+    try {
+      this.releaseTimers.set(
+        c.name,
+        this.clock.setTimeout(() => {
+          this.releaseTimers.delete(c.name);
+          if (c.idle && this.controllers.get(c.name) === c) this.controllers.delete(c.name);
+        }, this.lingerMs),
+      );
+    } catch (e) {
+      this.onError(toError(e));
+    }
+  }
+
+  private release(c: SessionController): void {
+    this.releaseTimers.get(c.name)?.cancel();
+    this.releaseTimers.delete(c.name);
+    this.controllers.delete(c.name);
+  }
+}

@@ -1,0 +1,365 @@
+/**
+ * The Runtime: routes broker events and fetched jobs to session controllers and runs the turn
+ * transactions (TurnStore) for them.
+ *
+ * Invariants:
+ *  1. (I5) The runtime never touches the socket: it sends through `Transport`, the broker's
+ *     serial send queue. The broker never touches the database.
+ *  2. `handleBrokerEvent` only schedules work (it is called from the broker's receive loop).
+ *  3. Per actor, operations run one at a time through the actor's SessionController.
+ *  4. A reply that fails the fence changes nothing and is answered `turn_rejected{reason}`.
+ */
+import { formatActorKey, type ActorKey } from '../actor-key.ts';
+import type { Clock } from '../clock.ts';
+import { FenceRejected, toError, isConnectionError } from '../errors.ts';
+import type { BrokerEvent, SendResult } from '../fabric/broker.ts';
+import type { DaemonMessage } from '../fabric/protocol.ts';
+import type { Logger } from '../logger.ts';
+import type { Db } from '../db/client.ts';
+import * as workersDb from '../db/workers.ts';
+import { ActorDirectory } from './directory.ts';
+import { fenceFields, fromWire, toWire, type Fence, type WireTurnRef } from './fence.ts';
+import { WorkerPool } from './worker-pool.ts';
+import type { FailOutcome, FetchedJob, StartedTurn, TurnStore } from './turns.ts';
+import { noopMetrics, type RuntimeMetrics } from './metrics.ts';
+
+export interface Transport {
+  send(workerId: string, msg: DaemonMessage): Promise<SendResult>;
+}
+
+export interface RuntimeOptions {
+  db: Db;
+  store: TurnStore;
+  transport: Transport;
+  clock: Clock;
+  logger: Logger;
+  ownerId: string;
+  workerStaleMs: number;
+  /** Called whenever capacity may have freed up (the consumer fetches again). */
+  onCapacity?: () => void;
+  metrics?: RuntimeMetrics;
+}
+
+interface InFlight {
+  fence: Fence;
+  workerId: string | null;
+  turn: StartedTurn;
+}
+
+export class Runtime {
+  readonly pool = new WorkerPool();
+  readonly directory: ActorDirectory;
+  private readonly opts: RuntimeOptions;
+  private readonly log: Logger;
+  private readonly metrics: RuntimeMetrics;
+  /** Turns this process dispatched and has not seen settle, by event id. */
+  private readonly inFlight = new Map<string, InFlight>();
+  /** Turns begun while no worker was free; dispatched when one registers. */
+  private readonly parked: string[] = [];
+  private readonly background = new Set<Promise<unknown>>();
+  private lastHeartbeatWrite = new Map<string, number>();
+
+  constructor(opts: RuntimeOptions) {
+    this.opts = opts;
+    this.log = opts.logger.child({ component: 'runtime' });
+    this.metrics = opts.metrics ?? noopMetrics;
+    this.directory = new ActorDirectory({ clock: opts.clock, onError: (e) => this.log.error({ err: e }, 'directory') });
+  }
+
+  /** Free worker slots minus turns waiting for a worker: how many jobs the consumer may fetch. */
+  fetchCapacity(): number {
+    return Math.max(0, this.pool.freeSlots() - this.parked.length);
+  }
+
+  inFlightCount(): number {
+    return this.inFlight.size;
+  }
+
+  /** Waits for scheduled background work (tests, shutdown). */
+  async drain(): Promise<void> {
+    while (this.background.size > 0) await Promise.allSettled([...this.background]);
+  }
+
+  // ---- jobs from the consumer ----------------------------------------------------------
+
+  /** Dispatches fetched jobs; each runs on its actor's controller. Never throws. */
+  dispatchJobs(jobs: FetchedJob[]): void {
+    for (const job of jobs) {
+      const key: ActorKey = { agentUid: job.data.agentUid, sessionId: job.data.sessionId };
+      const controller = this.directory.wake(key);
+      controller.current = { eventId: job.id };
+      this.track(controller.run(() => this.startTurn(job)), { actor: formatActorKey(key), eventId: job.id });
+    }
+  }
+
+  private async startTurn(job: FetchedJob): Promise<void> {
+    const workerId = this.pool.acquire(job.id) ?? null;
+    let turn: StartedTurn;
+    try {
+      turn = await this.opts.store.begin(job, workerId);
+    } catch (e) {
+      if (workerId) this.pool.release(job.id);
+      this.clearCurrent({ agentUid: job.data.agentUid, sessionId: job.data.sessionId }, job.id);
+      throw e;
+    }
+    this.inFlight.set(job.id, { fence: turn.fence, workerId, turn });
+    this.log.info({ ...fenceFields(turn.fence), workerId, attempt: turn.attempt }, 'turn started');
+    if (workerId === null) {
+      this.parked.push(job.id);
+      return;
+    }
+    await this.send(job.id);
+  }
+
+  /** Sends the turn of `eventId` to its worker, redirecting to another worker if the send fails. */
+  private async send(eventId: string): Promise<void> {
+    const tried = new Set<string>();
+    for (;;) {
+      const f = this.inFlight.get(eventId);
+      if (!f || f.workerId === null) return;
+      const res = await this.opts.transport.send(f.workerId, this.turnStart(f));
+      if (res.ok) {
+        this.metrics.dispatched();
+        await this.opts.store.markSent(f.fence);
+        return;
+      }
+      this.log.warn({ ...fenceFields(f.fence), workerId: f.workerId, reason: res.reason }, 'turn_start send failed');
+      tried.add(f.workerId);
+      if (res.reason === 'unknown_route' || res.reason === 'closed') this.forgetWorker(f.workerId);
+      const next = this.pool.acquire(eventId, tried);
+      if (next === undefined) {
+        this.pool.release(eventId);
+        f.workerId = null;
+        this.parked.push(eventId);
+        return;
+      }
+      await this.redirect(eventId, next, `send failed: ${res.reason}`);
+    }
+  }
+
+  private async redirect(eventId: string, workerId: string, reason: string): Promise<void> {
+    const f = this.inFlight.get(eventId);
+    if (!f) return;
+    try {
+      f.fence = await this.opts.store.redirect(f.fence, workerId, reason);
+      f.workerId = workerId;
+    } catch (e) {
+      if (e instanceof FenceRejected) {
+        // The attempt is over (the watchdog failed it); its retry comes back through the queue.
+        this.settle(f.fence, `redirect refused: ${e.reason}`);
+        return;
+      }
+      throw e;
+    }
+  }
+
+  private turnStart(f: InFlight): DaemonMessage {
+    return {
+      v: 1,
+      type: 'turn_start',
+      turn_ref: toWire(f.fence),
+      event: { id: f.fence.eventId, data: (f.turn.payload ?? null) as never, enqueued_at: f.turn.enqueuedAt },
+      attempt: f.turn.attempt,
+      lease_expires_at: f.turn.leaseExpiresAt.toISOString(),
+    };
+  }
+
+  private dispatchParked(): void {
+    while (this.parked.length > 0) {
+      const eventId = this.parked[0]!;
+      const f = this.inFlight.get(eventId);
+      if (!f) {
+        this.parked.shift();
+        continue;
+      }
+      const workerId = this.pool.acquire(eventId);
+      if (workerId === undefined) return;
+      this.parked.shift();
+      const controller = this.directory.wake(f.fence);
+      this.track(
+        controller.run(async () => {
+          await this.redirect(eventId, workerId, 'dispatched after waiting for a worker');
+          await this.send(eventId);
+        }),
+        fenceFields(f.fence),
+      );
+    }
+  }
+
+  // ---- broker events -----------------------------------------------------------------
+
+  /** Called synchronously from the broker's receive loop: schedules, never awaits. */
+  handleBrokerEvent(e: BrokerEvent): void {
+    switch (e.kind) {
+      case 'worker_ready':
+        this.track(this.onWorkerReady(e.workerId, e.capacity), { workerId: e.workerId });
+        return;
+      case 'worker_heartbeat':
+        this.onHeartbeat(e.workerId, e.inFlight);
+        return;
+      case 'turn_accepted':
+        this.fenced(e.workerId, e.turnRef, 'accept', (f) => this.opts.store.accept(f, e.workerId));
+        return;
+      case 'turn_progress':
+        this.pool.seen(e.workerId, this.opts.clock.nowMs());
+        this.fenced(e.workerId, e.turnRef, 'progress', (f) => this.opts.store.progress(f, e.workerId));
+        return;
+      case 'turn_result':
+        this.fenced(e.workerId, e.turnRef, 'commit', async (f) => {
+          const outcome = await this.opts.store.commit(f, e.workerId, e.messages, e.output);
+          if (outcome.outcome === 'committed') {
+            this.metrics.committed();
+            this.log.info({ ...fenceFields(f), workerId: e.workerId }, 'turn committed');
+          } else {
+            this.metrics.duplicate();
+            this.log.info({ ...fenceFields(f), workerId: e.workerId }, 'duplicate result: already committed');
+          }
+          this.settle(f, 'committed');
+          await this.reply(e.workerId, { v: 1, type: 'turn_committed', turn_ref: e.turnRef });
+        });
+        return;
+      case 'turn_error':
+        this.fenced(e.workerId, e.turnRef, 'fail', async (f) => {
+          const outcome = await this.opts.store.fail(f, e.workerId, { code: e.error.code, message: e.error.message });
+          this.onAttemptFailed(f, outcome, `turn_error: ${e.error.code}: ${e.error.message}`);
+        });
+        return;
+      case 'invalid':
+        this.metrics.invalidMessage();
+        return;
+    }
+  }
+
+  private async onWorkerReady(workerId: string, capacity: number): Promise<void> {
+    const { restarted, lostEvents } = this.pool.register(workerId, capacity, this.opts.clock.nowMs());
+    await workersDb.upsertWorker(this.opts.db, { workerId, ownerId: this.opts.ownerId, capacity });
+    this.log.info({ workerId, capacity, restarted }, 'worker ready');
+    // A worker that registers again lost what it was running (its process restarted): those
+    // turns go elsewhere now instead of waiting for their leases to run out.
+    for (const eventId of lostEvents) this.reassign(eventId, 'worker restarted');
+    this.dispatchParked();
+    this.opts.onCapacity?.();
+  }
+
+  private onHeartbeat(workerId: string, inFlight: number): void {
+    const now = this.opts.clock.nowMs();
+    if (!this.pool.seen(workerId, now)) return;
+    // The durable heartbeat is for operators; writing it at most once a second per worker is enough.
+    if (now - (this.lastHeartbeatWrite.get(workerId) ?? 0) < 1_000) return;
+    this.lastHeartbeatWrite.set(workerId, now);
+    this.track(workersDb.recordHeartbeat(this.opts.db, workerId, inFlight), { workerId });
+  }
+
+  /** Worker-lost handling (watchdog): its unaccepted turns go to other workers. */
+  reassign(eventId: string, reason: string): void {
+    const f = this.inFlight.get(eventId);
+    if (!f) return;
+    const controller = this.directory.wake(f.fence);
+    this.track(
+      controller.run(async () => {
+        const current = this.inFlight.get(eventId);
+        if (!current) return;
+        const next = this.pool.acquire(eventId, new Set(current.workerId ? [current.workerId] : []));
+        if (next === undefined) {
+          this.pool.release(eventId);
+          current.workerId = null;
+          if (!this.parked.includes(eventId)) this.parked.push(eventId);
+          return;
+        }
+        await this.redirect(eventId, next, reason);
+        await this.send(eventId);
+      }),
+      fenceFields(f.fence),
+    );
+  }
+
+  /** Stale workers: removes them from dispatch; returns their in-flight event ids. */
+  takeStaleWorkers(): { id: string; events: string[] }[] {
+    return this.pool.takeStale(this.opts.clock.nowMs(), this.opts.workerStaleMs);
+  }
+
+  private forgetWorker(workerId: string): void {
+    this.pool.remove(workerId);
+    this.track(workersDb.setWorkerStatus(this.opts.db, workerId, 'gone'), { workerId });
+  }
+
+  /** The watchdog (or recovery) failed an attempt of `eventId`. */
+  onAttemptFailed(fence: Fence, outcome: FailOutcome, why: string): void {
+    this.metrics.failed(outcome.deadLettered);
+    const fields = { ...fenceFields(fence), deadLettered: outcome.deadLettered };
+    if (outcome.deadLettered) this.log.warn(fields, `event dead-lettered after ${why}`);
+    else this.log.warn(fields, `attempt failed (${why}); the event will be retried`);
+    this.settle(fence, why);
+  }
+
+  /** The attempt for `eventId` is over in this process, whatever happened to it. */
+  settleEvent(eventId: string, why: string): void {
+    const f = this.inFlight.get(eventId);
+    if (f) this.settle(f.fence, why);
+  }
+
+  private settle(fence: Fence, _why: string): void {
+    const f = this.inFlight.get(fence.eventId);
+    if (f && f.fence.activationUid === fence.activationUid) {
+      this.inFlight.delete(fence.eventId);
+      this.pool.release(fence.eventId);
+      const i = this.parked.indexOf(fence.eventId);
+      if (i >= 0) this.parked.splice(i, 1);
+    }
+    this.clearCurrent(fence, fence.eventId);
+    this.opts.onCapacity?.();
+  }
+
+  private clearCurrent(key: ActorKey, eventId: string): void {
+    const c = this.directory.get(key);
+    if (c?.current?.eventId === eventId) c.current = undefined;
+  }
+
+  /** Runs a fenced operation on the actor's controller; a fence rejection is answered to the worker. */
+  private fenced(workerId: string, ref: WireTurnRef, op: string, fn: (f: Fence) => Promise<unknown>): void {
+    const fence = fromWire(ref);
+    const controller = this.directory.wake(fence);
+    this.track(
+      controller.run(async () => {
+        try {
+          await fn(fence);
+        } catch (e) {
+          if (!(e instanceof FenceRejected)) throw e;
+          this.metrics.rejected(e.reason);
+          this.log.warn({ ...fenceFields(fence), workerId, op, reason: e.reason }, 'fence rejected');
+          await this.reply(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason: e.reason });
+        }
+      }),
+      { ...fenceFields(fence), workerId, op },
+    );
+  }
+
+  private async reply(workerId: string, msg: DaemonMessage): Promise<void> {
+    const res = await this.opts.transport.send(workerId, msg);
+    if (!res.ok) this.log.debug({ workerId, type: msg.type, reason: res.reason }, 'reply not delivered');
+  }
+
+  /** Sends a control message for the live turn of an actor (steer, cancel). */
+  async sendToWorkerOf(eventId: string, build: (ref: WireTurnRef) => DaemonMessage): Promise<boolean> {
+    const f = this.inFlight.get(eventId);
+    if (!f || !f.workerId) return false;
+    const res = await this.opts.transport.send(f.workerId, build(toWire(f.fence)));
+    return res.ok;
+  }
+
+  /** Updates the fence of an in-flight turn (after a steer bumped its revision). */
+  updateFence(fence: Fence): void {
+    const f = this.inFlight.get(fence.eventId);
+    if (f && f.fence.deliveryId === fence.deliveryId) f.fence = fence;
+  }
+
+  private track(p: Promise<unknown>, fields: Record<string, unknown>): void {
+    const tracked = p.catch((e: unknown) => {
+      const err = toError(e);
+      if (isConnectionError(err)) this.log.warn({ ...fields, err: err.message }, 'database unavailable; will recover');
+      else this.log.error({ ...fields, err }, 'runtime operation failed');
+    });
+    this.background.add(tracked);
+    void tracked.finally(() => this.background.delete(tracked));
+  }
+}

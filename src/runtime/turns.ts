@@ -1,0 +1,341 @@
+/**
+ * The transactions of one turn's life. Every method is one database transaction; pg-boss calls
+ * run inside it through `fromDrizzle(tx, sql)`, so the job settles together with the rows.
+ *
+ * Invariants (see docs/failure-semantics.md):
+ *  I1 one live activation per actor key: the partial unique index refuses a second one.
+ *  I2 a new activation takes the durable epoch counter + 1, so replies of older attempts fail by
+ *     inequality.
+ *  I3 transcript rows are written only in `commit`, under a fence that held, in the transaction
+ *     that completes the job with its attempt fence `{ id, retryCount }`.
+ */
+import { sql } from 'drizzle-orm';
+import { fromDrizzle, type PgBoss } from 'pg-boss';
+import type { ActorKey } from '../actor-key.ts';
+import type { DeadLetterMode } from '../config.ts';
+import type { Db, Tx } from '../db/client.ts';
+import { inTransaction } from '../db/tx.ts';
+import { lockFence, type Fence } from '../db/fence.ts';
+import * as activations from '../db/activations.ts';
+import * as deliveries from '../db/deliveries.ts';
+import * as transcript from '../db/transcript.ts';
+import { nextEpoch, setBlockedBy } from '../db/actors.ts';
+import { FenceRejected } from '../errors.ts';
+import type { ConsumedJob } from '../queue/consumer.ts';
+import type { ActivationRow } from '../db/activations.ts';
+
+export interface TurnsConfig {
+  leaseMs: number;
+  deadLetterMode: DeadLetterMode;
+}
+
+/** A job fetched from the actor queue. */
+export type FetchedJob = ConsumedJob;
+
+export interface StartedTurn {
+  fence: Fence;
+  payload: unknown;
+  enqueuedAt: string;
+  attempt: number;
+  leaseExpiresAt: Date;
+  workerId: string | null;
+}
+
+export interface ReplyMessage {
+  role: 'assistant' | 'tool';
+  content: unknown;
+}
+
+export type CommitOutcome = { outcome: 'committed' } | { outcome: 'duplicate' };
+
+export type FailureKind = 'turn_error' | 'lease_expired' | 'worker_lost' | 'superseded' | 'recovered';
+
+export interface FailOutcome {
+  /** The job went to the dead-letter queue (its retries are exhausted). */
+  deadLettered: boolean;
+  /** The job's attempt was still current and was failed (false: it had already settled). */
+  jobFailed: boolean;
+}
+
+export class TurnStore {
+  private readonly db: Db;
+  private readonly boss: PgBoss;
+  private readonly queueName: string;
+  private readonly ownerId: string;
+  private readonly config: TurnsConfig;
+
+  constructor(deps: { db: Db; boss: PgBoss; queueName: string; ownerId: string; config: TurnsConfig }) {
+    this.db = deps.db;
+    this.boss = deps.boss;
+    this.queueName = deps.queueName;
+    this.ownerId = deps.ownerId;
+    this.config = deps.config;
+  }
+
+  /**
+   * T2: takes the actor's activation for `job` (reusing a warm one, else a new one under a higher
+   * epoch, failing any activation still holding an older attempt) and writes the delivery and a
+   * `started` turn carrying the fence.
+   */
+  async begin(job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
+    const key: ActorKey = { agentUid: job.data.agentUid, sessionId: job.data.sessionId };
+    return inTransaction(this.db, async (tx) => {
+      let activation: ActivationRow;
+      const live = await activations.lockLiveActivation(tx, key);
+      if (live && live.currentEventId === null) {
+        activation = await activations.assignEvent(tx, live.activationUid, job.id, this.config.leaseMs, this.ownerId);
+      } else {
+        // A live activation still running an event holds an attempt pg-boss has since given up on
+        // (we hold the job now): it is stale, whatever its lease says.
+        if (live) await this.failActivationInTx(tx, live, 'superseded', { message: 'superseded by a newer attempt' }, false);
+        const epoch = await nextEpoch(tx, key);
+        activation = await activations.insertActivation(tx, {
+          key,
+          epoch,
+          ownerId: this.ownerId,
+          leaseMs: this.config.leaseMs,
+          eventId: job.id,
+        });
+      }
+      const delivery = await deliveries.insertDelivery(tx, activation, job.id, job.retryCount, workerId);
+      const conversationId = await transcript.ensureConversation(tx, key);
+      await transcript.insertStartedTurn(tx, {
+        conversationId,
+        eventId: job.id,
+        deliveryId: delivery.deliveryId,
+        activationUid: activation.activationUid,
+        actorEpoch: activation.actorEpoch,
+        revision: activation.revision,
+        attempt: job.retryCount + 1,
+        workerId,
+        input: job.data.payload,
+      });
+      return {
+        fence: fenceOf(delivery),
+        payload: job.data.payload,
+        enqueuedAt: job.data.enqueuedAt,
+        attempt: job.retryCount + 1,
+        leaseExpiresAt: activation.leaseExpiresAt,
+        workerId,
+      };
+    });
+  }
+
+  async markSent(fence: Fence): Promise<boolean> {
+    return deliveries.transitionDelivery(this.db, fence.deliveryId, ['created'], 'sent');
+  }
+
+  /**
+   * The delivery could not be sent (or its worker was lost before accepting it): mark it
+   * `send_failed` and write a new delivery of the same event for `nextWorkerId`, same fence
+   * otherwise. Fenced: a delivery the watchdog already failed is not redirected.
+   */
+  async redirect(fence: Fence, nextWorkerId: string, reason: string): Promise<Fence> {
+    return inTransaction(this.db, async (tx) => {
+      const { activation, delivery } = await lockFence(tx, fence);
+      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent'], 'send_failed', reason);
+      const old = await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: { code: 'send_failed', message: reason } });
+      const next = await deliveries.insertDelivery(tx, activation, delivery.eventId, delivery.jobRetryCount, nextWorkerId);
+      const oldTurnInput = await transcript.turnInput(tx, delivery.deliveryId);
+      await transcript.insertStartedTurn(tx, {
+        conversationId: old?.conversationId ?? (await transcript.ensureConversation(tx, fence)),
+        eventId: delivery.eventId,
+        deliveryId: next.deliveryId,
+        activationUid: activation.activationUid,
+        actorEpoch: activation.actorEpoch,
+        revision: activation.revision,
+        attempt: delivery.jobRetryCount + 1,
+        workerId: nextWorkerId,
+        input: oldTurnInput,
+      });
+      await activations.extendLease(tx, activation.activationUid, this.config.leaseMs);
+      return fenceOf(next);
+    });
+  }
+
+  /** turn_accepted: the worker took the turn. Fenced; extends the lease. */
+  async accept(fence: Fence, workerId: string): Promise<void> {
+    await inTransaction(this.db, async (tx) => {
+      const { delivery } = await this.lockFenceFor(tx, fence, workerId);
+      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent'], 'accepted');
+      await activations.extendLease(tx, fence.activationUid, this.config.leaseMs);
+    });
+  }
+
+  /** turn_progress: a healthy long turn keeps its lease. Fenced. */
+  async progress(fence: Fence, workerId: string): Promise<Date | undefined> {
+    return inTransaction(this.db, async (tx) => {
+      await this.lockFenceFor(tx, fence, workerId);
+      return activations.extendLease(tx, fence.activationUid, this.config.leaseMs);
+    });
+  }
+
+  /**
+   * T5, the fenced commit: in one transaction check the fence, write the turn and its messages,
+   * settle the delivery, leave the activation warm and complete the job with its attempt fence.
+   * A result for a delivery that already committed is a duplicate: nothing is written.
+   */
+  async commit(fence: Fence, workerId: string, messages: ReplyMessage[], output?: unknown): Promise<CommitOutcome> {
+    try {
+      return await inTransaction(this.db, async (tx) => {
+        const { delivery } = await this.lockFenceFor(tx, fence, workerId);
+        const input = await transcript.turnInput(tx, delivery.deliveryId);
+        const turn = await transcript.finishTurn(tx, delivery.deliveryId, 'succeeded', {
+          revision: fence.revision,
+          workerId,
+          ...(output !== undefined ? { output } : {}),
+        });
+        if (!turn) throw new FenceRejected('already_committed');
+        await transcript.appendMessages(tx, turn.conversationId, turn.id, [
+          { role: 'user', content: input ?? null },
+          ...messages,
+        ]);
+        await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], 'completed');
+        await activations.clearCurrentEvent(tx, fence.activationUid, this.config.leaseMs);
+        const res = (await this.boss.complete(
+          this.queueName,
+          { id: fence.eventId, retryCount: delivery.jobRetryCount },
+          output === undefined ? null : { output },
+          { db: fromDrizzle(tx, sql) },
+        )) as { affected?: number };
+        if (res.affected !== 1) throw new FenceRejected('job_not_active');
+        return { outcome: 'committed' as const };
+      });
+    } catch (e) {
+      if (e instanceof FenceRejected && e.reason === 'already_committed') return { outcome: 'duplicate' };
+      throw e;
+    }
+  }
+
+  /** T5': the worker reported turn_error. Fenced; the event is retried under a new epoch or dead-lettered. */
+  async fail(fence: Fence, workerId: string, error: { code: string; message: string }): Promise<FailOutcome> {
+    return inTransaction(this.db, async (tx) => {
+      const { activation, delivery } = await this.lockFenceFor(tx, fence, workerId);
+      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], 'failed', error.code);
+      await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error, workerId });
+      return this.failActivationInTx(tx, activation, 'turn_error', error, true, delivery.jobRetryCount);
+    });
+  }
+
+  /**
+   * The watchdog's transaction: fail a live activation whose lease expired while it ran an event.
+   * Re-checks expiry under the row lock (a late heartbeat may have extended it meanwhile).
+   */
+  async expire(activationUid: string): Promise<FailOutcome | undefined> {
+    return inTransaction(this.db, async (tx) => {
+      const activation = await activations.lockActivationIf(tx, activationUid, 'expired_in_flight');
+      if (!activation) return undefined;
+      return this.failActivationInTx(tx, activation, 'lease_expired', { message: 'lease expired' }, true);
+    });
+  }
+
+  /** Recovery: fail a live activation left by a dead process (its owner is gone), whatever its lease. */
+  async failOrphan(activationUid: string, reason: FailureKind): Promise<FailOutcome | undefined> {
+    return inTransaction(this.db, async (tx) => {
+      const activation = await activations.lockActivationIf(tx, activationUid, 'live');
+      if (!activation) return undefined;
+      if (activation.currentEventId === null) {
+        await activations.endActivation(tx, activationUid, 'stopped', reason);
+        return { deadLettered: false, jobFailed: false };
+      }
+      return this.failActivationInTx(tx, activation, reason, { message: `recovered: ${reason}` }, true);
+    });
+  }
+
+  /** Stops a warm activation idle past its timeout. */
+  async stopIdle(activationUid: string): Promise<boolean> {
+    return inTransaction(this.db, async (tx) => {
+      if (!(await activations.lockActivationIf(tx, activationUid, 'idle'))) return false;
+      return activations.endActivation(tx, activationUid, 'stopped', 'idle');
+    });
+  }
+
+  /**
+   * Recovery: a turn left `started` whose delivery is no longer live (or is gone). The turn is
+   * failed; if its job attempt is still active, the attempt is failed so the event is retried
+   * under a new epoch. Returns whether the job attempt was failed.
+   */
+  async repairOrphanTurn(turn: transcript.TurnRow): Promise<FailOutcome | undefined> {
+    return inTransaction(this.db, async (tx) => {
+      const finished = await transcript.finishTurn(tx, turn.deliveryId, 'failed', {
+        error: { code: 'recovered', message: 'turn left started without a live delivery' },
+      });
+      if (!finished) return undefined;
+      const delivery = await deliveries.getDelivery(tx, turn.deliveryId);
+      if (delivery) return { deadLettered: false, jobFailed: false };
+      const key = await transcript.actorOfConversation(tx, turn.conversationId);
+      const live = key ? await activations.lockLiveActivation(tx, key) : undefined;
+      if (live && live.currentEventId === turn.eventId) {
+        return this.failActivationInTx(tx, live, 'recovered', { message: 'fence rows lost' }, true, turn.attempt - 1);
+      }
+      const db = fromDrizzle(tx, sql);
+      const res = (await this.boss.fail(
+        this.queueName,
+        { id: turn.eventId, retryCount: turn.attempt - 1 },
+        { error: { code: 'recovered', message: 'fence rows lost' } },
+        { db },
+      )) as { affected?: number };
+      return { deadLettered: false, jobFailed: res.affected === 1 };
+    });
+  }
+
+  private async lockFenceFor(tx: Tx, fence: Fence, workerId: string) {
+    const rows = await lockFence(tx, fence);
+    if (rows.delivery.workerId !== null && rows.delivery.workerId !== workerId) throw new FenceRejected('wrong_worker');
+    return rows;
+  }
+
+  /**
+   * Ends `activation` as failed, supersedes its live deliveries, fails their started turns and,
+   * when it was running an event and `failJob`, fails the job's attempt so pg-boss schedules the
+   * retry (5–120 s backoff) or dead-letters it.
+   */
+  private async failActivationInTx(
+    tx: Tx,
+    activation: ActivationRow,
+    kind: FailureKind,
+    error: { code?: string; message: string },
+    failJob: boolean,
+    knownRetryCount?: number,
+  ): Promise<FailOutcome> {
+    await activations.endActivation(tx, activation.activationUid, 'failed', kind);
+    const superseded = await deliveries.supersedeDeliveriesOf(tx, activation.activationUid, kind);
+    const errorRecord = { code: error.code ?? kind, message: error.message };
+    for (const id of superseded) await transcript.finishTurn(tx, id, 'failed', { error: errorRecord });
+    const eventId = activation.currentEventId;
+    if (!failJob || eventId === null) return { deadLettered: false, jobFailed: false };
+
+    const retryCount = knownRetryCount ?? (await deliveries.latestJobRetryCount(tx, activation.activationUid, eventId));
+    if (retryCount === undefined) return { deadLettered: false, jobFailed: false };
+    const db = fromDrizzle(tx, sql);
+    const res = (await this.boss.fail(this.queueName, { id: eventId, retryCount }, { error: errorRecord, kind }, { db })) as {
+      affected?: number;
+    };
+    if (res.affected !== 1) return { deadLettered: false, jobFailed: false };
+    const job = await this.boss.getJobById(this.queueName, eventId, { db });
+    const deadLettered = job?.state === 'failed';
+    if (deadLettered) {
+      const key = { agentUid: activation.agentUid, sessionId: activation.sessionId };
+      if (this.config.deadLetterMode === 'continue') {
+        // The dead-letter copy keeps the event; the failed original would hold the actor's queue.
+        await this.boss.deleteJob(this.queueName, eventId, { db });
+      } else {
+        await setBlockedBy(tx, key, eventId);
+      }
+    }
+    return { deadLettered, jobFailed: true };
+  }
+
+}
+
+function fenceOf(d: deliveries.DeliveryRow): Fence {
+  return {
+    agentUid: d.agentUid,
+    sessionId: d.sessionId,
+    activationUid: d.activationUid,
+    actorEpoch: d.actorEpoch,
+    eventId: d.eventId,
+    revision: d.revision,
+    deliveryId: d.deliveryId,
+  };
+}

@@ -1,0 +1,105 @@
+/**
+ * The watchdog: fails in-flight activations whose lease expired (their event is retried under a
+ * higher epoch), stops warm activations idle past the idle timeout, and takes stale workers out
+ * of dispatch, re-dispatching the turns they never accepted.
+ *
+ * `tick()` does one pass and is what tests call; `run()` repeats it on the injected clock.
+ * Leases are judged by PostgreSQL's clock, in SQL, never by this process's clock.
+ */
+import type { Clock } from '../clock.ts';
+import { toError } from '../errors.ts';
+import type { Logger } from '../logger.ts';
+import type { Db } from '../db/client.ts';
+import * as activations from '../db/activations.ts';
+import * as deliveries from '../db/deliveries.ts';
+import * as workersDb from '../db/workers.ts';
+import type { Runtime } from './runtime.ts';
+import type { TurnStore } from './turns.ts';
+
+export interface WatchdogOptions {
+  db: Db;
+  store: TurnStore;
+  runtime: Runtime;
+  clock: Clock;
+  logger: Logger;
+  intervalMs: number;
+  idleTimeoutMs: number;
+}
+
+export interface WatchdogReport {
+  expired: number;
+  deadLettered: number;
+  stoppedIdle: number;
+  staleWorkers: string[];
+  redispatched: number;
+}
+
+export class Watchdog {
+  private readonly opts: WatchdogOptions;
+  private readonly log: Logger;
+  private running: Promise<WatchdogReport> | undefined;
+
+  constructor(opts: WatchdogOptions) {
+    this.opts = opts;
+    this.log = opts.logger.child({ component: 'watchdog' });
+  }
+
+  /** One pass. Concurrent calls share the pass in progress (no re-entry). */
+  tick(): Promise<WatchdogReport> {
+    this.running ??= this.pass().finally(() => {
+      this.running = undefined;
+    });
+    return this.running;
+  }
+
+  async run(signal: AbortSignal): Promise<void> {
+    while (!signal.aborted) {
+      try {
+        await this.tick();
+      } catch (e) {
+        this.log.warn({ err: toError(e).message }, 'watchdog pass failed');
+      }
+      await this.opts.clock.sleep(this.opts.intervalMs, signal).catch(() => undefined);
+    }
+  }
+
+  private async pass(): Promise<WatchdogReport> {
+    const report: WatchdogReport = { expired: 0, deadLettered: 0, stoppedIdle: 0, staleWorkers: [], redispatched: 0 };
+    const { db, store, runtime } = this.opts;
+
+    for (const a of await activations.listExpiredInFlight(db)) {
+      const outcome = await store.expire(a.activationUid);
+      if (!outcome || a.currentEventId === null) continue;
+      report.expired++;
+      if (outcome.deadLettered) report.deadLettered++;
+      runtime.onAttemptFailed(
+        {
+          agentUid: a.agentUid,
+          sessionId: a.sessionId,
+          activationUid: a.activationUid,
+          actorEpoch: a.actorEpoch,
+          eventId: a.currentEventId,
+          revision: a.revision,
+          deliveryId: '',
+        },
+        outcome,
+        'lease expired',
+      );
+    }
+
+    for (const stale of runtime.takeStaleWorkers()) {
+      report.staleWorkers.push(stale.id);
+      await workersDb.setWorkerStatus(db, stale.id, 'stale');
+      this.log.warn({ workerId: stale.id, inFlight: stale.events.length }, 'worker stale: no heartbeat');
+      for (const d of await deliveries.unacceptedDeliveriesOf(db, stale.id)) {
+        runtime.reassign(d.eventId, `worker ${stale.id} stale`);
+        report.redispatched++;
+      }
+    }
+
+    for (const a of await activations.listIdle(db, this.opts.idleTimeoutMs)) {
+      if (await store.stopIdle(a.activationUid)) report.stoppedIdle++;
+    }
+    return report;
+  }
+}
