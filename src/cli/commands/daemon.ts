@@ -1,0 +1,73 @@
+/** `corral daemon [--workers N]`: migrations, then the daemon (and N local example workers). */
+import { hostname } from 'node:os';
+import { fileURLToPath } from 'node:url';
+import type { Config } from '../../config.ts';
+import { Daemon } from '../../daemon.ts';
+import { toError } from '../../errors.ts';
+import { processChild, type ChildSpec } from '../../supervisor/index.ts';
+import { commandLogger, resolveDatabase } from '../context.ts';
+
+const CORRAL_BIN = fileURLToPath(new URL('../../../bin/corral.js', import.meta.url));
+
+export interface DaemonCommandOptions {
+  workers: number;
+  workerCapacity: number;
+}
+
+function localWorkers(count: number, capacity: number, config: Config): (endpoint: string) => ChildSpec<Daemon>[] {
+  const host = hostname().replace(/[^A-Za-z0-9._:-]/g, '-').slice(0, 40);
+  return (endpoint) =>
+    Array.from({ length: count }, (_, i) => {
+      const id = `${host}-local-${i + 1}`;
+      return {
+        name: `worker:${id}`,
+        policy: 'permanent' as const,
+        restartDelayMs: 200,
+        factory: processChild({
+          command: process.execPath,
+          args: [CORRAL_BIN, 'worker', '--id', id, '--endpoint', endpoint, '--capacity', String(capacity)],
+          env: { ...process.env, CORRAL_LOG_LEVEL: config.logLevel },
+          killTimeoutMs: 5_000,
+        }),
+      };
+    });
+}
+
+export async function runDaemonCommand(config: Config, opts: DaemonCommandOptions): Promise<number> {
+  const logger = commandLogger(config, { daemon: true });
+  const { url, embedded } = await resolveDatabase(config, logger);
+  const daemon = new Daemon({
+    config,
+    databaseUrl: url,
+    logger,
+    ...(opts.workers > 0 ? { extraChildren: localWorkers(opts.workers, opts.workerCapacity, config) } : {}),
+  });
+  let signals = 0;
+  let stopping: Promise<unknown> | undefined;
+  const onSignal = (sig: NodeJS.Signals) => {
+    signals++;
+    if (signals > 1) {
+      logger.warn({ signal: sig }, 'second signal: exiting now');
+      process.exit(130);
+    }
+    logger.info({ signal: sig }, 'shutting down (send again to force)');
+    stopping = daemon.stop({ deadlineMs: 10_000 });
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  try {
+    await daemon.prepare();
+    const handle = daemon.startSupervisor();
+    logger.info(
+      { endpoint: daemon.broker.endpoint, workers: opts.workers, database: embedded ? 'embedded' : 'DATABASE_URL' },
+      'corral daemon running',
+    );
+    await handle.done.catch((e: unknown) => logger.error({ err: toError(e) }, 'daemon supervisor ended with an error'));
+    await (stopping ?? daemon.stop());
+    return signals > 0 ? 0 : 1;
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+    if (embedded?.startedHere) await embedded.stop();
+  }
+}

@@ -1,0 +1,24 @@
+/** `corral db migrate | stop`: apply migrations; stop the embedded PostgreSQL. */
+import type { Config } from '../../config.ts';
+import { migrateDatabase } from '../../db/migrate.ts';
+import { stopEmbeddedPostgres } from '../../db/embedded.ts';
+import { createBoss } from '../../queue/boss.ts';
+import { commandLogger, resolveDatabase } from '../context.ts';
+
+export async function runMigrateCommand(config: Config, out: NodeJS.WritableStream): Promise<number> {
+  const logger = commandLogger(config);
+  const { url } = await resolveDatabase(config, logger);
+  await migrateDatabase(url);
+  // pg-boss migrates its own schema on start.
+  const boss = createBoss(url, config);
+  await boss.start();
+  await boss.stop({ graceful: false, close: true });
+  out.write('migrations applied (corral schema and pg-boss schema)\n');
+  return 0;
+}
+
+export async function runStopEmbeddedCommand(config: Config, out: NodeJS.WritableStream): Promise<number> {
+  const stopped = await stopEmbeddedPostgres(config.homeDir);
+  out.write(stopped ? `stopped the embedded PostgreSQL in ${config.homeDir}\n` : 'the embedded PostgreSQL is not running\n');
+  return 0;
+}

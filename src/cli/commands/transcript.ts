@@ -1,0 +1,41 @@
+/** `corral transcript <agent_uid>/<session_id> [--json]`: print the committed transcript. */
+import { formatActorKey, parseActorKey } from '../../actor-key.ts';
+import type { Config } from '../../config.ts';
+import { readTranscript } from '../../db/transcript.ts';
+import { openCommandContext } from '../context.ts';
+
+function contentText(content: unknown): string {
+  if (content && typeof content === 'object' && 'text' in content && typeof content.text === 'string') {
+    const rest = Object.fromEntries(Object.entries(content).filter(([k]) => k !== 'text'));
+    return Object.keys(rest).length ? `${content.text} ${JSON.stringify(rest)}` : content.text;
+  }
+  return JSON.stringify(content);
+}
+
+export async function runTranscriptCommand(
+  config: Config,
+  actor: string,
+  opts: { json?: boolean },
+  out: NodeJS.WritableStream,
+): Promise<number> {
+  const key = parseActorKey(actor);
+  const ctx = await openCommandContext(config);
+  try {
+    const turns = await readTranscript(ctx.database.db, key);
+    if (opts.json) {
+      out.write(`${JSON.stringify({ actor: formatActorKey(key), turns }, null, 2)}\n`);
+      return 0;
+    }
+    if (turns.length === 0) {
+      out.write(`no committed turns for ${formatActorKey(key)}\n`);
+      return 0;
+    }
+    for (const t of turns) {
+      out.write(`── turn ${t.eventId} (epoch ${t.actorEpoch}, revision ${t.revision}, ${t.finishedAt?.toISOString() ?? ''})\n`);
+      for (const m of t.messages) out.write(`  ${String(m.seq).padStart(4)} ${m.role.padEnd(9)} ${contentText(m.content)}\n`);
+    }
+    return 0;
+  } finally {
+    await ctx.close();
+  }
+}

@@ -1,0 +1,101 @@
+/**
+ * What every command needs: the resolved configuration, a logger, and the database (the embedded
+ * server under `.corral/` when DATABASE_URL is unset, started on demand).
+ */
+import { loadConfig, maskUrl, type Config } from '../config.ts';
+import { openDatabase, type Database } from '../db/client.ts';
+import { ensureEmbeddedPostgres, type EmbeddedServer } from '../db/embedded.ts';
+import { CorralError, isConnectionError, toError } from '../errors.ts';
+import { createLogger, type Logger } from '../logger.ts';
+import { createBoss, ensureQueues } from '../queue/boss.ts';
+import type { PgBoss } from 'pg-boss';
+
+export interface GlobalOptions {
+  logLevel?: string;
+  pretty?: boolean;
+}
+
+export function resolveConfig(overrides: Partial<Config> = {}): Config {
+  return loadConfig(overrides, process.env);
+}
+
+export function commandLogger(config: Config, opts: { daemon?: boolean } = {}): Logger {
+  // Short commands keep stdout for their output: their logs go to stderr, warnings only.
+  if (!opts.daemon) return createLogger({ level: config.logLevel === 'info' ? 'warn' : config.logLevel, destination: 2 });
+  return createLogger({ level: config.logLevel, pretty: config.logPretty });
+}
+
+export interface ResolvedDatabase {
+  url: string;
+  embedded: EmbeddedServer | undefined;
+}
+
+export async function resolveDatabase(config: Config, logger: Logger): Promise<ResolvedDatabase> {
+  if (config.databaseUrl) return { url: config.databaseUrl, embedded: undefined };
+  try {
+    const embedded = await ensureEmbeddedPostgres({ homeDir: config.homeDir });
+    if (embedded.startedHere) logger.info({ home: config.homeDir }, 'started the embedded PostgreSQL');
+    return { url: embedded.url, embedded };
+  } catch (e) {
+    if (e instanceof CorralError) throw e;
+    throw new CorralError('database_unavailable', `could not start the embedded PostgreSQL: ${toError(e).message}`, {
+      cause: e,
+    });
+  }
+}
+
+export interface CommandContext {
+  config: Config;
+  logger: Logger;
+  database: Database;
+  close(): Promise<void>;
+  /** A started pg-boss (no maintenance); the queues exist afterwards. */
+  boss(): Promise<PgBoss>;
+}
+
+/**
+ * Opens the database for a short command and checks that it is reachable and carries corral's
+ * schema (unless `needsSchema` is false).
+ */
+export async function openCommandContext(config: Config, opts: { needsSchema?: boolean } = {}): Promise<CommandContext> {
+  const logger = commandLogger(config);
+  const { url } = await resolveDatabase(config, logger);
+  const database = openDatabase(url, { max: 4, applicationName: 'corral-cli' });
+  try {
+    await database.pool.query('select 1');
+  } catch (e) {
+    await database.close();
+    if (isConnectionError(e) || (e as { code?: string }).code === '3D000' || (e as { code?: string }).code === '28P01') {
+      throw new CorralError('database_unavailable', `cannot reach the database at ${maskUrl(url)}: ${toError(e).message}`);
+    }
+    throw e;
+  }
+  if (opts.needsSchema ?? true) {
+    const { rows } = await database.pool.query<{ t: string | null }>("select to_regclass('corral.turns')::text as t");
+    if (!rows[0]?.t) {
+      await database.close();
+      throw new CorralError(
+        'database_unavailable',
+        'the database has no corral schema yet: run `corral db migrate` (or start `corral daemon`, which migrates)',
+      );
+    }
+  }
+  let boss: PgBoss | undefined;
+  return {
+    config,
+    logger,
+    database,
+    async boss() {
+      if (!boss) {
+        boss = createBoss(url, config, { max: 4, onError: (e) => logger.warn({ err: e.message }, 'pg-boss error') });
+        await boss.start();
+        await ensureQueues(boss, config, { updateExisting: false });
+      }
+      return boss;
+    },
+    async close() {
+      await boss?.stop({ graceful: false, close: true }).catch(() => undefined);
+      await database.close();
+    },
+  };
+}

@@ -1,0 +1,31 @@
+/** Maps typed errors to messages and exit codes: 0 done, 1 error, 2 bad arguments, 3 nothing matched. */
+import { CorralError, isConnectionError, toError } from '../errors.ts';
+
+export const EXIT = { ok: 0, error: 1, usage: 2, nothingMatched: 3 } as const;
+
+export function exitCodeFor(e: unknown): number {
+  if (e instanceof CorralError) {
+    switch (e.code) {
+      case 'invalid_actor_key':
+      case 'invalid_argument':
+      case 'invalid_config':
+        return EXIT.usage;
+      case 'nothing_matched':
+      case 'not_found':
+        return EXIT.nothingMatched;
+      default:
+        return EXIT.error;
+    }
+  }
+  return EXIT.error;
+}
+
+export function messageFor(e: unknown): string {
+  if (isConnectionError(e)) {
+    return `cannot reach the database: ${toError(e).message} (is DATABASE_URL right and the server up?)`;
+  }
+  const err = toError(e);
+  // Drizzle wraps driver errors as "Failed query: <sql>"; the cause says what went wrong.
+  if (err.message.startsWith('Failed query') && err.cause) return `database error: ${toError(err.cause).message}`;
+  return err.message;
+}

@@ -1,0 +1,121 @@
+/** The `corral` command line. Every command has `--help`; errors map to exit codes (see exit.ts). */
+import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
+import type { Config } from '../config.ts';
+import { CorralError } from '../errors.ts';
+import { exitCodeFor, messageFor, EXIT } from './exit.ts';
+import { resolveConfig } from './context.ts';
+import { runDaemonCommand } from './commands/daemon.ts';
+import { runWorkerCommand } from './commands/worker.ts';
+import { runSendCommand } from './commands/send.ts';
+import { runTranscriptCommand } from './commands/transcript.ts';
+import { runMigrateCommand, runStopEmbeddedCommand } from './commands/db.ts';
+
+export function intArg(min: number, max: number) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < min || n > max) throw new InvalidArgumentError(`expected an integer in ${min}..${max}`);
+    return n;
+  };
+}
+
+interface Globals {
+  logLevel?: Config['logLevel'];
+  pretty?: boolean;
+}
+
+export function buildProgram(run: (p: Promise<number>) => void): Command {
+  const program = new Command('corral')
+    .description('corral: a durable actor runtime for long-lived AI-agent sessions (PostgreSQL + ZeroMQ)')
+    .addOption(
+      new Option('--log-level <level>', 'log level').choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
+    )
+    .option('--pretty', 'human-readable logs instead of JSON lines')
+    .showHelpAfterError('(run with --help for usage)')
+    .exitOverride();
+
+  const config = (extra: Partial<Config> = {}): Config => {
+    const g = program.opts<Globals>();
+    return resolveConfig({
+      ...(g.logLevel ? { logLevel: g.logLevel } : {}),
+      ...(g.pretty ? { logPretty: true } : {}),
+      ...extra,
+    });
+  };
+
+  program
+    .command('daemon')
+    .description('apply migrations, then run the daemon (broker, queue consumer, watchdog, recovery)')
+    .option('--workers <n>', 'also run N local example workers as supervised processes', intArg(0, 64), 0)
+    .option('--worker-capacity <n>', 'concurrent turns per local worker', intArg(1, 1024), 1)
+    .option('--endpoint <url>', 'ZeroMQ endpoint to bind (default CORRAL_ENDPOINT or tcp://127.0.0.1:5555)')
+    .action((o: { workers: number; workerCapacity: number; endpoint?: string }) =>
+      run(runDaemonCommand(config(o.endpoint ? { endpoint: o.endpoint } : {}), o)),
+    );
+
+  program
+    .command('worker')
+    .description('run the bundled example worker ({"text"}: echo, {"delayMs"}: wait, {"fail": true}: turn_error)')
+    .option('--id <id>', 'worker id (default: <host>-<pid>)')
+    .option('--endpoint <url>', "the daemon's endpoint (default CORRAL_ENDPOINT or tcp://127.0.0.1:5555)")
+    .option('--capacity <n>', 'concurrent turns', intArg(1, 1024), 1)
+    .addOption(new Option('--duplicate-results', 'send every result twice (fault injection)').hideHelp())
+    .action((o: { id?: string; endpoint?: string; capacity: number; duplicateResults?: boolean }) =>
+      run(runWorkerCommand(config(), o)),
+    );
+
+  program
+    .command('send')
+    .description('enqueue an event for an actor and print its id')
+    .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
+    .argument('<json>', 'the event payload, JSON (e.g. \'{"text":"hi"}\')')
+    .action((actor: string, json: string) => run(runSendCommand(config(), actor, json, process.stdout)));
+
+  program
+    .command('transcript')
+    .description("print an actor's committed transcript")
+    .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
+    .option('--json', 'JSON output')
+    .action((actor: string, o: { json?: boolean }) => run(runTranscriptCommand(config(), actor, o, process.stdout)));
+
+  const db = program.command('db').description('database maintenance');
+  db.command('migrate')
+    .description("apply corral's migrations and pg-boss's schema (safe with several daemons)")
+    .action(() => run(runMigrateCommand(config(), process.stdout)));
+  db.command('stop')
+    .description('stop the embedded PostgreSQL under .corral/ (if running)')
+    .action(() => run(runStopEmbeddedCommand(config(), process.stdout)));
+
+  return program;
+}
+
+export async function main(argv: string[]): Promise<number> {
+  let pending: Promise<number> | undefined;
+  const program = buildProgram((p) => {
+    pending = p;
+  });
+  try {
+    await program.parseAsync(argv);
+  } catch (e) {
+    if (e instanceof CommanderError) {
+      if (e.code === 'commander.helpDisplayed' || e.code === 'commander.version' || e.code === 'commander.help') return 0;
+      if (e.code === 'commander.executeSubCommandAsync') return e.exitCode;
+      return EXIT.usage;
+    }
+    process.stderr.write(`corral: ${messageFor(e)}\n`);
+    return exitCodeFor(e);
+  }
+  if (!pending) {
+    program.outputHelp();
+    return EXIT.usage;
+  }
+  try {
+    return await pending;
+  } catch (e) {
+    process.stderr.write(`corral: ${messageFor(e)}\n`);
+    if (!(e instanceof CorralError) && process.env.CORRAL_DEBUG) console.error(e);
+    return exitCodeFor(e);
+  }
+}
+
+const code = await main(process.argv);
+process.exitCode = code;
