@@ -11,6 +11,9 @@ import type { Config } from './config.ts';
 import { openDatabase, type Database } from './db/client.ts';
 import { migrateDatabase } from './db/migrate.ts';
 import { markOwnerWorkersGone } from './db/workers.ts';
+import { CONTROL_CHANNEL, parseControl } from './db/control.ts';
+import type { Fence } from './db/fence.ts';
+import type { ActorKey } from './actor-key.ts';
 import { toError } from './errors.ts';
 import { Broker } from './fabric/broker.ts';
 import type { Logger } from './logger.ts';
@@ -150,8 +153,35 @@ export class Daemon {
     await this.boss.start();
     await ensureQueues(this.boss, this.config);
     await this.broker.start();
+    await this.listenForControl();
     const report = await this.recovery.tick();
     this.log.info({ endpoint: this.broker.endpoint, recovered: report }, 'daemon prepared');
+  }
+
+  private controlListener: { close(): Promise<void> } | undefined;
+
+  private async listenForControl(): Promise<void> {
+    const db = this.boss.getDb();
+    if (typeof db.listen !== 'function') return;
+    this.controlListener = await db.listen(
+      CONTROL_CHANNEL,
+      (payload) => {
+        const msg = parseControl(payload);
+        if (msg) this.runtime.handleControl(msg);
+        else this.log.warn({ payload: payload.slice(0, 200) }, 'ignored a malformed control notification');
+      },
+      () => this.log.info('control channel reconnected'),
+    );
+  }
+
+  /** Steers the live turn of `key` (library API; `corral steer` does the same). */
+  steer(key: ActorKey, input: unknown): Promise<Fence> {
+    return this.store.steer(key, input);
+  }
+
+  /** Cancels the live turn of `key` (library API; `corral cancel` does the same). */
+  cancel(key: ActorKey, reason = 'cancelled by operator'): Promise<Fence> {
+    return this.store.cancel(key, reason);
   }
 
   /**
@@ -194,6 +224,7 @@ export class Daemon {
     const result = await this.handle?.shutdown({ deadlineMs: opts.deadlineMs ?? 10_000 });
     this.abort.abort();
     await this.runtime.drain();
+    await this.controlListener?.close().catch(() => undefined);
     await this.broker.stop().catch(() => undefined);
     await markOwnerWorkersGone(this.database.db, this.ownerId).catch(() => undefined);
     await this.boss.stop({ graceful: false, close: true, timeout: 5_000 }).catch(() => undefined);

@@ -16,6 +16,7 @@ import type { BrokerEvent, SendResult } from '../fabric/broker.ts';
 import type { DaemonMessage } from '../fabric/protocol.ts';
 import type { Logger } from '../logger.ts';
 import type { Db } from '../db/client.ts';
+import type { ControlMessage } from '../db/control.ts';
 import * as workersDb from '../db/workers.ts';
 import { ActorDirectory } from './directory.ts';
 import { fenceFields, fromWire, toWire, type Fence, type WireTurnRef } from './fence.ts';
@@ -339,18 +340,31 @@ export class Runtime {
     if (!res.ok) this.log.debug({ workerId, type: msg.type, reason: res.reason }, 'reply not delivered');
   }
 
-  /** Sends a control message for the live turn of an actor (steer, cancel). */
-  async sendToWorkerOf(eventId: string, build: (ref: WireTurnRef) => DaemonMessage): Promise<boolean> {
-    const f = this.inFlight.get(eventId);
-    if (!f || !f.workerId) return false;
-    const res = await this.opts.transport.send(f.workerId, build(toWire(f.fence)));
-    return res.ok;
-  }
-
-  /** Updates the fence of an in-flight turn (after a steer bumped its revision). */
-  updateFence(fence: Fence): void {
-    const f = this.inFlight.get(fence.eventId);
-    if (f && f.fence.deliveryId === fence.deliveryId) f.fence = fence;
+  /**
+   * A committed control change (steer or cancel) for a turn. Only the daemon that dispatched the
+   * turn holds its worker connection; the others ignore it.
+   */
+  handleControl(msg: ControlMessage): void {
+    const f = this.inFlight.get(msg.fence.eventId);
+    if (!f || f.fence.deliveryId !== msg.fence.deliveryId) return;
+    const controller = this.directory.wake(msg.fence);
+    this.track(
+      controller.run(async () => {
+        const current = this.inFlight.get(msg.fence.eventId);
+        if (!current || current.fence.deliveryId !== msg.fence.deliveryId) return;
+        const workerId = current.workerId;
+        if (msg.kind === 'steer') {
+          if (msg.fence.revision > current.fence.revision) current.fence = msg.fence;
+          if (workerId) await this.reply(workerId, { v: 1, type: 'turn_steer', turn_ref: toWire(current.fence), input: msg.input as never });
+          this.log.info({ ...fenceFields(current.fence), workerId }, 'turn steered');
+        } else {
+          if (workerId) await this.reply(workerId, { v: 1, type: 'turn_cancel', turn_ref: toWire(current.fence), reason: msg.reason });
+          this.log.info({ ...fenceFields(current.fence), workerId }, 'turn cancelled');
+          this.settle(current.fence, 'cancelled');
+        }
+      }),
+      fenceFields(msg.fence),
+    );
   }
 
   private track(p: Promise<unknown>, fields: Record<string, unknown>): void {

@@ -11,7 +11,7 @@
  */
 import { sql } from 'drizzle-orm';
 import { fromDrizzle, type PgBoss } from 'pg-boss';
-import type { ActorKey } from '../actor-key.ts';
+import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { DeadLetterMode } from '../config.ts';
 import type { Db, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
@@ -20,7 +20,8 @@ import * as activations from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
 import { nextEpoch, setBlockedBy } from '../db/actors.ts';
-import { FenceRejected } from '../errors.ts';
+import { CorralError, FenceRejected } from '../errors.ts';
+import { MAX_NOTIFY_BYTES, notifyControl } from '../db/control.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
 import type { ActivationRow } from '../db/activations.ts';
 
@@ -277,6 +278,58 @@ export class TurnStore {
       )) as { affected?: number };
       return { deadLettered: false, jobFailed: res.affected === 1 };
     });
+  }
+
+  /**
+   * Steers the live turn of `key` in place: bumps the activation's revision (and the delivery's
+   * and turn's copies), so only a result carrying the new revision can commit. The daemon holding
+   * the worker connection is told through a control notification committed with the change.
+   */
+  async steer(key: ActorKey, input: unknown): Promise<Fence> {
+    if (Buffer.byteLength(JSON.stringify(input ?? null)) > MAX_NOTIFY_BYTES - 1_000) {
+      throw new CorralError('invalid_argument', 'steering input too large (max ~6.9 kB)');
+    }
+    return inTransaction(this.db, async (tx) => {
+      const { delivery } = await this.lockLiveTurn(tx, key);
+      const revision = await activations.bumpRevision(tx, delivery.activationUid);
+      await deliveries.setDeliveryRevision(tx, delivery.deliveryId, revision);
+      await transcript.setTurnRevision(tx, delivery.deliveryId, revision);
+      const fence = { ...fenceOf(delivery), revision };
+      await notifyControl(tx, { kind: 'steer', fence, input: input ?? null });
+      return fence;
+    });
+  }
+
+  /**
+   * Cancels the live turn of `key`: the turn is recorded as cancelled, the activation ends (a late
+   * result is rejected with `cancelled`) and the event's job completes, so the actor moves on.
+   */
+  async cancel(key: ActorKey, reason: string): Promise<Fence> {
+    return inTransaction(this.db, async (tx) => {
+      const { activation, delivery } = await this.lockLiveTurn(tx, key);
+      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], 'failed', 'cancelled');
+      await transcript.finishTurn(tx, delivery.deliveryId, 'cancelled', { error: { code: 'cancelled', message: reason } });
+      await activations.endActivation(tx, activation.activationUid, 'failed', 'cancelled');
+      for (const id of await deliveries.supersedeDeliveriesOf(tx, activation.activationUid, 'cancelled')) {
+        await transcript.finishTurn(tx, id, 'cancelled', { error: { code: 'cancelled', message: reason } });
+      }
+      await this.boss.complete(
+        this.queueName,
+        { id: delivery.eventId, retryCount: delivery.jobRetryCount },
+        { cancelled: true, reason },
+        { db: fromDrizzle(tx, sql) },
+      );
+      const fence = fenceOf(delivery);
+      await notifyControl(tx, { kind: 'cancel', fence, reason });
+      return fence;
+    });
+  }
+
+  private async lockLiveTurn(tx: Tx, key: ActorKey) {
+    const live = await activations.lockLiveActivation(tx, key);
+    const delivery = live?.currentEventId ? await deliveries.liveDeliveryOfEvent(tx, live.currentEventId) : undefined;
+    if (!live || !delivery) throw new CorralError('not_found', `${formatActorKey(key)} has no turn in flight`);
+    return { activation: live, delivery };
   }
 
   private async lockFenceFor(tx: Tx, fence: Fence, workerId: string) {

@@ -1,0 +1,30 @@
+/**
+ * Control notifications (steer, cancel) from any process to the daemon that holds the turn's
+ * worker connection. Sent with pg_notify inside the transaction that changed the rows, so the
+ * daemon hears of a change only once it is committed.
+ */
+import { sql } from 'drizzle-orm';
+import type { DbOrTx } from './client.ts';
+import type { Fence } from './fence.ts';
+
+export const CONTROL_CHANNEL = 'corral_control';
+
+export type ControlMessage =
+  | { kind: 'steer'; fence: Fence; input: unknown }
+  | { kind: 'cancel'; fence: Fence; reason: string };
+
+/** NOTIFY payloads are limited to 8000 bytes; larger steering input travels by reference. */
+export const MAX_NOTIFY_BYTES = 7_900;
+
+export async function notifyControl(tx: DbOrTx, msg: ControlMessage): Promise<void> {
+  await tx.execute(sql`select pg_notify(${CONTROL_CHANNEL}, ${JSON.stringify(msg)})`);
+}
+
+export function parseControl(payload: string): ControlMessage | undefined {
+  try {
+    const m = JSON.parse(payload) as ControlMessage;
+    return m && (m.kind === 'steer' || m.kind === 'cancel') && m.fence ? m : undefined;
+  } catch {
+    return undefined;
+  }
+}

@@ -1,0 +1,294 @@
+/**
+ * corral worker protocol, version 1: the zod schemas of every message between the daemon's
+ * ROUTER and a worker's DEALER, and the codec. The prose specification is docs/protocol.md;
+ * keep the two in step.
+ *
+ * Compatibility rules, decided here once:
+ * 1. Every message is one ZeroMQ frame holding one UTF-8 JSON object with `v` and `type`.
+ * 2. `v` must be 1. A message with another version is refused as `unsupported_version`, never
+ *    half-understood.
+ * 3. Unknown extra fields are ignored (stripped), so a newer peer can add optional fields
+ *    without breaking an older one.
+ * 4. `turn_ref` is the exception to 3: it keeps unknown fields, because the worker must echo it
+ *    verbatim and a newer daemon may put more into its fence than this version knows about.
+ * 5. An unknown `type` is refused (`invalid_message`) by the daemon. The worker SDK logs and
+ *    ignores unknown daemon types (a newer daemon may announce things an old worker can skip).
+ */
+import { z } from 'zod';
+
+export const PROTOCOL_VERSION = 1;
+export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024;
+export const DEFAULT_HEARTBEAT_INTERVAL_MS = 2000;
+export const DEFAULT_PROGRESS_INTERVAL_MS = 5000;
+export const MAX_RESULT_MESSAGES = 1000;
+export const MAX_CAPACITY = 1024;
+
+/** A worker id doubles as the ZeroMQ routing id, so it must be short, printable ASCII. */
+export const WORKER_ID_PATTERN = /^[A-Za-z0-9._:-]{1,64}$/;
+
+export function isValidWorkerId(id: string): boolean {
+  return WORKER_ID_PATTERN.test(id);
+}
+
+/** Reasons the daemon gives in `turn_rejected` (the list may grow; receivers must accept others). */
+export const TURN_REJECTED_REASONS = [
+  'stale_epoch',
+  'stale_revision',
+  'stale_event',
+  'lease_expired',
+  'unknown_delivery',
+  'unknown_activation',
+  'activation_not_live',
+  'delivery_superseded',
+  'wrong_actor',
+  'cancelled',
+  'already_failed',
+  'job_not_active',
+  'invalid',
+] as const;
+export type TurnRejectedReason = (typeof TURN_REJECTED_REASONS)[number];
+
+/** Codes of the protocol-level `error` message. */
+export const PROTOCOL_ERROR_CODES = [
+  'invalid_message',
+  'not_registered',
+  'identity_mismatch',
+  'unauthorized',
+  'unsupported_version',
+] as const;
+export type ProtocolErrorCode = (typeof PROTOCOL_ERROR_CODES)[number];
+
+const v = z.literal(PROTOCOL_VERSION);
+const workerId = z.string().regex(WORKER_ID_PATTERN, 'worker id must be 1..64 chars of [A-Za-z0-9._:-]');
+const isoTime = z.iso.datetime({ offset: true });
+const json = z.json();
+
+/** Any JSON value (what `JSON.parse` can return). */
+export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+
+/**
+ * The fence of one delivery. The daemon mints it; the worker echoes it verbatim on every
+ * message about that turn; a message counts only if its `turn_ref` matches the daemon's.
+ */
+export const turnRefSchema = z.looseObject({
+  agent_uid: z.string().min(1),
+  session_id: z.string().min(1),
+  activation_uid: z.uuid(),
+  actor_epoch: z.int().min(1),
+  event_id: z.uuid(),
+  revision: z.int().min(0),
+  delivery_id: z.uuid(),
+});
+export type TurnRef = z.infer<typeof turnRefSchema>;
+
+// ---- worker → daemon -------------------------------------------------------------------
+
+export const workerReadySchema = z.object({
+  v,
+  type: z.literal('worker_ready'),
+  worker_id: workerId,
+  capacity: z.int().min(1).max(MAX_CAPACITY),
+  sdk: z.string().max(256).optional(),
+  /** Placeholder for per-worker credentials (see src/fabric/auth.ts). */
+  auth: z.object({ scheme: z.string().min(1).max(64), credential: z.string().max(8192) }).optional(),
+});
+
+export const workerHeartbeatSchema = z.object({
+  v,
+  type: z.literal('worker_heartbeat'),
+  worker_id: workerId,
+  in_flight: z.int().min(0),
+});
+
+export const turnAcceptedSchema = z.object({ v, type: z.literal('turn_accepted'), turn_ref: turnRefSchema });
+
+export const turnProgressSchema = z.object({
+  v,
+  type: z.literal('turn_progress'),
+  turn_ref: turnRefSchema,
+  note: z.string().max(4096).optional(),
+});
+
+export const resultMessageSchema = z.object({ role: z.enum(['assistant', 'tool']), content: json });
+export type ResultMessage = z.infer<typeof resultMessageSchema>;
+
+export const turnResultSchema = z.object({
+  v,
+  type: z.literal('turn_result'),
+  turn_ref: turnRefSchema,
+  messages: z.array(resultMessageSchema).max(MAX_RESULT_MESSAGES),
+  output: json.optional(),
+});
+
+export const turnErrorBodySchema = z.object({
+  code: z.string().min(1).max(128),
+  message: z.string().max(65536),
+  retryable: z.boolean(),
+});
+export type TurnErrorBody = z.infer<typeof turnErrorBodySchema>;
+
+export const turnErrorSchema = z.object({
+  v,
+  type: z.literal('turn_error'),
+  turn_ref: turnRefSchema,
+  error: turnErrorBodySchema,
+});
+
+export const workerMessageSchema = z.discriminatedUnion('type', [
+  workerReadySchema,
+  workerHeartbeatSchema,
+  turnAcceptedSchema,
+  turnProgressSchema,
+  turnResultSchema,
+  turnErrorSchema,
+]);
+export type WorkerMessage = z.infer<typeof workerMessageSchema>;
+export type WorkerReady = z.infer<typeof workerReadySchema>;
+export type WorkerHeartbeat = z.infer<typeof workerHeartbeatSchema>;
+export type TurnAccepted = z.infer<typeof turnAcceptedSchema>;
+export type TurnProgress = z.infer<typeof turnProgressSchema>;
+export type TurnResult = z.infer<typeof turnResultSchema>;
+export type TurnError = z.infer<typeof turnErrorSchema>;
+
+// ---- daemon → worker -------------------------------------------------------------------
+
+export const workerWelcomeSchema = z.object({
+  v,
+  type: z.literal('worker_welcome'),
+  worker_id: workerId,
+  heartbeat_interval_ms: z.int().min(1),
+  progress_interval_ms: z.int().min(1),
+});
+
+export const turnStartSchema = z.object({
+  v,
+  type: z.literal('turn_start'),
+  turn_ref: turnRefSchema,
+  event: z.object({ id: z.string().min(1), data: json, enqueued_at: isoTime }),
+  attempt: z.int().min(1),
+  lease_expires_at: isoTime,
+});
+
+export const turnSteerSchema = z.object({ v, type: z.literal('turn_steer'), turn_ref: turnRefSchema, input: json });
+
+export const turnCancelSchema = z.object({
+  v,
+  type: z.literal('turn_cancel'),
+  turn_ref: turnRefSchema,
+  reason: z.string(),
+});
+
+export const turnCommittedSchema = z.object({ v, type: z.literal('turn_committed'), turn_ref: turnRefSchema });
+
+export const turnRejectedSchema = z.object({
+  v,
+  type: z.literal('turn_rejected'),
+  turn_ref: turnRefSchema,
+  /** One of TURN_REJECTED_REASONS today; receivers must tolerate new reasons. */
+  reason: z.string().min(1),
+  detail: z.string().optional(),
+});
+
+export const protocolErrorSchema = z.object({
+  v,
+  type: z.literal('error'),
+  /** One of PROTOCOL_ERROR_CODES today; receivers must tolerate new codes. */
+  code: z.string().min(1),
+  message: z.string(),
+});
+
+export const daemonMessageSchema = z.discriminatedUnion('type', [
+  workerWelcomeSchema,
+  turnStartSchema,
+  turnSteerSchema,
+  turnCancelSchema,
+  turnCommittedSchema,
+  turnRejectedSchema,
+  protocolErrorSchema,
+]);
+export type DaemonMessage = z.infer<typeof daemonMessageSchema>;
+export type WorkerWelcome = z.infer<typeof workerWelcomeSchema>;
+export type TurnStart = z.infer<typeof turnStartSchema>;
+export type TurnSteer = z.infer<typeof turnSteerSchema>;
+export type TurnCancel = z.infer<typeof turnCancelSchema>;
+export type TurnCommitted = z.infer<typeof turnCommittedSchema>;
+export type TurnRejected = z.infer<typeof turnRejectedSchema>;
+export type ProtocolError = z.infer<typeof protocolErrorSchema>;
+
+export const WORKER_MESSAGE_TYPES = workerMessageSchema.options.map((o) => o.shape.type.value);
+export const DAEMON_MESSAGE_TYPES = daemonMessageSchema.options.map((o) => o.shape.type.value);
+
+// ---- codec -----------------------------------------------------------------------------
+
+/**
+ * Why a frame was refused: `unsupported_version` when `v` is present but not 1, `unknown_type`
+ * when the envelope is fine but the type is not one this side accepts, else `invalid_message`.
+ */
+export type ParseFailureCode = 'invalid_message' | 'unsupported_version' | 'unknown_type';
+export type ParseResult<T> = { ok: true; msg: T } | { ok: false; error: string; code: ParseFailureCode };
+
+// fatal: a frame of arbitrary bytes must be refused, not silently decoded to U+FFFD.
+const utf8 = new TextDecoder('utf-8', { fatal: true });
+
+function parseWith<T>(buf: Uint8Array, schema: z.ZodType<T>, knownTypes: readonly string[]): ParseResult<T> {
+  try {
+    let text: string;
+    try {
+      text = utf8.decode(buf);
+    } catch {
+      return { ok: false, code: 'invalid_message', error: 'payload is not valid UTF-8' };
+    }
+    let raw: unknown;
+    try {
+      raw = JSON.parse(text);
+    } catch (e) {
+      return { ok: false, code: 'invalid_message', error: `payload is not JSON: ${(e as Error).message}` };
+    }
+    if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) {
+      return { ok: false, code: 'invalid_message', error: 'payload is not a JSON object' };
+    }
+    const envelope = raw as { v?: unknown; type?: unknown };
+    if (envelope.v !== PROTOCOL_VERSION) {
+      if (typeof envelope.v === 'number') {
+        return { ok: false, code: 'unsupported_version', error: `unsupported protocol version ${envelope.v}` };
+      }
+      return { ok: false, code: 'invalid_message', error: 'missing or invalid "v"' };
+    }
+    if (typeof envelope.type !== 'string') {
+      return { ok: false, code: 'invalid_message', error: 'missing or invalid "type"' };
+    }
+    if (!knownTypes.includes(envelope.type)) {
+      return { ok: false, code: 'unknown_type', error: `unknown message type ${JSON.stringify(envelope.type).slice(0, 80)}` };
+    }
+    const parsed = schema.safeParse(raw);
+    if (!parsed.success) {
+      return { ok: false, code: 'invalid_message', error: `${envelope.type}: ${summarise(parsed.error)}` };
+    }
+    return { ok: true, msg: parsed.data };
+  } catch (e) {
+    // Belt and braces: parsing runs inside the broker's receive loop, which must never die.
+    return { ok: false, code: 'invalid_message', error: `unparseable message: ${String(e)}` };
+  }
+}
+
+function summarise(err: z.ZodError): string {
+  return err.issues
+    .slice(0, 5)
+    .map((i) => `${i.path.length ? i.path.join('.') : '(root)'}: ${i.message}`)
+    .join('; ');
+}
+
+/** Decode and validate one frame sent by a worker. Never throws. */
+export function parseWorkerMessage(buf: Uint8Array): ParseResult<WorkerMessage> {
+  return parseWith(buf, workerMessageSchema, WORKER_MESSAGE_TYPES);
+}
+
+/** Decode and validate one frame sent by the daemon. Never throws. */
+export function parseDaemonMessage(buf: Uint8Array): ParseResult<DaemonMessage> {
+  return parseWith(buf, daemonMessageSchema, DAEMON_MESSAGE_TYPES);
+}
+
+/** Encode a message as the single UTF-8 JSON frame the protocol carries. */
+export function encodeMessage(msg: WorkerMessage | DaemonMessage): Buffer {
+  return Buffer.from(JSON.stringify(msg), 'utf8');
+}

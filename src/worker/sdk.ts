@@ -1,0 +1,442 @@
+/**
+ * The worker SDK: connects a DEALER to the daemon, registers, heartbeats, and runs turns
+ * through a handler (see src/worker/turn.ts for one turn's life).
+ *
+ * Invariants:
+ * 1. One DEALER per worker; its routing id is the worker id (the broker checks they match).
+ * 2. All sends go through one SerialQueue (zeromq.js allows one send in flight per socket).
+ * 3. Registration is re-established by the worker, never assumed: `worker_ready` is re-sent
+ *    on `error{not_registered}` (the daemon restarted or forgot us), on every reconnect
+ *    handshake, and on the heartbeat tick while no welcome has come back.
+ * 4. At most `capacity` handlers run at once; an over-sent turn_start is refused with a
+ *    retryable turn_error `over_capacity`, never queued (the daemon owns queueing).
+ * 5. Results are kept until the daemon answers them (turn_committed / turn_rejected) and are
+ *    re-sent after a re-registration: the fence makes a duplicate harmless, and a result
+ *    sent into a restarting daemon is otherwise lost.
+ * 6. Nothing escapes a timer or socket callback: errors are logged with the worker id.
+ */
+import { Dealer } from 'zeromq';
+import { systemClock, type Clock, type TimerHandle } from '../clock.ts';
+import { CorralError, toError } from '../errors.ts';
+import { silentLogger, type Logger } from '../logger.ts';
+import type { WorkerAuth } from '../fabric/auth.ts';
+import {
+  DEFAULT_HEARTBEAT_INTERVAL_MS,
+  DEFAULT_MAX_MESSAGE_BYTES,
+  DEFAULT_PROGRESS_INTERVAL_MS,
+  MAX_CAPACITY,
+  PROTOCOL_VERSION,
+  encodeMessage,
+  isValidWorkerId,
+  parseDaemonMessage,
+  type DaemonMessage,
+  type TurnResult,
+  type TurnStart,
+  type WorkerMessage,
+} from '../fabric/protocol.ts';
+import { SerialQueue } from '../fabric/send-queue.ts';
+import { RunningTurn, type TurnHandler } from './turn.ts';
+
+export type { TurnContext, TurnHandler, TurnOutcome, SteerListener, HandlerError } from './turn.ts';
+
+/**
+ * Named fault points for tests (no-ops in production). Each `beforeSend*` maps one outgoing
+ * message to the list actually sent: return `[msg, msg]` to duplicate, `[]` to drop.
+ */
+export interface WorkerHooks {
+  beforeSend?(msg: WorkerMessage): WorkerMessage[];
+  beforeSendResult?(msg: TurnResult): WorkerMessage[];
+  onReceive?(msg: DaemonMessage): void;
+}
+
+export interface WorkerOptions {
+  /** The daemon's ROUTER, e.g. `tcp://127.0.0.1:5555`. */
+  endpoint: string;
+  /** Also the routing id: 1..64 chars of [A-Za-z0-9._:-]. */
+  workerId: string;
+  /** Concurrent turns, 1..1024. Default 1. */
+  capacity?: number;
+  handler: TurnHandler;
+  logger?: Logger;
+  clock?: Clock;
+  /** Until the welcome says otherwise. Default 2000. */
+  heartbeatIntervalMs?: number;
+  /** Until the welcome says otherwise. Default 5000. */
+  progressIntervalMs?: number;
+  maxMessageBytes?: number;
+  auth?: WorkerAuth;
+  /** Free-form SDK name/version sent in worker_ready. */
+  sdk?: string;
+  hooks?: WorkerHooks;
+}
+
+export interface StopOptions {
+  /** Let running turns finish for up to this long before aborting them. Default 0. */
+  graceMs?: number;
+  /** After aborting, wait at most this long for handlers to settle. Default 5000. */
+  abortWaitMs?: number;
+  /** How long the socket may keep flushing final messages on close. Default 500. */
+  lingerMs?: number;
+}
+
+export interface Worker {
+  readonly workerId: string;
+  /** Connect and send worker_ready. Resolves without waiting for the daemon (it may be down). */
+  start(): Promise<void>;
+  /** Refuse new turns, abort running ones (after `graceMs`), flush, close. Idempotent. */
+  stop(opts?: StopOptions): Promise<void>;
+  /** Turns whose handler has not settled. */
+  inFlight(): number;
+  /** True between a worker_welcome and the next sign the daemon forgot this worker. */
+  isRegistered(): boolean;
+}
+
+export const SDK_NAME = 'corral-ts/0.1';
+const MAX_UNSETTLED = 1000;
+
+/** Build a worker. Nothing happens until `start()`. */
+export function createWorker(opts: WorkerOptions): Worker {
+  return new WorkerRuntime(opts);
+}
+
+type State = 'idle' | 'running' | 'stopping' | 'stopped';
+
+class WorkerRuntime implements Worker {
+  readonly workerId: string;
+  private readonly opts: WorkerOptions;
+  private readonly capacity: number;
+  private readonly clock: Clock;
+  private readonly log: Logger;
+  private readonly maxMessageBytes: number;
+  private readonly queue = new SerialQueue();
+  private readonly turns = new Map<string, RunningTurn>();
+  /** delivery_id → final result awaiting turn_committed/turn_rejected (invariant 5). */
+  private readonly unsettled = new Map<string, WorkerMessage>();
+  private state: State = 'idle';
+  private socket: Dealer | null = null;
+  private loopDone: Promise<void> = Promise.resolve();
+  private heartbeatTimer: TimerHandle | null = null;
+  private heartbeatMs: number;
+  private progressMs: number;
+  private registered = false;
+  private readySentAtMs: number | null = null;
+  private heartbeatQueued = false;
+  private handshakes = 0;
+  private connected = false;
+  private stopPromise: Promise<void> | null = null;
+
+  constructor(opts: WorkerOptions) {
+    if (!isValidWorkerId(opts.workerId)) {
+      throw new CorralError('invalid_argument', `invalid worker id ${JSON.stringify(opts.workerId)}`);
+    }
+    const capacity = opts.capacity ?? 1;
+    if (!Number.isInteger(capacity) || capacity < 1 || capacity > MAX_CAPACITY) {
+      throw new CorralError('invalid_argument', `capacity must be an integer in 1..${MAX_CAPACITY}`);
+    }
+    this.opts = opts;
+    this.workerId = opts.workerId;
+    this.capacity = capacity;
+    this.clock = opts.clock ?? systemClock;
+    this.log = (opts.logger ?? silentLogger).child({ component: 'worker', workerId: opts.workerId });
+    this.maxMessageBytes = opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    this.heartbeatMs = opts.heartbeatIntervalMs ?? DEFAULT_HEARTBEAT_INTERVAL_MS;
+    this.progressMs = opts.progressIntervalMs ?? DEFAULT_PROGRESS_INTERVAL_MS;
+  }
+
+  async start(): Promise<void> {
+    if (this.state !== 'idle') return;
+    this.state = 'running';
+    const socket = new Dealer({
+      routingId: this.workerId,
+      linger: 0,
+      maxMessageSize: this.maxMessageBytes,
+      // ZMTP pings turn a dead daemon host (half-open TCP) into a reconnect.
+      heartbeatInterval: this.heartbeatMs,
+      heartbeatTimeout: this.heartbeatMs * 3,
+      reconnectInterval: 100,
+      reconnectMaxInterval: 5000,
+    });
+    this.socket = socket;
+    socket.events.on('handshake', () => {
+      this.connected = true;
+      // The first handshake delivers the worker_ready queued in start(); a later one is a
+      // reconnect, possibly to a restarted daemon that does not know us (invariant 3).
+      if (++this.handshakes > 1) {
+        this.log.info('reconnected to daemon; registering again');
+        this.sendReady(true);
+      }
+    });
+    socket.events.on('disconnect', () => {
+      this.connected = false;
+      this.log.warn('disconnected from daemon');
+    });
+    socket.connect(this.opts.endpoint);
+    this.loopDone = this.receiveLoop(socket);
+    this.sendReady(true);
+    this.restartHeartbeat();
+    this.log.info({ endpoint: this.opts.endpoint, capacity: this.capacity }, 'worker started');
+  }
+
+  inFlight(): number {
+    return this.turns.size;
+  }
+
+  isRegistered(): boolean {
+    return this.registered;
+  }
+
+  stop(opts: StopOptions = {}): Promise<void> {
+    this.stopPromise ??= this.doStop(opts);
+    return this.stopPromise;
+  }
+
+  private async doStop(opts: StopOptions): Promise<void> {
+    if (this.state === 'idle') {
+      this.state = 'stopped';
+      return;
+    }
+    this.state = 'stopping';
+    const graceMs = opts.graceMs ?? 0;
+    if (graceMs > 0 && this.turns.size > 0) await this.waitForTurns(graceMs);
+    for (const t of this.turns.values()) t.abortForStop();
+    if (this.turns.size > 0) await this.waitForTurns(opts.abortWaitMs ?? 5000);
+    if (this.turns.size > 0) this.log.warn({ inFlight: this.turns.size }, 'handlers ignored abort; closing anyway');
+    this.heartbeatTimer?.cancel();
+    this.heartbeatTimer = null;
+    const socket = this.socket;
+    if (socket) {
+      // Give the final results/errors a bounded chance to leave: if the daemon is down, a
+      // queued send would otherwise wait forever (and linger would hold the process).
+      // Not connected: nothing can flush, so don't hold the process open for it.
+      const lingerMs = this.connected ? (opts.lingerMs ?? 500) : 0;
+      socket.linger = lingerMs;
+      await this.within(this.queue.idle(), lingerMs);
+      socket.close();
+      await this.loopDone;
+    }
+    this.registered = false;
+    this.state = 'stopped';
+    this.log.info('worker stopped');
+  }
+
+  private async waitForTurns(ms: number): Promise<void> {
+    await this.within(Promise.allSettled([...this.turns.values()].map((t) => t.done)), ms);
+  }
+
+  /** Wait for `p`, at most `ms`; the timer is cancelled so it cannot hold the process open. */
+  private async within(p: Promise<unknown>, ms: number): Promise<void> {
+    const timer = new AbortController();
+    await Promise.race([p, this.clock.sleep(ms, timer.signal).catch(() => undefined)]);
+    timer.abort();
+  }
+
+  // ---- receive path --------------------------------------------------------------------
+
+  private async receiveLoop(socket: Dealer): Promise<void> {
+    let errors = 0;
+    while (!socket.closed) {
+      let frames: Buffer[];
+      try {
+        frames = await socket.receive();
+        errors = 0;
+      } catch (e) {
+        if (socket.closed) break;
+        errors++;
+        this.log.error({ err: toError(e) }, 'worker receive failed');
+        await this.clock.sleep(Math.min(1000, 5 * 2 ** Math.min(errors, 8))).catch(() => undefined);
+        continue;
+      }
+      try {
+        this.handleFrames(frames);
+      } catch (e) {
+        this.log.error({ err: toError(e) }, 'worker failed to handle a message');
+      }
+    }
+  }
+
+  private handleFrames(frames: Buffer[]): void {
+    if (frames.length !== 1) {
+      this.log.warn({ frames: frames.length }, 'ignoring daemon message with unexpected frame count');
+      return;
+    }
+    const parsed = parseDaemonMessage(frames[0]!);
+    if (!parsed.ok) {
+      // A newer daemon may send types this SDK does not know: skip them (protocol rule 5).
+      const level = parsed.code === 'unknown_type' ? 'debug' : 'warn';
+      this.log[level]({ code: parsed.code, error: parsed.error }, 'ignoring daemon message');
+      return;
+    }
+    const msg = parsed.msg;
+    try {
+      this.opts.hooks?.onReceive?.(msg);
+    } catch (e) {
+      this.log.error({ err: toError(e) }, 'onReceive hook threw');
+    }
+    switch (msg.type) {
+      case 'worker_welcome':
+        return this.onWelcome(msg.heartbeat_interval_ms, msg.progress_interval_ms);
+      case 'turn_start':
+        return this.onTurnStart(msg);
+      case 'turn_steer': {
+        const turn = this.turns.get(msg.turn_ref.delivery_id);
+        if (turn) turn.steer(msg.turn_ref, msg.input);
+        else this.log.debug({ deliveryId: msg.turn_ref.delivery_id }, 'steer for a turn not running here');
+        return;
+      }
+      case 'turn_cancel': {
+        const turn = this.turns.get(msg.turn_ref.delivery_id);
+        if (turn) turn.cancel(msg.reason);
+        this.unsettled.delete(msg.turn_ref.delivery_id);
+        return;
+      }
+      case 'turn_committed':
+        this.unsettled.delete(msg.turn_ref.delivery_id);
+        this.log.debug({ deliveryId: msg.turn_ref.delivery_id, revision: msg.turn_ref.revision }, 'turn committed');
+        return;
+      case 'turn_rejected':
+        return this.onRejected(msg.turn_ref.delivery_id, msg.turn_ref.revision, msg.reason, msg.detail);
+      case 'error':
+        return this.onProtocolError(msg.code, msg.message);
+    }
+  }
+
+  private onWelcome(heartbeatMs: number, progressMs: number): void {
+    const wasRegistered = this.registered;
+    this.registered = true;
+    this.readySentAtMs = null;
+    this.progressMs = progressMs;
+    if (heartbeatMs !== this.heartbeatMs) {
+      this.heartbeatMs = heartbeatMs;
+      this.restartHeartbeat();
+    }
+    this.log.info({ heartbeatMs, progressMs, wasRegistered }, 'registered with daemon');
+    // Invariant 5: results the daemon has not answered may have been lost with the old session.
+    for (const msg of this.unsettled.values()) this.send(msg);
+  }
+
+  private onTurnStart(msg: TurnStart): void {
+    const ref = msg.turn_ref;
+    const existing = this.turns.get(ref.delivery_id);
+    if (existing) {
+      // A re-sent turn_start (our accept was lost): accept again, do not run twice.
+      this.send({ v: PROTOCOL_VERSION, type: 'turn_accepted', turn_ref: existing.turnRef });
+      return;
+    }
+    const refuse = (code: string, message: string): void =>
+      this.send({ v: PROTOCOL_VERSION, type: 'turn_error', turn_ref: ref, error: { code, message, retryable: true } });
+    if (this.state !== 'running') return refuse('worker_stopping', 'worker is stopping');
+    if (this.turns.size >= this.capacity) {
+      this.log.warn({ deliveryId: ref.delivery_id, capacity: this.capacity }, 'turn_start over capacity');
+      return refuse('over_capacity', `worker ${this.workerId} is at capacity ${this.capacity}`);
+    }
+    this.send({ v: PROTOCOL_VERSION, type: 'turn_accepted', turn_ref: ref });
+    const turn = new RunningTurn(msg, {
+      handler: this.opts.handler,
+      clock: this.clock,
+      logger: this.log,
+      maxMessageBytes: this.maxMessageBytes,
+      progressIntervalMs: () => this.progressMs,
+      send: (m) => this.sendFinalOrProgress(m),
+      finished: (t) => void this.turns.delete(t.deliveryId),
+    });
+    this.turns.set(ref.delivery_id, turn);
+  }
+
+  private sendFinalOrProgress(msg: WorkerMessage): void {
+    if (msg.type === 'turn_result' || msg.type === 'turn_error') {
+      if (this.unsettled.size >= MAX_UNSETTLED) {
+        const oldest = this.unsettled.keys().next().value;
+        if (oldest !== undefined) this.unsettled.delete(oldest);
+      }
+      this.unsettled.set(msg.turn_ref.delivery_id, msg);
+    }
+    this.send(msg);
+  }
+
+  private onRejected(deliveryId: string, revision: number, reason: string, detail?: string): void {
+    this.unsettled.delete(deliveryId);
+    this.log.info({ deliveryId, revision, reason, detail }, 'turn rejected by daemon');
+    const turn = this.turns.get(deliveryId);
+    // stale_revision while running means a steer is on its way to us: keep going. Any other
+    // rejection of the current ref means the daemon will never take this turn's result.
+    if (turn && reason !== 'stale_revision' && turn.turnRef.revision === revision) turn.cancel(`rejected: ${reason}`);
+  }
+
+  private onProtocolError(code: string, message: string): void {
+    if (code === 'not_registered') {
+      this.log.info({ message }, 'daemon does not know this worker; registering again');
+      this.registered = false;
+      this.sendReady(false);
+      return;
+    }
+    if (code === 'unauthorized' || code === 'identity_mismatch') this.registered = false;
+    this.log.error({ code, message }, 'daemon reported a protocol error');
+  }
+
+  // ---- send path -----------------------------------------------------------------------
+
+  /** Send worker_ready unless one is already awaiting its welcome (debounce bursts of errors). */
+  private sendReady(force: boolean): void {
+    if (this.state !== 'running') return;
+    const now = this.clock.nowMs();
+    if (!force && this.readySentAtMs !== null && now - this.readySentAtMs < this.heartbeatMs) return;
+    this.readySentAtMs = now;
+    this.send({
+      v: PROTOCOL_VERSION,
+      type: 'worker_ready',
+      worker_id: this.workerId,
+      capacity: this.capacity,
+      sdk: this.opts.sdk ?? SDK_NAME,
+      ...(this.opts.auth ? { auth: this.opts.auth } : {}),
+    });
+  }
+
+  private restartHeartbeat(): void {
+    this.heartbeatTimer?.cancel();
+    this.heartbeatTimer = this.clock.setInterval(() => this.heartbeatTick(), this.heartbeatMs);
+  }
+
+  private heartbeatTick(): void {
+    try {
+      if (this.state !== 'running') return;
+      if (!this.registered) return this.sendReady(false);
+      // Skip if the last one has not left yet (daemon unreachable): don't pile them up.
+      if (this.heartbeatQueued) return;
+      this.heartbeatQueued = true;
+      this.send(
+        { v: PROTOCOL_VERSION, type: 'worker_heartbeat', worker_id: this.workerId, in_flight: this.turns.size },
+        () => void (this.heartbeatQueued = false),
+      );
+    } catch (e) {
+      this.log.error({ err: toError(e) }, 'heartbeat tick failed');
+    }
+  }
+
+  /** Apply hooks, then queue each resulting frame. Never throws, never rejects. */
+  private send(msg: WorkerMessage, onSent?: () => void): void {
+    let out: WorkerMessage[];
+    try {
+      const hooks = this.opts.hooks;
+      out = msg.type === 'turn_result' && hooks?.beforeSendResult ? hooks.beforeSendResult(msg) : [msg];
+      if (hooks?.beforeSend) out = out.flatMap((m) => hooks.beforeSend!(m));
+    } catch (e) {
+      this.log.error({ err: toError(e), type: msg.type }, 'send hook threw; sending unchanged');
+      out = [msg];
+    }
+    if (out.length === 0) onSent?.();
+    out.forEach((m, i) => {
+      const last = i === out.length - 1;
+      void this.queue.run(async () => {
+        try {
+          const socket = this.socket;
+          if (!socket || socket.closed) return;
+          await socket.send(encodeMessage(m));
+        } catch (e) {
+          if (!this.socket?.closed) this.log.warn({ err: toError(e), type: m.type }, 'send to daemon failed');
+        } finally {
+          if (last) onSent?.();
+        }
+      });
+    });
+  }
+}

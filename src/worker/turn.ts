@@ -1,0 +1,256 @@
+/**
+ * One turn running inside a worker: the handler's context, steering, cancellation, periodic
+ * progress, and turning the handler's outcome into exactly one final message.
+ *
+ * Invariants:
+ * 1. The final message (turn_result or turn_error) carries the CURRENT turn_ref, i.e. the one
+ *    from the latest turn_steer; an older ref would be rejected as stale_revision.
+ * 2. A cancelled turn (turn_cancel, or a terminal turn_rejected) sends nothing more: the
+ *    daemon has already written it off, and a late result would only be rejected.
+ * 3. At most one final message per turn; progress stops before it is sent.
+ * 4. The turn leaves the worker's in-flight set before its final message is queued, so the
+ *    heartbeat and the capacity check never count a turn the daemon may already have settled.
+ */
+import type { Clock, TimerHandle } from '../clock.ts';
+import { toError } from '../errors.ts';
+import type { Logger } from '../logger.ts';
+import {
+  PROTOCOL_VERSION,
+  encodeMessage,
+  turnResultSchema,
+  type JsonValue,
+  type TurnErrorBody,
+  type TurnRef,
+  type TurnStart,
+  type WorkerMessage,
+} from '../fabric/protocol.ts';
+
+/** Called with each steer's input and the new turn_ref (already current when called). */
+export type SteerListener = (input: JsonValue, turnRef: TurnRef) => void;
+
+/** What a handler sees for one turn. */
+export interface TurnContext {
+  /** The current fence; replaced by every turn_steer. */
+  readonly turnRef: TurnRef;
+  readonly event: { id: string; data: JsonValue; enqueuedAt: string };
+  /** 1 for the first try of this event, then 2, 3, … */
+  readonly attempt: number;
+  /** Lease expiry as sent by the daemon at turn_start (progress extends it daemon-side). */
+  readonly leaseExpiresAt: string;
+  /** Aborted by turn_cancel, by a terminal turn_rejected, or by `worker.stop()`. */
+  readonly signal: AbortSignal;
+  readonly logger: Logger;
+  /**
+   * Subscribe to steering input. Steers that arrived before the first subscription are
+   * replayed to it, so a handler that subscribes late loses nothing. Returns an unsubscribe.
+   */
+  onSteer(cb: SteerListener): () => void;
+  /** Send a turn_progress now (extends the lease); the SDK also sends one periodically. */
+  progress(note?: string): void;
+}
+
+/** What a handler resolves with; validated against the protocol before sending. */
+export interface TurnOutcome {
+  messages: Array<{ role: 'assistant' | 'tool'; content: unknown }>;
+  output?: unknown;
+}
+
+export type TurnHandler = (ctx: TurnContext) => Promise<TurnOutcome>;
+
+/** An error a handler may throw to choose the wire `code` and `retryable` flag. */
+export interface HandlerError extends Error {
+  code?: unknown;
+  retryable?: unknown;
+}
+
+export interface TurnDeps {
+  handler: TurnHandler;
+  clock: Clock;
+  logger: Logger;
+  send(msg: WorkerMessage): void;
+  progressIntervalMs(): number;
+  maxMessageBytes: number;
+  /** Called once, just before the final message is queued (invariant 4). */
+  finished(turn: RunningTurn): void;
+}
+
+const MAX_ERROR_MESSAGE = 4096;
+
+export class RunningTurn {
+  readonly deliveryId: string;
+  /** Resolves when the handler has settled and the final message (if any) is queued. */
+  readonly done: Promise<void>;
+  private ref: TurnRef;
+  private readonly start: TurnStart;
+  private readonly deps: TurnDeps;
+  private readonly log: Logger;
+  private readonly controller = new AbortController();
+  private readonly listeners = new Set<SteerListener>();
+  private pendingSteers: Array<{ input: JsonValue; ref: TurnRef }> = [];
+  private progressTimer: TimerHandle | null = null;
+  private silenced = false;
+  private stopping = false;
+  private settled = false;
+
+  constructor(start: TurnStart, deps: TurnDeps) {
+    this.start = start;
+    this.deps = deps;
+    this.ref = start.turn_ref;
+    this.deliveryId = start.turn_ref.delivery_id;
+    this.log = deps.logger.child({
+      deliveryId: this.deliveryId,
+      eventId: start.turn_ref.event_id,
+      epoch: start.turn_ref.actor_epoch,
+      attempt: start.attempt,
+    });
+    this.done = this.run();
+  }
+
+  get turnRef(): TurnRef {
+    return this.ref;
+  }
+
+  /** Adopt the steered turn_ref and hand the input to the handler. */
+  steer(newRef: TurnRef, input: JsonValue): void {
+    if (this.settled) return;
+    this.ref = newRef;
+    this.log.debug({ revision: newRef.revision }, 'turn steered');
+    // Acknowledge promptly with the new ref so the daemon knows the worker follows it.
+    this.sendProgress('steered');
+    if (this.listeners.size === 0) {
+      this.pendingSteers.push({ input, ref: newRef });
+      return;
+    }
+    this.notify(input, newRef);
+  }
+
+  /** Abort and stay silent (invariant 2). */
+  cancel(reason: string): void {
+    if (this.settled || this.silenced) return;
+    this.silenced = true;
+    this.log.info({ reason }, 'turn cancelled');
+    this.controller.abort(abortError(`turn cancelled: ${reason}`, 'cancelled'));
+  }
+
+  /** Abort because the worker is stopping; the handler's failure is reported as retryable. */
+  abortForStop(): void {
+    if (this.settled) return;
+    this.stopping = true;
+    this.controller.abort(abortError('worker stopping', 'worker_stopping'));
+  }
+
+  private context(): TurnContext {
+    const self = this;
+    const ev = this.start.event;
+    return {
+      get turnRef() {
+        return self.ref;
+      },
+      event: { id: ev.id, data: ev.data, enqueuedAt: ev.enqueued_at },
+      attempt: this.start.attempt,
+      leaseExpiresAt: this.start.lease_expires_at,
+      signal: this.controller.signal,
+      logger: this.log,
+      onSteer(cb) {
+        self.listeners.add(cb);
+        const replay = self.pendingSteers;
+        self.pendingSteers = [];
+        for (const s of replay) self.notifyOne(cb, s.input, s.ref);
+        return () => void self.listeners.delete(cb);
+      },
+      progress(note) {
+        self.sendProgress(note);
+      },
+    };
+  }
+
+  private async run(): Promise<void> {
+    // Yield once so the constructor returns (and the turn is registered) before the handler runs.
+    await Promise.resolve();
+    this.progressTimer = this.deps.clock.setInterval(() => this.sendProgress(), this.deps.progressIntervalMs());
+    let final: WorkerMessage;
+    try {
+      const outcome = await this.deps.handler(this.context());
+      final = this.resultMessage(outcome);
+    } catch (e) {
+      final = { v: PROTOCOL_VERSION, type: 'turn_error', turn_ref: this.ref, error: this.errorBody(e) };
+    }
+    this.settled = true;
+    this.progressTimer.cancel();
+    this.progressTimer = null;
+    this.deps.finished(this);
+    if (this.silenced) {
+      this.log.debug({ outcome: final.type }, 'turn was cancelled; outcome not sent');
+      return;
+    }
+    if (final.type === 'turn_error') this.log.info({ error: final.error }, 'turn failed');
+    this.deps.send(final);
+  }
+
+  private resultMessage(outcome: TurnOutcome): WorkerMessage {
+    const candidate: Record<string, unknown> = {
+      v: PROTOCOL_VERSION,
+      type: 'turn_result',
+      turn_ref: this.ref,
+      messages: (outcome as Partial<TurnOutcome> | undefined)?.messages,
+    };
+    if (outcome?.output !== undefined) candidate.output = outcome.output;
+    const checked = turnResultSchema.safeParse(candidate);
+    if (!checked.success) {
+      return this.invalidOutcome('invalid_result', `handler outcome is not a valid turn_result: ${checked.error.issues[0]?.message ?? ''}`);
+    }
+    // Send what the handler gave (not the parsed copy): turn_ref must stay verbatim.
+    const msg = candidate as unknown as WorkerMessage;
+    const bytes = encodeMessage(msg).length;
+    if (bytes > this.deps.maxMessageBytes) {
+      return this.invalidOutcome('result_too_large', `turn_result is ${bytes} bytes, limit ${this.deps.maxMessageBytes}`);
+    }
+    return msg;
+  }
+
+  private invalidOutcome(code: string, message: string): WorkerMessage {
+    this.log.error({ code }, message);
+    // Not retryable: the same handler would produce the same unusable outcome.
+    return { v: PROTOCOL_VERSION, type: 'turn_error', turn_ref: this.ref, error: { code, message, retryable: false } };
+  }
+
+  private errorBody(e: unknown): TurnErrorBody {
+    const err = toError(e) as HandlerError;
+    if (this.stopping && this.controller.signal.aborted) {
+      return { code: 'worker_stopping', message: 'worker stopped before the turn finished', retryable: true };
+    }
+    const code = typeof err.code === 'string' && err.code.length > 0 ? err.code.slice(0, 128) : 'handler_error';
+    const retryable = typeof err.retryable === 'boolean' ? err.retryable : true;
+    return { code, message: (err.message || String(e)).slice(0, MAX_ERROR_MESSAGE), retryable };
+  }
+
+  private sendProgress(note?: string): void {
+    if (this.settled || this.silenced) return;
+    this.deps.send({
+      v: PROTOCOL_VERSION,
+      type: 'turn_progress',
+      turn_ref: this.ref,
+      ...(note === undefined ? {} : { note: note.slice(0, 4096) }),
+    });
+  }
+
+  private notify(input: JsonValue, ref: TurnRef): void {
+    for (const cb of this.listeners) this.notifyOne(cb, input, ref);
+  }
+
+  private notifyOne(cb: SteerListener, input: JsonValue, ref: TurnRef): void {
+    try {
+      cb(input, ref);
+    } catch (e) {
+      this.log.error({ err: toError(e) }, 'onSteer callback threw');
+    }
+  }
+}
+
+function abortError(message: string, code: string): Error {
+  const err = new Error(message) as Error & { code: string; retryable: boolean };
+  err.name = 'AbortError';
+  err.code = code;
+  err.retryable = code !== 'cancelled';
+  return err;
+}

@@ -1,0 +1,153 @@
+import { randomBytes } from 'node:crypto';
+import { describe, expect, it } from 'vitest';
+import {
+  DAEMON_MESSAGE_TYPES,
+  WORKER_MESSAGE_TYPES,
+  daemonMessageSchema,
+  encodeMessage,
+  parseDaemonMessage,
+  parseWorkerMessage,
+  type DaemonMessage,
+  type WorkerMessage,
+} from '../../src/fabric/protocol.ts';
+import { makeTurnRef, makeTurnStart } from './helpers.ts';
+
+const ref = makeTurnRef({ actor_epoch: 3, revision: 2 });
+const buf = (o: unknown): Buffer => Buffer.from(JSON.stringify(o));
+
+const validWorker: WorkerMessage[] = [
+  { v: 1, type: 'worker_ready', worker_id: 'w-1', capacity: 4 },
+  { v: 1, type: 'worker_ready', worker_id: 'host:a.b_c-9', capacity: 1024, sdk: 'x/1', auth: { scheme: 'token', credential: 's' } },
+  { v: 1, type: 'worker_heartbeat', worker_id: 'w-1', in_flight: 0 },
+  { v: 1, type: 'turn_accepted', turn_ref: ref },
+  { v: 1, type: 'turn_progress', turn_ref: ref },
+  { v: 1, type: 'turn_progress', turn_ref: ref, note: 'thinking' },
+  { v: 1, type: 'turn_result', turn_ref: ref, messages: [] },
+  {
+    v: 1,
+    type: 'turn_result',
+    turn_ref: ref,
+    messages: [
+      { role: 'assistant', content: { text: 'hi', n: [1, null, true] } },
+      { role: 'tool', content: 'plain string' },
+    ],
+    output: { done: true },
+  },
+  { v: 1, type: 'turn_error', turn_ref: ref, error: { code: 'boom', message: 'it broke', retryable: false } },
+];
+
+describe('parseWorkerMessage', () => {
+  it('accepts every valid worker message type', () => {
+    for (const msg of validWorker) {
+      const r = parseWorkerMessage(encodeMessage(msg));
+      expect(r, JSON.stringify(msg)).toEqual({ ok: true, msg });
+    }
+    expect(new Set(validWorker.map((m) => m.type))).toEqual(new Set(WORKER_MESSAGE_TYPES));
+  });
+
+  it('ignores unknown fields but keeps unknown turn_ref fields (echoed verbatim)', () => {
+    const r = parseWorkerMessage(
+      buf({ v: 1, type: 'turn_accepted', future: 1, turn_ref: { ...ref, shard: 7 } }),
+    );
+    expect(r.ok).toBe(true);
+    if (!r.ok) return;
+    expect(r.msg).not.toHaveProperty('future');
+    expect(r.msg.type === 'turn_accepted' && r.msg.turn_ref).toEqual({ ...ref, shard: 7 });
+  });
+
+  const invalid: Array<[string, Buffer, string]> = [
+    ['non-UTF-8 bytes', Buffer.from([0xff, 0xfe, 0x00, 0x80]), 'invalid_message'],
+    ['not JSON', Buffer.from('{"v":1,'), 'invalid_message'],
+    ['empty frame', Buffer.alloc(0), 'invalid_message'],
+    ['JSON array', buf([1, 2]), 'invalid_message'],
+    ['JSON null', buf(null), 'invalid_message'],
+    ['missing v', buf({ type: 'worker_heartbeat', worker_id: 'w', in_flight: 0 }), 'invalid_message'],
+    ['string v', buf({ v: '1', type: 'worker_heartbeat', worker_id: 'w', in_flight: 0 }), 'invalid_message'],
+    ['v 2', buf({ v: 2, type: 'worker_heartbeat', worker_id: 'w', in_flight: 0 }), 'unsupported_version'],
+    ['missing type', buf({ v: 1 }), 'invalid_message'],
+    ['unknown type', buf({ v: 1, type: 'worker_dance' }), 'unknown_type'],
+    ['daemon type from a worker', buf({ v: 1, type: 'turn_committed', turn_ref: ref }), 'unknown_type'],
+    ['capacity 0', buf({ v: 1, type: 'worker_ready', worker_id: 'w', capacity: 0 }), 'invalid_message'],
+    ['capacity 1025', buf({ v: 1, type: 'worker_ready', worker_id: 'w', capacity: 1025 }), 'invalid_message'],
+    ['capacity 1.5', buf({ v: 1, type: 'worker_ready', worker_id: 'w', capacity: 1.5 }), 'invalid_message'],
+    ['worker id with space', buf({ v: 1, type: 'worker_ready', worker_id: 'a b', capacity: 1 }), 'invalid_message'],
+    ['worker id of 65 chars', buf({ v: 1, type: 'worker_ready', worker_id: 'a'.repeat(65), capacity: 1 }), 'invalid_message'],
+    ['empty worker id', buf({ v: 1, type: 'worker_ready', worker_id: '', capacity: 1 }), 'invalid_message'],
+    ['negative in_flight', buf({ v: 1, type: 'worker_heartbeat', worker_id: 'w', in_flight: -1 }), 'invalid_message'],
+    ['missing turn_ref', buf({ v: 1, type: 'turn_accepted' }), 'invalid_message'],
+    ['turn_ref epoch 0', buf({ v: 1, type: 'turn_accepted', turn_ref: { ...ref, actor_epoch: 0 } }), 'invalid_message'],
+    ['turn_ref revision -1', buf({ v: 1, type: 'turn_accepted', turn_ref: { ...ref, revision: -1 } }), 'invalid_message'],
+    ['turn_ref bad uuid', buf({ v: 1, type: 'turn_accepted', turn_ref: { ...ref, delivery_id: 'nope' } }), 'invalid_message'],
+    ['turn_ref missing field', buf({ v: 1, type: 'turn_accepted', turn_ref: { ...ref, event_id: undefined } }), 'invalid_message'],
+    ['result role user', buf({ v: 1, type: 'turn_result', turn_ref: ref, messages: [{ role: 'user', content: 'x' }] }), 'invalid_message'],
+    ['result without messages', buf({ v: 1, type: 'turn_result', turn_ref: ref }), 'invalid_message'],
+    [
+      'result with 1001 messages',
+      buf({ v: 1, type: 'turn_result', turn_ref: ref, messages: Array.from({ length: 1001 }, () => ({ role: 'tool', content: 1 })) }),
+      'invalid_message',
+    ],
+    ['error without retryable', buf({ v: 1, type: 'turn_error', turn_ref: ref, error: { code: 'x', message: 'y' } }), 'invalid_message'],
+  ];
+  it.each(invalid)('refuses %s', (_name, frame, code) => {
+    const r = parseWorkerMessage(frame);
+    expect(r.ok).toBe(false);
+    if (!r.ok) {
+      expect(r.code).toBe(code);
+      expect(r.error.length).toBeGreaterThan(0);
+    }
+  });
+
+  it('accepts exactly 1000 result messages', () => {
+    const messages = Array.from({ length: 1000 }, () => ({ role: 'tool' as const, content: 1 }));
+    expect(parseWorkerMessage(buf({ v: 1, type: 'turn_result', turn_ref: ref, messages })).ok).toBe(true);
+  });
+
+  it('never throws on arbitrary bytes', () => {
+    for (let i = 0; i < 2000; i++) {
+      const r = parseWorkerMessage(randomBytes(i % 64));
+      expect(r.ok).toBe(false);
+    }
+    // Deeply nested JSON must not escape as a RangeError either.
+    const deep = Buffer.from('{"v":1,"type":"turn_result","output":' + '['.repeat(50_000) + ']'.repeat(50_000) + '}');
+    expect(parseWorkerMessage(deep).ok).toBe(false);
+  });
+
+  it('does not let __proto__ keys change an object prototype', () => {
+    const r = parseWorkerMessage(Buffer.from(`{"v":1,"type":"turn_accepted","turn_ref":${JSON.stringify(ref).slice(0, -1)},"__proto__":{"polluted":1}}}`));
+    expect(r.ok).toBe(true);
+    if (r.ok && r.msg.type === 'turn_accepted') expect(Object.getPrototypeOf(r.msg.turn_ref)).toBe(Object.prototype);
+    expect(({} as Record<string, unknown>).polluted).toBeUndefined();
+  });
+});
+
+describe('daemon messages', () => {
+  const validDaemon: DaemonMessage[] = [
+    { v: 1, type: 'worker_welcome', worker_id: 'w-1', heartbeat_interval_ms: 2000, progress_interval_ms: 5000 },
+    makeTurnStart({ text: 'hi' }, ref),
+    { v: 1, type: 'turn_steer', turn_ref: { ...ref, revision: 3 }, input: { text: 'more' } },
+    { v: 1, type: 'turn_cancel', turn_ref: ref, reason: 'operator' },
+    { v: 1, type: 'turn_committed', turn_ref: ref },
+    { v: 1, type: 'turn_rejected', turn_ref: ref, reason: 'stale_epoch' },
+    { v: 1, type: 'turn_rejected', turn_ref: ref, reason: 'lease_expired', detail: 'expired 3 s ago' },
+    { v: 1, type: 'error', code: 'not_registered', message: 'send worker_ready first' },
+  ];
+
+  it('round-trips every daemon message type', () => {
+    for (const msg of validDaemon) {
+      expect(parseDaemonMessage(encodeMessage(msg))).toEqual({ ok: true, msg });
+      expect(daemonMessageSchema.safeParse(msg).success).toBe(true);
+    }
+    expect(new Set(validDaemon.map((m) => m.type))).toEqual(new Set(DAEMON_MESSAGE_TYPES));
+  });
+
+  it('accepts ISO times with Z or an offset, refuses local times', () => {
+    const start = makeTurnStart({}, ref);
+    expect(parseDaemonMessage(buf({ ...start, lease_expires_at: '2026-01-01T00:00:00.000+02:00' })).ok).toBe(true);
+    expect(parseDaemonMessage(buf({ ...start, lease_expires_at: '2026-01-01T00:00:00' })).ok).toBe(false);
+  });
+
+  it('reports unknown daemon types as unknown_type (workers skip them)', () => {
+    const r = parseDaemonMessage(buf({ v: 1, type: 'turn_pause', turn_ref: ref }));
+    expect(r).toMatchObject({ ok: false, code: 'unknown_type' });
+  });
+});

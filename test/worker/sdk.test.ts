@@ -1,0 +1,270 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { Broker, type BrokerEvent } from '../../src/fabric/broker.ts';
+import type { DaemonMessage, TurnRef } from '../../src/fabric/protocol.ts';
+import { silentLogger } from '../../src/logger.ts';
+import { createExampleHandler, runExampleWorker } from '../../src/worker/example.ts';
+import { createWorker, type TurnHandler, type Worker, type WorkerOptions } from '../../src/worker/sdk.ts';
+import { makeTurnRef, makeTurnStart, waitFor } from '../fabric/helpers.ts';
+
+const cleanups: Array<() => unknown> = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+interface Harness {
+  broker: Broker;
+  events: BrokerEvent[];
+  of<K extends BrokerEvent['kind']>(kind: K, deliveryId?: string): Extract<BrokerEvent, { kind: K }>[];
+}
+
+async function startBroker(endpoint = 'tcp://127.0.0.1:0', events: BrokerEvent[] = []): Promise<Harness> {
+  const broker = new Broker({
+    endpoint,
+    logger: silentLogger,
+    heartbeatIntervalMs: 100,
+    progressIntervalMs: 50,
+    onEvent: (e) => events.push(e),
+  });
+  await broker.start();
+  cleanups.push(() => broker.stop());
+  const of = <K extends BrokerEvent['kind']>(kind: K, deliveryId?: string): Extract<BrokerEvent, { kind: K }>[] =>
+    events.filter(
+      (e): e is Extract<BrokerEvent, { kind: K }> =>
+        e.kind === kind && (deliveryId === undefined || ('turnRef' in e && e.turnRef.delivery_id === deliveryId)),
+    );
+  return { broker, events, of };
+}
+
+async function startWorker(h: Harness, over: Partial<WorkerOptions> = {}): Promise<Worker> {
+  const worker = createWorker({
+    endpoint: h.broker.endpoint,
+    workerId: 'w-sdk',
+    handler: createExampleHandler(),
+    logger: silentLogger,
+    heartbeatIntervalMs: 100,
+    ...over,
+  });
+  cleanups.push(() => worker.stop());
+  await worker.start();
+  await waitFor(() => worker.isRegistered() && h.broker.isRegistered(worker.workerId), 'registration');
+  return worker;
+}
+
+async function dispatch(h: Harness, data: unknown, ref: TurnRef = makeTurnRef(), workerId = 'w-sdk'): Promise<TurnRef> {
+  expect(await h.broker.send(workerId, makeTurnStart(data, ref))).toEqual({ ok: true });
+  return ref;
+}
+
+describe('worker SDK end to end', () => {
+  it('accepts a turn and returns the echo result with the same turn_ref', async () => {
+    const h = await startBroker();
+    await startWorker(h);
+    expect(h.of('worker_ready')[0]).toMatchObject({ workerId: 'w-sdk', capacity: 1, reconnect: false });
+    const ref = await dispatch(h, { text: 'hi' });
+    const [result] = await waitFor(() => h.of('turn_result', ref.delivery_id).length && h.of('turn_result', ref.delivery_id), 'result');
+    expect(h.of('turn_accepted', ref.delivery_id)).toEqual([{ kind: 'turn_accepted', workerId: 'w-sdk', turnRef: ref }]);
+    expect(result).toEqual({
+      kind: 'turn_result',
+      workerId: 'w-sdk',
+      turnRef: ref,
+      messages: [{ role: 'assistant', content: { text: 'echo: hi' } }],
+    });
+    const accIdx = h.events.findIndex((e) => e.kind === 'turn_accepted');
+    expect(accIdx).toBeLessThan(h.events.indexOf(result!));
+
+    const other = await dispatch(h, [1, 'two']);
+    const [r2] = await waitFor(() => h.of('turn_result', other.delivery_id).length && h.of('turn_result', other.delivery_id), 'result 2');
+    expect(r2?.messages[0]?.content).toEqual({ text: 'echo: [1,"two"]' });
+  });
+
+  it('heartbeats with the interval from the welcome', async () => {
+    const h = await startBroker();
+    await startWorker(h, { heartbeatIntervalMs: 10_000 });
+    await waitFor(() => h.of('worker_heartbeat').length >= 3, '3 heartbeats', 3000);
+    expect(h.of('worker_heartbeat')[0]).toEqual({ kind: 'worker_heartbeat', workerId: 'w-sdk', inFlight: 0 });
+  });
+
+  it('turns a thrown error into turn_error', async () => {
+    const h = await startBroker();
+    await startWorker(h);
+    const ref = await dispatch(h, { fail: true });
+    const [err] = await waitFor(() => h.of('turn_error', ref.delivery_id).length && h.of('turn_error', ref.delivery_id), 'error');
+    expect(err).toEqual({
+      kind: 'turn_error',
+      workerId: 'w-sdk',
+      turnRef: ref,
+      error: { code: 'handler_error', message: 'example worker asked to fail', retryable: true },
+    });
+    const ref2 = await dispatch(h, { fail: true, failCode: 'bad_input', retryable: false });
+    const [err2] = await waitFor(() => h.of('turn_error', ref2.delivery_id).length && h.of('turn_error', ref2.delivery_id), 'error 2');
+    expect(err2?.error).toMatchObject({ code: 'bad_input', retryable: false });
+  });
+
+  it('follows a steer: new revision in progress and result, input in the reply', async () => {
+    const h = await startBroker();
+    await startWorker(h);
+    const ref = await dispatch(h, { text: 'hi', delayMs: 400 });
+    await waitFor(() => h.of('turn_accepted', ref.delivery_id).length, 'accepted');
+    const steered = { ...ref, revision: ref.revision + 1 };
+    expect(await h.broker.send('w-sdk', { v: 1, type: 'turn_steer', turn_ref: steered, input: { also: 'this' } })).toEqual({ ok: true });
+    const [result] = await waitFor(() => h.of('turn_result', ref.delivery_id).length && h.of('turn_result', ref.delivery_id), 'result');
+    expect(result?.turnRef).toEqual(steered);
+    expect(result?.messages[0]?.content).toEqual({ text: 'echo: hi', steered: { also: 'this' } });
+    const progress = h.of('turn_progress', ref.delivery_id);
+    expect(progress.some((p) => p.note === 'steered' && p.turnRef.revision === 1)).toBe(true);
+    // Once steered, the worker never speaks the old revision again.
+    const firstNew = h.events.findIndex((e) => e.kind === 'turn_progress' && e.note === 'steered');
+    const later = h.events.slice(firstNew).filter((e) => 'turnRef' in e && e.turnRef.delivery_id === ref.delivery_id);
+    expect(later.every((e) => 'turnRef' in e && e.turnRef.revision === 1)).toBe(true);
+  });
+
+  it('sends turn_progress while the handler runs', async () => {
+    const h = await startBroker();
+    await startWorker(h);
+    const ref = await dispatch(h, { delayMs: 300 });
+    await waitFor(() => h.of('turn_result', ref.delivery_id).length, 'result');
+    expect(h.of('turn_progress', ref.delivery_id).length).toBeGreaterThanOrEqual(2);
+  });
+
+  it('cancel aborts the handler and sends nothing for the turn', async () => {
+    const h = await startBroker();
+    const worker = await startWorker(h);
+    const ref = await dispatch(h, { delayMs: 30_000 });
+    await waitFor(() => h.of('turn_accepted', ref.delivery_id).length, 'accepted');
+    expect(worker.inFlight()).toBe(1);
+    await h.broker.send('w-sdk', { v: 1, type: 'turn_cancel', turn_ref: ref, reason: 'operator' });
+    await waitFor(() => worker.inFlight() === 0, 'handler aborted', 2000);
+    // The worker's sends are FIFO: once a later turn's result is here, nothing else is coming.
+    const next = await dispatch(h, { text: 'after' });
+    await waitFor(() => h.of('turn_result', next.delivery_id).length, 'next result');
+    expect(h.of('turn_result', ref.delivery_id)).toEqual([]);
+    expect(h.of('turn_error', ref.delivery_id)).toEqual([]);
+  });
+
+  it('a terminal turn_rejected of the running turn aborts it', async () => {
+    const h = await startBroker();
+    const worker = await startWorker(h);
+    const ref = await dispatch(h, { delayMs: 30_000 });
+    await waitFor(() => h.of('turn_accepted', ref.delivery_id).length, 'accepted');
+    await h.broker.send('w-sdk', { v: 1, type: 'turn_rejected', turn_ref: ref, reason: 'lease_expired' });
+    await waitFor(() => worker.inFlight() === 0, 'handler aborted', 2000);
+  });
+
+  it('respects capacity: refuses the extra turn with a retryable over_capacity', async () => {
+    const h = await startBroker();
+    const worker = await startWorker(h, { capacity: 2 });
+    const refs = [makeTurnRef(), makeTurnRef(), makeTurnRef()];
+    for (const ref of refs) await dispatch(h, { delayMs: 300, text: 'c' }, ref);
+    const [refused] = await waitFor(() => h.of('turn_error', refs[2]!.delivery_id).length && h.of('turn_error', refs[2]!.delivery_id), 'refusal');
+    expect(refused?.error).toMatchObject({ code: 'over_capacity', retryable: true });
+    expect(worker.inFlight()).toBe(2);
+    await waitFor(() => h.of('worker_heartbeat').some((e) => e.inFlight === 2), 'heartbeat in_flight 2');
+    await waitFor(() => h.of('turn_result').length === 2, 'two results');
+    expect(h.of('turn_accepted', refs[2]!.delivery_id)).toEqual([]);
+  });
+
+  it('re-registers after not_registered (daemon forgot the worker)', async () => {
+    const h = await startBroker();
+    const worker = await startWorker(h);
+    h.broker.forget('w-sdk');
+    // The worker's next heartbeat is answered not_registered; it must register again.
+    await waitFor(
+      () => h.of('worker_ready').length === 2 && h.broker.isRegistered('w-sdk') && worker.isRegistered(),
+      're-registration',
+      3000,
+    );
+    expect(h.of('worker_ready')[1]).toMatchObject({ reconnect: false });
+    const ref = await dispatch(h, { text: 'again' });
+    await waitFor(() => h.of('turn_result', ref.delivery_id).length, 'result after re-registration');
+  });
+
+  it('reconnects to a restarted daemon and re-sends a result it never answered', async () => {
+    const first = await startBroker();
+    const endpoint = first.broker.endpoint;
+    const worker = await startWorker(first);
+    const ref = await dispatch(first, { text: 'slow', delayMs: 500 });
+    await waitFor(() => first.of('turn_accepted', ref.delivery_id).length, 'accepted');
+    await first.broker.stop();
+
+    const second = await startBroker(endpoint);
+    await waitFor(() => second.broker.isRegistered('w-sdk') && worker.isRegistered(), 'registration with the new daemon', 5000);
+    const [result] = await waitFor(
+      () => second.of('turn_result', ref.delivery_id).length && second.of('turn_result', ref.delivery_id),
+      'result delivered to the new daemon',
+      5000,
+    );
+    expect(result?.messages[0]?.content).toEqual({ text: 'echo: slow' });
+    expect(worker.isRegistered()).toBe(true);
+    // Once answered, the result is not sent again on the next re-registration.
+    await second.broker.send('w-sdk', { v: 1, type: 'turn_committed', turn_ref: ref });
+    const before = second.of('turn_result', ref.delivery_id).length;
+    const readies = second.of('worker_ready').length;
+    second.broker.forget('w-sdk');
+    await waitFor(() => second.of('worker_ready').length > readies && worker.isRegistered(), 're-registration', 3000);
+    const probe = await dispatch(second, { text: 'probe' });
+    await waitFor(() => second.of('turn_result', probe.delivery_id).length, 'probe result');
+    expect(second.of('turn_result', ref.delivery_id).length).toBe(before);
+  });
+
+  it('duplicateResults sends every result twice', async () => {
+    const h = await startBroker();
+    const worker = await runExampleWorker({ endpoint: h.broker.endpoint, workerId: 'w-dup', capacity: 1, logger: silentLogger, duplicateResults: true });
+    cleanups.push(() => worker.stop());
+    await waitFor(() => h.broker.isRegistered('w-dup'), 'registration');
+    const ref = await dispatch(h, { text: 'twice' }, makeTurnRef(), 'w-dup');
+    const results = await waitFor(() => h.of('turn_result', ref.delivery_id).length === 2 && h.of('turn_result', ref.delivery_id), 'two results');
+    expect(results[0]).toEqual(results[1]);
+  });
+
+  it('stop() aborts running turns with a retryable worker_stopping error', async () => {
+    const h = await startBroker();
+    const worker = await startWorker(h);
+    const ref = await dispatch(h, { delayMs: 30_000 });
+    await waitFor(() => h.of('turn_accepted', ref.delivery_id).length, 'accepted');
+    await Promise.all([worker.stop(), worker.stop()]);
+    expect(worker.inFlight()).toBe(0);
+    const [err] = await waitFor(() => h.of('turn_error', ref.delivery_id).length && h.of('turn_error', ref.delivery_id), 'stop error');
+    expect(err?.error).toMatchObject({ code: 'worker_stopping', retryable: true });
+  });
+
+  it('reports an invalid handler outcome as a non-retryable turn_error', async () => {
+    const h = await startBroker();
+    const handler: TurnHandler = async () => ({ messages: [{ role: 'user' as 'assistant', content: 'x' }] });
+    await startWorker(h, { handler });
+    const ref = await dispatch(h, {});
+    const [err] = await waitFor(() => h.of('turn_error', ref.delivery_id).length && h.of('turn_error', ref.delivery_id), 'error');
+    expect(err?.error).toMatchObject({ code: 'invalid_result', retryable: false });
+  });
+
+  it('replays steers that arrived before the handler subscribed', async () => {
+    const h = await startBroker();
+    const seen: unknown[] = [];
+    const handler: TurnHandler = async (ctx) => {
+      await new Promise((r) => setTimeout(r, 200));
+      ctx.onSteer((input) => seen.push(input));
+      return { messages: [{ role: 'assistant', content: { revision: ctx.turnRef.revision } }] };
+    };
+    await startWorker(h, { handler });
+    const ref = await dispatch(h, {});
+    await waitFor(() => h.of('turn_accepted', ref.delivery_id).length, 'accepted');
+    await h.broker.send('w-sdk', { v: 1, type: 'turn_steer', turn_ref: { ...ref, revision: 5 }, input: 'late' });
+    const [result] = await waitFor(() => h.of('turn_result', ref.delivery_id).length && h.of('turn_result', ref.delivery_id), 'result');
+    expect(seen).toEqual(['late']);
+    expect(result?.messages[0]?.content).toEqual({ revision: 5 });
+  });
+
+  it('ignores unknown daemon message types and keeps working', async () => {
+    const h = await startBroker();
+    await startWorker(h);
+    await h.broker.send('w-sdk', { v: 1, type: 'turn_pause', turn_ref: makeTurnRef() } as unknown as DaemonMessage);
+    const ref = await dispatch(h, { text: 'still here' });
+    await waitFor(() => h.of('turn_result', ref.delivery_id).length, 'result');
+    expect(h.of('invalid')).toEqual([]);
+  });
+
+  it('validates its options', () => {
+    const base = { endpoint: 'tcp://127.0.0.1:1', handler: createExampleHandler() };
+    expect(() => createWorker({ ...base, workerId: 'bad id' })).toThrow(/invalid worker id/);
+    expect(() => createWorker({ ...base, workerId: 'ok', capacity: 0 })).toThrow(/capacity/);
+  });
+});
