@@ -9,6 +9,7 @@ import { runWorkerCommand } from './commands/worker.ts';
 import { runSendCommand } from './commands/send.ts';
 import { runTranscriptCommand } from './commands/transcript.ts';
 import { runMigrateCommand, runStopEmbeddedCommand } from './commands/db.ts';
+import { runCancelCommand, runSteerCommand } from './commands/steer.ts';
 
 export function intArg(min: number, max: number) {
   return (value: string): number => {
@@ -76,6 +77,20 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .option('--json', 'JSON output')
     .action((actor: string, o: { json?: boolean }) => run(runTranscriptCommand(config(), actor, o, process.stdout)));
+
+  program
+    .command('steer')
+    .description("steer an actor's live turn in place: the worker gets the input and a new revision")
+    .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
+    .argument('<json>', 'the steering input, JSON')
+    .action((actor: string, json: string) => run(runSteerCommand(config(), actor, json, process.stdout)));
+
+  program
+    .command('cancel')
+    .description("cancel an actor's live turn: the worker is told to stop, the turn is recorded as cancelled")
+    .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
+    .option('--reason <text>', 'why (recorded on the turn)')
+    .action((actor: string, o: { reason?: string }) => run(runCancelCommand(config(), actor, o, process.stdout)));
 
   const db = program.command('db').description('database maintenance');
   db.command('migrate')

@@ -1,0 +1,42 @@
+/** `corral steer <actor> '<json>'` and `corral cancel <actor>`: act on an actor's live turn. */
+import { formatActorKey, parseActorKey } from '../../actor-key.ts';
+import type { Config } from '../../config.ts';
+import { TurnStore } from '../../runtime/turns.ts';
+import { openCommandContext, type CommandContext } from '../context.ts';
+import { parseJsonArgument } from './send.ts';
+
+async function withStore<T>(config: Config, fn: (store: TurnStore, ctx: CommandContext) => Promise<T>): Promise<T> {
+  const ctx = await openCommandContext(config);
+  try {
+    const store = new TurnStore({
+      db: ctx.database.db,
+      boss: await ctx.boss(),
+      queueName: config.queueName,
+      ownerId: 'cli',
+      config: { leaseMs: config.leaseMs, deadLetterMode: config.deadLetterMode },
+    });
+    return await fn(store, ctx);
+  } finally {
+    await ctx.close();
+  }
+}
+
+export async function runSteerCommand(config: Config, actor: string, json: string, out: NodeJS.WritableStream): Promise<number> {
+  const key = parseActorKey(actor);
+  const input = parseJsonArgument(json, 'steering input');
+  const fence = await withStore(config, (store) => store.steer(key, input));
+  out.write(`steered ${formatActorKey(key)}: event ${fence.eventId} now at revision ${fence.revision}\n`);
+  return 0;
+}
+
+export async function runCancelCommand(
+  config: Config,
+  actor: string,
+  opts: { reason?: string },
+  out: NodeJS.WritableStream,
+): Promise<number> {
+  const key = parseActorKey(actor);
+  const fence = await withStore(config, (store) => store.cancel(key, opts.reason ?? 'cancelled by operator'));
+  out.write(`cancelled the turn of ${formatActorKey(key)} for event ${fence.eventId} (epoch ${fence.actorEpoch})\n`);
+  return 0;
+}
