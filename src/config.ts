@@ -37,7 +37,12 @@ const configSchema = z
     retryDelaySeconds: int(1, 3600),
     retryDelayMaxSeconds: int(1, 86_400),
     /** Backstop: pg-boss expires an active job that no daemon settled for this long. */
-    jobExpireSeconds: int(5, 86_400),
+    jobExpireSeconds: int(5, 7 * 86_400),
+    /**
+     * The daemon touches the jobs of its in-flight turns; pg-boss fails (retries) an active job
+     * left untouched this long, e.g. when its daemon died before writing an activation.
+     */
+    jobHeartbeatSeconds: int(10, 3_600),
     deadLetterMode: z.enum(DEAD_LETTER_MODES),
     fetchBatchSize: int(1, 500),
     /** Fallback poll for delayed retries (NOTIFY wakes new events at once). */
@@ -69,7 +74,8 @@ export const DEFAULTS: Omit<Config, 'homeDir'> = {
   retryLimit: 5,
   retryDelaySeconds: 5,
   retryDelayMaxSeconds: 120,
-  jobExpireSeconds: 3_600,
+  jobExpireSeconds: 86_400,
+  jobHeartbeatSeconds: 30,
   deadLetterMode: 'continue',
   fetchBatchSize: 50,
   pollIntervalMs: 1_000,
@@ -97,6 +103,7 @@ export const ENV_NAMES: Partial<Record<keyof Config, string>> = {
   retryDelaySeconds: 'CORRAL_RETRY_DELAY_S',
   retryDelayMaxSeconds: 'CORRAL_RETRY_DELAY_MAX_S',
   jobExpireSeconds: 'CORRAL_JOB_EXPIRE_S',
+  jobHeartbeatSeconds: 'CORRAL_JOB_HEARTBEAT_S',
   deadLetterMode: 'CORRAL_DEAD_LETTER_MODE',
   fetchBatchSize: 'CORRAL_FETCH_BATCH',
   pollIntervalMs: 'CORRAL_POLL_INTERVAL_MS',

@@ -92,7 +92,7 @@ export class Daemon {
     this.runtime = new Runtime({
       db: this.database.db,
       store: this.store,
-      transport: { send: (id, msg) => this.broker.send(id, msg) },
+      transport: { send: (id, msg) => this.broker.send(id, msg), forget: (id) => void this.broker.forget(id) },
       clock,
       logger,
       ownerId: this.ownerId,
@@ -128,6 +128,7 @@ export class Daemon {
       logger,
       intervalMs: config.watchdogIntervalMs,
       idleTimeoutMs: config.idleTimeoutMs,
+      jobHeartbeatSeconds: config.jobHeartbeatSeconds,
     });
     this.recovery = new Recovery({
       db: this.database.db,
@@ -221,6 +222,7 @@ export class Daemon {
   async stop(opts: { deadlineMs?: number } = {}): Promise<ShutdownResult | undefined> {
     if (this._state === 'stopped' || this._state === 'stopping') return undefined;
     this._state = 'stopping';
+    this.runtime.stop();
     const result = await this.handle?.shutdown({ deadlineMs: opts.deadlineMs ?? 10_000 });
     this.abort.abort();
     await this.runtime.drain();

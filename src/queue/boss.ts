@@ -26,7 +26,13 @@ export function queueNames(config: Pick<Config, 'queueName'>): QueueNames {
 
 export type QueueConfig = Pick<
   Config,
-  'queueName' | 'bossSchema' | 'retryLimit' | 'retryDelaySeconds' | 'retryDelayMaxSeconds' | 'jobExpireSeconds'
+  | 'queueName'
+  | 'bossSchema'
+  | 'retryLimit'
+  | 'retryDelaySeconds'
+  | 'retryDelayMaxSeconds'
+  | 'jobExpireSeconds'
+  | 'jobHeartbeatSeconds'
 >;
 
 export interface BossOptions {
@@ -81,6 +87,7 @@ export async function ensureQueues(
     retryBackoff: true,
     retryDelayMax: config.retryDelayMaxSeconds,
     expireInSeconds: config.jobExpireSeconds,
+    heartbeatSeconds: config.jobHeartbeatSeconds,
     retentionSeconds: TEN_YEARS_S,
     deleteAfterSeconds: 0,
     notify: true,

@@ -21,12 +21,21 @@ import * as workersDb from '../db/workers.ts';
 import { ActorDirectory } from './directory.ts';
 import { fenceFields, fromWire, toWire, type Fence, type WireTurnRef } from './fence.ts';
 import { WorkerPool } from './worker-pool.ts';
+import { backoffDelayMs } from '../backoff.ts';
+
+/** How long a turn operation keeps retrying while the database is unreachable. */
+const DATABASE_RETRY_MS = 120_000;
 import type { FailOutcome, FetchedJob, StartedTurn, TurnStore } from './turns.ts';
 import { noopMetrics, type RuntimeMetrics } from './metrics.ts';
 
 export interface Transport {
   send(workerId: string, msg: DaemonMessage): Promise<SendResult>;
+  /** Drops a worker's session: it must register again before it is used. */
+  forget?(workerId: string): void;
 }
+
+/** turn_error codes meaning "the worker did not run this turn": it goes elsewhere, no retry is spent. */
+const HANDED_BACK = new Set(['over_capacity', 'worker_stopping']);
 
 export interface RuntimeOptions {
   db: Db;
@@ -59,6 +68,7 @@ export class Runtime {
   private readonly parked: string[] = [];
   private readonly background = new Set<Promise<unknown>>();
   private lastHeartbeatWrite = new Map<string, number>();
+  private stopping = false;
 
   constructor(opts: RuntimeOptions) {
     this.opts = opts;
@@ -74,6 +84,11 @@ export class Runtime {
 
   inFlightCount(): number {
     return this.inFlight.size;
+  }
+
+  /** The pg-boss attempts of the turns this process is running. */
+  inFlightAttempts(): { id: string; retryCount: number }[] {
+    return [...this.inFlight.values()].map((f) => ({ id: f.fence.eventId, retryCount: f.turn.attempt - 1 }));
   }
 
   /** Waits for scheduled background work (tests, shutdown). */
@@ -97,7 +112,7 @@ export class Runtime {
     const workerId = this.pool.acquire(job.id) ?? null;
     let turn: StartedTurn;
     try {
-      turn = await this.opts.store.begin(job, workerId);
+      turn = await this.withDatabaseRetry(() => this.opts.store.begin(job, workerId), { eventId: job.id });
     } catch (e) {
       if (workerId) this.pool.release(job.id);
       this.clearCurrent({ agentUid: job.data.agentUid, sessionId: job.data.sessionId }, job.id);
@@ -121,7 +136,7 @@ export class Runtime {
       const res = await this.opts.transport.send(f.workerId, this.turnStart(f));
       if (res.ok) {
         this.metrics.dispatched();
-        await this.opts.store.markSent(f.fence);
+        await this.withDatabaseRetry(() => this.opts.store.markSent(f.fence), fenceFields(f.fence));
         return;
       }
       this.log.warn({ ...fenceFields(f.fence), workerId: f.workerId, reason: res.reason }, 'turn_start send failed');
@@ -138,11 +153,16 @@ export class Runtime {
     }
   }
 
-  private async redirect(eventId: string, workerId: string, reason: string): Promise<void> {
+  private async redirect(
+    eventId: string,
+    workerId: string,
+    reason: string,
+    endState: 'send_failed' | 'superseded' = 'send_failed',
+  ): Promise<void> {
     const f = this.inFlight.get(eventId);
     if (!f) return;
     try {
-      f.fence = await this.opts.store.redirect(f.fence, workerId, reason);
+      f.fence = await this.opts.store.redirect(f.fence, workerId, reason, endState);
       f.workerId = workerId;
     } catch (e) {
       if (e instanceof FenceRejected) {
@@ -220,6 +240,11 @@ export class Runtime {
         });
         return;
       case 'turn_error':
+        if (HANDED_BACK.has(e.error.code)) {
+          this.log.info({ ...fenceFields(fromWire(e.turnRef)), workerId: e.workerId, code: e.error.code }, 'turn handed back');
+          this.reassign(e.turnRef.event_id, `handed back by ${e.workerId}: ${e.error.code}`, e.workerId);
+          return;
+        }
         this.fenced(e.workerId, e.turnRef, 'fail', async (f) => {
           const outcome = await this.opts.store.fail(f, e.workerId, { code: e.error.code, message: e.error.message });
           this.onAttemptFailed(f, outcome, `turn_error: ${e.error.code}: ${e.error.message}`);
@@ -251,10 +276,13 @@ export class Runtime {
     this.track(workersDb.recordHeartbeat(this.opts.db, workerId, inFlight), { workerId });
   }
 
-  /** Worker-lost handling (watchdog): its unaccepted turns go to other workers. */
-  reassign(eventId: string, reason: string): void {
+  /**
+   * Sends the turn of `eventId` to another worker (its worker was lost before running it, or
+   * handed it back). `fromWorker`, when given, must be the worker currently holding the turn.
+   */
+  reassign(eventId: string, reason: string, fromWorker?: string): void {
     const f = this.inFlight.get(eventId);
-    if (!f) return;
+    if (!f || (fromWorker !== undefined && f.workerId !== fromWorker)) return;
     const controller = this.directory.wake(f.fence);
     this.track(
       controller.run(async () => {
@@ -267,7 +295,7 @@ export class Runtime {
           if (!this.parked.includes(eventId)) this.parked.push(eventId);
           return;
         }
-        await this.redirect(eventId, next, reason);
+        await this.redirect(eventId, next, reason, 'superseded');
         await this.send(eventId);
       }),
       fenceFields(f.fence),
@@ -276,7 +304,11 @@ export class Runtime {
 
   /** Stale workers: removes them from dispatch; returns their in-flight event ids. */
   takeStaleWorkers(): { id: string; events: string[] }[] {
-    return this.pool.takeStale(this.opts.clock.nowMs(), this.opts.workerStaleMs);
+    const stale = this.pool.takeStale(this.opts.clock.nowMs(), this.opts.workerStaleMs);
+    // A stale worker must register again before it gets work: a frozen process that wakes up
+    // finds itself unknown (`not_registered`) and re-registers.
+    for (const w of stale) this.opts.transport.forget?.(w.id);
+    return stale;
   }
 
   private forgetWorker(workerId: string): void {
@@ -323,7 +355,7 @@ export class Runtime {
     this.track(
       controller.run(async () => {
         try {
-          await fn(fence);
+          await this.withDatabaseRetry(() => fn(fence), { ...fenceFields(fence), workerId, op });
         } catch (e) {
           if (!(e instanceof FenceRejected)) throw e;
           this.metrics.rejected(e.reason);
@@ -333,6 +365,30 @@ export class Runtime {
       }),
       { ...fenceFields(fence), workerId, op },
     );
+  }
+
+  /**
+   * Runs `fn`, retrying with jittered backoff while the database is unreachable (a restart, a
+   * network blip): a worker's result must not be dropped because PostgreSQL was away for a while.
+   * The fence decides afterwards whether the result still counts.
+   */
+  private async withDatabaseRetry<T>(fn: () => Promise<T>, fields: Record<string, unknown>): Promise<T> {
+    const deadline = this.opts.clock.nowMs() + DATABASE_RETRY_MS;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await fn();
+      } catch (e) {
+        if (!isConnectionError(e) || this.opts.clock.nowMs() > deadline || this.stopping) throw e;
+        const delay = backoffDelayMs(attempt, { baseMs: 100, maxMs: 5_000 });
+        this.log.warn({ ...fields, err: toError(e).message, retryInMs: delay }, 'database unavailable; retrying');
+        await this.opts.clock.sleep(delay);
+      }
+    }
+  }
+
+  /** Stops retrying database work (shutdown). */
+  stop(): void {
+    this.stopping = true;
   }
 
   private async reply(workerId: string, msg: DaemonMessage): Promise<void> {

@@ -122,20 +122,31 @@ export class TurnStore {
     });
   }
 
+  /** Keeps pg-boss from failing the jobs of turns this daemon is running (see jobHeartbeatSeconds). */
+  async touchJobs(attempts: { id: string; retryCount: number }[]): Promise<void> {
+    if (attempts.length > 0) await this.boss.touch(this.queueName, attempts);
+  }
+
   async markSent(fence: Fence): Promise<boolean> {
     return deliveries.transitionDelivery(this.db, fence.deliveryId, ['created'], 'sent');
   }
 
   /**
-   * The delivery could not be sent (or its worker was lost before accepting it): mark it
-   * `send_failed` and write a new delivery of the same event for `nextWorkerId`, same fence
-   * otherwise. Fenced: a delivery the watchdog already failed is not redirected.
+   * The delivery could not be sent (`send_failed`), or its worker was lost before running it or
+   * handed it back (`superseded`): end it and write a new delivery of the same event for
+   * `nextWorkerId`, same fence otherwise. Fenced: a delivery the watchdog already failed is not
+   * redirected.
    */
-  async redirect(fence: Fence, nextWorkerId: string, reason: string): Promise<Fence> {
+  async redirect(
+    fence: Fence,
+    nextWorkerId: string,
+    reason: string,
+    endState: 'send_failed' | 'superseded' = 'send_failed',
+  ): Promise<Fence> {
     return inTransaction(this.db, async (tx) => {
       const { activation, delivery } = await lockFence(tx, fence);
-      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent'], 'send_failed', reason);
-      const old = await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: { code: 'send_failed', message: reason } });
+      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], endState, reason);
+      const old = await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: { code: endState, message: reason } });
       const next = await deliveries.insertDelivery(tx, activation, delivery.eventId, delivery.jobRetryCount, nextWorkerId);
       const oldTurnInput = await transcript.turnInput(tx, delivery.deliveryId);
       await transcript.insertStartedTurn(tx, {

@@ -1,9 +1,16 @@
-/** `corral daemon [--workers N]`: migrations, then the daemon (and N local example workers). */
+/**
+ * `corral daemon [--workers N] [--metrics-port P]`: migrations, then the daemon (and N local example
+ * workers). With a metrics port (flag or CORRAL_METRICS_PORT) the runtime's metrics are bound to
+ * Prometheus counters and an HTTP server (/metrics, /healthz, /readyz) runs as a supervised child.
+ */
 import { hostname } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import type { Config } from '../../config.ts';
 import { Daemon } from '../../daemon.ts';
 import { toError } from '../../errors.ts';
+import type { Logger } from '../../logger.ts';
+import { observabilityChild } from '../../observability/daemon-child.ts';
+import { createMetrics, type Metrics } from '../../observability/metrics.ts';
 import { processChild, type ChildSpec } from '../../supervisor/index.ts';
 import { commandLogger, resolveDatabase } from '../context.ts';
 
@@ -33,14 +40,35 @@ function localWorkers(count: number, capacity: number, config: Config): (endpoin
     });
 }
 
+function extraChildren(
+  config: Config,
+  opts: DaemonCommandOptions,
+  metrics: Metrics | undefined,
+  logger: Logger,
+): ((endpoint: string) => ChildSpec<Daemon>[]) | undefined {
+  const workers = opts.workers > 0 ? localWorkers(opts.workers, opts.workerCapacity, config) : undefined;
+  const http =
+    metrics && config.metricsPort !== undefined
+      ? observabilityChild({ host: config.metricsHost, port: config.metricsPort, metrics, logger })
+      : undefined;
+  if (!workers && !http) return undefined;
+  return (endpoint) => [...(http ? [http] : []), ...(workers?.(endpoint) ?? [])];
+}
+
 export async function runDaemonCommand(config: Config, opts: DaemonCommandOptions): Promise<number> {
   const logger = commandLogger(config, { daemon: true });
   const { url, embedded } = await resolveDatabase(config, logger);
+  const metrics =
+    config.metricsPort !== undefined
+      ? createMetrics({ onError: (e) => logger.warn({ err: e.message }, 'metrics: database snapshot failed') })
+      : undefined;
+  const children = extraChildren(config, opts, metrics, logger);
   const daemon = new Daemon({
     config,
     databaseUrl: url,
     logger,
-    ...(opts.workers > 0 ? { extraChildren: localWorkers(opts.workers, opts.workerCapacity, config) } : {}),
+    ...(metrics ? { metrics: metrics.runtime } : {}),
+    ...(children ? { extraChildren: children } : {}),
   });
   let signals = 0;
   let stopping: Promise<unknown> | undefined;
@@ -59,7 +87,12 @@ export async function runDaemonCommand(config: Config, opts: DaemonCommandOption
     await daemon.prepare();
     const handle = daemon.startSupervisor();
     logger.info(
-      { endpoint: daemon.broker.endpoint, workers: opts.workers, database: embedded ? 'embedded' : 'DATABASE_URL' },
+      {
+        endpoint: daemon.broker.endpoint,
+        workers: opts.workers,
+        database: embedded ? 'embedded' : 'DATABASE_URL',
+        ...(config.metricsPort !== undefined ? { metrics: `${config.metricsHost}:${config.metricsPort}` } : {}),
+      },
       'corral daemon running',
     );
     await handle.done.catch((e: unknown) => logger.error({ err: toError(e) }, 'daemon supervisor ended with an error'));

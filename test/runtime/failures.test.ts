@@ -1,0 +1,252 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { sql } from 'drizzle-orm';
+import { actorKey } from '../../src/actor-key.ts';
+import { retryWindowSeconds } from '../../src/backoff.ts';
+import { readTranscript } from '../../src/db/transcript.ts';
+import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
+import { RawWorker, type Msg } from '../helpers/raw-worker.ts';
+import { waitFor } from '../helpers/wait.ts';
+
+type Ref = Record<string, unknown> & { event_id: string; actor_epoch: number; revision: number };
+
+let t: TestDaemon | undefined;
+const workers: RawWorker[] = [];
+afterEach(async () => {
+  for (const w of workers.splice(0)) await w.close();
+  await t?.stop();
+  t = undefined;
+});
+
+async function setup(overrides: Parameters<typeof startTestDaemon>[0] = {}) {
+  t = await startTestDaemon(overrides);
+  const w = new RawWorker(`raw-${workers.length}`, t.daemon.broker.endpoint);
+  workers.push(w);
+  await w.register(8);
+  return { t, w, db: t.daemon.database.db };
+}
+
+const fail = (ref: Ref) => ({ type: 'turn_error', turn_ref: ref, error: { code: 'boom', message: 'handler failed', retryable: true } });
+const ok = (ref: Ref, text = 'ok') => ({ type: 'turn_result', turn_ref: ref, messages: [{ role: 'assistant', content: { text } }] });
+
+describe('retries and dead letters', () => {
+  it('schedules every retry 5–120 s out (default policy), bumps the epoch per attempt, then dead-letters', async () => {
+    const { t, w, db } = await setup({ watchdogIntervalMs: 100_000 });
+    expect([t.config.retryDelaySeconds, t.config.retryDelayMaxSeconds, t.config.retryLimit]).toEqual([5, 120, 5]);
+    const key = actorKey('retry', 's');
+    const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'x' });
+    const epochs: number[] = [];
+    const delays: number[] = [];
+    for (let attempt = 1; attempt <= 6; attempt++) {
+      const start = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
+      expect(start.attempt).toBe(attempt);
+      const ref = start.turn_ref as Ref;
+      epochs.push(ref.actor_epoch);
+      await w.send(fail(ref));
+      if (attempt === 6) break;
+      // the actual scheduled retry time, as pg-boss stored it, against the failure's commit time
+      const row = await waitFor(async () => {
+        const r = await db.execute<{ state: string; delay: number }>(sql`
+          select j.state, extract(epoch from j.start_after - t.finished_at)::float as delay
+          from pgboss.job j join corral.turns t on t.event_id = j.id
+          where j.id = ${eventId} and t.delivery_id = ${ref.delivery_id} and t.status = 'failed'`);
+        return r.rows[0]?.state === 'retry' ? r.rows[0] : undefined;
+      });
+      delays.push(row.delay);
+      const window = retryWindowSeconds(attempt, 5, 120);
+      expect(row.delay).toBeGreaterThanOrEqual(window.min - 0.01);
+      expect(row.delay).toBeLessThanOrEqual(window.max + 0.01);
+      // move time instead of sleeping: make the retry due now and wake the consumer
+      await db.execute(sql`update pgboss.job set start_after = now() where id = ${eventId}`);
+      t.daemon.consumer.wake();
+    }
+    expect(delays.every((d) => d >= 5 && d <= 120)).toBe(true);
+    for (let i = 1; i < epochs.length; i++) expect(epochs[i]).toBeGreaterThan(epochs[i - 1]!);
+
+    const dl = await waitFor(async () => {
+      const r = await db.execute<{ singleton_key: string; data: { payload: unknown }; source_retry_count: number; source_output: unknown }>(sql`
+        select singleton_key, data, source_retry_count, source_output from pgboss.job
+        where name = ${t.daemon.queues.deadLetter} and source_id = ${eventId}`);
+      return r.rows[0];
+    });
+    expect(dl.singleton_key).toBe('retry/s');
+    expect(dl.data.payload).toEqual({ text: 'x' });
+    expect(dl.source_retry_count).toBe(5);
+    expect(JSON.stringify(dl.source_output)).toContain('handler failed');
+    // continue mode: the failed original no longer holds the actor
+    const orig = await db.execute(sql`select 1 from pgboss.job where id = ${eventId} and name = ${t.daemon.queues.events}`);
+    expect(orig.rows).toHaveLength(0);
+  });
+
+  it('continue mode: a dead-lettered event leaves the queue and later events of the actor proceed', async () => {
+    const { t, w, db } = await setup({ retryLimit: 0, deadLetterMode: 'continue' });
+    const key = actorKey('dl', 'continue');
+    const [bad, good] = await t.daemon.events.enqueueActorEvents(db, [
+      { key, event: { n: 1 } },
+      { key, event: { n: 2 } },
+    ]);
+    const s1 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === bad!.eventId);
+    await w.send(fail(s1.turn_ref as Ref));
+    const s2 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === good!.eventId);
+    await w.send(ok(s2.turn_ref as Ref));
+    await w.next('turn_committed');
+    const tr = await readTranscript(db, key);
+    expect(tr.map((x) => x.eventId)).toEqual([good!.eventId]);
+    const actor = await db.execute<{ blocked_by_event_id: string | null }>(
+      sql`select blocked_by_event_id from corral.actors where agent_uid = 'dl' and session_id = 'continue'`,
+    );
+    expect(actor.rows[0]?.blocked_by_event_id ?? null).toBeNull();
+  });
+
+  it('block mode: the actor holds behind its dead-lettered event; other actors go on', async () => {
+    const { t, w, db } = await setup({ retryLimit: 0, deadLetterMode: 'block' });
+    const key = actorKey('dl', 'block');
+    const other = actorKey('dl', 'other');
+    const [bad, held] = await t.daemon.events.enqueueActorEvents(db, [
+      { key, event: { n: 1 } },
+      { key, event: { n: 2 } },
+    ]);
+    const s1 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === bad!.eventId);
+    await w.send(fail(s1.turn_ref as Ref));
+    await waitFor(async () => {
+      const r = await db.execute<{ b: string | null }>(
+        sql`select blocked_by_event_id as b from corral.actors where agent_uid = 'dl' and session_id = 'block'`,
+      );
+      return r.rows[0]?.b === bad!.eventId;
+    });
+    const o = await t.daemon.events.enqueueActorEvent(db, other, { n: 3 });
+    const so = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === o.eventId);
+    await w.send(ok(so.turn_ref as Ref));
+    await w.next('turn_committed');
+    // the held event was never dispatched
+    t.daemon.consumer.wake();
+    await new Promise((r) => setTimeout(r, 300));
+    expect(w.inbox.some((m: Msg) => m.type === 'turn_start' && (m.turn_ref as Ref).event_id === held!.eventId)).toBe(false);
+    const states = await db.execute<{ id: string; state: string }>(
+      sql`select id, state from pgboss.job where name = ${t.daemon.queues.events} and singleton_key = 'dl/block' order by id`,
+    );
+    expect(states.rows).toEqual([
+      { id: bad!.eventId, state: 'failed' },
+      { id: held!.eventId, state: 'created' },
+    ]);
+  });
+});
+
+describe('leases and the watchdog', () => {
+  it('fails an expired in-flight activation; the event is retried under a higher epoch and a late result is rejected', async () => {
+    const { t, w, db } = await setup({ leaseMs: 400, progressIntervalMs: 100, retryDelaySeconds: 1, retryDelayMaxSeconds: 1 });
+    const key = actorKey('lease', 's');
+    const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'slow' });
+    const first = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
+    const ref1 = first.turn_ref as Ref;
+    await w.send({ type: 'turn_accepted', turn_ref: ref1 });
+    await waitFor(async () => {
+      const r = await db.execute<{ e: boolean }>(
+        sql`select lease_expires_at <= now() as e from corral.activations where activation_uid = ${ref1.activation_uid}`,
+      );
+      return r.rows[0]?.e;
+    });
+    const report = await t.daemon.watchdog.tick();
+    expect(report.expired).toBe(1);
+    const act = await db.execute<{ status: string; end_reason: string }>(
+      sql`select status, end_reason from corral.activations where activation_uid = ${ref1.activation_uid}`,
+    );
+    expect(act.rows[0]).toEqual({ status: 'failed', end_reason: 'lease_expired' });
+    // the late result of the expired attempt changes nothing
+    await w.send(ok(ref1, 'late'));
+    expect(['stale_epoch', 'activation_not_live']).toContain((await w.next('turn_rejected')).reason);
+    // the retry arrives under a higher epoch and commits
+    await db.execute(sql`update pgboss.job set start_after = now() where id = ${eventId}`);
+    t.daemon.consumer.wake();
+    const second = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
+    const ref2 = second.turn_ref as Ref;
+    expect(ref2.actor_epoch).toBeGreaterThan(ref1.actor_epoch);
+    expect(second.attempt).toBe(2);
+    await w.send(ok(ref2, 'fresh'));
+    await w.next('turn_committed');
+    const tr = await readTranscript(db, key);
+    expect(tr).toHaveLength(1);
+    expect(tr[0]!.actorEpoch).toBe(ref2.actor_epoch);
+    expect(tr[0]!.messages[1]!.content).toEqual({ text: 'fresh' });
+  });
+
+  it('progress messages keep a healthy long turn alive past its initial lease', async () => {
+    const { t, w, db } = await setup({ leaseMs: 500, progressIntervalMs: 100 });
+    const key = actorKey('lease', 'long');
+    const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'long' });
+    const start = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
+    const ref = start.turn_ref as Ref;
+    await w.send({ type: 'turn_accepted', turn_ref: ref });
+    const until = Date.now() + 1_500;
+    while (Date.now() < until) {
+      await w.send({ type: 'turn_progress', turn_ref: ref });
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    expect((await t.daemon.watchdog.tick()).expired).toBe(0);
+    await w.send(ok(ref));
+    await w.next('turn_committed');
+    expect(await readTranscript(db, key)).toHaveLength(1);
+  });
+
+  it('stops a warm activation idle past the idle timeout', async () => {
+    const { t, w, db } = await setup({ idleTimeoutMs: 200 });
+    const key = actorKey('idle', 's');
+    await t.daemon.events.enqueueActorEvent(db, key, { text: 'x' });
+    const start = await w.next('turn_start');
+    await w.send(ok(start.turn_ref as Ref));
+    await w.next('turn_committed');
+    await waitFor(async () => (await t.daemon.watchdog.tick()).stoppedIdle === 1, { what: 'idle stop' });
+    const r = await db.execute<{ status: string; end_reason: string }>(
+      sql`select status, end_reason from corral.activations where agent_uid = 'idle'`,
+    );
+    expect(r.rows).toEqual([{ status: 'stopped', end_reason: 'idle' }]);
+  });
+});
+
+describe('steering and cancellation', () => {
+  it('cancel: the worker is told to stop, the turn is recorded cancelled, a late result is rejected, the actor moves on', async () => {
+    const { t, w, db } = await setup();
+    const key = actorKey('cancel', 's');
+    const [a, b] = await t.daemon.events.enqueueActorEvents(db, [
+      { key, event: { n: 1 } },
+      { key, event: { n: 2 } },
+    ]);
+    const s1 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === a!.eventId);
+    await t.daemon.cancel(key, 'user pressed stop');
+    const cancel = await w.next('turn_cancel');
+    expect((cancel.turn_ref as Ref).event_id).toBe(a!.eventId);
+    await w.send(ok(s1.turn_ref as Ref, 'late'));
+    expect((await w.next('turn_rejected')).reason).toBe('cancelled');
+    const turn = await db.execute<{ status: string }>(sql`select status from corral.turns where event_id = ${a!.eventId}`);
+    expect(turn.rows).toEqual([{ status: 'cancelled' }]);
+    const s2 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === b!.eventId);
+    await w.send(ok(s2.turn_ref as Ref));
+    await w.next('turn_committed');
+    expect((await readTranscript(db, key)).map((x) => x.eventId)).toEqual([b!.eventId]);
+  });
+});
+
+describe('recovery', () => {
+  it('repairs a started turn whose fence rows are gone: the turn is failed and the event retried under a new epoch', async () => {
+    const { t, w, db } = await setup({ retryDelaySeconds: 1, retryDelayMaxSeconds: 1 });
+    const key = actorKey('recover', 's');
+    const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'x' });
+    const s1 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
+    const ref1 = s1.turn_ref as Ref;
+    // lose the runtime projections (as if a process and its rows vanished)
+    await db.execute(sql`delete from corral.deliveries where event_id = ${eventId}`);
+    await db.execute(sql`delete from corral.activations where activation_uid = ${ref1.activation_uid}`);
+    const report = await t.daemon.recovery.tick();
+    expect(report).toMatchObject({ repairedTurns: 1, retriedEvents: 1 });
+    const turn = await db.execute<{ status: string }>(sql`select status from corral.turns where delivery_id = ${ref1.delivery_id}`);
+    expect(turn.rows).toEqual([{ status: 'failed' }]);
+    await w.send(ok(ref1, 'late'));
+    expect((await w.next('turn_rejected')).reason).toBe('unknown_delivery');
+    await db.execute(sql`update pgboss.job set start_after = now() where id = ${eventId}`);
+    t.daemon.consumer.wake();
+    const s2 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
+    expect((s2.turn_ref as Ref).actor_epoch).toBeGreaterThan(ref1.actor_epoch);
+    await w.send(ok(s2.turn_ref as Ref));
+    await w.next('turn_committed');
+    expect(await readTranscript(db, key)).toHaveLength(1);
+  });
+});

@@ -1,0 +1,59 @@
+import { describe, expect, it } from 'vitest';
+import { actorKey } from '../../src/actor-key.ts';
+import { ManualClock } from '../../src/clock.ts';
+import { ActorDirectory } from '../../src/runtime/directory.ts';
+
+describe('ActorDirectory', () => {
+  it('starts one controller per actor key, idempotently, even for concurrent wakes', async () => {
+    const dir = new ActorDirectory({ clock: new ManualClock(), lingerMs: 1_000 });
+    const key = actorKey('a', 's');
+    const [c1, c2] = await Promise.all([Promise.resolve().then(() => dir.wake(key)), Promise.resolve().then(() => dir.wake(actorKey('a', 's')))]);
+    expect(c1).toBe(c2);
+    expect(dir.size).toBe(1);
+    // both callers' work runs, one after the other
+    const order: string[] = [];
+    await Promise.all([
+      c1.run(async () => {
+        await new Promise((r) => setTimeout(r, 20));
+        order.push('first');
+      }),
+      c2.run(async () => {
+        order.push('second');
+      }),
+    ]);
+    expect(order).toEqual(['first', 'second']);
+  });
+
+  it('keeps running after an operation fails', async () => {
+    const dir = new ActorDirectory({ clock: new ManualClock() });
+    const c = dir.wake(actorKey('a', 's'));
+    await expect(c.run(async () => Promise.reject(new Error('boom')))).rejects.toThrow('boom');
+    await expect(c.run(async () => 42)).resolves.toBe(42);
+  });
+
+  it('releases idle controllers after the linger, so memory follows active actors only', async () => {
+    const clock = new ManualClock();
+    const dir = new ActorDirectory({ clock, lingerMs: 1_000 });
+    for (let i = 0; i < 100; i++) await dir.wake(actorKey('a', `s${i}`)).run(async () => undefined);
+    const busy = dir.wake(actorKey('a', 'busy'));
+    busy.current = { eventId: 'e1' };
+    await busy.run(async () => undefined);
+    expect(dir.size).toBe(101);
+    await clock.advance(999);
+    expect(dir.size).toBe(101);
+    await clock.advance(1);
+    expect(dir.size).toBe(1);
+    expect(dir.get(actorKey('a', 'busy'))).toBe(busy);
+  });
+
+  it('a wake during the linger keeps the controller', async () => {
+    const clock = new ManualClock();
+    const dir = new ActorDirectory({ clock, lingerMs: 1_000 });
+    const c = dir.wake(actorKey('a', 's'));
+    await c.run(async () => undefined);
+    await clock.advance(500);
+    expect(dir.wake(actorKey('a', 's'))).toBe(c);
+    await clock.advance(2_000);
+    expect(dir.size).toBe(1);
+  });
+});

@@ -1,0 +1,155 @@
+import { describe, expect, it } from 'vitest';
+import { actorKey, formatActorKey, parseActorKey } from '../../src/actor-key.ts';
+import { backoffDelayMs, retryWindowSeconds } from '../../src/backoff.ts';
+import { loadConfig } from '../../src/config.ts';
+import { checkFence, type Fence, type FenceRows } from '../../src/db/fence.ts';
+import { CorralError } from '../../src/errors.ts';
+import { WorkerPool } from '../../src/runtime/worker-pool.ts';
+import { bossNotifyChannel } from '../../src/queue/consumer.ts';
+
+describe('actor keys', () => {
+  it('round-trips and rejects malformed keys with invalid_actor_key', () => {
+    expect(formatActorKey(parseActorKey('agent-1/s:2'))).toBe('agent-1/s:2');
+    for (const bad of ['', 'a', 'a/b/c', '/b', 'a/', 'a b/c', `${'x'.repeat(129)}/s`]) {
+      expect(() => parseActorKey(bad)).toThrow(CorralError);
+      try {
+        parseActorKey(bad);
+      } catch (e) {
+        expect((e as CorralError).code).toBe('invalid_actor_key');
+      }
+    }
+    expect(() => actorKey('a/b', 'c')).toThrow(/agent_uid/);
+  });
+});
+
+describe('backoff', () => {
+  it('stays within [base·2^(n-1)/2, min(max, base·2^(n-1))]', () => {
+    for (let n = 1; n < 40; n++) {
+      for (const r of [0, 0.5, 0.999]) {
+        const d = backoffDelayMs(n, { baseMs: 100, maxMs: 5_000 }, () => r);
+        const ceiling = Math.min(5_000, 100 * 2 ** (n - 1));
+        expect(d).toBeGreaterThanOrEqual(ceiling / 2);
+        expect(d).toBeLessThanOrEqual(ceiling);
+      }
+    }
+  });
+
+  it('describes the 5–120 s retry contract', () => {
+    expect([1, 2, 3, 4, 5, 6].map((n) => retryWindowSeconds(n, 5, 120))).toEqual([
+      { min: 5, max: 10 },
+      { min: 10, max: 20 },
+      { min: 20, max: 40 },
+      { min: 40, max: 80 },
+      { min: 80, max: 120 },
+      { min: 120, max: 120 },
+    ]);
+  });
+});
+
+describe('config', () => {
+  it('defaults to the 5–120 s retry policy and continue mode', () => {
+    const c = loadConfig({}, {});
+    expect([c.retryDelaySeconds, c.retryDelayMaxSeconds, c.retryLimit, c.deadLetterMode]).toEqual([5, 120, 5, 'continue']);
+  });
+
+  it('reads the environment, lets flags win, and names the bad variable', () => {
+    expect(loadConfig({}, { CORRAL_LEASE_MS: '20000' }).leaseMs).toBe(20_000);
+    expect(loadConfig({ leaseMs: 30_000 }, { CORRAL_LEASE_MS: '20000' }).leaseMs).toBe(30_000);
+    expect(() => loadConfig({}, { CORRAL_LEASE_MS: '1000' })).toThrow(/progressIntervalMs must be shorter/);
+    expect(() => loadConfig({}, { CORRAL_DEAD_LETTER_MODE: 'maybe' })).toThrow(/CORRAL_DEAD_LETTER_MODE/);
+    expect(() => loadConfig({}, { CORRAL_LEASE_MS: 'soon' })).toThrow(/CORRAL_LEASE_MS/);
+    expect(() => loadConfig({}, { CORRAL_ENDPOINT: 'http://x' })).toThrow(/CORRAL_ENDPOINT/);
+  });
+});
+
+describe('checkFence', () => {
+  const fence: Fence = {
+    agentUid: 'a',
+    sessionId: 's',
+    activationUid: 'act-1',
+    actorEpoch: 3,
+    eventId: 'ev-1',
+    revision: 1,
+    deliveryId: 'd-1',
+  };
+  const rows = (over: { d?: object; a?: object; leaseAlive?: boolean; counter?: number } = {}): FenceRows =>
+    ({
+      delivery: {
+        deliveryId: 'd-1',
+        activationUid: 'act-1',
+        agentUid: 'a',
+        sessionId: 's',
+        actorEpoch: 3,
+        eventId: 'ev-1',
+        revision: 1,
+        state: 'accepted',
+        ...over.d,
+      },
+      activation: {
+        activationUid: 'act-1',
+        agentUid: 'a',
+        sessionId: 's',
+        actorEpoch: 3,
+        currentEventId: 'ev-1',
+        revision: 1,
+        status: 'active',
+        endReason: null,
+        ...over.a,
+      },
+      leaseAlive: over.leaseAlive ?? true,
+      actorEpochCounter: over.counter ?? 3,
+    }) as unknown as FenceRows;
+
+  it('holds only when everything is equal and the lease is alive', () => {
+    expect(checkFence(fence, rows())).toBeNull();
+  });
+
+  it('names the reason of each mismatch', () => {
+    expect(checkFence(fence, { ...rows(), delivery: undefined })).toBe('unknown_delivery');
+    expect(checkFence({ ...fence, sessionId: 'other' }, rows())).toBe('wrong_actor');
+    expect(checkFence({ ...fence, actorEpoch: 2 }, rows())).toBe('stale_epoch');
+    expect(checkFence({ ...fence, eventId: 'ev-0' }, rows())).toBe('stale_event');
+    expect(checkFence({ ...fence, revision: 0 }, rows())).toBe('stale_revision');
+    expect(checkFence(fence, rows({ leaseAlive: false }))).toBe('lease_expired');
+    expect(checkFence(fence, rows({ d: { state: 'completed' } }))).toBe('already_committed');
+    expect(checkFence(fence, rows({ d: { state: 'superseded' } }))).toBe('delivery_superseded');
+    expect(checkFence(fence, rows({ a: { status: 'failed', endReason: 'lease_expired' }, counter: 4 }))).toBe('stale_epoch');
+    expect(checkFence(fence, rows({ a: { status: 'failed', endReason: 'lease_expired' } }))).toBe('activation_not_live');
+    expect(checkFence(fence, rows({ a: { status: 'failed', endReason: 'cancelled' }, d: { state: 'failed' } }))).toBe('cancelled');
+  });
+});
+
+describe('WorkerPool', () => {
+  it('reserves slots on the least loaded ready worker and frees them', () => {
+    const pool = new WorkerPool();
+    pool.register('w1', 2, 0);
+    pool.register('w2', 1, 0);
+    expect(pool.freeSlots()).toBe(3);
+    expect(pool.acquire('e1')).toBe('w1');
+    expect(['w1', 'w2']).toContain(pool.acquire('e2'));
+    pool.acquire('e3');
+    expect(pool.freeSlots()).toBe(0);
+    expect(pool.acquire('e4')).toBeUndefined();
+    expect(pool.release('e1')).toBe('w1');
+    expect(pool.freeSlots()).toBe(1);
+  });
+
+  it('marks silent workers stale and reports their in-flight events; re-registration reports lost events', () => {
+    const pool = new WorkerPool();
+    pool.register('w1', 2, 0);
+    pool.acquire('e1');
+    expect(pool.takeStale(500, 1_000)).toEqual([]);
+    expect(pool.takeStale(1_000, 1_000)).toEqual([{ id: 'w1', events: ['e1'] }]);
+    expect(pool.freeSlots()).toBe(0);
+    expect(pool.register('w1', 2, 2_000)).toEqual({ restarted: true, lostEvents: ['e1'] });
+    expect(pool.freeSlots()).toBe(2);
+  });
+});
+
+describe('pg-boss notify channel', () => {
+  it('matches the channel pg-boss computes for a schema', () => {
+    // pg-boss: 'pgboss_' || left(encode(sha224(schema), 'hex'), 24)
+    expect(bossNotifyChannel('pgboss')).toMatch(/^pgboss_[0-9a-f]{24}$/);
+    expect(bossNotifyChannel('"pgboss"')).toBe(bossNotifyChannel('pgboss'));
+  });
+});
