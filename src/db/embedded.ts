@@ -75,6 +75,19 @@ async function runAsIds(): Promise<Ids> {
   }
 }
 
+/** The postgres user must be able to reach the folder (every parent needs the x bit for it). */
+async function assertReachable(dir: string, ids: Ids): Promise<void> {
+  try {
+    await execFile('test', ['-w', dir, '-a', '-x', dir], { ...ids });
+  } catch {
+    throw new CorralError(
+      'database_unavailable',
+      `the embedded PostgreSQL runs as the 'postgres' OS user, which cannot reach ${dir} ` +
+        '(a parent folder is closed to other users): set CORRAL_HOME to a folder it can reach, or set DATABASE_URL',
+    );
+  }
+}
+
 async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const srv = createServer();
@@ -196,7 +209,10 @@ export async function ensureEmbeddedPostgres(opts: EmbeddedOptions): Promise<Emb
 
   await mkdir(pgDir, { recursive: true });
   await chmod(opts.homeDir, 0o755).catch(() => undefined);
-  if (ids.uid !== undefined) await chown(pgDir, ids.uid, ids.gid!);
+  if (ids.uid !== undefined) {
+    await chown(pgDir, ids.uid, ids.gid!);
+    await assertReachable(pgDir, ids);
+  }
 
   let state: State;
   if (!existsSync(join(dataDir, 'PG_VERSION'))) {

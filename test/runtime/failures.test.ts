@@ -250,3 +250,31 @@ describe('recovery', () => {
     expect(await readTranscript(db, key)).toHaveLength(1);
   });
 });
+
+describe('dispatch', () => {
+  it('a failed send marks the delivery send_failed and dispatches the event to another worker', async () => {
+    const { t, w: gone, db } = await setup();
+    const other = new RawWorker('raw-other', t.daemon.broker.endpoint);
+    workers.push(other);
+    await other.register(1);
+    await waitFor(() => t.daemon.runtime.pool.freeSlots() === 9, { what: 'both workers registered' });
+    // the first worker (8 free slots, so the preferred one) disappears without a word
+    await gone.close();
+    await waitFor(async () => (await t.daemon.broker.send('raw-0', { v: 1, type: 'error', code: 'probe', message: 'probe' })).ok === false, {
+      what: 'route to the closed worker gone',
+    });
+    const key = actorKey('dispatch', 's');
+    const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'x' });
+    const start = await other.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
+    await other.send(ok(start.turn_ref as Ref));
+    await other.next('turn_committed');
+    const rows = await db.execute<{ worker_id: string; state: string }>(
+      sql`select worker_id, state from corral.deliveries where event_id = ${eventId} order by created_at`,
+    );
+    expect(rows.rows).toEqual([
+      { worker_id: 'raw-0', state: 'send_failed' },
+      { worker_id: 'raw-other', state: 'completed' },
+    ]);
+    expect(await readTranscript(db, key)).toHaveLength(1);
+  });
+});
