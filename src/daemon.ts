@@ -22,6 +22,7 @@ import { QueueConsumer } from './queue/consumer.ts';
 import { createEventQueue, type EventQueue } from './queue/events.ts';
 import { Recovery } from './runtime/recovery.ts';
 import { Runtime } from './runtime/runtime.ts';
+import type { SessionController } from './runtime/directory.ts';
 import { TurnStore } from './runtime/turns.ts';
 import { Watchdog } from './runtime/watchdog.ts';
 import type { RuntimeMetrics } from './runtime/metrics.ts';
@@ -199,6 +200,11 @@ export class Daemon {
         await run(signal);
       },
     });
+    sup.register({
+      name: 'session-controllers',
+      policy: 'permanent',
+      factory: (_d, signal) => this.runControllerSupervisor(signal),
+    });
     sup.register(loop('queue-consumer', (s) => this.consumer.run(s)));
     sup.register(loop('watchdog', (s) => this.watchdog.run(s)));
     sup.register(loop('recovery', (s) => this.recovery.run(s)));
@@ -207,6 +213,35 @@ export class Daemon {
     this.handle.done.catch((e: unknown) => this.log.error({ err: toError(e) }, 'supervisor gave up'));
     this._state = 'running';
     return this.handle;
+  }
+
+  /**
+   * The session controllers' supervisor: each controller is a dynamic, transient child that
+   * lives from its actor's first wake until the directory releases it.
+   */
+  private async runControllerSupervisor(signal: AbortSignal): Promise<void> {
+    const inner = new Supervisor<Daemon>(this, { name: 'session-controllers', keepAlive: true, clock: this.clock, signal });
+    const handle = inner.start();
+    const childName = (c: SessionController) => `actor:${c.name}`;
+    this.runtime.directory.setHost({
+      adopt: (c) => {
+        try {
+          handle.addChild({
+            name: childName(c),
+            policy: 'transient',
+            factory: (_d, s) => new Promise<void>((resolve) => s.addEventListener('abort', () => resolve(), { once: true })),
+          });
+        } catch (e) {
+          this.log.debug({ actor: c.name, err: toError(e).message }, 'controller not supervised');
+        }
+      },
+      release: (c) => void handle.removeChild(childName(c)).catch(() => undefined),
+    });
+    try {
+      await handle.done;
+    } finally {
+      this.runtime.directory.setHost(undefined);
+    }
   }
 
   get supervisor(): SupervisorHandle<Daemon> | undefined {

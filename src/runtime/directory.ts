@@ -53,8 +53,18 @@ export class SessionController {
   }
 }
 
+/**
+ * Where controllers live while they exist: the daemon makes each one a dynamic child of its
+ * session-controller supervisor (so they appear in its event stream and stop with it).
+ */
+export interface ControllerHost {
+  adopt(c: SessionController): void;
+  release(c: SessionController): void;
+}
+
 export class ActorDirectory {
   private readonly controllers = new Map<string, SessionController>();
+  private host: ControllerHost | undefined;
   private readonly releaseTimers = new Map<string, TimerHandle>();
   private readonly clock: Clock;
   private readonly lingerMs: number;
@@ -75,9 +85,16 @@ export class ActorDirectory {
     if (!c) {
       const controller = new SessionController(key, () => this.scheduleRelease(controller));
       this.controllers.set(name, controller);
+      this.host?.adopt(controller);
       c = controller;
     }
     return c;
+  }
+
+  /** Attaches (or detaches) the host; existing controllers are adopted by the new host. */
+  setHost(host: ControllerHost | undefined): void {
+    this.host = host;
+    if (host) for (const c of this.controllers.values()) host.adopt(c);
   }
 
   get(key: ActorKey): SessionController | undefined {
@@ -111,7 +128,7 @@ export class ActorDirectory {
         c.name,
         this.clock.setTimeout(() => {
           this.releaseTimers.delete(c.name);
-          if (c.idle && this.controllers.get(c.name) === c) this.controllers.delete(c.name);
+          if (c.idle && this.controllers.get(c.name) === c) this.release(c);
         }, this.lingerMs),
       );
     } catch (e) {
@@ -123,5 +140,6 @@ export class ActorDirectory {
     this.releaseTimers.get(c.name)?.cancel();
     this.releaseTimers.delete(c.name);
     this.controllers.delete(c.name);
+    this.host?.release(c);
   }
 }
