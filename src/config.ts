@@ -31,6 +31,8 @@ const configSchema = z
     /** A warm activation with no current event is stopped after this long. */
     idleTimeoutMs: int(100),
     watchdogIntervalMs: int(10),
+    /** On a graceful stop, how long in-flight turns may take to finish. */
+    drainMs: int(0, 3_600_000),
     recoveryIntervalMs: int(100),
     /** pg-boss retry policy for actor events (seconds); the default is the 5–120 s contract. */
     retryLimit: int(0, 1000),
@@ -70,6 +72,7 @@ export const DEFAULTS: Omit<Config, 'homeDir'> = {
   workerStaleMs: 10_000,
   idleTimeoutMs: 300_000,
   watchdogIntervalMs: 1_000,
+  drainMs: 10_000,
   recoveryIntervalMs: 30_000,
   retryLimit: 5,
   retryDelaySeconds: 5,
@@ -98,6 +101,7 @@ export const ENV_NAMES: Partial<Record<keyof Config, string>> = {
   workerStaleMs: 'CORRAL_WORKER_STALE_MS',
   idleTimeoutMs: 'CORRAL_IDLE_TIMEOUT_MS',
   watchdogIntervalMs: 'CORRAL_WATCHDOG_INTERVAL_MS',
+  drainMs: 'CORRAL_DRAIN_MS',
   recoveryIntervalMs: 'CORRAL_RECOVERY_INTERVAL_MS',
   retryLimit: 'CORRAL_RETRY_LIMIT',
   retryDelaySeconds: 'CORRAL_RETRY_DELAY_S',

@@ -244,6 +244,19 @@ export class Daemon {
     }
   }
 
+  private async drain(drainMs: number): Promise<void> {
+    if (!this.handle || drainMs <= 0) return;
+    await this.handle.removeChild('queue-consumer').catch(() => false);
+    const until = this.clock.nowMs() + drainMs;
+    if (this.runtime.inFlightCount() > 0) {
+      this.log.info({ inFlight: this.runtime.inFlightCount(), drainMs }, 'draining in-flight turns');
+    }
+    while (this.runtime.inFlightCount() > 0 && this.clock.nowMs() < until) await this.clock.sleep(50);
+    if (this.runtime.inFlightCount() > 0) {
+      this.log.warn({ inFlight: this.runtime.inFlightCount() }, 'stopping with turns in flight: they will be retried after their leases');
+    }
+  }
+
   get supervisor(): SupervisorHandle<Daemon> | undefined {
     return this.handle;
   }
@@ -253,10 +266,15 @@ export class Daemon {
     this.startSupervisor();
   }
 
-  /** Graceful stop: no new fetches; in-flight turns are left to their leases (nothing is lost). */
-  async stop(opts: { deadlineMs?: number } = {}): Promise<ShutdownResult | undefined> {
+  /**
+   * Graceful stop: fetch nothing new, let in-flight turns finish for up to `drainMs`, then stop
+   * every subsystem. Turns still running after the drain are left to their leases: another (or
+   * the restarted) daemon retries them, so nothing is lost.
+   */
+  async stop(opts: { deadlineMs?: number; drainMs?: number } = {}): Promise<ShutdownResult | undefined> {
     if (this._state === 'stopped' || this._state === 'stopping') return undefined;
     this._state = 'stopping';
+    await this.drain(opts.drainMs ?? this.config.drainMs);
     this.runtime.stop();
     const result = await this.handle?.shutdown({ deadlineMs: opts.deadlineMs ?? 10_000 });
     this.abort.abort();

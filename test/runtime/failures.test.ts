@@ -1,5 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { sql } from 'drizzle-orm';
+import pg from 'pg';
 import { actorKey } from '../../src/actor-key.ts';
 import { retryWindowSeconds } from '../../src/backoff.ts';
 import { readTranscript } from '../../src/db/transcript.ts';
@@ -276,5 +277,28 @@ describe('dispatch', () => {
       { worker_id: 'raw-other', state: 'completed' },
     ]);
     expect(await readTranscript(db, key)).toHaveLength(1);
+  });
+});
+
+describe('graceful stop', () => {
+  it('fetches nothing new and lets in-flight turns finish before stopping', async () => {
+    const { t: daemon, w, db } = await setup();
+    const key = actorKey('drain', 's');
+    const [first, second] = await daemon.daemon.events.enqueueActorEvents(db, [
+      { key, event: { n: 1 } },
+      { key, event: { n: 2 } },
+    ]);
+    const start = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === first!.eventId);
+    const stopped = daemon.daemon.stop({ drainMs: 5_000 });
+    await new Promise((r) => setTimeout(r, 300));
+    await w.send(ok(start.turn_ref as Ref));
+    await stopped;
+    // the daemon's pool is closed now: read with a client of our own
+    const pgc = new pg.Client({ connectionString: daemon.db.url });
+    await pgc.connect();
+    const r = (await pgc.query(`select event_id, status from corral.turns order by started_at`)).rows;
+    await pgc.end();
+    expect(r).toEqual([{ event_id: first!.eventId, status: 'succeeded' }]);
+    expect(w.inbox.some((m) => m.type === 'turn_start' && (m.turn_ref as Ref).event_id === second!.eventId)).toBe(false);
   });
 });
