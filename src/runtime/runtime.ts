@@ -104,12 +104,13 @@ export class Runtime {
       const key: ActorKey = { agentUid: job.data.agentUid, sessionId: job.data.sessionId };
       const controller = this.directory.wake(key);
       controller.current = { eventId: job.id };
-      this.track(controller.run(() => this.startTurn(job)), { actor: formatActorKey(key), eventId: job.id });
+      // Reserve the slot now, not when the controller gets to it, so the next fetch sees it taken.
+      const workerId = this.pool.acquire(job.id) ?? null;
+      this.track(controller.run(() => this.startTurn(job, workerId)), { actor: formatActorKey(key), eventId: job.id });
     }
   }
 
-  private async startTurn(job: FetchedJob): Promise<void> {
-    const workerId = this.pool.acquire(job.id) ?? null;
+  private async startTurn(job: FetchedJob, workerId: string | null): Promise<void> {
     let turn: StartedTurn;
     try {
       turn = await this.withDatabaseRetry(() => this.opts.store.begin(job, workerId), { eventId: job.id });
@@ -340,6 +341,8 @@ export class Runtime {
       if (i >= 0) this.parked.splice(i, 1);
     }
     this.clearCurrent(fence, fence.eventId);
+    // a freed slot goes to a turn waiting for a worker first, then to the queue
+    this.dispatchParked();
     this.opts.onCapacity?.();
   }
 

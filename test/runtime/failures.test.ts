@@ -134,18 +134,21 @@ describe('retries and dead letters', () => {
 
 describe('leases and the watchdog', () => {
   it('fails an expired in-flight activation; the event is retried under a higher epoch and a late result is rejected', async () => {
-    const { t, w, db } = await setup({ leaseMs: 400, progressIntervalMs: 100, retryDelaySeconds: 1, retryDelayMaxSeconds: 1 });
+    const { t, w, db } = await setup({ retryDelaySeconds: 1, retryDelayMaxSeconds: 1 });
     const key = actorKey('lease', 's');
     const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'slow' });
     const first = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     const ref1 = first.turn_ref as Ref;
     await w.send({ type: 'turn_accepted', turn_ref: ref1 });
     await waitFor(async () => {
-      const r = await db.execute<{ e: boolean }>(
-        sql`select lease_expires_at <= now() as e from corral.activations where activation_uid = ${ref1.activation_uid}`,
-      );
-      return r.rows[0]?.e;
+      const r = await db.execute<{ state: string }>(sql`select state from corral.deliveries where delivery_id = ${ref1.delivery_id}`);
+      return r.rows[0]?.state === 'accepted';
     });
+    expect((await t.daemon.watchdog.tick()).expired).toBe(0);
+    // the worker goes silent; move time instead of sleeping: the lease ran out by PostgreSQL's clock
+    await db.execute(
+      sql`update corral.activations set lease_expires_at = now() - interval '1 second' where activation_uid = ${ref1.activation_uid}`,
+    );
     const report = await t.daemon.watchdog.tick();
     expect(report.expired).toBe(1);
     const act = await db.execute<{ status: string; end_reason: string }>(
@@ -171,17 +174,34 @@ describe('leases and the watchdog', () => {
   });
 
   it('progress messages keep a healthy long turn alive past its initial lease', async () => {
-    const { t, w, db } = await setup({ leaseMs: 500, progressIntervalMs: 100 });
+    const { t, w, db } = await setup({ leaseMs: 2_000, progressIntervalMs: 100 });
     const key = actorKey('lease', 'long');
     const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'long' });
     const start = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     const ref = start.turn_ref as Ref;
     await w.send({ type: 'turn_accepted', turn_ref: ref });
-    const until = Date.now() + 1_500;
-    while (Date.now() < until) {
+    const leaseOf = async () =>
+      (
+        await db.execute<{ ms: number }>(
+          sql`select (extract(epoch from lease_expires_at) * 1000)::float as ms from corral.activations where activation_uid = ${ref.activation_uid}`,
+        )
+      ).rows[0]!.ms;
+    // each progress message pushes the lease forward: past the initial lease, the turn is alive
+    let lease = await leaseOf();
+    const initial = lease;
+    for (let i = 0; i < 4; i++) {
+      await new Promise((r) => setTimeout(r, 700));
       await w.send({ type: 'turn_progress', turn_ref: ref });
-      await new Promise((r) => setTimeout(r, 100));
+      const before = lease;
+      lease = await waitFor(async () => {
+        const l = await leaseOf();
+        return l > before ? l : undefined;
+      });
     }
+    // PostgreSQL's clock is past the initial lease, and the lease is still alive
+    const now = (await db.execute<{ ms: number }>(sql`select (extract(epoch from now()) * 1000)::float as ms`)).rows[0]!.ms;
+    expect(now).toBeGreaterThan(initial);
+    expect(lease).toBeGreaterThan(now);
     expect((await t.daemon.watchdog.tick()).expired).toBe(0);
     await w.send(ok(ref));
     await w.next('turn_committed');
