@@ -370,6 +370,7 @@ export class Broker {
       capacity: msg.capacity,
       reconnect: prev !== undefined,
       ...(msg.sdk === undefined ? {} : { sdk: msg.sdk }),
+      ...(msg.instance === undefined ? {} : { instance: msg.instance }),
     });
   }
 

@@ -89,6 +89,11 @@ export const workerReadySchema = z.object({
   worker_id: workerId,
   capacity: z.int().min(1).max(MAX_CAPACITY),
   sdk: z.string().max(256).optional(),
+  /**
+   * Identifies one run of the worker process (random per start). A re-registration with the
+   * same instance is a reconnect; with a new one, the process restarted and lost its turns.
+   */
+  instance: z.string().min(1).max(64).optional(),
   /** Placeholder for per-worker credentials (see src/fabric/auth.ts). */
   auth: z.object({ scheme: z.string().min(1).max(64), credential: z.string().max(8192) }).optional(),
 });

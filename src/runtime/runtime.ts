@@ -214,7 +214,7 @@ export class Runtime {
   handleBrokerEvent(e: BrokerEvent): void {
     switch (e.kind) {
       case 'worker_ready':
-        this.track(this.onWorkerReady(e.workerId, e.capacity), { workerId: e.workerId });
+        this.track(this.onWorkerReady(e.workerId, e.capacity, e.instance), { workerId: e.workerId });
         return;
       case 'worker_heartbeat':
         this.onHeartbeat(e.workerId, e.inFlight);
@@ -257,12 +257,12 @@ export class Runtime {
     }
   }
 
-  private async onWorkerReady(workerId: string, capacity: number): Promise<void> {
-    const { restarted, lostEvents } = this.pool.register(workerId, capacity, this.opts.clock.nowMs());
+  private async onWorkerReady(workerId: string, capacity: number, instance?: string): Promise<void> {
+    const { restarted, lostEvents } = this.pool.register(workerId, capacity, this.opts.clock.nowMs(), instance);
     await workersDb.upsertWorker(this.opts.db, { workerId, ownerId: this.opts.ownerId, capacity });
     this.log.info({ workerId, capacity, restarted }, 'worker ready');
-    // A worker that registers again lost what it was running (its process restarted): those
-    // turns go elsewhere now instead of waiting for their leases to run out.
+    // A worker process that restarted lost what it was running: those turns go elsewhere now
+    // instead of waiting for their leases to run out. (A reconnect of the same run keeps them.)
     for (const eventId of lostEvents) this.reassign(eventId, 'worker restarted');
     this.dispatchParked();
     this.opts.onCapacity?.();

@@ -4,6 +4,8 @@
  */
 export interface PooledWorker {
   id: string;
+  /** The worker process run (from worker_ready), if it says. */
+  instance: string | undefined;
   capacity: number;
   /** Event ids this daemon dispatched to the worker and has not seen settle. */
   inFlight: Set<string>;
@@ -15,11 +17,28 @@ export class WorkerPool {
   private readonly workers = new Map<string, PooledWorker>();
   private readonly eventToWorker = new Map<string, string>();
 
-  register(id: string, capacity: number, nowMs: number): { restarted: boolean; lostEvents: string[] } {
+  /**
+   * (Re-)registers a worker. A registration from a new process run (a different `instance`, or
+   * none given) means the old run's turns are lost: they are returned, and their slots freed. A
+   * reconnect of the same run keeps its turns.
+   */
+  register(
+    id: string,
+    capacity: number,
+    nowMs: number,
+    instance?: string,
+  ): { restarted: boolean; lostEvents: string[] } {
     const previous = this.workers.get(id);
+    const sameRun = previous !== undefined && instance !== undefined && previous.instance === instance;
+    if (previous && sameRun) {
+      previous.capacity = capacity;
+      previous.lastSeenMs = nowMs;
+      previous.status = 'ready';
+      return { restarted: false, lostEvents: [] };
+    }
     const lostEvents = previous ? [...previous.inFlight] : [];
     for (const ev of lostEvents) this.eventToWorker.delete(ev);
-    this.workers.set(id, { id, capacity, inFlight: new Set(), lastSeenMs: nowMs, status: 'ready' });
+    this.workers.set(id, { id, instance, capacity, inFlight: new Set(), lastSeenMs: nowMs, status: 'ready' });
     return { restarted: previous !== undefined, lostEvents };
   }
 

@@ -15,6 +15,7 @@
  *    sent into a restarting daemon is otherwise lost.
  * 6. Nothing escapes a timer or socket callback: errors are logged with the worker id.
  */
+import { randomUUID } from 'node:crypto';
 import { Dealer } from 'zeromq';
 import { systemClock, type Clock, type TimerHandle } from '../clock.ts';
 import { CorralError, toError } from '../errors.ts';
@@ -103,6 +104,8 @@ type State = 'idle' | 'running' | 'stopping' | 'stopped';
 
 class WorkerRuntime implements Worker {
   readonly workerId: string;
+  /** One per process run: lets the daemon tell a reconnect from a restart. */
+  private readonly instance = randomUUID();
   private readonly opts: WorkerOptions;
   private readonly capacity: number;
   private readonly clock: Clock;
@@ -387,6 +390,7 @@ class WorkerRuntime implements Worker {
       worker_id: this.workerId,
       capacity: this.capacity,
       sdk: this.opts.sdk ?? SDK_NAME,
+      instance: this.instance,
       ...(this.opts.auth ? { auth: this.opts.auth } : {}),
     });
   }

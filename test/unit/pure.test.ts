@@ -144,6 +144,17 @@ describe('WorkerPool', () => {
     expect(pool.register('w1', 2, 2_000)).toEqual({ restarted: true, lostEvents: ['e1'] });
     expect(pool.freeSlots()).toBe(2);
   });
+
+  it('tells a reconnect of the same worker run (kept turns) from a restart (lost turns)', () => {
+    const pool = new WorkerPool();
+    pool.register('w1', 2, 0, 'run-a');
+    pool.acquire('e1');
+    expect(pool.register('w1', 2, 10, 'run-a')).toEqual({ restarted: false, lostEvents: [] });
+    expect(pool.workerOf('e1')).toBe('w1');
+    expect(pool.freeSlots()).toBe(1);
+    expect(pool.register('w1', 2, 20, 'run-b')).toEqual({ restarted: true, lostEvents: ['e1'] });
+    expect(pool.workerOf('e1')).toBeUndefined();
+  });
 });
 
 describe('pg-boss notify channel', () => {
