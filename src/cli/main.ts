@@ -10,6 +10,8 @@ import { runSendCommand } from './commands/send.ts';
 import { runTranscriptCommand } from './commands/transcript.ts';
 import { runMigrateCommand, runStopEmbeddedCommand } from './commands/db.ts';
 import { runCancelCommand, runSteerCommand } from './commands/steer.ts';
+import { registerDlqCommands } from './commands/dlq.ts';
+import { runActorCommand, runStatusCommand } from './commands/status.ts';
 
 export function intArg(min: number, max: number) {
   return (value: string): number => {
@@ -49,8 +51,19 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .option('--workers <n>', 'also run N local example workers as supervised processes', intArg(0, 64), 0)
     .option('--worker-capacity <n>', 'concurrent turns per local worker', intArg(1, 1024), 1)
     .option('--endpoint <url>', 'ZeroMQ endpoint to bind (default CORRAL_ENDPOINT or tcp://127.0.0.1:5555)')
-    .action((o: { workers: number; workerCapacity: number; endpoint?: string }) =>
-      run(runDaemonCommand(config(o.endpoint ? { endpoint: o.endpoint } : {}), o)),
+    .option('--metrics-port <port>', 'serve /metrics, /healthz, /readyz on this port (default CORRAL_METRICS_PORT; off when unset)', intArg(0, 65_535))
+    .option('--metrics-host <host>', 'address for the metrics server (default CORRAL_METRICS_HOST or 127.0.0.1)')
+    .action((o: { workers: number; workerCapacity: number; endpoint?: string; metricsPort?: number; metricsHost?: string }) =>
+      run(
+        runDaemonCommand(
+          config({
+            ...(o.endpoint ? { endpoint: o.endpoint } : {}),
+            ...(o.metricsPort !== undefined ? { metricsPort: o.metricsPort } : {}),
+            ...(o.metricsHost ? { metricsHost: o.metricsHost } : {}),
+          }),
+          o,
+        ),
+      ),
     );
 
   program
@@ -91,6 +104,21 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .option('--reason <text>', 'why (recorded on the turn)')
     .action((actor: string, o: { reason?: string }) => run(runCancelCommand(config(), actor, o, process.stdout)));
+
+  program
+    .command('status')
+    .description('queue depths, dead letters, live activations, workers, oldest waiting event')
+    .option('--json', 'JSON output')
+    .action((o: { json?: boolean }) => run(runStatusCommand(config(), o, process.stdout)));
+
+  program
+    .command('actor')
+    .description("one actor: its activation, pending events, recent turns and dead letters")
+    .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
+    .option('--json', 'JSON output')
+    .action((actor: string, o: { json?: boolean }) => run(runActorCommand(config(), actor, o, process.stdout)));
+
+  registerDlqCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
 
   const db = program.command('db').description('database maintenance');
   db.command('migrate')

@@ -6,6 +6,10 @@ export interface RuntimeMetrics {
   failed(deadLettered: boolean): void;
   rejected(reason: string): void;
   invalidMessage(): void;
+  /** Seconds from an event's enqueue to its first turn_start being sent (first attempts only). */
+  dispatchLatency?(seconds: number): void;
+  /** Seconds from a turn's turn_start being sent to its fenced commit. */
+  commitLatency?(seconds: number): void;
 }
 
 export const noopMetrics: RuntimeMetrics = {

@@ -54,6 +54,8 @@ interface InFlight {
   fence: Fence;
   workerId: string | null;
   turn: StartedTurn;
+  /** When its turn_start was first sent (clock ms), for the commit-latency histogram. */
+  sentAtMs?: number;
 }
 
 export class Runtime {
@@ -137,6 +139,13 @@ export class Runtime {
       const res = await this.opts.transport.send(f.workerId, this.turnStart(f));
       if (res.ok) {
         this.metrics.dispatched();
+        if (f.sentAtMs === undefined) {
+          f.sentAtMs = this.opts.clock.nowMs();
+          const enqueuedMs = Date.parse(f.turn.enqueuedAt);
+          if (f.turn.attempt === 1 && Number.isFinite(enqueuedMs)) {
+            this.metrics.dispatchLatency?.((f.sentAtMs - enqueuedMs) / 1000);
+          }
+        }
         await this.withDatabaseRetry(() => this.opts.store.markSent(f.fence), fenceFields(f.fence));
         return;
       }
@@ -231,6 +240,8 @@ export class Runtime {
           const outcome = await this.opts.store.commit(f, e.workerId, e.messages, e.output);
           if (outcome.outcome === 'committed') {
             this.metrics.committed();
+            const sentAtMs = this.inFlight.get(f.eventId)?.sentAtMs;
+            if (sentAtMs !== undefined) this.metrics.commitLatency?.((this.opts.clock.nowMs() - sentAtMs) / 1000);
             this.log.info({ ...fenceFields(f), workerId: e.workerId }, 'turn committed');
           } else {
             this.metrics.duplicate();

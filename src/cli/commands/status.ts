@@ -1,0 +1,157 @@
+/**
+ * `corral status [--json]`: queues, activations, workers. `corral actor <agent_uid>/<session_id>
+ * [--json]`: one actor's activation, pending events, recent turns and dead letters. Read-only.
+ * Also home of the small text-table renderer the operator commands share.
+ */
+import { parseActorKey } from '../../actor-key.ts';
+import type { Config } from '../../config.ts';
+import { CorralError } from '../../errors.ts';
+import { errorLine } from '../../ops/dead-letters.ts';
+import { describeActivation } from '../../ops/actor-state.ts';
+import { actorStatus, queueRef, systemStatus } from '../../ops/status.ts';
+import { openCommandContext } from '../context.ts';
+
+type Out = NodeJS.WritableStream;
+
+/** Renders rows under headers, columns padded to their widest cell; long cells are cut at `maxCell`. */
+export function renderTable(headers: readonly string[], rows: readonly (readonly string[])[], maxCell = 60): string {
+  const cut = (s: string) => (s.length > maxCell ? `${s.slice(0, maxCell - 1)}…` : s);
+  const cells = rows.map((r) => r.map((c) => cut(c)));
+  const widths = headers.map((h, i) => Math.max(h.length, ...cells.map((r) => (r[i] ?? '').length)));
+  const line = (r: readonly string[]) =>
+    r
+      .map((c, i) => (i === r.length - 1 ? c : c.padEnd(widths[i]!)))
+      .join('  ')
+      .trimEnd();
+  return [line(headers), ...cells.map(line)].map((l) => `${l}\n`).join('');
+}
+
+/** `2026-05-01 16:30:35Z` (UTC, second precision); '-' for none. */
+export function fmtTime(d: Date | null | undefined): string {
+  if (!d) return '-';
+  return `${d.toISOString().slice(0, 19).replace('T', ' ')}Z`;
+}
+
+/** `950ms`, `12.3s`, `4m05s`, `2h03m`, `3d04h`. */
+export function fmtAge(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined) return '-';
+  if (seconds < 1) return `${Math.round(seconds * 1000)}ms`;
+  if (seconds < 60) return `${seconds.toFixed(1)}s`;
+  const pad = (n: number) => String(Math.floor(n)).padStart(2, '0');
+  if (seconds < 3600) return `${Math.floor(seconds / 60)}m${pad(seconds % 60)}s`;
+  if (seconds < 86_400) return `${Math.floor(seconds / 3600)}h${pad((seconds % 3600) / 60)}m`;
+  return `${Math.floor(seconds / 86_400)}d${pad((seconds % 86_400) / 3600)}h`;
+}
+
+/** Compact one-line JSON, cut at `max` characters. */
+export function oneLine(v: unknown, max = 60): string {
+  const s = v === undefined ? '' : JSON.stringify(v);
+  return s.length > max ? `${s.slice(0, max - 1)}…` : s;
+}
+
+export async function runStatusCommand(config: Config, opts: { json?: boolean }, out: Out): Promise<number> {
+  const ctx = await openCommandContext(config);
+  try {
+    const s = await systemStatus(ctx.database.db, queueRef(config));
+    if (opts.json) {
+      out.write(`${JSON.stringify({ ...s, deadLetterMode: config.deadLetterMode }, null, 2)}\n`);
+      return 0;
+    }
+    const q = s.queue;
+    out.write(`queue ${q.name} (dead-letter queue ${q.deadLetterQueue}, mode ${config.deadLetterMode})\n`);
+    out.write(
+      renderTable(
+        ['READY', 'DEFERRED', 'RETRYING', 'ACTIVE', 'FAILED-HELD', 'DEAD-LETTERED'],
+        [[q.ready, q.deferred, q.retrying, q.active, q.failedHeld, q.deadLettered].map(String)],
+      ),
+    );
+    out.write(
+      `oldest waiting event: ${q.oldestWaitingEventId ? `${q.oldestWaitingEventId} (waiting ${fmtAge(s.oldestWaitingSeconds)})` : 'none'}\n`,
+    );
+    out.write(`live activations: ${s.liveActivations}\n`);
+    out.write(`blocked actors: ${s.blockedActors}${s.blockedActors > 0 ? ' (see `corral dlq list`)' : ''}\n`);
+    if (s.workers.length === 0) {
+      out.write('workers: none registered\n');
+    } else {
+      out.write(`workers: ${s.workers.filter((w) => w.status === 'ready').length} ready of ${s.workers.length}\n`);
+      out.write(
+        renderTable(
+          ['WORKER', 'STATUS', 'CAPACITY', 'IN-FLIGHT', 'LAST HEARTBEAT', 'AGO', 'DAEMON'],
+          s.workers.map((w) => [
+            w.workerId,
+            w.status,
+            String(w.capacity),
+            String(w.inFlight),
+            fmtTime(w.lastHeartbeatAt),
+            fmtAge(w.heartbeatAgeSeconds),
+            w.ownerId,
+          ]),
+        ),
+      );
+    }
+    return 0;
+  } finally {
+    await ctx.close();
+  }
+}
+
+export async function runActorCommand(config: Config, actor: string, opts: { json?: boolean }, out: Out): Promise<number> {
+  const key = parseActorKey(actor);
+  const ctx = await openCommandContext(config);
+  try {
+    const s = await actorStatus(ctx.database.db, queueRef(config), key);
+    if (!s.known) throw new CorralError('not_found', `actor ${s.actor} is unknown (no events, turns or dead letters)`);
+    if (opts.json) {
+      out.write(`${JSON.stringify(s, null, 2)}\n`);
+      return 0;
+    }
+    out.write(`actor ${s.actor}\n`);
+    out.write(`epoch counter: ${s.epochCounter}\n`);
+    out.write(`blocked: ${s.blockedByEventId ? `yes, by dead-lettered event ${s.blockedByEventId}` : 'no'}\n`);
+    const a = s.activation;
+    if (a) {
+      out.write(`activation: ${describeActivation(a, fmtTime)}, current event ${a.currentEventId ?? 'none'}, daemon ${a.ownerId}\n`);
+    } else {
+      out.write('activation: none\n');
+    }
+    out.write(`pending events: ${s.pendingEvents.length}\n`);
+    if (s.pendingEvents.length > 0) {
+      out.write(
+        renderTable(
+          ['EVENT', 'STATE', 'ATTEMPT', 'ENQUEUED', 'PAYLOAD'],
+          s.pendingEvents.map((p) => [p.id, p.state, String(p.retryCount + 1), fmtTime(p.createdOn), oneLine(p.payload)]),
+        ),
+      );
+    }
+    out.write(`recent turns: ${s.recentTurns.length}\n`);
+    if (s.recentTurns.length > 0) {
+      out.write(
+        renderTable(
+          ['EVENT', 'ATTEMPT', 'STATUS', 'EPOCH', 'REV', 'WORKER', 'STARTED', 'ERROR'],
+          s.recentTurns.map((t) => [
+            t.eventId,
+            String(t.attempt),
+            t.status,
+            String(t.epoch),
+            String(t.revision),
+            t.workerId ?? '-',
+            fmtTime(t.startedAt),
+            t.error ? errorLine(t.error) : '',
+          ]),
+        ),
+      );
+    }
+    out.write(`dead letters: ${s.deadLetters.length}\n`);
+    if (s.deadLetters.length > 0) {
+      out.write(
+        renderTable(
+          ['ID', 'EVENT', 'FAILED', 'ATTEMPTS', 'LAST ERROR'],
+          s.deadLetters.map((d) => [d.id, d.eventId, fmtTime(d.failedAt), String(d.attempts), errorLine(d.lastError)]),
+        ),
+      );
+    }
+    return 0;
+  } finally {
+    await ctx.close();
+  }
+}

@@ -1,0 +1,55 @@
+/**
+ * The observability HTTP server as a supervised child of the daemon (`extraChildren`): it binds the
+ * metrics' scrape-time gauges to the daemon's database, serves until the supervisor aborts it,
+ * then closes. Readiness = the daemon is `running` and the database answers `select 1`.
+ */
+import type { Daemon } from '../daemon.ts';
+import type { Logger } from '../logger.ts';
+import { queueRef } from '../ops/status.ts';
+import type { ChildSpec } from '../supervisor/index.ts';
+import { startObservabilityServer, type ObservabilityServer, type Readiness } from './http.ts';
+import { databaseSource, type Metrics } from './metrics.ts';
+
+export interface ObservabilityChildOptions {
+  host: string;
+  port: number;
+  metrics: Metrics;
+  logger: Logger;
+  /** Called each time the server listens (its port, when `port` is 0). */
+  onListening?: (server: ObservabilityServer) => void;
+}
+
+export async function daemonReadiness(daemon: Daemon): Promise<Readiness> {
+  if (daemon.state !== 'running') return { ready: false, reason: `daemon is ${daemon.state}` };
+  try {
+    await daemon.database.pool.query('select 1');
+    return { ready: true };
+  } catch (e) {
+    return { ready: false, reason: `database: ${(e as Error).message}` };
+  }
+}
+
+export function observabilityChild(opts: ObservabilityChildOptions): ChildSpec<Daemon> {
+  return {
+    name: 'observability-http',
+    policy: 'permanent',
+    restartDelayMs: 1_000,
+    factory: async (daemon, signal) => {
+      opts.metrics.setSource(databaseSource(daemon.database.db, queueRef(daemon.config)));
+      const server = await startObservabilityServer({
+        host: opts.host,
+        port: opts.port,
+        registry: opts.metrics.registry,
+        ready: () => daemonReadiness(daemon),
+        logger: opts.logger,
+      });
+      opts.logger.info({ url: server.url, endpoints: ['/metrics', '/healthz', '/readyz'] }, 'observability server listening');
+      opts.onListening?.(server);
+      try {
+        if (!signal.aborted) await new Promise<void>((resolve) => signal.addEventListener('abort', () => resolve(), { once: true }));
+      } finally {
+        await server.close();
+      }
+    },
+  };
+}

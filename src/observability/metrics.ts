@@ -1,0 +1,240 @@
+/**
+ * Prometheus metrics (prom-client) for the daemon.
+ *
+ * Two kinds:
+ *  - counters and histograms the runtime drives through its `RuntimeMetrics` hooks (what this
+ *    process did: dispatches, commits, retries, dead letters, fence rejections, latencies);
+ *  - gauges read from the database at scrape time (the state of the whole installation: queue
+ *    depth, dead letters, live activations, workers). One snapshot query set serves every gauge of
+ *    a scrape; a scrape while the database is down reports `corral_metrics_database_up 0` and
+ *    leaves the database gauges out rather than failing the whole scrape.
+ *
+ * Names and labels are a public interface (dashboards, alerts): see docs/operations.md.
+ */
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { DbOrTx } from '../db/client.ts';
+import type { WorkerStatus } from '../db/schema.ts';
+import { toError } from '../errors.ts';
+import type { RuntimeMetrics } from '../runtime/metrics.ts';
+import { queueDepth, type QueueDepth } from '../ops/boss-jobs.ts';
+import { blockedActorCount, liveActivationCount, workerCounts, type QueueRef } from '../ops/status.ts';
+
+/**
+ * Optional latency hooks beyond `RuntimeMetrics` (see the report / docs/operations.md for where the
+ * runtime calls them). Both take seconds.
+ */
+export interface LatencyHooks {
+  /** From the event's enqueue to its `turn_start` being sent to a worker (queue wait + retry delays). */
+  dispatchLatency(seconds: number): void;
+  /** From `turn_start` sent to the fenced commit of the turn (worker time + commit). */
+  commitLatency(seconds: number): void;
+}
+
+export type CorralRuntimeMetrics = RuntimeMetrics & LatencyHooks;
+
+/** What the scrape-time gauges show, read from the database. */
+export interface MetricsSnapshot {
+  queue: QueueDepth;
+  liveActivations: number;
+  blockedActors: number;
+  workers: Record<WorkerStatus, number>;
+  oldestWaitingSeconds: number | null;
+}
+
+export type SnapshotSource = () => Promise<MetricsSnapshot>;
+
+export interface Metrics {
+  readonly registry: Registry;
+  /** Pass to `new Daemon({ metrics })`. */
+  readonly runtime: CorralRuntimeMetrics;
+  /** Where the scrape-time gauges read from (the daemon binds its database once it runs). */
+  setSource(source: SnapshotSource | undefined): void;
+}
+
+export const METRIC_PREFIX = 'corral_';
+
+const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+
+export interface CreateMetricsOptions {
+  /** Process metrics (CPU, memory, event loop lag, GC) prefixed `corral_`; default true. */
+  defaultMetrics?: boolean;
+  /** Longest a scrape waits for the database; default 5000 ms. */
+  snapshotTimeoutMs?: number;
+  onError?: (err: Error) => void;
+}
+
+export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
+  const registry = new Registry();
+  const registers = [registry];
+  if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: registry, prefix: METRIC_PREFIX });
+
+  const dispatched = new Counter({
+    name: 'corral_events_dispatched_total',
+    help: 'Turns sent to a worker (turn_start), including re-dispatches of retried events',
+    registers,
+  });
+  const committed = new Counter({ name: 'corral_turns_committed_total', help: 'Turns committed (fenced commit succeeded)', registers });
+  const duplicates = new Counter({
+    name: 'corral_turn_results_duplicate_total',
+    help: 'Results for turns that had already committed (answered, nothing written)',
+    registers,
+  });
+  const retries = new Counter({
+    name: 'corral_event_retries_total',
+    help: 'Failed attempts whose event goes back to the queue for another attempt',
+    registers,
+  });
+  const deadLetters = new Counter({
+    name: 'corral_events_dead_lettered_total',
+    help: 'Events whose last attempt failed and that moved to the dead-letter queue',
+    registers,
+  });
+  const rejections = new Counter({
+    name: 'corral_fence_rejections_total',
+    help: 'Worker replies refused by the fence, by reason',
+    labelNames: ['reason'] as const,
+    registers,
+  });
+  const invalid = new Counter({
+    name: 'corral_invalid_messages_total',
+    help: 'Malformed or unknown messages received from workers',
+    registers,
+  });
+  const dispatchLatency = new Histogram({
+    name: 'corral_dispatch_latency_seconds',
+    help: 'Time from an event being enqueued to its turn being sent to a worker',
+    buckets: LATENCY_BUCKETS,
+    registers,
+  });
+  const commitLatency = new Histogram({
+    name: 'corral_commit_latency_seconds',
+    help: 'Time from a turn being sent to a worker to its fenced commit',
+    buckets: LATENCY_BUCKETS,
+    registers,
+  });
+
+  // ---- scrape-time gauges --------------------------------------------------------------------
+  let source: SnapshotSource | undefined;
+  // prom-client collects every metric of a scrape concurrently: the gauges share the one read in
+  // flight, and the next scrape reads afresh.
+  let inFlight: Promise<MetricsSnapshot | undefined> | undefined;
+  const timeoutMs = opts.snapshotTimeoutMs ?? 5_000;
+  let lastOk: boolean | undefined;
+
+  const snapshot = (): Promise<MetricsSnapshot | undefined> => {
+    if (!source) return Promise.resolve(undefined);
+    inFlight ??= withTimeout(source(), timeoutMs)
+      .then(
+        (s) => {
+          lastOk = true;
+          return s;
+        },
+        (e: unknown) => {
+          lastOk = false;
+          opts.onError?.(toError(e));
+          return undefined;
+        },
+      )
+      .finally(() => {
+        inFlight = undefined;
+      });
+    return inFlight;
+  };
+
+  const gauge = <L extends string>(
+    name: string,
+    help: string,
+    labelNames: readonly L[],
+    set: (g: Gauge<L>, s: MetricsSnapshot) => void,
+  ): Gauge<L> =>
+    new Gauge<L>({
+      name,
+      help,
+      labelNames,
+      registers,
+      async collect() {
+        const s = await snapshot();
+        this.reset();
+        if (s) set(this, s);
+      },
+    });
+
+  // Labelled gauges without a snapshot show no samples; unlabelled ones read 0 (prom-client's reset).
+  gauge('corral_queue_events', 'Events in the actor queue by state (read from the database)', ['state'] as const, (g, s) => {
+    g.set({ state: 'ready' }, s.queue.ready);
+    g.set({ state: 'deferred' }, s.queue.deferred);
+    g.set({ state: 'retrying' }, s.queue.retrying);
+    g.set({ state: 'active' }, s.queue.active);
+    g.set({ state: 'failed_held' }, s.queue.failedHeld);
+  });
+  gauge('corral_dead_letters', 'Dead letters waiting in the dead-letter queue', [], (g, s) => g.set(s.queue.deadLettered));
+  gauge('corral_live_activations', 'Live activations (actors with a lease)', [], (g, s) => g.set(s.liveActivations));
+  gauge('corral_blocked_actors', 'Actors held by a dead-lettered event (dead-letter mode block)', [], (g, s) =>
+    g.set(s.blockedActors),
+  );
+  gauge('corral_workers', 'Workers known to the database, by status (ready = connected)', ['status'] as const, (g, s) => {
+    for (const [status, n] of Object.entries(s.workers)) g.set({ status }, n);
+  });
+  gauge('corral_oldest_waiting_event_age_seconds', 'Age of the oldest queued event (0 when none waits)', [], (g, s) =>
+    g.set(s.oldestWaitingSeconds ?? 0),
+  );
+  new Gauge({
+    name: 'corral_metrics_database_up',
+    help: '1 when this scrape read the database, 0 when it failed (or no database is bound)',
+    registers,
+    async collect() {
+      await snapshot();
+      this.set(source && lastOk !== false ? 1 : 0);
+    },
+  });
+
+  const runtime: CorralRuntimeMetrics = {
+    dispatched: () => dispatched.inc(),
+    committed: () => committed.inc(),
+    duplicate: () => duplicates.inc(),
+    failed: (deadLettered) => (deadLettered ? deadLetters.inc() : retries.inc()),
+    rejected: (reason) => rejections.inc({ reason }),
+    invalidMessage: () => invalid.inc(),
+    dispatchLatency: (s) => {
+      if (Number.isFinite(s) && s >= 0) dispatchLatency.observe(s);
+    },
+    commitLatency: (s) => {
+      if (Number.isFinite(s) && s >= 0) commitLatency.observe(s);
+    },
+  };
+
+  return {
+    registry,
+    runtime,
+    setSource(next) {
+      source = next;
+    },
+  };
+}
+
+/** Scrape-time gauges from corral's database. */
+export function databaseSource(db: DbOrTx, q: QueueRef): SnapshotSource {
+  return async () => {
+    const [queue, liveActivations, blockedActors, workers] = await Promise.all([
+      queueDepth(db, q),
+      liveActivationCount(db),
+      blockedActorCount(db),
+      workerCounts(db),
+    ]);
+    return {
+      queue,
+      liveActivations,
+      blockedActors,
+      workers,
+      oldestWaitingSeconds: queue.oldestWaitingSeconds,
+    };
+  };
+}
+
+function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`database snapshot timed out after ${ms} ms`)), ms);
+  });
+  return Promise.race([p, timeout]).finally(() => clearTimeout(timer));
+}

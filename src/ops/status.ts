@@ -1,0 +1,140 @@
+/**
+ * The operator's view of a corral installation (`corral status`, `corral actor`, the metrics
+ * gauges): read-only, from the database alone, so it works from any host and whether or not a
+ * daemon runs.
+ */
+import { count, inArray, isNotNull, sql } from 'drizzle-orm';
+import { formatActorKey, type ActorKey } from '../actor-key.ts';
+import type { Config } from '../config.ts';
+import type { DbOrTx } from '../db/client.ts';
+import { ACTIVATION_LIVE, activations, actors, workers, type WorkerStatus } from '../db/schema.ts';
+import { listWorkers } from '../db/workers.ts';
+import { queueNames } from '../queue/boss.ts';
+import {
+  findDeadLetters,
+  pendingJobsOf,
+  queueDepth,
+  toDate,
+  type DeadLetter,
+  type PendingJob,
+  type QueueDepth,
+} from './boss-jobs.ts';
+import { actorRow, latestActivation, recentTurnsOf, type ActivationView, type TurnView } from './actor-state.ts';
+
+/** Where the queues live: pg-boss schema, actor queue, dead-letter queue. */
+export interface QueueRef {
+  schema: string;
+  events: string;
+  dlq: string;
+}
+
+export function queueRef(config: Pick<Config, 'queueName' | 'bossSchema'>): QueueRef {
+  const names = queueNames(config);
+  return { schema: config.bossSchema, events: names.events, dlq: names.deadLetter };
+}
+
+export interface WorkerView {
+  workerId: string;
+  status: WorkerStatus;
+  capacity: number;
+  inFlight: number;
+  ownerId: string;
+  lastHeartbeatAt: Date;
+  /** Seconds since the last heartbeat, by PostgreSQL's clock. */
+  heartbeatAgeSeconds: number;
+}
+
+export interface SystemStatus {
+  queue: QueueDepth & { name: string; deadLetterQueue: string };
+  liveActivations: number;
+  blockedActors: number;
+  workers: WorkerView[];
+  /** Seconds the oldest waiting event has waited (null: none waiting). */
+  oldestWaitingSeconds: number | null;
+  at: Date;
+}
+
+export async function liveActivationCount(db: DbOrTx): Promise<number> {
+  const rows = await db
+    .select({ n: count() })
+    .from(activations)
+    .where(inArray(activations.status, [...ACTIVATION_LIVE]));
+  return rows[0]?.n ?? 0;
+}
+
+export async function blockedActorCount(db: DbOrTx): Promise<number> {
+  const rows = await db.select({ n: count() }).from(actors).where(isNotNull(actors.blockedByEventId));
+  return rows[0]?.n ?? 0;
+}
+
+/** Workers by status (for the metrics gauge). */
+export async function workerCounts(db: DbOrTx): Promise<Record<WorkerStatus, number>> {
+  const rows = await db.select({ status: workers.status, n: count() }).from(workers).groupBy(workers.status);
+  const out: Record<WorkerStatus, number> = { ready: 0, stale: 0, gone: 0 };
+  for (const r of rows) out[r.status] = r.n;
+  return out;
+}
+
+export async function systemStatus(db: DbOrTx, q: QueueRef): Promise<SystemStatus> {
+  const [depth, live, blocked, rows, now] = await Promise.all([
+    queueDepth(db, q),
+    liveActivationCount(db),
+    blockedActorCount(db),
+    listWorkers(db),
+    db.execute<{ now: unknown }>(sql`select now() as now`),
+  ]);
+  const serverNow = toDate(now.rows[0]?.now) ?? new Date();
+  return {
+    queue: { ...depth, name: q.events, deadLetterQueue: q.dlq },
+    liveActivations: live,
+    blockedActors: blocked,
+    workers: rows.map((w) => ({
+      workerId: w.workerId,
+      status: w.status,
+      capacity: w.capacity,
+      inFlight: w.inFlight,
+      ownerId: w.ownerId,
+      lastHeartbeatAt: w.lastHeartbeatAt,
+      heartbeatAgeSeconds: Math.max(0, (serverNow.getTime() - w.lastHeartbeatAt.getTime()) / 1000),
+    })),
+    oldestWaitingSeconds: depth.oldestWaitingSeconds,
+    at: serverNow,
+  };
+}
+
+export interface ActorStatus {
+  actor: string;
+  known: boolean;
+  epochCounter: number;
+  blockedByEventId: string | null;
+  activation: ActivationView | null;
+  pendingEvents: PendingJob[];
+  recentTurns: TurnView[];
+  deadLetters: DeadLetter[];
+}
+
+/** Everything an operator asks about one actor. */
+export async function actorStatus(
+  db: DbOrTx,
+  q: QueueRef,
+  key: ActorKey,
+  opts: { turns?: number; pending?: number; deadLetters?: number } = {},
+): Promise<ActorStatus> {
+  const [row, activation, pending, recent, dead] = await Promise.all([
+    actorRow(db, key),
+    latestActivation(db, key),
+    pendingJobsOf(db, q.schema, q.events, key, opts.pending ?? 100),
+    recentTurnsOf(db, key, opts.turns ?? 10),
+    findDeadLetters(db, q, { actor: key }, { limit: opts.deadLetters ?? 100 }),
+  ]);
+  return {
+    actor: formatActorKey(key),
+    known: row !== undefined || pending.length > 0 || dead.length > 0,
+    epochCounter: row?.epochCounter ?? 0,
+    blockedByEventId: row?.blockedByEventId ?? null,
+    activation: activation ?? null,
+    pendingEvents: pending,
+    recentTurns: recent,
+    deadLetters: dead,
+  };
+}

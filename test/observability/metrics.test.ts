@@ -1,0 +1,135 @@
+/**
+ * Metrics and the observability endpoints on an in-process daemon (real PostgreSQL, ZeroMQ, HTTP):
+ * counters move with real turns, database gauges are read at scrape time, /healthz and /readyz
+ * answer.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { actorKey } from '../../src/actor-key.ts';
+import { loadConfig } from '../../src/config.ts';
+import { Daemon } from '../../src/daemon.ts';
+import { readTranscript } from '../../src/db/transcript.ts';
+import { daemonReadiness, observabilityChild } from '../../src/observability/daemon-child.ts';
+import { startObservabilityServer, type ObservabilityServer } from '../../src/observability/http.ts';
+import { createMetrics } from '../../src/observability/metrics.ts';
+import { runExampleWorker } from '../../src/worker/example.ts';
+import type { Worker } from '../../src/worker/sdk.ts';
+import { testLogger } from '../helpers/daemon.ts';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { waitFor } from '../helpers/wait.ts';
+import { deadLetterCount } from '../ops/helpers.ts';
+
+/** The value of one sample in Prometheus text (`name{labels} value`), or undefined. */
+function sample(text: string, name: string, labels = ''): number | undefined {
+  const line = text.split('\n').find((l) => l.startsWith(`${name}${labels ? `{${labels}}` : ''} `));
+  return line === undefined ? undefined : Number(line.split(' ').at(-1));
+}
+
+describe('metrics and observability endpoints', () => {
+  let tdb: TestDatabase;
+  let daemon: Daemon;
+  let worker: Worker;
+  let server: ObservabilityServer | undefined;
+  const get = (path: string) => fetch(`${server!.url}${path}`);
+  const scrape = async () => {
+    const res = await get('/metrics');
+    expect(res.status).toBe(200);
+    expect(res.headers.get('content-type')).toContain('text/plain');
+    return res.text();
+  };
+  const commitAll = async (session: string, texts: string[]) => {
+    const key = actorKey('metrics', session);
+    for (const text of texts) await daemon.events.enqueueActorEvent(daemon.database.db, key, { text });
+    await waitFor(async () => (await readTranscript(daemon.database.db, key)).length === texts.length, { what: 'commits' });
+  };
+
+  beforeAll(async () => {
+    tdb = await createTestDatabase();
+    const config = loadConfig({
+      endpoint: 'tcp://127.0.0.1:0',
+      pollIntervalMs: 200,
+      watchdogIntervalMs: 100_000,
+      recoveryIntervalMs: 100_000,
+      retryLimit: 0,
+      metricsPort: 0,
+    });
+    const metrics = createMetrics();
+    daemon = new Daemon({
+      config,
+      databaseUrl: tdb.url,
+      logger: testLogger,
+      skipMigrations: true,
+      metrics: metrics.runtime,
+      extraChildren: () => [
+        observabilityChild({ host: '127.0.0.1', port: 0, metrics, logger: testLogger, onListening: (s) => (server = s) }),
+      ],
+    });
+    await daemon.start();
+    worker = await runExampleWorker({ endpoint: daemon.broker.endpoint, workerId: 'metrics-w1', logger: testLogger });
+    await waitFor(() => server !== undefined && daemon.runtime.pool.freeSlots() === 1, { what: 'server and worker' });
+  });
+
+  afterAll(async () => {
+    await worker?.stop();
+    await daemon?.stop();
+    await tdb?.drop();
+  });
+
+  it('counts committed turns and dispatches between two scrapes', async () => {
+    await commitAll('s1', ['one', 'two']);
+    const first = await scrape();
+    expect(sample(first, 'corral_turns_committed_total')).toBe(2);
+    expect(sample(first, 'corral_events_dispatched_total')).toBe(2);
+    await commitAll('s2', ['three', 'four', 'five']);
+    const second = await scrape();
+    expect(sample(second, 'corral_turns_committed_total')).toBe(5);
+    expect(sample(second, 'corral_events_dispatched_total')).toBe(5);
+    // database gauges, read at scrape time
+    expect(sample(second, 'corral_live_activations')).toBeGreaterThanOrEqual(1);
+    expect(sample(second, 'corral_workers', 'status="ready"')).toBe(1);
+    expect(sample(second, 'corral_queue_events', 'state="ready"')).toBe(0);
+    expect(sample(second, 'corral_metrics_database_up')).toBe(1);
+    expect(second).toContain('# TYPE corral_dispatch_latency_seconds histogram');
+    expect(sample(second, 'corral_dispatch_latency_seconds_count')).toBe(5);
+    expect(sample(second, 'corral_commit_latency_seconds_count')).toBe(5);
+    expect(second).toContain('corral_process_cpu_seconds_total');
+  });
+
+  it('counts dead letters and shows the dead-letter queue depth', async () => {
+    const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('metrics', 'fail'), { fail: true });
+    await waitFor(async () => (await deadLetterCount(daemon.database.db, [eventId])) === 1, { what: 'dead letter' });
+    await waitFor(async () => sample(await scrape(), 'corral_events_dead_lettered_total') === 1, { what: 'counter' });
+    const text = await scrape();
+    expect(sample(text, 'corral_dead_letters')).toBe(1);
+    expect(sample(text, 'corral_event_retries_total')).toBe(0);
+  });
+
+  it('answers /healthz and /readyz, and 404 elsewhere', async () => {
+    expect((await get('/healthz')).status).toBe(200);
+    const ready = await get('/readyz');
+    expect([ready.status, await ready.text()]).toEqual([200, 'ready\n']);
+    expect((await get('/nope')).status).toBe(404);
+    expect((await fetch(`${server!.url}/metrics`, { method: 'POST' })).status).toBe(405);
+  });
+
+  it('/readyz is 503 while the daemon is not running', async () => {
+    const metrics = createMetrics({ defaultMetrics: false });
+    const starting = { state: 'starting' } as Daemon;
+    const s = await startObservabilityServer({
+      host: '127.0.0.1',
+      port: 0,
+      registry: metrics.registry,
+      ready: () => daemonReadiness(starting),
+    });
+    try {
+      const res = await fetch(`${s.url}/readyz`);
+      expect([res.status, await res.text()]).toEqual([503, 'not ready: daemon is starting\n']);
+      expect((await fetch(`${s.url}/healthz`)).status).toBe(200);
+      // no database bound: the scrape still answers, without database samples
+      const text = await (await fetch(`${s.url}/metrics`)).text();
+      expect(text).toContain('corral_turns_committed_total 0');
+      expect(sample(text, 'corral_workers', 'status="ready"')).toBeUndefined();
+    } finally {
+      await s.close();
+    }
+  });
+});
