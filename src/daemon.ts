@@ -25,6 +25,7 @@ import { Runtime } from './runtime/runtime.ts';
 import type { SessionController } from './runtime/directory.ts';
 import { TurnStore } from './runtime/turns.ts';
 import { Watchdog } from './runtime/watchdog.ts';
+import { JobKeeper } from './runtime/job-keeper.ts';
 import type { RuntimeMetrics } from './runtime/metrics.ts';
 import { Supervisor, type ChildSpec, type ShutdownResult, type SupervisorHandle } from './supervisor/index.ts';
 
@@ -55,6 +56,7 @@ export class Daemon {
   readonly consumer: QueueConsumer;
   readonly watchdog: Watchdog;
   readonly recovery: Recovery;
+  readonly jobKeeper: JobKeeper;
   readonly events: EventQueue;
   readonly queues: QueueNames;
   private readonly deps: DaemonDeps;
@@ -129,6 +131,12 @@ export class Daemon {
       logger,
       intervalMs: config.watchdogIntervalMs,
       idleTimeoutMs: config.idleTimeoutMs,
+    });
+    this.jobKeeper = new JobKeeper({
+      store: this.store,
+      runtime: this.runtime,
+      clock,
+      logger,
       jobHeartbeatSeconds: config.jobHeartbeatSeconds,
     });
     this.recovery = new Recovery({
@@ -208,6 +216,7 @@ export class Daemon {
     sup.register(loop('queue-consumer', (s) => this.consumer.run(s)));
     sup.register(loop('watchdog', (s) => this.watchdog.run(s)));
     sup.register(loop('recovery', (s) => this.recovery.run(s)));
+    sup.register(loop('job-keeper', (s) => this.jobKeeper.run(s)));
     for (const child of this.deps.extraChildren?.(this.broker.endpoint) ?? []) sup.register(child);
     this.handle = sup.start();
     this.handle.done.catch((e: unknown) => this.log.error({ err: toError(e) }, 'supervisor gave up'));

@@ -53,28 +53,6 @@ export async function insertActivation(
   return rows[0]!;
 }
 
-/** Points a warm activation at its next event and renews its lease. */
-export async function assignEvent(
-  tx: DbOrTx,
-  activationUid: string,
-  eventId: string,
-  leaseMs: number,
-  ownerId: string,
-): Promise<ActivationRow> {
-  const rows = await tx
-    .update(activations)
-    .set({
-      currentEventId: eventId,
-      revision: 0,
-      leaseExpiresAt: leaseFrom(leaseMs),
-      ownerId,
-      status: 'active',
-      updatedAt: sql`now()`,
-    })
-    .where(and(eq(activations.activationUid, activationUid), live))
-    .returning();
-  return rows[0]!;
-}
 
 /** Extends the lease of a live activation that is still running `eventId` at `revision`. */
 export async function extendLease(

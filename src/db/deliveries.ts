@@ -1,42 +1,12 @@
 /** SQL for `corral.deliveries`: one worker execution of one actor event, carrying the fence. */
 import { and, eq, inArray, sql } from 'drizzle-orm';
-import { randomUUID } from 'node:crypto';
 import type { DbOrTx } from './client.ts';
-import type { ActivationRow } from './activations.ts';
 import { DELIVERY_LIVE, deliveries, type DeliveryState } from './schema.ts';
 
 export type DeliveryRow = typeof deliveries.$inferSelect;
 
 const liveState = inArray(deliveries.state, [...DELIVERY_LIVE]);
 
-/**
- * Writes a delivery in state `created` with the fence copied from `activation`. The partial unique
- * index `deliveries_one_live_per_event` (D1) refuses a second live delivery of one event.
- */
-export async function insertDelivery(
-  tx: DbOrTx,
-  activation: ActivationRow,
-  eventId: string,
-  jobRetryCount: number,
-  workerId: string | null,
-): Promise<DeliveryRow> {
-  const rows = await tx
-    .insert(deliveries)
-    .values({
-      deliveryId: randomUUID(),
-      activationUid: activation.activationUid,
-      agentUid: activation.agentUid,
-      sessionId: activation.sessionId,
-      actorEpoch: activation.actorEpoch,
-      eventId,
-      revision: activation.revision,
-      jobRetryCount,
-      workerId,
-      state: 'created',
-    })
-    .returning();
-  return rows[0]!;
-}
 
 /** Moves a live delivery to `to` if it is currently in one of `from`. Returns whether it moved. */
 export async function transitionDelivery(

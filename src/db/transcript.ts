@@ -1,9 +1,8 @@
 /**
  * SQL for the durable transcript: conversations, turns, messages. A transcript message is written
- * only by `appendMessages`, called from the fenced commit transaction (I3).
+ * only by `commitTurnRows` (src/db/turn-rows.ts), in the fenced commit transaction (I3).
  */
 import { and, asc, desc, eq, sql } from 'drizzle-orm';
-import { randomUUID } from 'node:crypto';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import { conversations, messages, turns, type MessageRole, type TurnStatus } from './schema.ts';
@@ -16,38 +15,7 @@ export interface NewMessage {
   content: unknown;
 }
 
-export async function ensureConversation(tx: DbOrTx, key: ActorKey): Promise<string> {
-  const inserted = await tx
-    .insert(conversations)
-    .values({ id: randomUUID(), agentUid: key.agentUid, sessionId: key.sessionId })
-    .onConflictDoNothing()
-    .returning({ id: conversations.id });
-  if (inserted[0]) return inserted[0].id;
-  const rows = await tx
-    .select({ id: conversations.id })
-    .from(conversations)
-    .where(and(eq(conversations.agentUid, key.agentUid), eq(conversations.sessionId, key.sessionId)));
-  return rows[0]!.id;
-}
 
-export async function insertStartedTurn(
-  tx: DbOrTx,
-  input: {
-    conversationId: string;
-    eventId: string;
-    deliveryId: string;
-    activationUid: string;
-    actorEpoch: number;
-    revision: number;
-    attempt: number;
-    workerId: string | null;
-    input: unknown;
-  },
-): Promise<string> {
-  const id = randomUUID();
-  await tx.insert(turns).values({ id, status: 'started', ...input, input: input.input as object });
-  return id;
-}
 
 /** Moves a `started` turn to a terminal status. Returns the turn id, or undefined if it was not started. */
 export async function finishTurn(
@@ -78,24 +46,6 @@ export async function setTurnRevision(tx: DbOrTx, deliveryId: string, revision: 
     .where(and(eq(turns.deliveryId, deliveryId), eq(turns.status, 'started')));
 }
 
-/** Appends messages at the end of the conversation, numbering them in order. */
-export async function appendMessages(
-  tx: DbOrTx,
-  conversationId: string,
-  turnId: string,
-  list: NewMessage[],
-): Promise<void> {
-  if (list.length === 0) return;
-  const [conv] = await tx
-    .update(conversations)
-    .set({ nextSeq: sql`${conversations.nextSeq} + ${list.length}`, updatedAt: sql`now()` })
-    .where(eq(conversations.id, conversationId))
-    .returning({ next: conversations.nextSeq });
-  const first = conv!.next - list.length;
-  await tx.insert(messages).values(
-    list.map((m, i) => ({ conversationId, turnId, seq: first + i, role: m.role, content: m.content as object })),
-  );
-}
 
 export interface TranscriptEntry {
   turnId: string;

@@ -19,6 +19,7 @@ import { lockFence, type Fence } from '../db/fence.ts';
 import * as activations from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
+import * as turnRows from '../db/turn-rows.ts';
 import { nextEpoch, setBlockedBy } from '../db/actors.ts';
 import { CorralError, FenceRejected } from '../errors.ts';
 import { MAX_NOTIFY_BYTES, notifyControl } from '../db/control.ts';
@@ -81,11 +82,9 @@ export class TurnStore {
   async begin(job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
     const key: ActorKey = { agentUid: job.data.agentUid, sessionId: job.data.sessionId };
     return inTransaction(this.db, async (tx) => {
-      let activation: ActivationRow;
-      const live = await activations.lockLiveActivation(tx, key);
-      if (live && live.currentEventId === null) {
-        activation = await activations.assignEvent(tx, live.activationUid, job.id, this.config.leaseMs, this.ownerId);
-      } else {
+      let activation = await turnRows.assignWarmActivation(tx, key, job.id, this.config.leaseMs, this.ownerId);
+      if (!activation) {
+        const live = await activations.lockLiveActivation(tx, key);
         // A live activation still running an event holds an attempt pg-boss has since given up on
         // (we hold the job now): it is stale, whatever its lease says.
         if (live) await this.failActivationInTx(tx, live, 'superseded', { message: 'superseded by a newer attempt' }, false);
@@ -98,21 +97,16 @@ export class TurnStore {
           eventId: job.id,
         });
       }
-      const delivery = await deliveries.insertDelivery(tx, activation, job.id, job.retryCount, workerId);
-      const conversationId = await transcript.ensureConversation(tx, key);
-      await transcript.insertStartedTurn(tx, {
-        conversationId,
+      const { deliveryId } = await turnRows.insertTurnRows(tx, {
+        activation,
         eventId: job.id,
-        deliveryId: delivery.deliveryId,
-        activationUid: activation.activationUid,
-        actorEpoch: activation.actorEpoch,
-        revision: activation.revision,
-        attempt: job.retryCount + 1,
+        jobRetryCount: job.retryCount,
         workerId,
         input: job.data.payload,
       });
+      const fence = fenceOf({ ...activation, eventId: job.id, deliveryId });
       return {
-        fence: fenceOf(delivery),
+        fence,
         payload: job.data.payload,
         enqueuedAt: job.data.enqueuedAt,
         attempt: job.retryCount + 1,
@@ -146,22 +140,16 @@ export class TurnStore {
     return inTransaction(this.db, async (tx) => {
       const { activation, delivery } = await lockFence(tx, fence);
       await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], endState, reason);
-      const old = await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: { code: endState, message: reason } });
-      const next = await deliveries.insertDelivery(tx, activation, delivery.eventId, delivery.jobRetryCount, nextWorkerId);
-      const oldTurnInput = await transcript.turnInput(tx, delivery.deliveryId);
-      await transcript.insertStartedTurn(tx, {
-        conversationId: old?.conversationId ?? (await transcript.ensureConversation(tx, fence)),
+      await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: { code: endState, message: reason } });
+      const { deliveryId } = await turnRows.insertTurnRows(tx, {
+        activation,
         eventId: delivery.eventId,
-        deliveryId: next.deliveryId,
-        activationUid: activation.activationUid,
-        actorEpoch: activation.actorEpoch,
-        revision: activation.revision,
-        attempt: delivery.jobRetryCount + 1,
+        jobRetryCount: delivery.jobRetryCount,
         workerId: nextWorkerId,
-        input: oldTurnInput,
+        input: await transcript.turnInput(tx, delivery.deliveryId),
       });
       await activations.extendLease(tx, activation.activationUid, this.config.leaseMs);
-      return fenceOf(next);
+      return fenceOf({ ...activation, eventId: delivery.eventId, deliveryId });
     });
   }
 
@@ -169,8 +157,7 @@ export class TurnStore {
   async accept(fence: Fence, workerId: string): Promise<void> {
     await inTransaction(this.db, async (tx) => {
       const { delivery } = await this.lockFenceFor(tx, fence, workerId);
-      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent'], 'accepted');
-      await activations.extendLease(tx, fence.activationUid, this.config.leaseMs);
+      await turnRows.acceptDeliveryRows(tx, delivery.deliveryId, fence.activationUid, this.config.leaseMs);
     });
   }
 
@@ -191,19 +178,16 @@ export class TurnStore {
     try {
       return await inTransaction(this.db, async (tx) => {
         const { delivery } = await this.lockFenceFor(tx, fence, workerId);
-        const input = await transcript.turnInput(tx, delivery.deliveryId);
-        const turn = await transcript.finishTurn(tx, delivery.deliveryId, 'succeeded', {
+        const written = await turnRows.commitTurnRows(tx, {
+          deliveryId: delivery.deliveryId,
+          activationUid: fence.activationUid,
           revision: fence.revision,
           workerId,
-          ...(output !== undefined ? { output } : {}),
+          output,
+          messages,
+          leaseMs: this.config.leaseMs,
         });
-        if (!turn) throw new FenceRejected('already_committed');
-        await transcript.appendMessages(tx, turn.conversationId, turn.id, [
-          { role: 'user', content: input ?? null },
-          ...messages,
-        ]);
-        await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], 'completed');
-        await activations.clearCurrentEvent(tx, fence.activationUid, this.config.leaseMs);
+        if (!written) throw new FenceRejected('already_committed');
         const res = (await this.boss.complete(
           this.queueName,
           { id: fence.eventId, retryCount: delivery.jobRetryCount },
@@ -392,7 +376,9 @@ export class TurnStore {
 
 }
 
-function fenceOf(d: deliveries.DeliveryRow): Fence {
+function fenceOf(
+  d: Pick<deliveries.DeliveryRow, 'agentUid' | 'sessionId' | 'activationUid' | 'actorEpoch' | 'eventId' | 'revision' | 'deliveryId'>,
+): Fence {
   return {
     agentUid: d.agentUid,
     sessionId: d.sessionId,

@@ -24,8 +24,6 @@ export interface WatchdogOptions {
   logger: Logger;
   intervalMs: number;
   idleTimeoutMs: number;
-  /** pg-boss's job heartbeat (seconds); in-flight jobs are touched three times per period. */
-  jobHeartbeatSeconds: number;
 }
 
 export interface WatchdogReport {
@@ -40,7 +38,6 @@ export class Watchdog {
   private readonly opts: WatchdogOptions;
   private readonly log: Logger;
   private running: Promise<WatchdogReport> | undefined;
-  private lastTouchMs = 0;
 
   constructor(opts: WatchdogOptions) {
     this.opts = opts;
@@ -69,12 +66,6 @@ export class Watchdog {
   private async pass(): Promise<WatchdogReport> {
     const report: WatchdogReport = { expired: 0, deadLettered: 0, stoppedIdle: 0, staleWorkers: [], redispatched: 0 };
     const { db, store, runtime } = this.opts;
-
-    const now = this.opts.clock.nowMs();
-    if (now - this.lastTouchMs >= (this.opts.jobHeartbeatSeconds * 1000) / 3) {
-      await store.touchJobs(runtime.inFlightAttempts());
-      this.lastTouchMs = now;
-    }
 
     for (const a of await activations.listExpiredInFlight(db)) {
       const outcome = await store.expire(a.activationUid);

@@ -322,3 +322,22 @@ describe('graceful stop', () => {
     expect(w.inbox.some((m) => m.type === 'turn_start' && (m.turn_ref as Ref).event_id === second!.eventId)).toBe(false);
   });
 });
+
+describe('job heartbeats', () => {
+  it('the daemon touches the pg-boss jobs of its in-flight turns, so pg-boss does not fail them', async () => {
+    const { t, w, db } = await setup();
+    const { eventId } = await t.daemon.events.enqueueActorEvent(db, actorKey('keeper', 's'), { text: 'x' });
+    await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
+    const heartbeat = async () =>
+      (await db.execute<{ hb: Date | null; hs: number | null }>(
+        sql`select heartbeat_on as hb, heartbeat_seconds as hs from pgboss.job where id = ${eventId}`,
+      )).rows[0]!;
+    const before = await heartbeat();
+    expect(before.hs).toBe(t.config.jobHeartbeatSeconds);
+    await new Promise((r) => setTimeout(r, 20));
+    expect(await t.daemon.jobKeeper.tick()).toBe(1);
+    const after = await heartbeat();
+    expect(after.hb).not.toBeNull();
+    expect(new Date(after.hb!).getTime()).toBeGreaterThan(before.hb ? new Date(before.hb).getTime() : 0);
+  });
+});

@@ -1,0 +1,44 @@
+/**
+ * Keeps the pg-boss jobs of this daemon's in-flight turns alive: pg-boss fails an active job
+ * that nobody touched for `jobHeartbeatSeconds` (that is how a job whose daemon died before
+ * writing an activation gets retried). Touching three times per period leaves room for a slow
+ * database; a stalled daemon stops touching and its jobs are retried elsewhere.
+ */
+import type { Clock } from '../clock.ts';
+import { toError } from '../errors.ts';
+import type { Logger } from '../logger.ts';
+import type { Runtime } from './runtime.ts';
+import type { TurnStore } from './turns.ts';
+
+export class JobKeeper {
+  private readonly log: Logger;
+  private readonly opts: { store: TurnStore; runtime: Runtime; clock: Clock; logger: Logger; jobHeartbeatSeconds: number };
+
+  constructor(opts: { store: TurnStore; runtime: Runtime; clock: Clock; logger: Logger; jobHeartbeatSeconds: number }) {
+    this.opts = opts;
+    this.log = opts.logger.child({ component: 'job-keeper' });
+  }
+
+  get intervalMs(): number {
+    return Math.floor((this.opts.jobHeartbeatSeconds * 1000) / 3);
+  }
+
+  /** Touches every in-flight job once. Returns how many. */
+  async tick(): Promise<number> {
+    const attempts = this.opts.runtime.inFlightAttempts();
+    await this.opts.store.touchJobs(attempts);
+    return attempts.length;
+  }
+
+  async run(signal: AbortSignal): Promise<void> {
+    while (!signal.aborted) {
+      await this.opts.clock.sleep(this.intervalMs, signal).catch(() => undefined);
+      if (signal.aborted) break;
+      try {
+        await this.tick();
+      } catch (e) {
+        this.log.warn({ err: toError(e).message }, 'could not touch in-flight jobs');
+      }
+    }
+  }
+}
