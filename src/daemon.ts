@@ -100,7 +100,7 @@ export class Daemon {
       logger,
       ownerId: this.ownerId,
       workerStaleMs: config.workerStaleMs,
-      onCapacity: () => consumer?.wake(),
+      onCapacity: () => consumer?.wakeForCapacity(),
       ...(deps.metrics ? { metrics: deps.metrics } : {}),
     });
     this.broker = new Broker({

@@ -14,6 +14,9 @@ import { toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import type { ActorEventJobData } from './events.ts';
 
+/** How long capacity wake-ups gather before one fetch (see `wakeForCapacity`). */
+const CAPACITY_COALESCE_MS = 5;
+
 export interface ConsumedJob {
   id: string;
   retryCount: number;
@@ -53,10 +56,25 @@ export class QueueConsumer {
     this.log = opts.logger.child({ component: 'consumer', queue: opts.queueName });
   }
 
-  /** Asks the loop to fetch now. */
+  /** Asks the loop to fetch now (a new event was enqueued). */
   wake(): void {
     this.woken = true;
     this.wakeUp?.();
+  }
+
+  private capacityTimer: { cancel(): void } | undefined;
+
+  /**
+   * Capacity freed up (a turn settled). Under load turns settle one after another; waking for
+   * each would fetch one or two jobs at a time, so wake-ups within a few milliseconds coalesce
+   * into one batch fetch.
+   */
+  wakeForCapacity(): void {
+    if (this.capacityTimer) return;
+    this.capacityTimer = this.opts.clock.setTimeout(() => {
+      this.capacityTimer = undefined;
+      this.wake();
+    }, CAPACITY_COALESCE_MS);
   }
 
   /** One fetch round. Returns how many jobs were taken. */
@@ -95,6 +113,8 @@ export class QueueConsumer {
         if (!this.woken) await this.pause(this.opts.pollIntervalMs, signal);
       }
     } finally {
+      this.capacityTimer?.cancel();
+      this.capacityTimer = undefined;
       await listener?.close().catch(() => undefined);
     }
   }
