@@ -35,6 +35,7 @@ import {
   type WorkerReady,
 } from './protocol.ts';
 import { SerialQueue } from './send-queue.ts';
+import { runReceiveLoop } from './receive-loop.ts';
 import type { BrokerEvent, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';
 
 export type { BrokerEvent, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';
@@ -232,28 +233,14 @@ export class Broker {
 
   // ---- receive path --------------------------------------------------------------------
 
-  private async receiveLoop(socket: Router): Promise<void> {
-    let errors = 0;
-    while (!socket.closed) {
-      let frames: Buffer[];
-      try {
-        frames = await socket.receive();
-        errors = 0;
-      } catch (e) {
-        if (socket.closed || this.state === 'stopping') break;
-        errors++;
-        this.log.error({ err: toError(e), errors }, 'broker receive failed');
-        // Back off so a persistent receive error cannot become a hot loop.
-        await this.clock.sleep(Math.min(1000, 5 * 2 ** Math.min(errors, 8))).catch(() => undefined);
-        continue;
-      }
-      try {
-        this.handleFrames(frames);
-      } catch (e) {
-        // handleFrames is meant to be total; a throw here is a bug, but must not end the loop.
-        this.log.error({ err: toError(e) }, 'broker failed to handle a message');
-      }
-    }
+  private receiveLoop(socket: Router): Promise<void> {
+    return runReceiveLoop(socket, {
+      clock: this.clock,
+      log: this.log,
+      what: 'broker',
+      stopping: () => this.state === 'stopping',
+      handle: (frames) => this.handleFrames(frames),
+    });
   }
 
   private handleFrames(frames: Buffer[]): void {

@@ -5,10 +5,10 @@
  * database; a stalled daemon stops touching and its jobs are retried elsewhere.
  */
 import type { Clock } from '../clock.ts';
-import { toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import type { Runtime } from './runtime.ts';
 import type { TurnStore } from './turns.ts';
+import { Periodic } from './periodic.ts';
 
 export class JobKeeper {
   private readonly log: Logger;
@@ -30,15 +30,13 @@ export class JobKeeper {
     return attempts.length;
   }
 
-  async run(signal: AbortSignal): Promise<void> {
-    while (!signal.aborted) {
-      await this.opts.clock.sleep(this.intervalMs, signal).catch(() => undefined);
-      if (signal.aborted) break;
-      try {
-        await this.tick();
-      } catch (e) {
-        this.log.warn({ err: toError(e).message }, 'could not touch in-flight jobs');
-      }
-    }
+  run(signal: AbortSignal): Promise<void> {
+    return new Periodic(() => this.tick(), {
+      clock: this.opts.clock,
+      log: this.log,
+      intervalMs: this.intervalMs,
+      what: 'job heartbeat',
+      firstPass: 'after-interval',
+    }).run(signal);
   }
 }

@@ -8,12 +8,12 @@
  *  - marks worker rows whose heartbeats stopped as stale.
  */
 import type { Clock } from '../clock.ts';
-import { toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import type { Db } from '../db/client.ts';
 import * as transcript from '../db/transcript.ts';
 import * as activations from '../db/activations.ts';
 import type { TurnStore } from './turns.ts';
+import { Periodic } from './periodic.ts';
 
 export interface RecoveryOptions {
   db: Db;
@@ -32,30 +32,27 @@ export interface RecoveryReport {
 export class Recovery {
   private readonly opts: RecoveryOptions;
   private readonly log: Logger;
-  private running: Promise<RecoveryReport> | undefined;
+  private readonly periodic: Periodic<RecoveryReport>;
 
   constructor(opts: RecoveryOptions) {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'recovery' });
-  }
-
-  tick(): Promise<RecoveryReport> {
-    this.running ??= this.pass().finally(() => {
-      this.running = undefined;
+    this.periodic = new Periodic(() => this.pass(), {
+      clock: opts.clock,
+      log: this.log,
+      intervalMs: opts.intervalMs,
+      what: 'recovery',
+      firstPass: 'after-interval',
     });
-    return this.running;
   }
 
-  async run(signal: AbortSignal): Promise<void> {
-    while (!signal.aborted) {
-      await this.opts.clock.sleep(this.opts.intervalMs, signal).catch(() => undefined);
-      if (signal.aborted) break;
-      try {
-        await this.tick();
-      } catch (e) {
-        this.log.warn({ err: toError(e).message }, 'recovery pass failed');
-      }
-    }
+  /** One pass (the daemon runs one at start). Concurrent calls share the pass in progress. */
+  tick(): Promise<RecoveryReport> {
+    return this.periodic.tick();
+  }
+
+  run(signal: AbortSignal): Promise<void> {
+    return this.periodic.run(signal);
   }
 
   private async pass(): Promise<RecoveryReport> {

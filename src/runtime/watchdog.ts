@@ -7,7 +7,6 @@
  * Leases are judged by PostgreSQL's clock, in SQL, never by this process's clock.
  */
 import type { Clock } from '../clock.ts';
-import { toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import type { Db } from '../db/client.ts';
 import * as activations from '../db/activations.ts';
@@ -15,6 +14,7 @@ import * as deliveries from '../db/deliveries.ts';
 import * as workersDb from '../db/workers.ts';
 import type { Runtime } from './runtime.ts';
 import type { TurnStore } from './turns.ts';
+import { Periodic } from './periodic.ts';
 
 export interface WatchdogOptions {
   db: Db;
@@ -37,30 +37,27 @@ export interface WatchdogReport {
 export class Watchdog {
   private readonly opts: WatchdogOptions;
   private readonly log: Logger;
-  private running: Promise<WatchdogReport> | undefined;
+  private readonly periodic: Periodic<WatchdogReport>;
 
   constructor(opts: WatchdogOptions) {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'watchdog' });
+    this.periodic = new Periodic(() => this.pass(), {
+      clock: opts.clock,
+      log: this.log,
+      intervalMs: opts.intervalMs,
+      what: 'watchdog',
+      firstPass: 'now',
+    });
   }
 
   /** One pass. Concurrent calls share the pass in progress (no re-entry). */
   tick(): Promise<WatchdogReport> {
-    this.running ??= this.pass().finally(() => {
-      this.running = undefined;
-    });
-    return this.running;
+    return this.periodic.tick();
   }
 
-  async run(signal: AbortSignal): Promise<void> {
-    while (!signal.aborted) {
-      try {
-        await this.tick();
-      } catch (e) {
-        this.log.warn({ err: toError(e).message }, 'watchdog pass failed');
-      }
-      await this.opts.clock.sleep(this.opts.intervalMs, signal).catch(() => undefined);
-    }
+  run(signal: AbortSignal): Promise<void> {
+    return this.periodic.run(signal);
   }
 
   private async pass(): Promise<WatchdogReport> {

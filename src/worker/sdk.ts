@@ -36,6 +36,7 @@ import {
   type WorkerMessage,
 } from '../fabric/protocol.ts';
 import { SerialQueue } from '../fabric/send-queue.ts';
+import { runReceiveLoop } from '../fabric/receive-loop.ts';
 import { RunningTurn, type TurnHandler } from './turn.ts';
 
 export type { TurnContext, TurnHandler, TurnOutcome, SteerListener, HandlerError } from './turn.ts';
@@ -235,26 +236,13 @@ class WorkerRuntime implements Worker {
 
   // ---- receive path --------------------------------------------------------------------
 
-  private async receiveLoop(socket: Dealer): Promise<void> {
-    let errors = 0;
-    while (!socket.closed) {
-      let frames: Buffer[];
-      try {
-        frames = await socket.receive();
-        errors = 0;
-      } catch (e) {
-        if (socket.closed) break;
-        errors++;
-        this.log.error({ err: toError(e) }, 'worker receive failed');
-        await this.clock.sleep(Math.min(1000, 5 * 2 ** Math.min(errors, 8))).catch(() => undefined);
-        continue;
-      }
-      try {
-        this.handleFrames(frames);
-      } catch (e) {
-        this.log.error({ err: toError(e) }, 'worker failed to handle a message');
-      }
-    }
+  private receiveLoop(socket: Dealer): Promise<void> {
+    return runReceiveLoop(socket, {
+      clock: this.clock,
+      log: this.log,
+      what: 'worker',
+      handle: (frames) => this.handleFrames(frames),
+    });
   }
 
   private handleFrames(frames: Buffer[]): void {
