@@ -75,7 +75,7 @@ export class Daemon {
     this.log = logger.child({ component: 'daemon', ownerId: this.ownerId });
     this.database = openDatabase(deps.databaseUrl, {
       max: 20,
-      onError: (e) => this.log.warn({ err: e.message }, 'idle database connection lost'),
+      onError: (e) => this.log.warn({ err: e.message }, 'database connection lost'),
     });
     this.boss = createBoss(deps.databaseUrl, config, {
       supervise: true,

@@ -76,9 +76,11 @@ const CONNECTION_SQLSTATE_PREFIXES = ['08', '57P']; // connection exceptions, op
 const CONNECTION_ERRNO = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'ENOTFOUND', 'EHOSTUNREACH']);
 
 /** True when the error means "the database is not reachable right now": retry later, lose nothing. */
-export function isConnectionError(e: unknown): boolean {
-  const err = e as { code?: unknown; message?: unknown } | null;
-  if (!err) return false;
+export function isConnectionError(e: unknown, depth = 0): boolean {
+  const err = e as { code?: unknown; message?: unknown; cause?: unknown } | null;
+  if (!err || depth > 5) return false;
+  // Drizzle wraps driver errors (DrizzleQueryError): the connection error is the cause.
+  if (err.cause !== undefined && err.cause !== err && isConnectionError(err.cause, depth + 1)) return true;
   const code = typeof err.code === 'string' ? err.code : '';
   if (CONNECTION_ERRNO.has(code)) return true;
   if (CONNECTION_SQLSTATE_PREFIXES.some((p) => code.startsWith(p))) return true;

@@ -38,6 +38,12 @@ export function openDatabase(url: string, opts: OpenOptions = {}): Database {
   });
   // Without a listener an idle client's error (server restart) would crash the process.
   pool.on('error', (err) => opts.onError?.(err));
+  // A client checked out by a transaction has no pool listener: when the server goes away between
+  // two statements its 'error' event would be unhandled and end the process. The statement in
+  // flight fails on its own (and is retried by the caller); this only keeps the process alive.
+  pool.on('connect', (client) => {
+    client.on('error', (err) => opts.onError?.(err));
+  });
   const db = drizzle(pool, { schema }) as Db;
   let closed = false;
   return {

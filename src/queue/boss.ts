@@ -42,6 +42,11 @@ export interface BossOptions {
   onError?: (err: Error) => void;
 }
 
+/** The supervise/monitor cadence for a job heartbeat period: a third of it, between 1 and 60 s. */
+export function superviseSeconds(config: Pick<Config, 'jobHeartbeatSeconds'>): number {
+  return Math.max(1, Math.min(60, Math.floor(config.jobHeartbeatSeconds / 3)));
+}
+
 export function createBoss(url: string, config: QueueConfig, opts: BossOptions = {}): PgBoss {
   const supervise = opts.supervise ?? false;
   const boss = new PgBoss({
@@ -50,6 +55,9 @@ export function createBoss(url: string, config: QueueConfig, opts: BossOptions =
     max: opts.max ?? 10,
     application_name: 'corral-boss',
     supervise,
+    // pg-boss fails jobs whose heartbeat lapsed only in its supervise pass: run it often enough
+    // that a job orphaned by a dead daemon is retried about one heartbeat period after it lapsed.
+    ...(supervise ? { superviseIntervalSeconds: superviseSeconds(config), monitorIntervalSeconds: superviseSeconds(config) } : {}),
     schedule: false,
     migrate: true,
     useListenNotify: supervise,

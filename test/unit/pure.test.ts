@@ -164,3 +164,15 @@ describe('pg-boss notify channel', () => {
     expect(bossNotifyChannel('"pgboss"')).toBe(bossNotifyChannel('pgboss'));
   });
 });
+
+describe('isConnectionError', () => {
+  it('recognises connection loss, also when wrapped as the cause of a query error', async () => {
+    const { isConnectionError } = await import('../../src/errors.ts');
+    const terminated = Object.assign(new Error('terminating connection due to administrator command'), { code: '57P01' });
+    expect(isConnectionError(terminated)).toBe(true);
+    expect(isConnectionError(Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:5432'), { code: 'ECONNREFUSED' }))).toBe(true);
+    expect(isConnectionError(new Error('Failed query: select 1', { cause: terminated }))).toBe(true);
+    expect(isConnectionError(new Error('Failed query: select 1', { cause: Object.assign(new Error('dup'), { code: '23505' }) }))).toBe(false);
+    expect(isConnectionError(new Error('anything else'))).toBe(false);
+  });
+});
