@@ -46,6 +46,8 @@ const configSchema = z
      */
     jobHeartbeatSeconds: int(10, 3_600),
     deadLetterMode: z.enum(DEAD_LETTER_MODES),
+    /** Completed actor events are deleted after this long (0 = never); failed ones never are. */
+    completedRetentionSeconds: int(0, 10 * 365 * 86_400),
     fetchBatchSize: int(1, 500),
     /** Fallback poll for delayed retries (NOTIFY wakes new events at once). */
     pollIntervalMs: int(20),
@@ -80,6 +82,7 @@ export const DEFAULTS: Omit<Config, 'homeDir'> = {
   jobExpireSeconds: 86_400,
   jobHeartbeatSeconds: 30,
   deadLetterMode: 'continue',
+  completedRetentionSeconds: 7 * 86_400,
   fetchBatchSize: 50,
   pollIntervalMs: 1_000,
   maxMessageBytes: 1024 * 1024,
@@ -109,6 +112,7 @@ export const ENV_NAMES: Partial<Record<keyof Config, string>> = {
   jobExpireSeconds: 'CORRAL_JOB_EXPIRE_S',
   jobHeartbeatSeconds: 'CORRAL_JOB_HEARTBEAT_S',
   deadLetterMode: 'CORRAL_DEAD_LETTER_MODE',
+  completedRetentionSeconds: 'CORRAL_COMPLETED_RETENTION_S',
   fetchBatchSize: 'CORRAL_FETCH_BATCH',
   pollIntervalMs: 'CORRAL_POLL_INTERVAL_MS',
   maxMessageBytes: 'CORRAL_MAX_MESSAGE_BYTES',

@@ -26,8 +26,12 @@ import type { SessionController } from './runtime/directory.ts';
 import { TurnStore } from './runtime/turns.ts';
 import { Watchdog } from './runtime/watchdog.ts';
 import { JobKeeper } from './runtime/job-keeper.ts';
+import { Periodic } from './runtime/periodic.ts';
+import { sweepCompletedJobs } from './queue/retention.ts';
 import type { RuntimeMetrics } from './runtime/metrics.ts';
 import { Supervisor, type ChildSpec, type ShutdownResult, type SupervisorHandle } from './supervisor/index.ts';
+
+const RETENTION_INTERVAL_MS = 10 * 60_000;
 
 export interface DaemonDeps {
   config: Config;
@@ -57,6 +61,8 @@ export class Daemon {
   readonly watchdog: Watchdog;
   readonly recovery: Recovery;
   readonly jobKeeper: JobKeeper;
+  /** Deletes completed actor events past `completedRetentionSeconds` (every 10 minutes). */
+  readonly retention: Periodic<number>;
   readonly events: EventQueue;
   readonly queues: QueueNames;
   private readonly deps: DaemonDeps;
@@ -132,6 +138,17 @@ export class Daemon {
       intervalMs: config.watchdogIntervalMs,
       idleTimeoutMs: config.idleTimeoutMs,
     });
+    this.retention = new Periodic(
+      () =>
+        sweepCompletedJobs({
+          boss: this.boss,
+          db: this.database.db,
+          bossSchema: config.bossSchema,
+          queueName: this.queues.events,
+          retentionSeconds: config.completedRetentionSeconds,
+        }),
+      { clock, log: this.log, intervalMs: RETENTION_INTERVAL_MS, what: 'retention sweep', firstPass: 'after-interval' },
+    );
     this.jobKeeper = new JobKeeper({
       store: this.store,
       runtime: this.runtime,
@@ -217,6 +234,7 @@ export class Daemon {
     sup.register(loop('watchdog', (s) => this.watchdog.run(s)));
     sup.register(loop('recovery', (s) => this.recovery.run(s)));
     sup.register(loop('job-keeper', (s) => this.jobKeeper.run(s)));
+    sup.register(loop('retention', (s) => this.retention.run(s)));
     for (const child of this.deps.extraChildren?.(this.broker.endpoint) ?? []) sup.register(child);
     this.handle = sup.start();
     this.handle.done.catch((e: unknown) => this.log.error({ err: toError(e) }, 'supervisor gave up'));

@@ -5,9 +5,10 @@
  * actor key: at most one event in flight per actor, FIFO within an actor, other actors never held
  * back (I4). Its dead-letter queue is a `standard` queue (pg-boss does not copy the policy).
  *
- * Retention: a failed head must never vanish silently, and an event may wait for days, so the
- * actor queue never deletes finished jobs on its own (`deleteAfterSeconds: 0`) and keeps queued
- * jobs for ten years; dead letters likewise stay until an operator replays or discards them.
+ * Retention: a failed head must never vanish silently, and an event may wait for days, so
+ * pg-boss never deletes the actor queue's finished jobs (`deleteAfterSeconds: 0`; completed ones
+ * are swept by src/queue/retention.ts) and keeps queued jobs for ten years; dead letters likewise
+ * stay until an operator replays or discards them.
  */
 import { PgBoss, type Queue } from 'pg-boss';
 import { CorralError } from '../errors.ts';

@@ -341,3 +341,30 @@ describe('job heartbeats', () => {
     expect(new Date(after.hb!).getTime()).toBeGreaterThan(before.hb ? new Date(before.hb).getTime() : 0);
   });
 });
+
+describe('retention', () => {
+  it('deletes completed events past the retention and never a failed one', async () => {
+    const { t, w, db } = await setup({ retryLimit: 0, deadLetterMode: 'block', completedRetentionSeconds: 3600 });
+    const [done, held] = await t.daemon.events.enqueueActorEvents(db, [
+      { key: actorKey('ret', 'ok'), event: { n: 1 } },
+      { key: actorKey('ret', 'bad'), event: { n: 2 } },
+    ]);
+    for (let i = 0; i < 2; i++) {
+      const s = await w.next('turn_start');
+      const ref = s.turn_ref as Ref;
+      await w.send(ref.event_id === done!.eventId ? ok(ref) : fail(ref));
+    }
+    await w.next('turn_committed');
+    const state = async (id: string) =>
+      (await db.execute<{ state: string }>(sql`select state from pgboss.job where id = ${id} and name = ${t.daemon.queues.events}`)).rows[0]
+        ?.state;
+    await waitFor(async () => (await state(held!.eventId)) === 'failed', { what: 'held head failed' });
+    expect(await t.daemon.retention.tick()).toBe(0); // too recent
+    // move time instead of sleeping: both finished two hours ago
+    await db.execute(sql`update pgboss.job set completed_on = now() - interval '2 hours' where id in (${done!.eventId}, ${held!.eventId})`);
+    expect(await t.daemon.retention.tick()).toBe(1);
+    expect(await state(done!.eventId)).toBeUndefined();
+    expect(await state(held!.eventId)).toBe('failed');
+    expect((await readTranscript(db, actorKey('ret', 'ok'))).map((x) => x.eventId)).toEqual([done!.eventId]);
+  });
+});
