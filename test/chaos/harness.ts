@@ -20,7 +20,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from 'node:fs';
 import { mkdtemp } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -32,6 +31,10 @@ import { openDatabase, type Database } from '../../src/db/client.ts';
 import { migrateDatabase } from '../../src/db/migrate.ts';
 import { createBoss, ensureQueues, queueNames } from '../../src/queue/boss.ts';
 import { createEventQueue, type EventQueue } from '../../src/queue/events.ts';
+import { waitFor } from '../helpers/wait.ts';
+import { freePort } from '../helpers/processes.ts';
+
+export { freePort };
 
 export const CORRAL_BIN = fileURLToPath(new URL('../../bin/corral.js', import.meta.url));
 /** Preload that makes a child kill itself when the harness process disappears. */
@@ -121,39 +124,14 @@ export function childEnv(databaseUrl: string, t: ChaosTimings, homeDir: string, 
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
-export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const addr = srv.address();
-      srv.close(() => (typeof addr === 'object' && addr ? resolve(addr.port) : reject(new Error('no port'))));
-    });
-  });
-}
-
 /** Polls `check` until truthy or the deadline passes (errors count as "not yet"). */
-export async function waitUntil<T>(
+export function waitUntil<T>(
   what: string,
   check: () => Promise<T | undefined | null | false> | T | undefined | null | false,
   timeoutMs: number,
   intervalMs = 100,
 ): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const v = await check();
-      if (v) return v as T;
-    } catch (e) {
-      last = e;
-    }
-    if (Date.now() > deadline) {
-      throw new Error(`chaos: timed out after ${timeoutMs} ms waiting for ${what}${last ? ` (last error: ${String(last)})` : ''}`);
-    }
-    await sleep(intervalMs);
-  }
+  return waitFor(check, { what: `chaos: ${what}`, timeoutMs, intervalMs });
 }
 
 /** Deterministic PRNG (mulberry32) so a run can be reproduced from its seed. */
