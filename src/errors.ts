@@ -72,6 +72,16 @@ export function toError(e: unknown): Error {
   }
 }
 
+/**
+ * A one-line message for logs. Drizzle wraps driver errors as "Failed query: <the whole SQL>";
+ * what went wrong is the cause's message.
+ */
+export function errorMessage(e: unknown): string {
+  const err = toError(e);
+  if (err.message.startsWith('Failed query') && err.cause !== undefined) return toError(err.cause).message;
+  return err.message;
+}
+
 const CONNECTION_SQLSTATE_PREFIXES = ['08', '57P']; // connection exceptions, operator intervention (shutdown)
 const CONNECTION_ERRNO = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'ENOTFOUND', 'EHOSTUNREACH']);
 

@@ -1,5 +1,5 @@
 /** Maps typed errors to messages and exit codes: 0 done, 1 error, 2 bad arguments, 3 nothing matched. */
-import { CorralError, isConnectionError, toError } from '../errors.ts';
+import { CorralError, errorMessage, isConnectionError, toError } from '../errors.ts';
 
 export const EXIT = { ok: 0, error: 1, usage: 2, nothingMatched: 3 } as const;
 
@@ -25,7 +25,5 @@ export function messageFor(e: unknown): string {
     return `cannot reach the database: ${toError(e).message} (is DATABASE_URL right and the server up?)`;
   }
   const err = toError(e);
-  // Drizzle wraps driver errors as "Failed query: <sql>"; the cause says what went wrong.
-  if (err.message.startsWith('Failed query') && err.cause) return `database error: ${toError(err.cause).message}`;
-  return err.message;
+  return err.message.startsWith('Failed query') ? `database error: ${errorMessage(err)}` : err.message;
 }

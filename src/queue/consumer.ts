@@ -10,7 +10,7 @@ import { createHash } from 'node:crypto';
 import type { PgBoss } from 'pg-boss';
 import { backoffDelayMs } from '../backoff.ts';
 import type { Clock } from '../clock.ts';
-import { toError } from '../errors.ts';
+import { errorMessage, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import type { ActorEventJobData } from './events.ts';
 
@@ -105,7 +105,7 @@ export class QueueConsumer {
         } catch (e) {
           this.failures++;
           const delay = backoffDelayMs(this.failures, { baseMs: 200, maxMs: 10_000 });
-          this.log.warn({ err: toError(e).message, retryInMs: delay }, 'fetch failed');
+          this.log.warn({ err: errorMessage(e), retryInMs: delay }, 'fetch failed');
           await this.pause(delay, signal);
           continue;
         }

@@ -4,7 +4,7 @@
  * repeats it on the injected clock until aborted, and a failing pass is logged, never fatal.
  */
 import type { Clock } from '../clock.ts';
-import { toError } from '../errors.ts';
+import { errorMessage } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 
 export class Periodic<T> {
@@ -36,7 +36,7 @@ export class Periodic<T> {
       try {
         await this.tick();
       } catch (e) {
-        this.opts.log.warn({ err: toError(e).message }, `${this.opts.what} pass failed`);
+        this.opts.log.warn({ err: errorMessage(e) }, `${this.opts.what} pass failed`);
       }
     }
   }

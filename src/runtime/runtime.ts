@@ -11,7 +11,7 @@
  */
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { Clock } from '../clock.ts';
-import { FenceRejected, toError, isConnectionError } from '../errors.ts';
+import { FenceRejected, errorMessage, isConnectionError, toError } from '../errors.ts';
 import type { BrokerEvent, SendResult } from '../fabric/broker.ts';
 import type { DaemonMessage } from '../fabric/protocol.ts';
 import type { Logger } from '../logger.ts';
@@ -394,7 +394,7 @@ export class Runtime {
       } catch (e) {
         if (!isConnectionError(e) || this.opts.clock.nowMs() > deadline || this.stopping) throw e;
         const delay = backoffDelayMs(attempt, { baseMs: 100, maxMs: 5_000 });
-        this.log.warn({ ...fields, err: toError(e).message, retryInMs: delay }, 'database unavailable; retrying');
+        this.log.warn({ ...fields, err: errorMessage(e), retryInMs: delay }, 'database unavailable; retrying');
         await this.opts.clock.sleep(delay);
       }
     }
@@ -440,7 +440,7 @@ export class Runtime {
   private track(p: Promise<unknown>, fields: Record<string, unknown>): void {
     const tracked = p.catch((e: unknown) => {
       const err = toError(e);
-      if (isConnectionError(err)) this.log.warn({ ...fields, err: err.message }, 'database unavailable; will recover');
+      if (isConnectionError(err)) this.log.warn({ ...fields, err: errorMessage(err) }, 'database unavailable; will recover');
       else this.log.error({ ...fields, err }, 'runtime operation failed');
     });
     this.background.add(tracked);
