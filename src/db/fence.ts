@@ -76,8 +76,11 @@ export async function loadFenceRows(tx: DbOrTx, deliveryId: string): Promise<Fen
     })
     .from(deliveries)
     .innerJoin(activations, eq(activations.activationUid, deliveries.activationUid))
-    .where(eq(deliveries.deliveryId, deliveryId))
-    .for('update');
+    .where(eq(deliveries.deliveryId, sql.placeholder('deliveryId')))
+    .for('update')
+    // named: prepared once per connection (this runs for every reply of every turn)
+    .prepare('corral_lock_fence')
+    .execute({ deliveryId });
   const row = found[0];
   if (!row) return { delivery: undefined, activation: undefined, leaseAlive: false, actorEpochCounter: undefined };
   return {

@@ -11,6 +11,7 @@ import { randomUUID } from 'node:crypto';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import type { ActivationRow } from './activations.ts';
+import { executeNamed } from './prepared.ts';
 
 const LIVE = sql.raw(`('starting', 'active', 'draining')`);
 
@@ -63,14 +64,14 @@ export async function assignWarmActivation(
   leaseMs: number,
   ownerId: string,
 ): Promise<ActivationRow | undefined> {
-  const res = await tx.execute<RawActivation>(sql`
+  const rows = await executeNamed<RawActivation>(tx, 'corral_assign_warm_activation', sql`
     update corral.activations
        set current_event_id = ${eventId}, revision = 0, owner_id = ${ownerId}, status = 'active',
            lease_expires_at = now() + ${leaseMs} * interval '1 millisecond', updated_at = now()
      where agent_uid = ${key.agentUid} and session_id = ${key.sessionId}
        and status in ${LIVE} and current_event_id is null
     returning *`);
-  const row = res.rows[0];
+  const row = rows[0];
   return row ? toActivation(row) : undefined;
 }
 
@@ -90,7 +91,7 @@ export async function insertTurnRows(tx: DbOrTx, r: TurnRowsInput): Promise<{ de
   const a = r.activation;
   const deliveryId = randomUUID();
   const turnId = randomUUID();
-  const res = await tx.execute<{ id: string }>(sql`
+  const rows = await executeNamed<{ id: string }>(tx, 'corral_insert_turn_rows', sql`
     with conv_new as (
       insert into corral.conversations (id, agent_uid, session_id)
       values (${randomUUID()}, ${a.agentUid}, ${a.sessionId})
@@ -114,7 +115,7 @@ export async function insertTurnRows(tx: DbOrTx, r: TurnRowsInput): Promise<{ de
            ${r.jobRetryCount + 1}, ${r.workerId}, ${JSON.stringify(r.input ?? null)}::jsonb
       from conv, d
     returning id`);
-  if (res.rows.length !== 1) throw new Error(`turn rows for event ${r.eventId} were not written`);
+  if (rows.length !== 1) throw new Error(`turn rows for event ${r.eventId} were not written`);
   return { deliveryId, turnId };
 }
 
@@ -136,7 +137,7 @@ export interface CommitRowsInput {
  */
 export async function commitTurnRows(tx: DbOrTx, r: CommitRowsInput): Promise<boolean> {
   const count = r.messages.length + 1;
-  const res = await tx.execute<{ turns: number; messages: number }>(sql`
+  const rows = await executeNamed<{ turns: number; messages: number }>(tx, 'corral_commit_turn_rows', sql`
     with t as (
       update corral.turns
          set status = 'succeeded', finished_at = now(), revision = ${r.revision}, worker_id = ${r.workerId},
@@ -170,7 +171,7 @@ export async function commitTurnRows(tx: DbOrTx, r: CommitRowsInput): Promise<bo
       returning 1
     )
     select (select count(*) from t)::int as turns, (select count(*) from m)::int as messages`);
-  const row = res.rows[0]!;
+  const row = rows[0]!;
   return row.turns === 1 && row.messages === count;
 }
 
@@ -181,7 +182,7 @@ export async function acceptDeliveryRows(
   activationUid: string,
   leaseMs: number,
 ): Promise<void> {
-  await tx.execute(sql`
+  await executeNamed(tx, 'corral_accept_delivery', sql`
     with d as (
       update corral.deliveries set state = 'accepted', updated_at = now()
        where delivery_id = ${deliveryId} and state in ('created', 'sent')
