@@ -3,7 +3,7 @@
  * instead of sleeping. Lease validity is never decided here: PostgreSQL's `now()` is the lease
  * clock (see src/db/activations.ts); this clock only drives local scheduling.
  */
-import { DateTime, Duration } from 'luxon';
+import { DateTime } from 'luxon';
 
 export interface TimerHandle {
   cancel(): void;
@@ -17,10 +17,6 @@ export interface Clock {
   sleep(ms: number, signal?: AbortSignal): Promise<void>;
   setTimeout(fn: () => void, ms: number): TimerHandle;
   setInterval(fn: () => void, ms: number): TimerHandle;
-}
-
-export function toMs(d: Duration | number): number {
-  return typeof d === 'number' ? d : d.toMillis();
 }
 
 function abortReason(signal: AbortSignal): unknown {

@@ -53,7 +53,6 @@ export async function insertActivation(
   return rows[0]!;
 }
 
-
 /** Extends the lease of a live activation that is still running `eventId` at `revision`. */
 export async function extendLease(
   tx: DbOrTx,
@@ -75,14 +74,6 @@ export async function bumpRevision(tx: DbOrTx, activationUid: string): Promise<n
     .where(and(eq(activations.activationUid, activationUid), live))
     .returning({ revision: activations.revision });
   return rows[0]!.revision;
-}
-
-/** The turn is done: the activation stays warm (live, no current event) for the actor's next event. */
-export async function clearCurrentEvent(tx: DbOrTx, activationUid: string, leaseMs: number): Promise<void> {
-  await tx
-    .update(activations)
-    .set({ currentEventId: null, leaseExpiresAt: leaseFrom(leaseMs), updatedAt: sql`now()` })
-    .where(and(eq(activations.activationUid, activationUid), live));
 }
 
 /** Ends a live activation (terminal `failed` or `stopped`). Returns whether it was live. */
@@ -122,23 +113,6 @@ export async function listIdle(db: DbOrTx, idleMs: number, limit = 100): Promise
       ),
     )
     .limit(limit);
-}
-
-export async function listLive(db: DbOrTx): Promise<ActivationRow[]> {
-  return db.select().from(activations).where(live);
-}
-
-export async function getActivation(db: DbOrTx, activationUid: string): Promise<ActivationRow | undefined> {
-  const rows = await db.select().from(activations).where(eq(activations.activationUid, activationUid));
-  return rows[0];
-}
-
-export async function liveActivationOf(db: DbOrTx, key: ActorKey): Promise<ActivationRow | undefined> {
-  const rows = await db
-    .select()
-    .from(activations)
-    .where(and(eq(activations.agentUid, key.agentUid), eq(activations.sessionId, key.sessionId), live));
-  return rows[0];
 }
 
 export type LockCondition = 'expired_in_flight' | 'live' | 'idle';

@@ -1,10 +1,8 @@
 /** SQL for `corral.actors`: the durable epoch counter (I2) and the dead-letter block flag. */
-import { and, eq, sql } from 'drizzle-orm';
+import { sql } from 'drizzle-orm';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import { actors } from './schema.ts';
-
-const byKey = (key: ActorKey) => and(eq(actors.agentUid, key.agentUid), eq(actors.sessionId, key.sessionId));
 
 /**
  * Takes the next epoch for `key` (creating the actor row on first use). The row lock it takes
@@ -21,11 +19,6 @@ export async function nextEpoch(tx: DbOrTx, key: ActorKey): Promise<number> {
     })
     .returning({ epoch: actors.epochCounter });
   return rows[0]!.epoch;
-}
-
-export async function getActor(db: DbOrTx, key: ActorKey) {
-  const rows = await db.select().from(actors).where(byKey(key));
-  return rows[0];
 }
 
 export async function setBlockedBy(tx: DbOrTx, key: ActorKey, eventId: string | null): Promise<void> {

@@ -1,5 +1,5 @@
 /** SQL for `corral.workers`: the durable view of connected workers (for operators and recovery). */
-import { and, eq, lte, sql } from 'drizzle-orm';
+import { eq, sql } from 'drizzle-orm';
 import type { DbOrTx } from './client.ts';
 import { workers, type WorkerStatus } from './schema.ts';
 
@@ -33,22 +33,6 @@ export async function recordHeartbeat(db: DbOrTx, workerId: string, inFlight: nu
 
 export async function setWorkerStatus(db: DbOrTx, workerId: string, status: WorkerStatus): Promise<void> {
   await db.update(workers).set({ status }).where(eq(workers.workerId, workerId));
-}
-
-/** Marks `ready` workers of `ownerId` silent for `staleMs` as stale; returns their ids. */
-export async function markStaleWorkers(db: DbOrTx, ownerId: string, staleMs: number): Promise<string[]> {
-  const rows = await db
-    .update(workers)
-    .set({ status: 'stale' })
-    .where(
-      and(
-        eq(workers.ownerId, ownerId),
-        eq(workers.status, 'ready'),
-        lte(workers.lastHeartbeatAt, sql`now() - ${staleMs} * interval '1 millisecond'`),
-      ),
-    )
-    .returning({ id: workers.workerId });
-  return rows.map((r) => r.id);
 }
 
 export async function listWorkers(db: DbOrTx): Promise<WorkerRow[]> {
