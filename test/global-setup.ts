@@ -12,6 +12,7 @@ import { ensureEmbeddedPostgres, type EmbeddedServer } from '../src/db/embedded.
 import { migrateDatabase } from '../src/db/migrate.ts';
 import { createBoss, ensureQueues } from '../src/queue/boss.ts';
 import { DEFAULTS } from '../src/config.ts';
+import { withDatabase } from './helpers/databases.ts';
 
 declare module 'vitest' {
   export interface ProvidedContext {
@@ -20,11 +21,6 @@ declare module 'vitest' {
   }
 }
 
-function withDatabase(url: string, database: string): string {
-  const u = new URL(url);
-  u.pathname = `/${database}`;
-  return u.toString();
-}
 
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
   let home: string | undefined;

@@ -33,6 +33,7 @@ import { createBoss, ensureQueues, queueNames } from '../../src/queue/boss.ts';
 import { createEventQueue, type EventQueue } from '../../src/queue/events.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { freePort } from '../helpers/processes.ts';
+import { createDatabaseOn } from '../helpers/databases.ts';
 
 export { freePort };
 
@@ -451,11 +452,6 @@ export interface ChaosEnvironment {
   describe: string;
 }
 
-function withDatabase(url: string, database: string): string {
-  const u = new URL(url);
-  u.pathname = `/${database}`;
-  return u.toString();
-}
 
 /** Databases created on `serverUrl` (an admin connection, e.g. the `postgres` database). */
 export function serverEnvironment(serverUrl: string, restartServer?: (downMs: number) => Promise<void>, describe = 'server'): ChaosEnvironment {
@@ -464,26 +460,7 @@ export function serverEnvironment(serverUrl: string, restartServer?: (downMs: nu
     ...(restartServer ? { restartServer } : {}),
     async createDatabase(tag) {
       const name = `corral_chaos_${tag.replace(/[^a-z0-9]/gi, '_').toLowerCase().slice(0, 20)}_${Math.random().toString(16).slice(2, 8)}`;
-      const admin = new pg.Client({ connectionString: serverUrl });
-      await admin.connect();
-      try {
-        await admin.query(`create database ${name}`);
-      } finally {
-        await admin.end();
-      }
-      return {
-        url: withDatabase(serverUrl, name),
-        name,
-        async drop() {
-          const c = new pg.Client({ connectionString: serverUrl });
-          await c.connect();
-          try {
-            await c.query(`drop database if exists ${name} with (force)`);
-          } finally {
-            await c.end();
-          }
-        },
-      };
+      return createDatabaseOn(serverUrl, name);
     },
   };
 }

@@ -30,6 +30,23 @@ async function daemonWithWorkers(ctx: ScenarioContext, ids = WORKERS, opts: { du
   return { d, workers };
 }
 
+/** Two daemons on one database (A, B), each with two workers (a1, a2 / b1, b2), all ready. */
+async function twoDaemonsWithWorkers(ctx: ScenarioContext): Promise<{ dA: ChildHandle; dB: ChildHandle }> {
+  const { cluster: c } = ctx;
+  const dA = await c.startDaemon('daemonA', undefined, { wait: false });
+  const dB = await c.startDaemon('daemonB', undefined, { wait: false });
+  const pairs: [string, ChildHandle][] = [
+    ['a1', dA],
+    ['a2', dA],
+    ['b1', dB],
+    ['b2', dB],
+  ];
+  for (const [id, d] of pairs) await c.startWorker({ id, capacity: 4 }, d.endpoint);
+  await Promise.all([c.waitDaemonRunning(dA), c.waitDaemonRunning(dB)]);
+  await Promise.all(pairs.map(([id, d]) => c.waitWorkerReady(d, id)));
+  return { dA, dB };
+}
+
 type Accepted = { deliveryId: string; eventId: string; actorEpoch: number }[];
 
 /**
@@ -243,17 +260,7 @@ export const twoDaemons: Scenario = {
   title: 'two daemons on one database, one killed -9 mid-run',
   async run(ctx) {
     const { cluster: c } = ctx;
-    const dA = await c.startDaemon('daemonA', undefined, { wait: false });
-    const dB = await c.startDaemon('daemonB', undefined, { wait: false });
-    const pairs: [string, ChildHandle][] = [
-      ['a1', dA],
-      ['a2', dA],
-      ['b1', dB],
-      ['b2', dB],
-    ];
-    for (const [id, d] of pairs) await c.startWorker({ id, capacity: 4 }, d.endpoint);
-    await Promise.all([c.waitDaemonRunning(dA), c.waitDaemonRunning(dB)]);
-    await Promise.all(pairs.map(([id, d]) => c.waitWorkerReady(d, id)));
+    const { dA, dB } = await twoDaemonsWithWorkers(ctx);
     ctx.log(`daemonA ${dA.endpoint} (a1, a2), daemonB ${dB.endpoint} (b1, b2)`);
     void ctx.startProducer();
     await ctx.waitSettled(0.25);
@@ -284,17 +291,7 @@ export const daemonStop: Scenario = {
   plan: { delayMs: [100, 900], slowFraction: 0.6 },
   async run(ctx) {
     const { cluster: c, timings } = ctx;
-    const dA = await c.startDaemon('daemonA', undefined, { wait: false });
-    const dB = await c.startDaemon('daemonB', undefined, { wait: false });
-    const pairs: [string, ChildHandle][] = [
-      ['a1', dA],
-      ['a2', dA],
-      ['b1', dB],
-      ['b2', dB],
-    ];
-    for (const [id, d] of pairs) await c.startWorker({ id, capacity: 4 }, d.endpoint);
-    await Promise.all([c.waitDaemonRunning(dA), c.waitDaemonRunning(dB)]);
-    await Promise.all(pairs.map(([id, d]) => c.waitWorkerReady(d, id)));
+    const { dA, dB } = await twoDaemonsWithWorkers(ctx);
     void ctx.startProducer(10, 300);
     const freeze = async (d: ChildHandle, ws: string[], fraction: number) => {
       await ctx.waitSettled(fraction, 90_000);
