@@ -52,6 +52,31 @@ const configSchema = z
     /** Fallback poll for delayed retries (NOTIFY wakes new events at once). */
     pollIntervalMs: int(20),
     maxMessageBytes: int(1024),
+    /**
+     * Largest event payload accepted at enqueue (its JSON, in bytes). Well under
+     * `maxMessageBytes`, so a turn_start always fits on the wire with its envelope.
+     */
+    maxEventBytes: int(16),
+    /** CURVE off (and any worker admitted). Never implied: `--insecure` or CORRAL_INSECURE=1. */
+    insecure: z.boolean(),
+    /** With `insecure`, also allow binding a non-loopback address. */
+    insecureRemote: z.boolean(),
+    /** The daemon's keypair file; default `<homeDir>/keys/daemon.key`, created on first start. */
+    daemonKeyFile: z.string().min(1).optional(),
+    /** The worker allow-list; default `<homeDir>/keys/workers.json`. */
+    allowlistFile: z.string().min(1).optional(),
+    /** How often the daemon checks the allow-list for changes (revocations take effect within this). */
+    keyPollMs: int(20, 60_000),
+    /** A worker's key file (`corral keys add-worker`). */
+    workerKeyFile: z.string().min(1).optional(),
+    /** The daemon's public key (Z85), overriding the one in the worker's key file. */
+    serverKey: z.string().length(40).optional(),
+    /** Most worker ids registered with one daemon at once. */
+    maxWorkers: int(1, 100_000),
+    /** Most connections to the broker at once (ZAP refuses the rest). */
+    maxConnections: int(1, 1_000_000),
+    /** A turn running longer than this is failed (retried), even while it reports progress. */
+    maxTurnMs: int(100),
     metricsPort: int(0, 65_535).optional(),
     metricsHost: z.string().min(1),
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
@@ -60,7 +85,24 @@ const configSchema = z
   .refine((c) => c.retryDelayMaxSeconds >= c.retryDelaySeconds, {
     message: 'retryDelayMaxSeconds must be >= retryDelaySeconds',
   })
-  .refine((c) => c.progressIntervalMs < c.leaseMs, { message: 'progressIntervalMs must be shorter than leaseMs' });
+  .refine((c) => c.progressIntervalMs < c.leaseMs, { message: 'progressIntervalMs must be shorter than leaseMs' })
+  .refine((c) => c.maxEventBytes <= c.maxMessageBytes / 2, {
+    message: 'maxEventBytes must be at most half of maxMessageBytes (a turn_start carries the event and its envelope)',
+    path: ['maxEventBytes'],
+  })
+  .refine((c) => !c.insecure || c.insecureRemote || isLocalEndpoint(c.endpoint), {
+    message: 'binding a non-loopback address without CURVE needs --insecure-remote (CORRAL_INSECURE_REMOTE=1) as well',
+    path: ['insecureRemote'],
+  });
+
+/** True for loopback TCP, ipc:// and inproc:// endpoints: the only ones an open fabric may bind by default. */
+export function isLocalEndpoint(endpoint: string): boolean {
+  if (endpoint.startsWith('ipc://') || endpoint.startsWith('inproc://')) return true;
+  const m = /^tcp:\/\/(.+):[^:]+$/.exec(endpoint);
+  if (!m) return false;
+  const host = m[1]!.replace(/^\[|\]$/g, '').toLowerCase();
+  return host === 'localhost' || host === '::1' || /^127\.\d+\.\d+\.\d+$/.test(host);
+}
 
 export type Config = z.infer<typeof configSchema>;
 
@@ -86,6 +128,13 @@ export const DEFAULTS: Omit<Config, 'homeDir'> = {
   fetchBatchSize: 50,
   pollIntervalMs: 1_000,
   maxMessageBytes: 1024 * 1024,
+  maxEventBytes: 256 * 1024,
+  insecure: false,
+  insecureRemote: false,
+  keyPollMs: 200,
+  maxWorkers: 256,
+  maxConnections: 1024,
+  maxTurnMs: 6 * 3_600_000,
   metricsHost: '127.0.0.1',
   logLevel: 'info',
   logPretty: false,
@@ -116,11 +165,24 @@ export const ENV_NAMES: Partial<Record<keyof Config, string>> = {
   fetchBatchSize: 'CORRAL_FETCH_BATCH',
   pollIntervalMs: 'CORRAL_POLL_INTERVAL_MS',
   maxMessageBytes: 'CORRAL_MAX_MESSAGE_BYTES',
+  maxEventBytes: 'CORRAL_MAX_EVENT_BYTES',
+  insecure: 'CORRAL_INSECURE',
+  insecureRemote: 'CORRAL_INSECURE_REMOTE',
+  daemonKeyFile: 'CORRAL_DAEMON_KEY_FILE',
+  allowlistFile: 'CORRAL_ALLOWLIST_FILE',
+  keyPollMs: 'CORRAL_KEY_POLL_MS',
+  workerKeyFile: 'CORRAL_WORKER_KEY_FILE',
+  serverKey: 'CORRAL_SERVER_KEY',
+  maxWorkers: 'CORRAL_MAX_WORKERS',
+  maxConnections: 'CORRAL_MAX_CONNECTIONS',
+  maxTurnMs: 'CORRAL_MAX_TURN_MS',
   metricsPort: 'CORRAL_METRICS_PORT',
   metricsHost: 'CORRAL_METRICS_HOST',
   logLevel: 'CORRAL_LOG_LEVEL',
   logPretty: 'CORRAL_LOG_PRETTY',
 };
+
+const BOOLEAN_KEYS = new Set(['logPretty', 'insecure', 'insecureRemote']);
 
 /**
  * Resolves the configuration: `overrides` (flags) win over `env`, which wins over defaults.
@@ -135,7 +197,7 @@ export function loadConfig(
   for (const [key, name] of Object.entries(ENV_NAMES)) {
     const raw = name ? env[name] : undefined;
     if (raw === undefined || raw === '') continue;
-    fromEnv[key] = key === 'logPretty' ? ['1', 'true', 'yes'].includes(raw.toLowerCase()) : raw;
+    fromEnv[key] = BOOLEAN_KEYS.has(key) ? ['1', 'true', 'yes'].includes(raw.toLowerCase()) : raw;
   }
   const defined = Object.fromEntries(Object.entries(overrides).filter(([, v]) => v !== undefined));
   const merged = { ...DEFAULTS, homeDir: '.corral', ...fromEnv, ...defined };
@@ -147,7 +209,14 @@ export function loadConfig(
     const where = key ? `${key}${envName ? ` (${envName})` : ''}: ` : '';
     throw new CorralError('invalid_config', `invalid configuration: ${where}${issue.message}`);
   }
-  return { ...parsed.data, homeDir: resolve(cwd, parsed.data.homeDir) };
+  const c = parsed.data;
+  return {
+    ...c,
+    homeDir: resolve(cwd, c.homeDir),
+    ...(c.daemonKeyFile ? { daemonKeyFile: resolve(cwd, c.daemonKeyFile) } : {}),
+    ...(c.allowlistFile ? { allowlistFile: resolve(cwd, c.allowlistFile) } : {}),
+    ...(c.workerKeyFile ? { workerKeyFile: resolve(cwd, c.workerKeyFile) } : {}),
+  };
 }
 
 /** The connection string with its password masked, for logs. */

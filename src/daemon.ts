@@ -16,6 +16,8 @@ import type { Fence } from './db/fence.ts';
 import type { ActorKey } from './actor-key.ts';
 import { toError } from './errors.ts';
 import { Broker } from './fabric/broker.ts';
+import { FabricSecurity } from './fabric/security.ts';
+import type { TimerHandle } from './clock.ts';
 import type { Logger } from './logger.ts';
 import { createBoss, ensureQueues, type QueueNames } from './queue/boss.ts';
 import { QueueConsumer } from './queue/consumer.ts';
@@ -32,6 +34,7 @@ import type { RuntimeMetrics } from './runtime/metrics.ts';
 import { Supervisor, type ChildSpec, type ShutdownResult, type SupervisorHandle } from './supervisor/index.ts';
 
 const RETENTION_INTERVAL_MS = 10 * 60_000;
+const INSECURE_WARNING_INTERVAL_MS = 3_600_000;
 
 export interface DaemonDeps {
   config: Config;
@@ -55,6 +58,8 @@ export class Daemon {
   readonly database: Database;
   readonly boss: PgBoss;
   readonly broker: Broker;
+  /** CURVE keys and the worker allow-list; undefined with `insecure`. */
+  readonly security: FabricSecurity | undefined;
   readonly runtime: Runtime;
   readonly store: TurnStore;
   readonly consumer: QueueConsumer;
@@ -71,6 +76,7 @@ export class Daemon {
   private handle: SupervisorHandle<Daemon> | undefined;
   private readonly clock: Clock;
   private _state: DaemonState = 'idle';
+  private insecureWarning: TimerHandle | undefined;
 
   constructor(deps: DaemonDeps) {
     const { config, logger } = deps;
@@ -109,6 +115,16 @@ export class Daemon {
       onCapacity: () => consumer?.wakeForCapacity(),
       ...(deps.metrics ? { metrics: deps.metrics } : {}),
     });
+    const security = (this.security = config.insecure
+      ? undefined
+      : new FabricSecurity({
+          homeDir: config.homeDir,
+          ...(config.daemonKeyFile ? { daemonKeyFile: config.daemonKeyFile } : {}),
+          ...(config.allowlistFile ? { allowlistFile: config.allowlistFile } : {}),
+          pollMs: config.keyPollMs,
+          clock,
+          logger,
+        }));
     this.broker = new Broker({
       endpoint: config.endpoint,
       logger,
@@ -116,6 +132,18 @@ export class Daemon {
       heartbeatIntervalMs: config.workerHeartbeatMs,
       progressIntervalMs: config.progressIntervalMs,
       maxMessageBytes: config.maxMessageBytes,
+      maxWorkers: config.maxWorkers,
+      maxConnections: config.maxConnections,
+      ...(security
+        ? {
+            authenticator: security.authenticator,
+            curve: {
+              publicKey: security.keys.publicKey,
+              secretKey: security.keys.secretKey,
+              isKeyAllowed: (k: string) => security.isKeyAllowed(k),
+            },
+          }
+        : {}),
       onEvent: (e) => this.runtime.handleBrokerEvent(e),
     });
     consumer = this.consumer = new QueueConsumer({
@@ -180,6 +208,17 @@ export class Daemon {
     await this.boss.start();
     await ensureQueues(this.boss, this.config);
     await this.broker.start();
+    if (this.security) {
+      this.security.start((workerId, reason) => void this.broker.revoke(workerId, reason));
+    } else {
+      const warn = () =>
+        this.log.warn(
+          { endpoint: this.broker.endpoint },
+          'INSECURE: CURVE is off; any process that can reach the endpoint can register as a worker and read events',
+        );
+      warn();
+      this.insecureWarning = this.clock.setInterval(warn, INSECURE_WARNING_INTERVAL_MS);
+    }
     await this.listenForControl();
     const report = await this.recovery.tick();
     this.log.info({ endpoint: this.broker.endpoint, recovered: report }, 'daemon prepared');
@@ -307,6 +346,8 @@ export class Daemon {
     this.abort.abort();
     await this.runtime.drain();
     await this.controlListener?.close().catch(() => undefined);
+    this.security?.stop();
+    this.insecureWarning?.cancel();
     await this.broker.stop().catch(() => undefined);
     await markOwnerWorkersGone(this.database.db, this.ownerId).catch(() => undefined);
     await this.boss.stop({ graceful: false, close: true, timeout: 5_000 }).catch(() => undefined);

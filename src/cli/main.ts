@@ -53,10 +53,14 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .option('--endpoint <url>', 'ZeroMQ endpoint to bind (default CORRAL_ENDPOINT or tcp://127.0.0.1:5555)')
     .option('--metrics-port <port>', 'serve /metrics, /healthz, /readyz on this port (default CORRAL_METRICS_PORT; off when unset)', intArg(0, 65_535))
     .option('--metrics-host <host>', 'address for the metrics server (default CORRAL_METRICS_HOST or 127.0.0.1)')
-    .action((o: { workers: number; workerCapacity: number; endpoint?: string; metricsPort?: number; metricsHost?: string }) =>
+    .option('--insecure', 'turn CURVE off: any process that reaches the endpoint may register as a worker (CORRAL_INSECURE=1)')
+    .option('--insecure-remote', 'with --insecure, allow binding a non-loopback address (CORRAL_INSECURE_REMOTE=1)')
+    .action((o: { workers: number; workerCapacity: number; endpoint?: string; metricsPort?: number; metricsHost?: string; insecure?: boolean; insecureRemote?: boolean }) =>
       run(
         runDaemonCommand(
           config({
+            ...(o.insecure ? { insecure: true } : {}),
+            ...(o.insecureRemote ? { insecureRemote: true } : {}),
             ...(o.endpoint ? { endpoint: o.endpoint } : {}),
             ...(o.metricsPort !== undefined ? { metricsPort: o.metricsPort } : {}),
             ...(o.metricsHost ? { metricsHost: o.metricsHost } : {}),
@@ -72,9 +76,21 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .option('--id <id>', 'worker id (default: <host>-<pid>)')
     .option('--endpoint <url>', "the daemon's endpoint (default CORRAL_ENDPOINT or tcp://127.0.0.1:5555)")
     .option('--capacity <n>', 'concurrent turns', intArg(1, 1024), 1)
+    .option('--key-file <file>', 'key file from `corral keys add-worker` (CORRAL_WORKER_KEY_FILE; default: issued under CORRAL_HOME)')
+    .option('--server-key <z85>', "the daemon's public key, overriding the key file's (CORRAL_SERVER_KEY)")
+    .option('--insecure', 'connect without CURVE (only to a daemon started with --insecure)')
     .addOption(new Option('--duplicate-results', 'send every result twice (fault injection)').hideHelp())
-    .action((o: { id?: string; endpoint?: string; capacity: number; duplicateResults?: boolean }) =>
-      run(runWorkerCommand(config(), o)),
+    .action((o: { id?: string; endpoint?: string; capacity: number; duplicateResults?: boolean; keyFile?: string; serverKey?: string; insecure?: boolean }) =>
+      run(
+        runWorkerCommand(
+          config({
+            ...(o.keyFile ? { workerKeyFile: o.keyFile } : {}),
+            ...(o.serverKey ? { serverKey: o.serverKey } : {}),
+            ...(o.insecure ? { insecure: true } : {}),
+          }),
+          o,
+        ),
+      ),
     );
 
   program

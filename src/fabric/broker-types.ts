@@ -12,7 +12,9 @@ export type BrokerEvent =
   | { kind: 'turn_progress'; workerId: string; turnRef: TurnRef; note?: string }
   | { kind: 'turn_result'; workerId: string; turnRef: TurnRef; messages: ResultMessage[]; output?: unknown }
   | { kind: 'turn_error'; workerId: string; turnRef: TurnRef; error: TurnErrorBody }
-  | { kind: 'invalid'; routingId: string; reason: string };
+  | { kind: 'invalid'; routingId: string; reason: string }
+  /** The broker dropped a registered worker (revoked): its turns must go elsewhere. */
+  | { kind: 'worker_gone'; workerId: string; reason: string };
 
 /**
  * Why `Broker.send` did not queue a message. Nothing is retried by the broker:
@@ -39,7 +41,19 @@ export interface WorkerSession {
 export interface BrokerStats {
   state: BrokerState;
   workers: number;
+  /** Live connections (accepted minus disconnected), registered or not. */
+  connections: number;
   received: number;
+  /** Frames over `maxMessageBytes` refused (larger ones make libzmq drop the connection). */
+  oversize: number;
+  /** `worker_ready` for an id live on another connection, without a valid proof. */
+  takeoverRefused: number;
+  registrationRefused: number;
+  /** Refusals neither logged nor answered because the peer exceeded its rate. */
+  refusalsSuppressed: number;
+  /** Handshakes refused by the ZAP handler: over the connection cap / key not allowed. */
+  connectionsRefused: number;
+  keysRefused: number;
   sent: number;
   invalid: number;
   sendFailed: Record<SendFailure, number>;

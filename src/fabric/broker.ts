@@ -12,12 +12,21 @@
  * 3. All sends go through one SerialQueue: zeromq.js allows one send in flight per socket.
  * 4. `mandatory` + `sendTimeout: 0`: a send succeeds or fails at once (EHOSTUNREACH → the
  *    worker is not connected, EAGAIN → its queue is full). The broker never blocks on a peer.
- * 5. `handover: true`: a worker reconnecting with the same routing id takes the route over;
- *    without it the router would mute the new connection forever.
- * 6. A routing id is a session only after an accepted `worker_ready` whose `worker_id`
- *    equals the routing id; everything else from it is answered `not_registered`.
+ * 5. No `handover`: a connection can never take over another connection's routing id. Workers
+ *    connect with a fresh random routing id per connection; the worker id travels in
+ *    `worker_ready`, so a reconnect is a new connection that registers again.
+ * 6. A connection is a session only after an accepted `worker_ready` (allow-listed id, valid
+ *    proof). Only sessions receive turns. An unregistered connection gets nothing but
+ *    `error` answers, rate-limited per connection.
+ * 7. One worker id, one live connection. A `worker_ready` for an id live on another connection
+ *    moves the session only with a valid proof; without one it is a route takeover attempt:
+ *    refused, logged and counted, and the live session is untouched.
+ * 8. Everything a peer controls is bounded: frame size (libzmq drops a connection sending more
+ *    than twice the limit; above the limit the broker refuses and counts), registered workers
+ *    (`maxWorkers`), connections (`maxConnections`, enforced by the ZAP handler), and log lines
+ *    (per-connection rate limit, fields truncated).
  */
-import { Router } from 'zeromq';
+import { Context, Router } from 'zeromq';
 import { systemClock, type Clock } from '../clock.ts';
 import { CorralError, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
@@ -28,13 +37,13 @@ import {
   DEFAULT_PROGRESS_INTERVAL_MS,
   PROTOCOL_VERSION,
   encodeMessage,
-  isValidWorkerId,
   parseWorkerMessage,
   type DaemonMessage,
   type ProtocolErrorCode,
   type WorkerReady,
 } from './protocol.ts';
 import { SerialQueue } from './send-queue.ts';
+import { ZapHandler, type ZapDecision, type ZapRequest } from './zap.ts';
 import { runReceiveLoop } from './receive-loop.ts';
 import type { BrokerEvent, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';
 
@@ -58,6 +67,17 @@ export interface BrokerOptions {
    */
   zmtpHeartbeatMs?: number;
   authenticator?: Authenticator;
+  /**
+   * CURVE: the broker's keypair (Z85) and the ZAP admission check. Absent = no encryption
+   * (`--insecure`); the ZAP handler then still enforces the connection cap.
+   */
+  curve?: { publicKey: string; secretKey: string; isKeyAllowed: (publicKeyZ85: string) => boolean };
+  /** Most worker ids registered at once; further new ids are refused. Default 256. */
+  maxWorkers?: number;
+  /** Most live connections; the ZAP handler refuses handshakes beyond it. Default 1024. */
+  maxConnections?: number;
+  /** How long a peer may take to finish the ZMTP/CURVE handshake. Default 5000. */
+  handshakeIntervalMs?: number;
   /** Receives every valid message (and every refusal as `invalid`). Called synchronously. */
   onEvent: (e: BrokerEvent) => void;
 }
@@ -71,7 +91,16 @@ export class Broker {
   private readonly maxMessageBytes: number;
   private readonly authenticator: Authenticator;
   private readonly queue = new SerialQueue();
-  private readonly sessions = new Map<string, WorkerSession>();
+  /** Registered connections by routing id (hex). */
+  private readonly conns = new Map<string, Conn>();
+  /** worker id → routing id (hex) of its live connection. */
+  private readonly byWorker = new Map<string, string>();
+  /** Per-connection budget for refusal logs and `error` answers (invariant 8). */
+  private readonly refusals = new Map<string, { windowStartMs: number; n: number }>();
+  private readonly maxWorkers: number;
+  private readonly maxConnections: number;
+  private liveConnections = 0;
+  private zap: ZapHandler | null = null;
   private socket: Router | null = null;
   private boundEndpoint: string | null = null;
   private state: BrokerState = 'idle';
@@ -84,6 +113,12 @@ export class Broker {
     sent: 0,
     invalid: 0,
     callbackErrors: 0,
+    oversize: 0,
+    takeoverRefused: 0,
+    registrationRefused: 0,
+    refusalsSuppressed: 0,
+    connectionsRefused: 0,
+    keysRefused: 0,
     sendFailed: { unknown_route: 0, backpressure: 0, closed: 0, too_large: 0 } as Record<SendFailure, number>,
   };
 
@@ -95,7 +130,11 @@ export class Broker {
     this.progressIntervalMs = opts.progressIntervalMs ?? DEFAULT_PROGRESS_INTERVAL_MS;
     this.maxMessageBytes = opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
     this.authenticator = opts.authenticator ?? new AllowAll();
+    this.maxWorkers = opts.maxWorkers ?? 256;
+    this.maxConnections = opts.maxConnections ?? 1024;
     for (const [name, val] of [
+      ['maxWorkers', this.maxWorkers],
+      ['maxConnections', this.maxConnections],
       ['heartbeatIntervalMs', this.heartbeatIntervalMs],
       ['progressIntervalMs', this.progressIntervalMs],
       ['maxMessageBytes', this.maxMessageBytes],
@@ -120,18 +159,33 @@ export class Broker {
   private async doStart(): Promise<string> {
     this.state = 'starting';
     const zmtp = this.opts.zmtpHeartbeatMs ?? this.heartbeatIntervalMs;
+    // One context per broker: the ZAP endpoint is per context, so two brokers in one process
+    // (tests, a library user) each get their own handler.
+    const context = new Context();
+    const zap = new ZapHandler({ context, clock: this.clock, log: this.log, admit: (r) => this.admit(r) });
+    await zap.start();
+    this.zap = zap;
+    const curve = this.opts.curve;
     const socket = new Router({
+      context,
       mandatory: true,
       sendTimeout: 0,
-      handover: true,
       linger: 0,
-      maxMessageSize: this.maxMessageBytes,
+      // Twice the limit: frames in between reach the broker, which refuses and counts them
+      // (invariant 8); libzmq drops a connection that sends more.
+      maxMessageSize: this.maxMessageBytes * 2,
+      handshakeInterval: this.opts.handshakeIntervalMs ?? 5_000,
+      zapDomain: 'corral',
+      ...(curve ? { curveServer: true, curveSecretKey: curve.secretKey, curvePublicKey: curve.publicKey } : {}),
       ...(zmtp > 0 ? { heartbeatInterval: zmtp, heartbeatTimeout: zmtp * 3 } : {}),
     });
+    socket.events.on('accept', () => void this.liveConnections++);
+    socket.events.on('disconnect', () => void (this.liveConnections = Math.max(0, this.liveConnections - 1)));
     try {
       await socket.bind(this.opts.endpoint);
     } catch (e) {
       socket.close();
+      await zap.stop();
       throw new CorralError('invalid_config', `broker cannot bind ${this.opts.endpoint}: ${toError(e).message}`, {
         cause: e,
       });
@@ -148,7 +202,7 @@ export class Broker {
     });
     this.state = 'running';
     this.loopDone = this.receiveLoop(socket);
-    this.log.info({ endpoint: this.boundEndpoint }, 'broker bound');
+    this.log.info({ endpoint: this.boundEndpoint, curve: curve !== undefined }, 'broker bound');
     return this.boundEndpoint;
   }
 
@@ -166,23 +220,25 @@ export class Broker {
    */
   async send(workerId: string, msg: DaemonMessage): Promise<SendResult> {
     if (this.state !== 'running' || !this.socket) return this.failed('closed');
-    if (!this.sessions.has(workerId)) return this.failed('unknown_route');
+    const rid = this.byWorker.get(workerId);
+    const conn = rid === undefined ? undefined : this.conns.get(rid);
+    if (!conn) return this.failed('unknown_route');
     const payload = encodeMessage(msg);
     if (payload.length > this.maxMessageBytes) {
       this.log.warn({ workerId, type: msg.type, bytes: payload.length }, 'message too large, not sent');
       return this.failed('too_large');
     }
-    return this.sendFrames(Buffer.from(workerId, 'utf8'), payload, workerId, msg.type);
+    return this.sendFrames(conn.routing, payload, workerId, msg.type);
   }
 
   /** True when `workerId` has an accepted registration. */
   isRegistered(workerId: string): boolean {
-    return this.sessions.has(workerId);
+    return this.byWorker.has(workerId);
   }
 
   /** Snapshot of the registered workers. */
   workers(): WorkerSession[] {
-    return [...this.sessions.values()].map((s) => ({ ...s }));
+    return [...this.conns.values()].map((c) => ({ ...c.session }));
   }
 
   /**
@@ -190,13 +246,42 @@ export class Broker {
    * answered `not_registered`, which makes a live worker register again.
    */
   forget(workerId: string): boolean {
-    return this.sessions.delete(workerId);
+    const rid = this.byWorker.get(workerId);
+    if (rid === undefined) return false;
+    this.byWorker.delete(workerId);
+    this.conns.delete(rid);
+    return true;
+  }
+
+  /**
+   * Revoke a worker (its key left the allow-list): its session is dropped at once, it is told
+   * `error{unauthorized}` once, and `worker_gone` is emitted so its turns go elsewhere. A ROUTER
+   * cannot close one peer's connection; the connection stays open but receives nothing and
+   * every message it sends is refused, and a reconnect fails the ZAP check.
+   */
+  revoke(workerId: string, reason: string): boolean {
+    const rid = this.byWorker.get(workerId);
+    const conn = rid === undefined ? undefined : this.conns.get(rid);
+    if (rid === undefined || !conn) return false;
+    this.forget(workerId);
+    this.log.warn({ workerId, reason }, 'worker revoked');
+    const reply = encodeMessage({ v: PROTOCOL_VERSION, type: 'error', code: 'unauthorized', message: `revoked: ${reason}` });
+    void this.sendFrames(conn.routing, reply, rid, 'error');
+    this.emit({ kind: 'worker_gone', workerId, reason });
+    return true;
   }
 
   stats(): BrokerStats {
     return {
       state: this.state,
-      workers: this.sessions.size,
+      workers: this.byWorker.size,
+      connections: this.liveConnections,
+      oversize: this.counters.oversize,
+      takeoverRefused: this.counters.takeoverRefused,
+      registrationRefused: this.counters.registrationRefused,
+      refusalsSuppressed: this.counters.refusalsSuppressed,
+      connectionsRefused: this.counters.connectionsRefused,
+      keysRefused: this.counters.keysRefused,
       received: this.counters.received,
       sent: this.counters.sent,
       invalid: this.counters.invalid,
@@ -225,7 +310,10 @@ export class Broker {
       timeout.abort();
     }
     await this.loopDone;
-    this.sessions.clear();
+    await this.zap?.stop().catch(() => undefined);
+    this.zap = null;
+    this.conns.clear();
+    this.byWorker.clear();
     this.socket = null;
     this.state = 'stopped';
     this.log.info('broker stopped');
@@ -250,9 +338,14 @@ export class Broker {
       this.invalid(null, '(none)', 'invalid_message', 'message without routing id');
       return;
     }
-    const rid = describeRoutingId(routing);
+    const rid = routing.toString('hex');
     if (frames.length !== 2) {
       this.invalid(routing, rid, 'invalid_message', `expected exactly 1 payload frame, got ${frames.length - 1}`);
+      return;
+    }
+    if (frames[1]!.length > this.maxMessageBytes) {
+      this.counters.oversize++;
+      this.invalid(routing, rid, 'invalid_message', `frame of ${frames[1]!.length} bytes exceeds the limit of ${this.maxMessageBytes}`);
       return;
     }
     const parsed = parseWorkerMessage(frames[1]!);
@@ -266,17 +359,18 @@ export class Broker {
       this.onReady(routing, rid, msg);
       return;
     }
-    const session = this.sessions.get(rid);
-    if (!session) {
-      this.invalid(routing, rid, 'not_registered', `${msg.type} from a worker that has not sent worker_ready`);
+    const conn = this.conns.get(rid);
+    if (!conn) {
+      this.invalid(routing, rid, 'not_registered', `${msg.type} from a connection that has not registered`);
       return;
     }
+    const session = conn.session;
     session.lastSeenMs = this.clock.nowMs();
     const workerId = session.workerId;
     switch (msg.type) {
       case 'worker_heartbeat':
-        if (msg.worker_id !== rid) {
-          this.invalid(routing, rid, 'identity_mismatch', `worker_id ${msg.worker_id} differs from routing id`);
+        if (msg.worker_id !== workerId) {
+          this.invalid(routing, rid, 'identity_mismatch', `worker_id ${msg.worker_id} differs from the registered id`);
           return;
         }
         this.emit({ kind: 'worker_heartbeat', workerId, inFlight: msg.in_flight });
@@ -308,8 +402,17 @@ export class Broker {
   }
 
   private onReady(routing: Buffer, rid: string, msg: WorkerReady): void {
-    if (msg.worker_id !== rid) {
-      this.invalid(routing, rid, 'identity_mismatch', `worker_id ${msg.worker_id} differs from routing id ${rid}`);
+    const current = this.conns.get(rid);
+    if (current && current.session.workerId !== msg.worker_id) {
+      this.counters.registrationRefused++;
+      this.invalid(routing, rid, 'identity_mismatch', `this connection is registered as ${current.session.workerId}`);
+      return;
+    }
+    const liveRid = this.byWorker.get(msg.worker_id);
+    const takeover = liveRid !== undefined && liveRid !== rid;
+    if (liveRid === undefined && this.byWorker.size >= this.maxWorkers) {
+      this.counters.registrationRefused++;
+      this.invalid(routing, rid, 'unauthorized', `worker limit reached (${this.maxWorkers})`);
       return;
     }
     let decision: AuthDecision;
@@ -319,23 +422,36 @@ export class Broker {
       decision = { ok: false, reason: `authenticator failed: ${toError(e).message}` };
     }
     if (!decision.ok) {
-      // With handover the refused connection now owns this routing id: the old session, if
-      // any, is unreachable, so drop it rather than keep routing turns into the void.
-      this.sessions.delete(rid);
+      this.counters.registrationRefused++;
+      if (takeover) {
+        // invariant 7: the live session stays; the attempt is logged even when refusals are
+        // being rate-limited, since it is what an operator must see
+        this.counters.takeoverRefused++;
+        this.log.warn({ workerId: msg.worker_id, routingId: rid.slice(0, 32), reason: decision.reason }, 'route takeover refused');
+      }
       this.invalid(routing, rid, 'unauthorized', decision.reason);
       return;
     }
+    const capacity = decision.maxCapacity === undefined ? msg.capacity : Math.min(msg.capacity, decision.maxCapacity);
     const now = this.clock.nowMs();
-    const prev = this.sessions.get(rid);
+    const prev = takeover ? this.conns.get(liveRid)?.session : current?.session;
+    if (takeover) {
+      // The proven owner of the id moved to a new connection (a reconnect): the old one is dead
+      // or about to be, and gets nothing more.
+      this.conns.delete(liveRid);
+      this.log.info({ workerId: msg.worker_id }, 'worker moved to a new connection');
+    }
     const session: WorkerSession = {
-      workerId: rid,
-      capacity: msg.capacity,
+      workerId: msg.worker_id,
+      capacity,
       ...(msg.sdk === undefined ? {} : { sdk: msg.sdk }),
       registeredAtMs: now,
       lastSeenMs: now,
       registrations: (prev?.registrations ?? 0) + 1,
     };
-    this.sessions.set(rid, session);
+    this.conns.set(rid, { routing: Buffer.from(routing), session });
+    this.byWorker.set(msg.worker_id, rid);
+    this.refusals.delete(rid);
     // Queue the welcome before telling anyone, so it precedes any turn_start that onEvent
     // might send synchronously.
     void this.sendFrames(
@@ -343,29 +459,72 @@ export class Broker {
       encodeMessage({
         v: PROTOCOL_VERSION,
         type: 'worker_welcome',
-        worker_id: rid,
+        worker_id: msg.worker_id,
         heartbeat_interval_ms: this.heartbeatIntervalMs,
         progress_interval_ms: this.progressIntervalMs,
       }),
       rid,
       'worker_welcome',
     );
-    this.log.info({ workerId: rid, capacity: msg.capacity, sdk: msg.sdk, reconnect: prev !== undefined }, 'worker registered');
+    this.log.info(
+      { workerId: msg.worker_id, capacity, sdk: msg.sdk?.slice(0, 64), reconnect: prev !== undefined },
+      'worker registered',
+    );
     this.emit({
       kind: 'worker_ready',
-      workerId: rid,
-      capacity: msg.capacity,
+      workerId: msg.worker_id,
+      capacity,
       reconnect: prev !== undefined,
       ...(msg.sdk === undefined ? {} : { sdk: msg.sdk }),
       ...(msg.instance === undefined ? {} : { instance: msg.instance }),
     });
   }
 
+  /** ZAP admission (runs in the ZAP handler's loop, synchronously): key allow-list and connection cap. */
+  private admit(req: ZapRequest): ZapDecision {
+    if (this.liveConnections > this.maxConnections) {
+      this.counters.connectionsRefused++;
+      this.logLimited('zap', { address: req.address.slice(0, 64) }, 'connection refused: connection limit reached');
+      return { ok: false, status: 400, reason: 'connection limit reached' };
+    }
+    const curve = this.opts.curve;
+    if (!curve) return { ok: true };
+    if (req.mechanism !== 'CURVE' || !req.publicKey || !curve.isKeyAllowed(req.publicKey)) {
+      this.counters.keysRefused++;
+      this.logLimited('zap', { address: req.address.slice(0, 64), mechanism: req.mechanism.slice(0, 16) }, 'connection refused: key not on the allow-list');
+      return { ok: false, status: 400, reason: 'key not allowed' };
+    }
+    return { ok: true };
+  }
+
+  /** True when `key` may still log/answer in this one-second window (invariant 8). */
+  private withinBudget(key: string): boolean {
+    const now = this.clock.nowMs();
+    let b = this.refusals.get(key);
+    if (!b || now - b.windowStartMs >= 1_000) {
+      // the map is bounded: a flood of fresh connections cannot grow it without limit
+      if (!b && this.refusals.size >= 4_096) this.refusals.clear();
+      b = { windowStartMs: now, n: 0 };
+      this.refusals.set(key, b);
+    }
+    b.n++;
+    if (b.n > REFUSALS_PER_SECOND) {
+      this.counters.refusalsSuppressed++;
+      return false;
+    }
+    return true;
+  }
+
+  private logLimited(key: string, fields: Record<string, unknown>, msg: string): void {
+    if (this.withinBudget(`log:${key}`)) this.log.warn(fields, msg);
+  }
+
   /** Log, count, report and answer a refused message. */
   private invalid(routing: Buffer | null, rid: string, code: ProtocolErrorCode, reason: string): void {
     this.counters.invalid++;
-    this.log.warn({ routingId: rid, code, reason }, 'refused worker message');
-    this.emit({ kind: 'invalid', routingId: rid, reason: `${code}: ${reason}` });
+    this.emit({ kind: 'invalid', routingId: rid.slice(0, 64), reason: `${code}: ${reason.slice(0, 200)}` });
+    if (!this.withinBudget(rid)) return;
+    this.log.warn({ routingId: rid.slice(0, 32), code, reason: reason.slice(0, 200) }, 'refused worker message');
     if (routing) {
       const reply = encodeMessage({ v: PROTOCOL_VERSION, type: 'error', code, message: reason.slice(0, 1000) });
       void this.sendFrames(routing, reply, rid, 'error');
@@ -412,12 +571,10 @@ export class Broker {
   }
 }
 
-/**
- * Printable form of a routing id. Ids that are not valid worker ids (e.g. the 5 binary bytes
- * libzmq assigns to a DEALER without one) become `#<hex>`; `#` is outside the worker-id
- * alphabet, so such a peer can never collide with a registered worker's session.
- */
-export function describeRoutingId(routing: Buffer): string {
-  const text = routing.toString('utf8');
-  return isValidWorkerId(text) ? text : `#${routing.toString('hex').slice(0, 128)}`;
+/** Log/answer at most this many refusals per connection per second; the rest are only counted. */
+const REFUSALS_PER_SECOND = 10;
+
+interface Conn {
+  routing: Buffer;
+  session: WorkerSession;
 }

@@ -265,6 +265,9 @@ export class Runtime {
       case 'invalid':
         this.metrics.invalidMessage();
         return;
+      case 'worker_gone':
+        this.onWorkerGone(e.workerId, e.reason);
+        return;
     }
   }
 
@@ -277,6 +280,14 @@ export class Runtime {
     for (const eventId of lostEvents) this.reassign(eventId, 'worker restarted');
     this.dispatchParked();
     this.opts.onCapacity?.();
+  }
+
+  /** The broker dropped the worker (revoked): nothing more goes to it; its turns go elsewhere now. */
+  private onWorkerGone(workerId: string, reason: string): void {
+    const events = [...(this.pool.get(workerId)?.inFlight ?? [])];
+    this.forgetWorker(workerId);
+    this.log.warn({ workerId, reason, inFlight: events.length }, 'worker gone');
+    for (const eventId of events) this.reassign(eventId, `worker ${workerId} gone: ${reason}`);
   }
 
   private onHeartbeat(workerId: string, inFlight: number): void {

@@ -61,6 +61,12 @@ export const duplicateResultHooks: WorkerHooks = {
   beforeSendResult: (msg: TurnResult): WorkerMessage[] => [msg, msg],
 };
 
+/** CURVE keys and registration proof (see `workerCredentials` in src/fabric/keys.ts). */
+export interface WorkerCredentials {
+  curve: { serverKey: string; publicKey: string; secretKey: string };
+  auth: { scheme: string; credential: string };
+}
+
 export interface ExampleWorkerOptions {
   endpoint: string;
   workerId: string;
@@ -69,6 +75,8 @@ export interface ExampleWorkerOptions {
   clock?: Clock;
   /** Send every turn_result twice (via the `beforeSendResult` fault point). */
   duplicateResults?: boolean;
+  /** Absent: no CURVE (a daemon started with --insecure). */
+  credentials?: WorkerCredentials;
 }
 
 /** Create and start the example worker. The caller owns `stop()` (and signal handling). */
@@ -83,6 +91,7 @@ export async function runExampleWorker(opts: ExampleWorkerOptions): Promise<Work
     clock,
     sdk: 'corral-ts/0.1 example',
     ...(opts.duplicateResults ? { hooks: duplicateResultHooks } : {}),
+    ...(opts.credentials ? { curve: opts.credentials.curve, auth: opts.credentials.auth } : {}),
   });
   await worker.start();
   return worker;

@@ -3,7 +3,10 @@
  * through a handler (see src/worker/turn.ts for one turn's life).
  *
  * Invariants:
- * 1. One DEALER per worker; its routing id is the worker id (the broker checks they match).
+ * 1. One DEALER per worker, with a fresh random routing id per connection: the daemon's ROUTER
+ *    never hands a live route to a new connection, so a reconnect under the old id could be
+ *    muted while the daemon still holds the old connection. The worker id travels in
+ *    `worker_ready`, with the proof (`auth`) issued with the worker's key.
  * 2. All sends go through one SerialQueue (zeromq.js allows one send in flight per socket).
  * 3. Registration is re-established by the worker, never assumed: `worker_ready` is re-sent
  *    on `error{not_registered}` (the daemon restarted or forgot us), on every reconnect
@@ -15,7 +18,8 @@
  *    sent into a restarting daemon is otherwise lost.
  * 6. Nothing escapes a timer or socket callback: errors are logged with the worker id.
  */
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
+import { backoffDelayMs } from '../backoff.ts';
 import { Dealer } from 'zeromq';
 import { systemClock, type Clock, type TimerHandle } from '../clock.ts';
 import { CorralError, toError } from '../errors.ts';
@@ -66,7 +70,10 @@ export interface WorkerOptions {
   /** Until the welcome says otherwise. Default 5000. */
   progressIntervalMs?: number;
   maxMessageBytes?: number;
+  /** Proof of the worker id sent in `worker_ready` (with CURVE: `{ scheme: 'token', credential }`). */
   auth?: WorkerAuth;
+  /** CURVE keys (Z85): the daemon's public key and this worker's keypair. Absent = no CURVE. */
+  curve?: { serverKey: string; publicKey: string; secretKey: string };
   /** Free-form SDK name/version sent in worker_ready. */
   sdk?: string;
   hooks?: WorkerHooks;
@@ -127,6 +134,8 @@ class WorkerRuntime implements Worker {
   private heartbeatQueued = false;
   private handshakes = 0;
   private connected = false;
+  private reconnects = 0;
+  private reconnectTimer: TimerHandle | null = null;
   private stopPromise: Promise<void> | null = null;
 
   constructor(opts: WorkerOptions) {
@@ -150,9 +159,11 @@ class WorkerRuntime implements Worker {
   async start(): Promise<void> {
     if (this.state !== 'idle') return;
     this.state = 'running';
+    const curve = this.opts.curve;
     const socket = new Dealer({
-      routingId: this.workerId,
+      routingId: freshRoutingId(),
       linger: 0,
+      ...(curve ? { curveServerKey: curve.serverKey, curvePublicKey: curve.publicKey, curveSecretKey: curve.secretKey } : {}),
       maxMessageSize: this.maxMessageBytes,
       // ZMTP pings turn a dead daemon host (half-open TCP) into a reconnect.
       heartbeatInterval: this.heartbeatMs,
@@ -163,6 +174,7 @@ class WorkerRuntime implements Worker {
     this.socket = socket;
     socket.events.on('handshake', () => {
       this.connected = true;
+      this.reconnects = 0;
       // The first handshake delivers the worker_ready queued in start(); a later one is a
       // reconnect, possibly to a restarted daemon that does not know us (invariant 3).
       if (++this.handshakes > 1) {
@@ -171,14 +183,46 @@ class WorkerRuntime implements Worker {
       }
     });
     socket.events.on('disconnect', () => {
+      const wasConnected = this.connected;
       this.connected = false;
-      this.log.warn('disconnected from daemon');
+      if (wasConnected) this.log.warn('disconnected from daemon');
+      this.scheduleReconnect(socket);
+    });
+    socket.events.on('handshake:error:auth', (ev) => {
+      this.log.error({ status: ev.error.message }, 'the daemon refused this worker\'s key (not on its allow-list?)');
     });
     socket.connect(this.opts.endpoint);
     this.loopDone = this.receiveLoop(socket);
     this.sendReady(true);
     this.restartHeartbeat();
     this.log.info({ endpoint: this.opts.endpoint, capacity: this.capacity }, 'worker started');
+  }
+
+  /**
+   * Invariant 1: reconnect under a new routing id, after a jittered backoff so a daemon that
+   * refuses us (unknown key, connection cap) is not hammered.
+   */
+  private scheduleReconnect(socket: Dealer): void {
+    if (this.state !== 'running' || this.reconnectTimer) return;
+    const delay = backoffDelayMs(++this.reconnects, { baseMs: 100, maxMs: 5_000 });
+    this.reconnectTimer = this.clock.setTimeout(() => {
+      this.reconnectTimer = null;
+      if (this.state !== 'running' || socket.closed) return;
+      try {
+        socket.disconnect(this.opts.endpoint);
+      } catch {
+        // already disconnected
+      }
+      try {
+        socket.routingId = freshRoutingId();
+        socket.connect(this.opts.endpoint);
+        this.registered = false;
+        this.sendReady(true);
+      } catch (e) {
+        this.log.error({ err: toError(e) }, 'reconnect failed');
+        this.scheduleReconnect(socket);
+      }
+    }, delay);
   }
 
   inFlight(): number {
@@ -207,6 +251,8 @@ class WorkerRuntime implements Worker {
     if (this.turns.size > 0) this.log.warn({ inFlight: this.turns.size }, 'handlers ignored abort; closing anyway');
     this.heartbeatTimer?.cancel();
     this.heartbeatTimer = null;
+    this.reconnectTimer?.cancel();
+    this.reconnectTimer = null;
     const socket = this.socket;
     if (socket) {
       // Give the final results/errors a bounded chance to leave: if the daemon is down, a
@@ -431,4 +477,9 @@ class WorkerRuntime implements Worker {
       });
     });
   }
+}
+
+/** 128 random bits as hex: unguessable, and never starting with the zero byte libzmq reserves. */
+function freshRoutingId(): string {
+  return `c${randomBytes(16).toString('hex')}`;
 }

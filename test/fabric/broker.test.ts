@@ -84,7 +84,9 @@ describe('Broker', () => {
     await waitFor(() => events.find((e) => e.kind === 'turn_accepted'), 'turn_accepted after garbage');
     const invalid = events.filter((e) => e.kind === 'invalid');
     expect(invalid).toHaveLength(9);
-    expect(invalid.every((e) => e.kind === 'invalid' && e.routingId === 'w-2')).toBe(true);
+    // routing ids are reported in hex: they are opaque per-connection ids, not worker ids
+    const rid = Buffer.from('w-2').toString('hex');
+    expect(invalid.every((e) => e.kind === 'invalid' && e.routingId === rid)).toBe(true);
     const errors = await w.waitFor('error', 9);
     expect(errors.map((e) => e.code)).toEqual([...Array(8).fill('invalid_message'), 'unsupported_version']);
     expect(events.at(-1)).toEqual({ kind: 'turn_accepted', workerId: 'w-2', turnRef: ref });
@@ -109,23 +111,52 @@ describe('Broker', () => {
     expect(w.ofType('error')[2]?.code).toBe('not_registered');
   });
 
-  it('refuses identity mismatches, including a DEALER without a routing id', async () => {
-    const { broker, events } = await startBroker();
-    const w = peer(broker.endpoint, 'w-a');
-    await w.sendJson(ready('w-b'));
-    expect((await w.waitFor('error'))[0]?.code).toBe('identity_mismatch');
-
-    const anon = peer(broker.endpoint);
-    await anon.sendJson(ready('w-anon'));
-    expect((await anon.waitFor('error'))[0]?.code).toBe('identity_mismatch');
-    const anonEvent = events.find((e) => e.kind === 'invalid' && e.routingId.startsWith('#'));
-    expect(anonEvent).toBeDefined();
-
+  it('binds one connection to one worker id; heartbeats must name it', async () => {
+    const { broker } = await startBroker();
+    const w = peer(broker.endpoint, 'conn-a');
     await w.sendJson(ready('w-a'));
     await w.waitFor('worker_welcome');
+    await w.sendJson(ready('w-b'));
+    expect((await w.waitFor('error'))[0]?.code).toBe('identity_mismatch');
     await w.sendJson(heartbeat('w-other'));
     expect((await w.waitFor('error', 2))[1]?.code).toBe('identity_mismatch');
     expect(broker.workers().map((s) => s.workerId)).toEqual(['w-a']);
+
+    // a DEALER without a routing id registers like any other connection
+    const anon = peer(broker.endpoint);
+    await anon.sendJson(ready('w-anon'));
+    await anon.waitFor('worker_welcome');
+    expect(broker.isRegistered('w-anon')).toBe(true);
+  });
+
+  it('refuses a route takeover without proof and keeps the live session', async () => {
+    const { broker, events } = await startBroker({ authenticator: new StaticTokenAuthenticator({ 'w-live': 'right-token' }) });
+    const live = peer(broker.endpoint, 'conn-live');
+    await live.sendJson({ ...ready('w-live'), auth: { scheme: 'token', credential: 'right-token' } });
+    await live.waitFor('worker_welcome');
+
+    // same worker id from another connection, wrong token
+    const thief = peer(broker.endpoint, 'conn-thief');
+    await thief.sendJson({ ...ready('w-live'), auth: { scheme: 'token', credential: 'guess' } });
+    expect((await thief.waitFor('error'))[0]?.code).toBe('unauthorized');
+    // the same routing id as the live connection: without handover libzmq ignores it
+    const clone = peer(broker.endpoint, 'conn-live');
+    await clone.sendJson({ ...ready('w-live'), auth: { scheme: 'token', credential: 'guess' } });
+
+    expect(await broker.send('w-live', committed())).toEqual({ ok: true });
+    await live.waitFor('turn_committed');
+    expect(thief.ofType('turn_committed')).toHaveLength(0);
+    expect(clone.ofType('turn_committed')).toHaveLength(0);
+    expect(broker.stats().takeoverRefused).toBeGreaterThanOrEqual(1);
+    expect(events.filter((e) => e.kind === 'worker_ready')).toHaveLength(1);
+
+    // the proven owner may move to a new connection (a reconnect)
+    const moved = peer(broker.endpoint, 'conn-new');
+    await moved.sendJson({ ...ready('w-live'), auth: { scheme: 'token', credential: 'right-token' } });
+    await moved.waitFor('worker_welcome');
+    expect(await broker.send('w-live', committed())).toEqual({ ok: true });
+    await moved.waitFor('turn_committed');
+    expect(live.ofType('turn_committed')).toHaveLength(1);
   });
 
   it('asks the authenticator and refuses with unauthorized', async () => {

@@ -20,6 +20,8 @@ export async function startTestDaemon(overrides: Partial<Config> = {}, opts: { s
     pollIntervalMs: 200,
     watchdogIntervalMs: 100_000,
     recoveryIntervalMs: 100_000,
+    // Most tests drive the fabric with raw, keyless peers; the security suite turns CURVE on.
+    insecure: true,
     ...overrides,
   });
   const daemon = new Daemon({ config, databaseUrl: db.url, logger: testLogger, skipMigrations: true });

@@ -13,6 +13,7 @@ import { observabilityChild } from '../../observability/daemon-child.ts';
 import { createMetrics, type Metrics } from '../../observability/metrics.ts';
 import { processChild, type ChildSpec } from '../../supervisor/index.ts';
 import { commandLogger, resolveDatabase } from '../context.ts';
+import { ensureLocalWorkerKey, keyPaths } from '../../fabric/keys.ts';
 
 const CORRAL_BIN = fileURLToPath(new URL('../../../bin/corral.js', import.meta.url));
 
@@ -21,18 +22,35 @@ export interface DaemonCommandOptions {
   workerCapacity: number;
 }
 
+/**
+ * The daemon's own workers: each gets its key file under `CORRAL_HOME/keys/workers/` (issued on
+ * first start, reused afterwards) and is started with `--key-file`, so `npm start` needs no
+ * set-up step and still runs CURVE with a per-worker key.
+ */
 function localWorkers(count: number, capacity: number, config: Config): (endpoint: string) => ChildSpec<Daemon>[] {
   const host = hostname().replace(/[^A-Za-z0-9._:-]/g, '-').slice(0, 40);
   return (endpoint) =>
     Array.from({ length: count }, (_, i) => {
       const id = `${host}-local-${i + 1}`;
+      const security = config.insecure
+        ? ['--insecure']
+        : [
+            '--key-file',
+            ensureLocalWorkerKey(
+              keyPaths(config.homeDir, {
+                ...(config.daemonKeyFile ? { daemonKeyFile: config.daemonKeyFile } : {}),
+                ...(config.allowlistFile ? { allowlistFile: config.allowlistFile } : {}),
+              }),
+              id,
+            ),
+          ];
       return {
         name: `worker:${id}`,
         policy: 'permanent' as const,
         restartDelayMs: 200,
         factory: processChild({
           command: process.execPath,
-          args: [CORRAL_BIN, 'worker', '--id', id, '--endpoint', endpoint, '--capacity', String(capacity)],
+          args: [CORRAL_BIN, 'worker', '--id', id, '--endpoint', endpoint, '--capacity', String(capacity), ...security],
           env: { ...process.env, CORRAL_LOG_LEVEL: config.logLevel },
           killTimeoutMs: 5_000,
         }),
