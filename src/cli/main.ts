@@ -11,6 +11,7 @@ import { runTranscriptCommand } from './commands/transcript.ts';
 import { runMigrateCommand, runStopEmbeddedCommand } from './commands/db.ts';
 import { runCancelCommand, runSteerCommand } from './commands/steer.ts';
 import { registerDlqCommands } from './commands/dlq.ts';
+import { registerKeysCommands } from './commands/keys.ts';
 import { runActorCommand, runStatusCommand } from './commands/status.ts';
 
 export function intArg(min: number, max: number) {
@@ -135,6 +136,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .action((actor: string, o: { json?: boolean }) => run(runActorCommand(config(), actor, o, process.stdout)));
 
   registerDlqCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
+  registerKeysCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
 
   const db = program.command('db').description('database maintenance');
   db.command('migrate')
