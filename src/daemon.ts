@@ -95,7 +95,7 @@ export class Daemon {
       onError: (e) => this.log.warn({ err: e.message }, 'pg-boss background error'),
     });
     this.queues = { events: config.queueName, deadLetter: `${config.queueName}-dlq` };
-    this.events = createEventQueue(this.boss, this.queues.events);
+    this.events = createEventQueue(this.boss, this.queues.events, { maxEventBytes: config.maxEventBytes });
     this.store = new TurnStore({
       db: this.database.db,
       boss: this.boss,
@@ -165,6 +165,7 @@ export class Daemon {
       logger,
       intervalMs: config.watchdogIntervalMs,
       idleTimeoutMs: config.idleTimeoutMs,
+      maxTurnMs: config.maxTurnMs,
     });
     this.retention = new Periodic(
       () =>

@@ -6,6 +6,7 @@ export type ErrorCode =
   | 'invalid_actor_key'
   | 'invalid_config'
   | 'invalid_argument'
+  | 'payload_too_large'
   | 'not_found'
   | 'nothing_matched'
   | 'fence_rejected'

@@ -8,6 +8,7 @@ export function exitCodeFor(e: unknown): number {
     switch (e.code) {
       case 'invalid_actor_key':
       case 'invalid_argument':
+      case 'payload_too_large':
       case 'invalid_config':
         return EXIT.usage;
       case 'nothing_matched':

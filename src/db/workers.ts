@@ -1,5 +1,5 @@
 /** SQL for `corral.workers`: the durable view of connected workers (for operators and recovery). */
-import { eq, sql } from 'drizzle-orm';
+import { and, eq, lt, ne, or, sql } from 'drizzle-orm';
 import type { DbOrTx } from './client.ts';
 import { workers, type WorkerStatus } from './schema.ts';
 
@@ -41,4 +41,22 @@ export async function listWorkers(db: DbOrTx): Promise<WorkerRow[]> {
 
 export async function markOwnerWorkersGone(db: DbOrTx, ownerId: string): Promise<void> {
   await db.update(workers).set({ status: 'gone' }).where(eq(workers.ownerId, ownerId));
+}
+
+/**
+ * Deletes worker rows nobody will read again: not ready and silent for `goneAfterSeconds`, or
+ * "ready" but silent for `deadAfterSeconds` (their daemon died without marking them). Keeps the
+ * table bounded however many ids have registered over time. Returns how many were deleted.
+ */
+export async function pruneWorkers(db: DbOrTx, opts: { goneAfterSeconds: number; deadAfterSeconds: number }): Promise<number> {
+  const rows = await db
+    .delete(workers)
+    .where(
+      or(
+        and(ne(workers.status, 'ready'), lt(workers.lastHeartbeatAt, sql`now() - make_interval(secs => ${opts.goneAfterSeconds})`)),
+        lt(workers.lastHeartbeatAt, sql`now() - make_interval(secs => ${opts.deadAfterSeconds})`),
+      ),
+    )
+    .returning({ workerId: workers.workerId });
+  return rows.length;
 }

@@ -22,6 +22,8 @@ export const DEFAULT_HEARTBEAT_INTERVAL_MS = 2000;
 export const DEFAULT_PROGRESS_INTERVAL_MS = 5000;
 export const MAX_RESULT_MESSAGES = 1000;
 export const MAX_CAPACITY = 1024;
+/** Longest `turn_ref` (as JSON) accepted from a worker. */
+export const MAX_TURN_REF_CHARS = 2048;
 
 /** A worker id doubles as the ZeroMQ routing id, so it must be short, printable ASCII. */
 export const WORKER_ID_PATTERN = /^[A-Za-z0-9._:-]{1,64}$/;
@@ -45,6 +47,7 @@ export const TURN_REJECTED_REASONS = [
   'already_failed',
   'job_not_active',
   'invalid',
+  'unstorable',
 ] as const;
 export type TurnRejectedReason = (typeof TURN_REJECTED_REASONS)[number];
 
@@ -62,6 +65,8 @@ const v = z.literal(PROTOCOL_VERSION);
 const workerId = z.string().regex(WORKER_ID_PATTERN, 'worker id must be 1..64 chars of [A-Za-z0-9._:-]');
 const isoTime = z.iso.datetime({ offset: true });
 const json = z.json();
+/** Same alphabet and length as src/actor-key.ts: a longer or stranger part can match no actor. */
+const actorPart = z.string().regex(/^[A-Za-z0-9._:@-]{1,128}$/, 'expected 1-128 characters of A-Z a-z 0-9 . _ : @ -');
 
 /** Any JSON value (what `JSON.parse` can return). */
 export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
@@ -70,15 +75,19 @@ export type JsonValue = string | number | boolean | null | JsonValue[] | { [key:
  * The fence of one delivery. The daemon mints it; the worker echoes it verbatim on every
  * message about that turn; a message counts only if its `turn_ref` matches the daemon's.
  */
-export const turnRefSchema = z.looseObject({
-  agent_uid: z.string().min(1),
-  session_id: z.string().min(1),
-  activation_uid: z.uuid(),
-  actor_epoch: z.int().min(1),
-  event_id: z.uuid(),
-  revision: z.int().min(0),
-  delivery_id: z.uuid(),
-});
+export const turnRefSchema = z
+  .looseObject({
+    agent_uid: actorPart,
+    session_id: actorPart,
+    activation_uid: z.uuid(),
+    actor_epoch: z.int().min(1).max(Number.MAX_SAFE_INTEGER),
+    event_id: z.uuid(),
+    revision: z.int().min(0).max(Number.MAX_SAFE_INTEGER),
+    delivery_id: z.uuid(),
+  })
+  // Unknown fields are kept (rule 4), so the whole ref is bounded instead: a peer must not be
+  // able to make the daemon hold, log or echo megabytes per message.
+  .refine((r) => JSON.stringify(r).length <= MAX_TURN_REF_CHARS, `turn_ref longer than ${MAX_TURN_REF_CHARS} characters`);
 export type TurnRef = z.infer<typeof turnRefSchema>;
 
 // ---- worker → daemon -------------------------------------------------------------------
@@ -94,15 +103,15 @@ export const workerReadySchema = z.object({
    * same instance is a reconnect; with a new one, the process restarted and lost its turns.
    */
   instance: z.string().min(1).max(64).optional(),
-  /** Placeholder for per-worker credentials (see src/fabric/auth.ts). */
-  auth: z.object({ scheme: z.string().min(1).max(64), credential: z.string().max(8192) }).optional(),
+  /** The registration proof: `{ scheme: 'token', credential: <token from the key file> }` (see src/fabric/auth.ts). */
+  auth: z.object({ scheme: z.string().min(1).max(64), credential: z.string().max(1024) }).optional(),
 });
 
 export const workerHeartbeatSchema = z.object({
   v,
   type: z.literal('worker_heartbeat'),
   worker_id: workerId,
-  in_flight: z.int().min(0),
+  in_flight: z.int().min(0).max(1_000_000),
 });
 
 export const turnAcceptedSchema = z.object({ v, type: z.literal('turn_accepted'), turn_ref: turnRefSchema });

@@ -19,13 +19,16 @@ export interface ObservabilityChildOptions {
   onListening?: (server: ObservabilityServer) => void;
 }
 
-export async function daemonReadiness(daemon: Daemon): Promise<Readiness> {
+export async function daemonReadiness(daemon: Daemon, logger?: Logger): Promise<Readiness> {
   if (daemon.state !== 'running') return { ready: false, reason: `daemon is ${daemon.state}` };
   try {
     await daemon.database.pool.query('select 1');
     return { ready: true };
   } catch (e) {
-    return { ready: false, reason: `database: ${(e as Error).message}` };
+    // The endpoint may be reachable by anyone who reaches the port: the driver's text (host
+    // names, user names, server versions) goes to the log only.
+    logger?.warn({ err: (e as Error).message }, 'readiness: database check failed');
+    return { ready: false, reason: 'database unreachable' };
   }
 }
 
@@ -36,11 +39,12 @@ export function observabilityChild(opts: ObservabilityChildOptions): ChildSpec<D
     restartDelayMs: 1_000,
     factory: async (daemon, signal) => {
       opts.metrics.setSource(databaseSource(daemon.database.db, queueRef(daemon.config)));
+      opts.metrics.setBrokerSource(() => daemon.broker.stats());
       const server = await startObservabilityServer({
         host: opts.host,
         port: opts.port,
         registry: opts.metrics.registry,
-        ready: () => daemonReadiness(daemon),
+        ready: () => daemonReadiness(daemon, opts.logger),
         logger: opts.logger,
       });
       opts.logger.info({ url: server.url, endpoints: ['/metrics', '/healthz', '/readyz'] }, 'observability server listening');

@@ -40,7 +40,7 @@ export async function startObservabilityServer(opts: ObservabilityServerOptions)
   const server = createServer((req, res) => {
     handle(opts, req, res).catch((e: unknown) => {
       log?.warn({ err: toError(e).message, path: req.url }, 'observability request failed');
-      if (!res.headersSent) send(res, 500, 'text/plain; charset=utf-8', `error: ${toError(e).message}\n`);
+      if (!res.headersSent) send(res, 500, 'text/plain; charset=utf-8', 'internal error\n');
       else res.destroy();
     });
   });
@@ -114,7 +114,8 @@ async function readiness(opts: ObservabilityServerOptions): Promise<Readiness> {
       }),
     ]);
   } catch (e) {
-    return { ready: false, reason: toError(e).message };
+    opts.logger?.warn({ err: toError(e).message }, 'readiness check failed');
+    return { ready: false, reason: 'readiness check failed' };
   } finally {
     clearTimeout(timer);
   }

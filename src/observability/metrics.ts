@@ -16,6 +16,7 @@ import type { DbOrTx } from '../db/client.ts';
 import type { WorkerStatus } from '../db/schema.ts';
 import { toError } from '../errors.ts';
 import type { RuntimeMetrics } from '../runtime/metrics.ts';
+import type { BrokerStats } from '../fabric/broker-types.ts';
 import { queueDepth, type QueueDepth } from '../ops/boss-jobs.ts';
 import { blockedActorCount, liveActivationCount, workerCounts, type QueueRef } from '../ops/status.ts';
 
@@ -49,6 +50,8 @@ export interface Metrics {
   readonly runtime: CorralRuntimeMetrics;
   /** Where the scrape-time gauges read from (the daemon binds its database once it runs). */
   setSource(source: SnapshotSource | undefined): void;
+  /** The broker's counters (refusals, oversize frames, takeover attempts), read at scrape time. */
+  setBrokerSource(source: (() => BrokerStats) | undefined): void;
 }
 
 export const METRIC_PREFIX = 'corral_';
@@ -188,6 +191,37 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     },
   });
 
+  let brokerSource: (() => BrokerStats) | undefined;
+  const FABRIC_KINDS = {
+    oversize: 'oversize',
+    takeover_refused: 'takeoverRefused',
+    registration_refused: 'registrationRefused',
+    refusal_suppressed: 'refusalsSuppressed',
+    connection_refused: 'connectionsRefused',
+    key_refused: 'keysRefused',
+    invalid: 'invalid',
+  } as const satisfies Record<string, keyof BrokerStats>;
+  new Counter({
+    name: 'corral_fabric_refused_total',
+    help: 'What the broker refused, by kind: oversize frames, route takeover attempts, refused registrations, refusals not logged (rate limit), connections over the cap, keys not on the allow-list, invalid messages',
+    labelNames: ['kind'] as const,
+    registers,
+    collect() {
+      const b = brokerSource?.();
+      this.reset();
+      if (!b) return;
+      for (const [kind, field] of Object.entries(FABRIC_KINDS)) this.inc({ kind }, b[field] as number);
+    },
+  });
+  new Gauge({
+    name: 'corral_fabric_connections',
+    help: 'Connections to the broker (registered or not)',
+    registers,
+    collect() {
+      this.set(brokerSource?.().connections ?? 0);
+    },
+  });
+
   const runtime: CorralRuntimeMetrics = {
     dispatched: () => dispatched.inc(),
     committed: () => committed.inc(),
@@ -208,6 +242,9 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     runtime,
     setSource(next) {
       source = next;
+    },
+    setBrokerSource(next) {
+      brokerSource = next;
     },
   };
 }

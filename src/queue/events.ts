@@ -9,6 +9,7 @@ import { v7 as uuidv7 } from 'uuid';
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
 import { CorralError } from '../errors.ts';
+import { unstorableReason } from '../json-safety.ts';
 
 /** What a job of the actor queue carries. */
 export interface ActorEventJobData {
@@ -23,13 +24,32 @@ export interface EnqueuedEvent {
   actorKey: ActorKey;
 }
 
-function toJsonPayload(event: unknown): unknown {
+/** Default for `maxEventBytes` when the caller does not pass one (same as the config default). */
+export const DEFAULT_MAX_EVENT_BYTES = 256 * 1024;
+
+/**
+ * The payload as it will be stored, checked before anything is written: JSON-serialisable,
+ * storable by jsonb (no NUL, no lone surrogate, no number JSON cannot keep), and at most
+ * `maxBytes` of JSON. An event too large for the wire would otherwise hold a worker slot until
+ * its lease ran out, on every retry.
+ */
+function toJsonPayload(event: unknown, maxBytes: number): unknown {
   if (event === undefined) throw new CorralError('invalid_argument', 'an event payload is required');
+  const unstorable = unstorableReason(event);
+  if (unstorable) throw new CorralError('invalid_argument', `the event payload cannot be stored: ${unstorable}`);
+  let text: string;
   try {
-    return JSON.parse(JSON.stringify(event)) as unknown;
+    text = JSON.stringify(event);
   } catch (e) {
     throw new CorralError('invalid_argument', 'the event payload must be JSON-serialisable', { cause: e });
   }
+  const bytes = Buffer.byteLength(text, 'utf8');
+  if (bytes > maxBytes) {
+    throw new CorralError('payload_too_large', `the event payload is ${bytes} bytes; the limit is ${maxBytes} (CORRAL_MAX_EVENT_BYTES)`, {
+      details: { bytes, maxBytes },
+    });
+  }
+  return JSON.parse(text) as unknown;
 }
 
 export interface EventQueue {
@@ -40,12 +60,17 @@ export interface EventQueue {
   enqueueActorEvents(dbOrTx: DbOrTx, events: { key: ActorKey; event: unknown }[]): Promise<EnqueuedEvent[]>;
 }
 
-export function createEventQueue(boss: PgBoss, queueName: string): EventQueue {
+export function createEventQueue(
+  boss: PgBoss,
+  queueName: string,
+  opts: { maxEventBytes?: number } = {},
+): EventQueue {
+  const maxBytes = opts.maxEventBytes ?? DEFAULT_MAX_EVENT_BYTES;
   const jobOf = (key: ActorKey, event: unknown) => {
     const data: ActorEventJobData = {
       agentUid: key.agentUid,
       sessionId: key.sessionId,
-      payload: toJsonPayload(event),
+      payload: toJsonPayload(event, maxBytes),
       enqueuedAt: new Date().toISOString(),
     };
     return { id: uuidv7(), data, singletonKey: formatActorKey(key) };

@@ -15,6 +15,7 @@ import { FenceRejected, errorMessage, isConnectionError, toError } from '../erro
 import type { BrokerEvent, SendResult } from '../fabric/broker.ts';
 import type { DaemonMessage } from '../fabric/protocol.ts';
 import type { Logger } from '../logger.ts';
+import { storableText, unstorableReason } from '../json-safety.ts';
 import type { Db } from '../db/client.ts';
 import type { ControlMessage } from '../db/control.ts';
 import * as workersDb from '../db/workers.ts';
@@ -33,6 +34,17 @@ export interface Transport {
   /** Drops a worker's session: it must register again before it is used. */
   forget?(workerId: string): void;
 }
+
+/** A turn is never offered to more than this many routes that turn out dead in one dispatch. */
+const MAX_DEAD_ROUTES_PER_DISPATCH = 3;
+/**
+ * Replies about deliveries this process did not dispatch (or no longer holds) cost a database
+ * transaction to judge. They are legitimate after a daemon restart (a worker re-sends its
+ * unanswered results), so they are not refused outright: each worker gets this budget, and
+ * beyond it they are rejected at once, before any transaction.
+ */
+const UNKNOWN_REPLY_BURST = 20;
+const UNKNOWN_REPLY_PER_SECOND = 10;
 
 /** turn_error codes meaning "the worker did not run this turn": it goes elsewhere, no retry is spent. */
 const HANDED_BACK = new Set(['over_capacity', 'worker_stopping']);
@@ -56,6 +68,8 @@ interface InFlight {
   turn: StartedTurn;
   /** When its turn_start was first sent (clock ms), for the commit-latency histogram. */
   sentAtMs?: number;
+  /** When this process began the attempt (clock ms), for the maximum turn duration. */
+  startedAtMs: number;
 }
 
 export class Runtime {
@@ -70,6 +84,8 @@ export class Runtime {
   private readonly parked: string[] = [];
   private readonly background = new Set<Promise<unknown>>();
   private lastHeartbeatWrite = new Map<string, number>();
+  /** Per-worker token buckets for replies about unknown deliveries. */
+  private readonly unknownReplyBudget = new Map<string, { tokens: number; atMs: number }>();
   private stopping = false;
 
   constructor(opts: RuntimeOptions) {
@@ -121,7 +137,7 @@ export class Runtime {
       this.clearCurrent({ agentUid: job.data.agentUid, sessionId: job.data.sessionId }, job.id);
       throw e;
     }
-    this.inFlight.set(job.id, { fence: turn.fence, workerId, turn });
+    this.inFlight.set(job.id, { fence: turn.fence, workerId, turn, startedAtMs: this.opts.clock.nowMs() });
     this.log.info({ ...fenceFields(turn.fence), workerId, attempt: turn.attempt }, 'turn started');
     if (workerId === null) {
       this.parked.push(job.id);
@@ -152,7 +168,7 @@ export class Runtime {
       this.log.warn({ ...fenceFields(f.fence), workerId: f.workerId, reason: res.reason }, 'turn_start send failed');
       tried.add(f.workerId);
       if (res.reason === 'unknown_route' || res.reason === 'closed') this.forgetWorker(f.workerId);
-      const next = this.pool.acquire(eventId, tried);
+      const next = tried.size >= MAX_DEAD_ROUTES_PER_DISPATCH ? undefined : this.pool.acquire(eventId, tried);
       if (next === undefined) {
         this.pool.release(eventId);
         f.workerId = null;
@@ -235,7 +251,12 @@ export class Runtime {
         this.pool.seen(e.workerId, this.opts.clock.nowMs());
         this.fenced(e.workerId, e.turnRef, 'progress', (f) => this.opts.store.progress(f, e.workerId));
         return;
-      case 'turn_result':
+      case 'turn_result': {
+        const unstorable = unstorableReason({ messages: e.messages, output: e.output ?? null });
+        if (unstorable) {
+          this.refuseUnstorable(e.workerId, e.turnRef, unstorable);
+          return;
+        }
         this.fenced(e.workerId, e.turnRef, 'commit', async (f) => {
           const outcome = await this.opts.store.commit(f, e.workerId, e.messages, e.output);
           if (outcome.outcome === 'committed') {
@@ -251,6 +272,7 @@ export class Runtime {
           await this.reply(e.workerId, { v: 1, type: 'turn_committed', turn_ref: e.turnRef });
         });
         return;
+      }
       case 'turn_error':
         if (HANDED_BACK.has(e.error.code)) {
           this.log.info({ ...fenceFields(fromWire(e.turnRef)), workerId: e.workerId, code: e.error.code }, 'turn handed back');
@@ -258,7 +280,11 @@ export class Runtime {
           return;
         }
         this.fenced(e.workerId, e.turnRef, 'fail', async (f) => {
-          const outcome = await this.opts.store.fail(f, e.workerId, { code: e.error.code, message: e.error.message });
+          // an error text is diagnostic: make it storable rather than lose the failure
+          const outcome = await this.opts.store.fail(f, e.workerId, {
+            code: storableText(e.error.code),
+            message: storableText(e.error.message),
+          });
           this.onAttemptFailed(f, outcome, `turn_error: ${e.error.code}: ${e.error.message}`);
         });
         return;
@@ -282,10 +308,57 @@ export class Runtime {
     this.opts.onCapacity?.();
   }
 
+  /**
+   * A result PostgreSQL cannot store: answered `turn_rejected{unstorable}` at once, and the
+   * attempt is failed (retried per the retry policy) instead of waiting for its lease.
+   */
+  private refuseUnstorable(workerId: string, ref: WireTurnRef, why: string): void {
+    this.metrics.rejected('unstorable');
+    this.log.warn({ ...fenceFields(fromWire(ref)), workerId, why: why.slice(0, 200) }, 'result cannot be stored');
+    this.track(this.reply(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason: 'unstorable', detail: why.slice(0, 500) }), { workerId });
+    this.fenced(workerId, ref, 'fail', async (f) => {
+      const outcome = await this.opts.store.fail(f, workerId, { code: 'unstorable_result', message: why.slice(0, 1000) });
+      this.onAttemptFailed(f, outcome, `unstorable result: ${why.slice(0, 200)}`);
+    });
+  }
+
+  /** Takes one token from `workerId`'s unknown-reply budget; false when it is spent. */
+  private takeUnknownReplyToken(workerId: string): boolean {
+    const now = this.opts.clock.nowMs();
+    const b = this.unknownReplyBudget.get(workerId) ?? { tokens: UNKNOWN_REPLY_BURST, atMs: now };
+    b.tokens = Math.min(UNKNOWN_REPLY_BURST, b.tokens + ((now - b.atMs) / 1000) * UNKNOWN_REPLY_PER_SECOND);
+    b.atMs = now;
+    this.unknownReplyBudget.set(workerId, b);
+    if (b.tokens < 1) return false;
+    b.tokens -= 1;
+    return true;
+  }
+
+  /**
+   * Turns running longer than `maxTurnMs` (since this process began them) are failed and their
+   * workers told to cancel. Called by the watchdog. Returns how many were failed.
+   */
+  async failOverdueTurns(maxTurnMs: number): Promise<number> {
+    const now = this.opts.clock.nowMs();
+    let failed = 0;
+    for (const f of [...this.inFlight.values()]) {
+      if (now - f.startedAtMs < maxTurnMs) continue;
+      const fence = f.fence;
+      const workerId = f.workerId;
+      const outcome = await this.directory.wake(fence).run(() => this.opts.store.failOverdue(fence, maxTurnMs));
+      if (!outcome) continue;
+      failed++;
+      if (workerId) await this.reply(workerId, { v: 1, type: 'turn_cancel', turn_ref: toWire(fence), reason: 'turn_timeout' });
+      this.onAttemptFailed(fence, outcome, `turn ran longer than ${maxTurnMs} ms`);
+    }
+    return failed;
+  }
+
   /** The broker dropped the worker (revoked): nothing more goes to it; its turns go elsewhere now. */
   private onWorkerGone(workerId: string, reason: string): void {
     const events = [...(this.pool.get(workerId)?.inFlight ?? [])];
     this.forgetWorker(workerId);
+    this.unknownReplyBudget.delete(workerId);
     this.log.warn({ workerId, reason, inFlight: events.length }, 'worker gone');
     for (const eventId of events) this.reassign(eventId, `worker ${workerId} gone: ${reason}`);
   }
@@ -327,7 +400,12 @@ export class Runtime {
 
   /** Stale workers: removes them from dispatch; returns their in-flight event ids. */
   takeStaleWorkers(): { id: string; events: string[] }[] {
-    const stale = this.pool.takeStale(this.opts.clock.nowMs(), this.opts.workerStaleMs);
+    const now = this.opts.clock.nowMs();
+    const stale = this.pool.takeStale(now, this.opts.workerStaleMs);
+    for (const id of this.pool.pruneStale(now, Math.max(60_000, this.opts.workerStaleMs * 6))) {
+      this.lastHeartbeatWrite.delete(id);
+      this.unknownReplyBudget.delete(id);
+    }
     // A stale worker must register again before it gets work: a frozen process that wakes up
     // finds itself unknown (`not_registered`) and re-registers.
     for (const w of stale) this.opts.transport.forget?.(w.id);
@@ -336,6 +414,7 @@ export class Runtime {
 
   private forgetWorker(workerId: string): void {
     this.pool.remove(workerId);
+    this.lastHeartbeatWrite.delete(workerId);
     this.track(workersDb.setWorkerStatus(this.opts.db, workerId, 'gone'), { workerId });
   }
 
@@ -376,6 +455,15 @@ export class Runtime {
   /** Runs a fenced operation on the actor's controller; a fence rejection is answered to the worker. */
   private fenced(workerId: string, ref: WireTurnRef, op: string, fn: (f: Fence) => Promise<unknown>): void {
     const fence = fromWire(ref);
+    const known = this.inFlight.get(ref.event_id);
+    if ((!known || known.fence.deliveryId !== ref.delivery_id) && !this.takeUnknownReplyToken(workerId)) {
+      this.metrics.rejected('unknown_delivery');
+      this.track(
+        this.reply(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason: 'unknown_delivery', detail: 'not dispatched by this daemon' }),
+        { workerId },
+      );
+      return;
+    }
     const controller = this.directory.wake(fence);
     this.track(
       controller.run(async () => {

@@ -22,6 +22,7 @@ import * as transcript from '../db/transcript.ts';
 import * as turnRows from '../db/turn-rows.ts';
 import { nextEpoch, setBlockedBy } from '../db/actors.ts';
 import { CorralError, FenceRejected } from '../errors.ts';
+import { unstorableReason } from '../json-safety.ts';
 import { MAX_NOTIFY_BYTES, notifyControl } from '../db/control.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
 import type { ActivationRow } from '../db/activations.ts';
@@ -50,7 +51,7 @@ export interface ReplyMessage {
 
 export type CommitOutcome = { outcome: 'committed' } | { outcome: 'duplicate' };
 
-export type FailureKind = 'turn_error' | 'lease_expired' | 'worker_lost' | 'superseded' | 'recovered';
+export type FailureKind = 'turn_error' | 'lease_expired' | 'worker_lost' | 'superseded' | 'recovered' | 'turn_timeout';
 
 export interface FailOutcome {
   /** The job went to the dead-letter queue (its retries are exhausted). */
@@ -225,6 +226,20 @@ export class TurnStore {
     });
   }
 
+  /**
+   * The maximum turn duration passed: fail the attempt (it is retried under a new epoch) even
+   * though its lease is alive, so a worker that keeps reporting progress cannot hold a turn
+   * forever. Acts only while the activation is still live on that event.
+   */
+  async failOverdue(fence: Fence, maxTurnMs: number): Promise<FailOutcome | undefined> {
+    return inTransaction(this.db, async (tx) => {
+      const activation = await activations.lockActivationIf(tx, fence.activationUid, 'live');
+      if (!activation || activation.currentEventId !== fence.eventId) return undefined;
+      const error = { code: 'turn_timeout', message: `turn ran longer than the maximum of ${maxTurnMs} ms` };
+      return this.failActivationInTx(tx, activation, 'turn_timeout', error, true);
+    });
+  }
+
   /** Recovery: fail a live activation left by a dead process (its owner is gone), whatever its lease. */
   async failOrphan(activationUid: string, reason: FailureKind): Promise<FailOutcome | undefined> {
     return inTransaction(this.db, async (tx) => {
@@ -281,6 +296,8 @@ export class TurnStore {
    * the worker connection is told through a control notification committed with the change.
    */
   async steer(key: ActorKey, input: unknown): Promise<Fence> {
+    const unstorable = unstorableReason(input);
+    if (unstorable) throw new CorralError('invalid_argument', `the steering input cannot be stored: ${unstorable}`);
     if (Buffer.byteLength(JSON.stringify(input ?? null)) > MAX_NOTIFY_BYTES - 1_000) {
       throw new CorralError('invalid_argument', 'steering input too large (max ~6.9 kB)');
     }

@@ -1,6 +1,6 @@
 /**
  * The watchdog: fails in-flight activations whose lease expired (their event is retried under a
- * higher epoch), stops warm activations idle past the idle timeout, and takes stale workers out
+ * higher epoch) and turns past the maximum turn duration, stops warm activations idle past the idle timeout, and takes stale workers out
  * of dispatch, re-dispatching the turns they never accepted.
  *
  * `tick()` does one pass and is what tests call; `run()` repeats it on the injected clock.
@@ -16,6 +16,9 @@ import type { Runtime } from './runtime.ts';
 import type { TurnStore } from './turns.ts';
 import { Periodic } from './periodic.ts';
 
+/** How often old rows are deleted from `corral.workers`. */
+const WORKER_PRUNE_INTERVAL_MS = 60_000;
+
 export interface WatchdogOptions {
   db: Db;
   store: TurnStore;
@@ -24,6 +27,8 @@ export interface WatchdogOptions {
   logger: Logger;
   intervalMs: number;
   idleTimeoutMs: number;
+  /** Turns running longer than this are failed even while their lease is renewed. Default: off. */
+  maxTurnMs?: number;
 }
 
 export interface WatchdogReport {
@@ -32,12 +37,15 @@ export interface WatchdogReport {
   stoppedIdle: number;
   staleWorkers: string[];
   redispatched: number;
+  /** Turns failed for running longer than `maxTurnMs`. */
+  overdue: number;
 }
 
 export class Watchdog {
   private readonly opts: WatchdogOptions;
   private readonly log: Logger;
   private readonly periodic: Periodic<WatchdogReport>;
+  private lastPruneMs = 0;
 
   constructor(opts: WatchdogOptions) {
     this.opts = opts;
@@ -61,7 +69,7 @@ export class Watchdog {
   }
 
   private async pass(): Promise<WatchdogReport> {
-    const report: WatchdogReport = { expired: 0, deadLettered: 0, stoppedIdle: 0, staleWorkers: [], redispatched: 0 };
+    const report: WatchdogReport = { expired: 0, deadLettered: 0, stoppedIdle: 0, staleWorkers: [], redispatched: 0, overdue: 0 };
     const { db, store, runtime } = this.opts;
 
     for (const a of await activations.listExpiredInFlight(db)) {
@@ -84,6 +92,8 @@ export class Watchdog {
       );
     }
 
+    if (this.opts.maxTurnMs !== undefined) report.overdue = await runtime.failOverdueTurns(this.opts.maxTurnMs);
+
     for (const stale of runtime.takeStaleWorkers()) {
       report.staleWorkers.push(stale.id);
       await workersDb.setWorkerStatus(db, stale.id, 'stale');
@@ -92,6 +102,13 @@ export class Watchdog {
         runtime.reassign(d.eventId, `worker ${stale.id} stale`);
         report.redispatched++;
       }
+    }
+
+    const now = this.opts.clock.nowMs();
+    if (now - this.lastPruneMs >= WORKER_PRUNE_INTERVAL_MS) {
+      this.lastPruneMs = now;
+      const pruned = await workersDb.pruneWorkers(db, { goneAfterSeconds: 600, deadAfterSeconds: 3600 });
+      if (pruned > 0) this.log.info({ pruned }, 'pruned old worker rows');
     }
 
     for (const a of await activations.listIdle(db, this.opts.idleTimeoutMs)) {

@@ -110,6 +110,16 @@ export class WorkerPool {
     return out;
   }
 
+  /** Forgets workers stale for longer than `forgetAfterMs` (they hold no slots; memory stays bounded). */
+  pruneStale(nowMs: number, forgetAfterMs: number): string[] {
+    const out: string[] = [];
+    for (const w of this.workers.values()) {
+      if (w.status === 'stale' && nowMs - w.lastSeenMs >= forgetAfterMs) out.push(w.id);
+    }
+    for (const id of out) this.remove(id);
+    return out;
+  }
+
   remove(id: string): string[] {
     const w = this.workers.get(id);
     if (!w) return [];

@@ -51,8 +51,13 @@ export class RawPeer {
   readonly rawFrames: Buffer[][] = [];
   private queue: Promise<void> = Promise.resolve();
 
-  constructor(endpoint: string, routingId?: string) {
-    this.dealer = new Dealer({ linger: 0, ...(routingId === undefined ? {} : { routingId }) });
+  /** `curve`: connect with CURVE (the daemon's public key and this peer's keypair, Z85). */
+  constructor(endpoint: string, routingId?: string, curve?: { serverKey: string; publicKey: string; secretKey: string }) {
+    this.dealer = new Dealer({
+      linger: 0,
+      ...(routingId === undefined ? {} : { routingId }),
+      ...(curve ? { curveServerKey: curve.serverKey, curvePublicKey: curve.publicKey, curveSecretKey: curve.secretKey } : {}),
+    });
     this.dealer.connect(endpoint);
     void this.loop();
   }
@@ -80,6 +85,15 @@ export class RawPeer {
   }
 
   private async loop(): Promise<void> {
+    // a peer the daemon refused may be closed mid-receive: that ends the loop, quietly
+    try {
+      await this.receiveAll();
+    } catch {
+      // closed
+    }
+  }
+
+  private async receiveAll(): Promise<void> {
     for await (const frames of this.dealer) {
       this.rawFrames.push(frames);
       const parsed = frames.length === 1 ? parseDaemonMessage(frames[0]!) : null;

@@ -51,6 +51,7 @@ describe('metrics and observability endpoints', () => {
       recoveryIntervalMs: 100_000,
       retryLimit: 0,
       metricsPort: 0,
+      insecure: true,
     });
     const metrics = createMetrics();
     daemon = new Daemon({
