@@ -1,0 +1,268 @@
+/**
+ * Hostile peers against a real daemon (CURVE on, real sockets, real PostgreSQL): what an
+ * attacker who reaches the endpoint can and cannot do. Every wait polls with a deadline; the
+ * deadlines are the stated bounds (e.g. a revoked worker is dropped within 1 s).
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { curveKeyPair } from 'zeromq';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { actorKey } from '../../src/actor-key.ts';
+import { addWorkerKey, keyPaths, revokeWorkerKey, workerCredentials, type WorkerKeyFile } from '../../src/fabric/keys.ts';
+import { runExampleWorker } from '../../src/worker/example.ts';
+import type { Worker } from '../../src/worker/sdk.ts';
+import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
+import { waitFor } from '../helpers/wait.ts';
+import { RawPeer, makeTurnRef } from '../fabric/helpers.ts';
+
+const MAX_MESSAGE_BYTES = 64 * 1024;
+const MAX_EVENT_BYTES = 16 * 1024;
+/** A legitimate turn must commit within this, whatever the attackers do meanwhile. */
+const LEGIT_COMMIT_MS = 15_000;
+
+describe('fabric security against hostile peers', () => {
+  let home: string;
+  let t: TestDaemon;
+  const workers = new Map<string, Worker>();
+  const peers: RawPeer[] = [];
+  let intruder: WorkerKeyFile;
+
+  const paths = () => keyPaths(home);
+  const serverKey = () => t.daemon.security!.keys.publicKey;
+
+  async function startLegit(id: string): Promise<void> {
+    const key = addWorkerKey(paths(), serverKey(), id);
+    const w = await runExampleWorker({
+      endpoint: t.daemon.broker.endpoint,
+      workerId: id,
+      capacity: 1,
+      logger: testLogger,
+      credentials: workerCredentials(key),
+    });
+    workers.set(id, w);
+    await waitFor(() => t.daemon.broker.isRegistered(id) && t.daemon.runtime.pool.has(id), { what: `${id} registered`, timeoutMs: 15_000 });
+  }
+
+  function peer(curve?: { serverKey: string; publicKey: string; secretKey: string }, routingId?: string): RawPeer {
+    const p = new RawPeer(t.daemon.broker.endpoint, routingId, curve);
+    peers.push(p);
+    return p;
+  }
+
+  const intruderCurve = () => workerCredentials(intruder).curve;
+
+  async function commitWithin(session: string, ms = LEGIT_COMMIT_MS): Promise<string> {
+    const { daemon } = t;
+    const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('legit', session), { text: session });
+    const started = Date.now();
+    const row = await waitFor(
+      async () => {
+        const r = await daemon.database.pool.query<{ worker_id: string }>(
+          `select worker_id from corral.turns where event_id = $1 and status = 'succeeded'`,
+          [eventId],
+        );
+        return r.rows[0];
+      },
+      { what: `legit turn ${session} committed`, timeoutMs: ms, intervalMs: 50 },
+    );
+    expect(Date.now() - started).toBeLessThan(ms);
+    return row.worker_id;
+  }
+
+  const workerRows = async () =>
+    (await t.daemon.database.pool.query<{ n: number }>('select count(*)::int as n from corral.workers')).rows[0]!.n;
+
+  beforeAll(async () => {
+    home = mkdtempSync(join(tmpdir(), 'corral-sec-'));
+    t = await startTestDaemon({
+      insecure: false,
+      homeDir: home,
+      keyPollMs: 50,
+      maxMessageBytes: MAX_MESSAGE_BYTES,
+      maxEventBytes: MAX_EVENT_BYTES,
+      maxConnections: 64,
+      maxWorkers: 16,
+      workerHeartbeatMs: 200,
+      workerStaleMs: 2_000,
+      watchdogIntervalMs: 200,
+      leaseMs: 5_000,
+      progressIntervalMs: 500,
+    });
+    intruder = addWorkerKey(paths(), serverKey(), 'intruder');
+    await startLegit('legit-1');
+    await startLegit('legit-2');
+  });
+
+  afterAll(async () => {
+    for (const p of peers) p.close();
+    for (const w of workers.values()) await w.stop();
+    await t?.stop();
+    rmSync(home, { recursive: true, force: true });
+  });
+
+  it('creates the daemon key folder 0700 and its files 0600', async () => {
+    const { statSync } = await import('node:fs');
+    expect(statSync(paths().dir).mode & 0o777).toBe(0o700);
+    expect(statSync(paths().daemonKey).mode & 0o777).toBe(0o600);
+    expect(statSync(paths().allowlist).mode & 0o777).toBe(0o600);
+  });
+
+  it('refuses a peer whose key is not on the allow-list, and one without CURVE', async () => {
+    const before = t.daemon.broker.stats().keysRefused;
+    const stranger = curveKeyPair();
+    const p = peer({ serverKey: serverKey(), ...stranger });
+    let authFailed = false;
+    p.dealer.events.on('handshake:error:auth', () => (authFailed = true));
+    void p.sendJson({ v: 1, type: 'worker_ready', worker_id: 'legit-1', capacity: 8 }).catch(() => undefined);
+    await waitFor(() => authFailed && t.daemon.broker.stats().keysRefused > before, { what: 'ZAP refusal', timeoutMs: 5_000 });
+
+    const plain = peer();
+    let plainFailed = false;
+    plain.dealer.events.on('handshake:error:other', () => (plainFailed = true));
+    plain.dealer.events.on('handshake:error:protocol', () => (plainFailed = true));
+    void plain.sendJson({ v: 1, type: 'worker_ready', worker_id: 'legit-1', capacity: 8 }).catch(() => undefined);
+    await waitFor(() => plainFailed, { what: 'plain handshake refused', timeoutMs: 5_000 });
+
+    expect(p.received).toHaveLength(0);
+    expect(plain.received).toHaveLength(0);
+    expect(t.daemon.broker.workers().map((w) => w.workerId).sort()).toEqual(['legit-1', 'legit-2']);
+  });
+
+  it('refuses a valid key registering another worker id, and counts the takeover attempt', async () => {
+    const before = t.daemon.broker.stats().takeoverRefused;
+    const p = peer(intruderCurve());
+    // the intruder's own token, claiming a live worker's id
+    await p.sendJson({ v: 1, type: 'worker_ready', worker_id: 'legit-1', capacity: 1024, auth: { scheme: 'token', credential: intruder.token } });
+    // an id that is not on the allow-list at all
+    await p.sendJson({ v: 1, type: 'worker_ready', worker_id: 'ghost', capacity: 1024, auth: { scheme: 'token', credential: intruder.token } });
+    const errors = await p.waitFor('error', 2, 5_000);
+    expect(errors.map((e) => e.code)).toEqual(['unauthorized', 'unauthorized']);
+    expect(t.daemon.broker.stats().takeoverRefused).toBe(before + 1);
+    expect(p.ofType('worker_welcome')).toHaveLength(0);
+    // the live workers keep their routes: a turn still commits on one of them
+    expect(['legit-1', 'legit-2']).toContain(await commitWithin('after-takeover'));
+  });
+
+  it('drops a revoked worker within a second and re-dispatches its turn', async () => {
+    await startLegit('rev-1');
+    // keep the legit workers busy so the turn lands on rev-1
+    const { daemon } = t;
+    const busy = await Promise.all(
+      ['legit-1', 'legit-2'].map((s) => daemon.events.enqueueActorEvent(daemon.database.db, actorKey('busy', s), { delayMs: 1_500 })),
+    );
+    await waitFor(() => busy.every((b) => daemon.runtime.pool.workerOf(b.eventId) !== undefined), { what: 'legit workers busy' });
+    const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('revoke', 's'), { delayMs: 2_000, text: 'r' });
+    await waitFor(() => daemon.runtime.pool.workerOf(eventId) === 'rev-1', { what: 'turn on rev-1', timeoutMs: 10_000 });
+
+    const revokedAt = Date.now();
+    expect(revokeWorkerKey(paths(), 'rev-1')).toBe(true);
+    await waitFor(() => !daemon.broker.isRegistered('rev-1'), { what: 'rev-1 dropped', timeoutMs: 1_000, intervalMs: 10 });
+    expect(Date.now() - revokedAt).toBeLessThan(1_000);
+    expect(daemon.runtime.pool.has('rev-1')).toBe(false);
+
+    const committedBy = await waitFor(
+      async () =>
+        (
+          await daemon.database.pool.query<{ worker_id: string }>(
+            `select worker_id from corral.turns where event_id = $1 and status = 'succeeded'`,
+            [eventId],
+          )
+        ).rows.filter(Boolean).length > 0 &&
+        (
+          await daemon.database.pool.query<{ worker_id: string }>(
+            `select worker_id from corral.turns where event_id = $1 and status = 'succeeded'`,
+            [eventId],
+          )
+        ).rows,
+      { what: 'revoked turn committed elsewhere', timeoutMs: LEGIT_COMMIT_MS },
+    );
+    expect(committedBy.map((r) => r.worker_id)).toHaveLength(1);
+    expect(committedBy[0]!.worker_id).not.toBe('rev-1');
+    // the revoked worker keeps trying to register: every attempt is refused
+    expect(daemon.broker.isRegistered('rev-1')).toBe(false);
+    await workers.get('rev-1')!.stop();
+    workers.delete('rev-1');
+  });
+
+  it('refuses an oversized event at enqueue and writes nothing', async () => {
+    const { daemon } = t;
+    const key = actorKey('big', 's');
+    await expect(daemon.events.enqueueActorEvent(daemon.database.db, key, { text: 'x'.repeat(MAX_EVENT_BYTES + 1) })).rejects.toMatchObject({
+      code: 'payload_too_large',
+    });
+    await expect(daemon.events.enqueueActorEvent(daemon.database.db, key, { text: 'nul \u0000' })).rejects.toMatchObject({
+      code: 'invalid_argument',
+    });
+    const jobs = await daemon.database.pool.query(`select 1 from pgboss.job where singleton_key = 'big/s'`);
+    expect(jobs.rowCount).toBe(0);
+  });
+
+  it('survives garbage, oversized frames, overlong turn_refs and floods; workers stay bounded; a legit turn commits in time', async () => {
+    const { daemon } = t;
+    const broker = daemon.broker;
+    const rssBefore = process.memoryUsage().rss;
+    const before = broker.stats();
+
+    // 1. an admitted but unregistered connection sends garbage, oversized frames and overlong refs
+    const noisy = peer(intruderCurve());
+    for (let i = 0; i < 200; i++) await noisy.send(Buffer.from([0xff, 0x00, i & 0xff]));
+    await noisy.send(Buffer.alloc(MAX_MESSAGE_BYTES + 10, 0x61)); // refused and counted
+    const longRef = { ...makeTurnRef(), agent_uid: 'a'.repeat(40_000) };
+    await noisy.sendJson({ v: 1, type: 'turn_result', turn_ref: longRef, messages: [] });
+    const paddedRef = { ...makeTurnRef(), padding: 'p'.repeat(30_000) };
+    await noisy.sendJson({ v: 1, type: 'turn_progress', turn_ref: paddedRef });
+    // 2. a flood of registrations with distinct ids (none allow-listed)
+    for (let i = 0; i < 1_000; i++) {
+      await noisy.sendJson({ v: 1, type: 'worker_ready', worker_id: `flood-${i}`, capacity: 1024, auth: { scheme: 'token', credential: 'x' } });
+    }
+    await waitFor(() => broker.stats().received >= before.received + 1_200, { what: 'flood received', timeoutMs: 20_000 });
+    const afterNoise = broker.stats();
+    expect(afterNoise.oversize).toBe(before.oversize + 1);
+    expect(afterNoise.registrationRefused).toBeGreaterThanOrEqual(before.registrationRefused + 1_000);
+    // answers are rate-limited per connection: most of the flood is counted, not answered
+    expect(afterNoise.refusalsSuppressed).toBeGreaterThan(before.refusalsSuppressed + 900);
+    expect(noisy.received.length).toBeLessThan(100);
+
+    // 3. a frame over twice the limit: libzmq drops that connection; the broker keeps serving
+    const huge = peer(intruderCurve());
+    await huge.send(Buffer.alloc(MAX_MESSAGE_BYTES * 3, 0x62));
+
+    // 4. a registered insider floods forged replies for deliveries this daemon never made
+    const insider = peer(intruderCurve());
+    await insider.sendJson({ v: 1, type: 'worker_ready', worker_id: 'intruder', capacity: 1, auth: { scheme: 'token', credential: intruder.token } });
+    await insider.waitFor('worker_welcome', 1, 5_000);
+    const xactBefore = await commits();
+    for (let i = 0; i < 3_000; i++) {
+      await insider.sendJson({ v: 1, type: 'turn_result', turn_ref: makeTurnRef({ agent_uid: 'legit' }), messages: [] });
+    }
+    // each is answered (backpressure may drop some answers; the count is what matters)
+    await insider.waitFor('turn_rejected', 1_000, 20_000);
+
+    // 5. many idle connections, past the connection cap
+    const idle: RawPeer[] = [];
+    for (let i = 0; i < 100; i++) idle.push(peer(intruderCurve()));
+    await waitFor(() => broker.stats().connectionsRefused > 0, { what: 'connection cap enforced', timeoutMs: 10_000 });
+
+    // the broker is alive, the legit workers still registered, and a legit turn commits in time
+    expect(broker.stats().state).toBe('running');
+    expect(broker.isRegistered('legit-1') && broker.isRegistered('legit-2')).toBe(true);
+    const by = await commitWithin('after-flood');
+    expect(['legit-1', 'legit-2']).toContain(by);
+    // most forged replies were refused before any transaction
+    expect((await commits()) - xactBefore).toBeLessThan(1_500);
+    // corral.workers holds only allow-listed ids
+    expect(await workerRows()).toBeLessThanOrEqual(4);
+    for (const p of idle) p.close();
+    const rssGrowthMb = (process.memoryUsage().rss - rssBefore) / 1024 / 1024;
+    console.info(`hostile flood: rss growth ${rssGrowthMb.toFixed(1)} MB, forged-reply transactions ${(await commits()) - xactBefore}`);
+    expect(rssGrowthMb).toBeLessThan(300);
+  });
+
+  async function commits(): Promise<number> {
+    const r = await t.daemon.database.pool.query<{ n: string }>(
+      'select xact_commit::text as n from pg_stat_database where datname = current_database()',
+    );
+    return Number(r.rows[0]!.n);
+  }
+});

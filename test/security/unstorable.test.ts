@@ -1,0 +1,84 @@
+/**
+ * Content PostgreSQL cannot store (NUL, lone surrogates) and numbers JSON cannot keep: refused at
+ * once with a clear reason, never left to hang until a lease runs out, never silently changed.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { actorKey } from '../../src/actor-key.ts';
+import type { DaemonMessage } from '../../src/fabric/protocol.ts';
+import { createWorker, type Worker } from '../../src/worker/sdk.ts';
+import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
+import { spawnCorral } from '../helpers/processes.ts';
+import { waitFor } from '../helpers/wait.ts';
+
+describe('unstorable content', () => {
+  let t: TestDaemon;
+  let worker: Worker;
+  const received: DaemonMessage[] = [];
+
+  beforeAll(async () => {
+    // the lease is long: a rejection that waited for it would fail the deadlines below
+    t = await startTestDaemon({ leaseMs: 60_000, retryLimit: 0 });
+    worker = createWorker({
+      endpoint: t.daemon.broker.endpoint,
+      workerId: 'unstorable-w',
+      logger: testLogger,
+      hooks: { onReceive: (m) => void received.push(m) },
+      handler: async (ctx) => {
+        const data = ctx.event.data as { kind?: string };
+        const text = data.kind === 'nul' ? 'before\u0000after' : data.kind === 'surrogate' ? 'half \ud83d pair' : 'fine';
+        return { messages: [{ role: 'assistant', content: { text } }] };
+      },
+    });
+    await worker.start();
+    await waitFor(() => t.daemon.runtime.pool.freeSlots() === 1, { what: 'worker registered' });
+  });
+
+  afterAll(async () => {
+    await worker?.stop();
+    await t?.stop();
+  });
+
+  for (const kind of ['nul', 'surrogate'] as const) {
+    it(`answers a result with ${kind === 'nul' ? 'a NUL' : 'a lone surrogate'} with turn_rejected{unstorable} at once and fails the turn`, async () => {
+      const { daemon } = t;
+      const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('unstorable', kind), { kind });
+      const started = Date.now();
+      const rejected = await waitFor(
+        () => received.find((m) => m.type === 'turn_rejected' && m.turn_ref.event_id === eventId),
+        { what: 'turn_rejected', timeoutMs: 5_000 },
+      );
+      expect(rejected).toMatchObject({ reason: 'unstorable' });
+      expect(rejected.type === 'turn_rejected' && rejected.detail).toMatch(/cannot store/);
+      const turn = await waitFor(
+        async () =>
+          (
+            await daemon.database.pool.query<{ status: string; error: { code: string } }>(
+              `select status, error from corral.turns where event_id = $1 and status = 'failed'`,
+              [eventId],
+            )
+          ).rows[0],
+        { what: 'turn failed', timeoutMs: 5_000 },
+      );
+      expect(turn.error.code).toBe('unstorable_result');
+      expect(Date.now() - started).toBeLessThan(5_000);
+    });
+  }
+
+  it('a clean result still commits', async () => {
+    const { daemon } = t;
+    const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('unstorable', 'clean'), { kind: 'ok' });
+    await waitFor(
+      async () =>
+        (await daemon.database.pool.query(`select 1 from corral.turns where event_id = $1 and status = 'succeeded'`, [eventId])).rowCount,
+      { what: 'commit', timeoutMs: 10_000 },
+    );
+  });
+
+  it('corral send refuses such JSON with a usage error (exit 2) before touching the database', async () => {
+    for (const json of ['{"t":"a\\u0000b"}', '{"t":"\\ud800"}', '{"n":1e400}']) {
+      const p = spawnCorral(['send', 'a/b', json], { DATABASE_URL: 'postgres://nobody@127.0.0.1:1/none' }, 'send');
+      expect(await p.exited, p.log()).toBe(2);
+      expect(p.log()).toMatch(/cannot be stored/);
+    }
+  });
+});
