@@ -17,6 +17,9 @@
  *  - wake latency: S single events, one at a time, each on an idle (warm) actor: from the enqueue
  *    call until the commit transaction returned (the LISTEN/NOTIFY path; the consumer's fallback
  *    poll is 1 s).
+ *  - the corral rounds run twice, interleaved: with CURVE (the default deployment; the headline)
+ *    and without (`--insecure`), each between two raw slices; the report gives both ratios and
+ *    what CURVE costs.
  * Each phase has its own deadline (--phase-timeout). The headline ratio is the median of the
  * per-round ratios (corral turns/s ÷ the mean of its two bracketing raw slices).
  *
@@ -44,6 +47,7 @@ import { silentLogger } from '../src/logger.ts';
 import { createBoss } from '../src/queue/boss.ts';
 import { noopMetrics, type RuntimeMetrics } from '../src/runtime/metrics.ts';
 import { runExampleWorker } from '../src/worker/example.ts';
+import { addWorkerKey, workerCredentials } from '../src/fabric/keys.ts';
 import type { Worker } from '../src/worker/sdk.ts';
 
 // ---- options ---------------------------------------------------------------------------
@@ -643,7 +647,11 @@ class CorralSession {
   private readonly opts: Options;
   private readonly serverCpu: ServerCpu;
 
-  constructor(dbUrl: string, home: string, opts: Options, serverCpu: ServerCpu) {
+  /** CURVE on the fabric (the default deployment) or off (`--insecure`), to measure its cost. */
+  private readonly curve: boolean;
+
+  constructor(dbUrl: string, home: string, opts: Options, serverCpu: ServerCpu, curve = true) {
+    this.curve = curve;
     this.serverCpu = serverCpu;
     this.dbUrl = dbUrl;
     this.home = home;
@@ -663,6 +671,7 @@ class CorralSession {
         endpoint: 'tcp://127.0.0.1:0',
         queueName: `bench-events-${randomBytes(4).toString('hex')}`,
         logLevel: 'silent',
+        insecure: !this.curve,
       },
       {},
     );
@@ -688,10 +697,21 @@ class CorralSession {
     await daemon.start();
     const { workers: w, capacity } = this.opts;
     for (let i = 0; i < w; i++) {
-      workers.push(await runExampleWorker({ endpoint: daemon.broker.endpoint, workerId: `bench-w${i}`, capacity, logger: silentLogger }));
+      const workerId = `bench-w${i}`;
+      const security = daemon.security;
+      const credentials = security ? workerCredentials(addWorkerKey(security.paths, security.keys.publicKey, workerId)) : undefined;
+      workers.push(
+        await runExampleWorker({
+          endpoint: daemon.broker.endpoint,
+          workerId,
+          capacity,
+          logger: silentLogger,
+          ...(credentials ? { credentials } : {}),
+        }),
+      );
     }
     await until(() => daemon.runtime.pool.freeSlots() === w * capacity, performance.now() + 15_000, `${w} workers registered`);
-    progress(`${w} workers × ${capacity} slots registered at ${daemon.broker.endpoint}`);
+    progress(`${w} workers × ${capacity} slots registered at ${daemon.broker.endpoint} (CURVE ${this.curve ? 'on' : 'off'})`);
 
     // Warm-up on other actors: JIT, connection pools, socket paths. Not measured.
     const warm = Array.from({ length: Math.min(60, this.opts.events) }, (_, i) => ({
@@ -887,6 +907,10 @@ class StatementTracker {
 interface Report {
   /** Headline: the median of the per-round ratios (each round against its bracketing raw slices). */
   ratio: number;
+  /** The same ratio with CURVE off (`--insecure`), from rounds interleaved with the CURVE ones. */
+  ratioWithoutCurve: number;
+  roundRatiosWithoutCurve: number[];
+  turnsPerSecWithoutCurve: number;
   /** Pooled: corral turns/s over all rounds ÷ raw jobs/s over all slices. */
   pooledRatio: number;
   /**
@@ -936,6 +960,10 @@ function printTable(r: Report): void {
   const c = r.corral;
   const rows: [string, string][] = [
     ['ratio corral / raw', `${r.ratio.toFixed(4)}  (median of ${r.roundRatios.length} rounds: ${r.roundRatios.map((x) => x.toFixed(4)).join(', ')}; pooled ${r.pooledRatio.toFixed(4)})`],
+    [
+      'ratio without CURVE',
+      `${r.ratioWithoutCurve.toFixed(4)}  (median of ${r.roundRatiosWithoutCurve.map((x) => x.toFixed(4)).join(', ')}; ${f0(r.turnsPerSecWithoutCurve)} turns/s; CURVE costs ${f1((1 - r.ratio / r.ratioWithoutCurve) * 100)} %)`,
+    ],
     ['corral end to end', `${f0(c.turnsPerSec)} turns/s  (${c.events} turns in ${f0(c.totalMs)} ms; rounds ${c.rounds.map((x) => f0(x.turnsPerSec)).join(' / ')})`],
     [
       'raw pg-boss fetch+complete',
@@ -1079,25 +1107,38 @@ async function main(): Promise<number> {
     };
 
     const session = new CorralSession(db.url, home, opts, db.serverCpuMs);
+    // The same rounds without CURVE, interleaved with the CURVE rounds: the cost of encryption
+    // and admission, measured in the same run under the same conditions.
+    const plain = new CorralSession(db.url, home, opts, db.serverCpuMs, false);
     const statements = opts.statements && db.source === 'embedded' ? new StatementTracker(admin) : undefined;
     if (opts.statements && !statements) progress('--statements needs the embedded database; ignored');
     cleanup.defer('stop corral', () => session.stop());
+    cleanup.defer('stop corral without CURVE', () => plain.stop());
     progress(`raw warm-up: ${Math.min(200, opts.events)} jobs`);
     await rawBaseline(boss, rawQueue, Math.min(200, opts.events), Math.min(opts.actors, 50), performance.now() + opts.phaseTimeoutMs);
     await session.start();
+    await plain.start();
 
-    // raw 0, corral 1, raw 1, corral 2, …, raw R: every corral round sits between two raw slices.
+    // raw 0, corral 1, raw 1, plain 1, raw 2, corral 2, …: every corral round (CURVE on, and
+    // off) sits between two raw slices.
     const slices: RawResult[] = [await raw(0)];
     const roundRatios: number[] = [];
+    const plainRatios: number[] = [];
     for (let i = 0; i < opts.rounds; i++) {
       await analyze();
       await statements?.begin();
       const round = await session.round(sizes[i]!, `corral ${i + 1}/${opts.rounds}`);
       await statements?.end();
-      slices.push(await raw(i + 1));
-      roundRatios.push(round.turnsPerSec / ((slices[i]!.jobsPerSec + slices[i + 1]!.jobsPerSec) / 2));
+      slices.push(await raw(slices.length));
+      roundRatios.push(round.turnsPerSec / ((slices.at(-2)!.jobsPerSec + slices.at(-1)!.jobsPerSec) / 2));
+      await analyze();
+      const plainRound = await plain.round(sizes[i]!, `corral without CURVE ${i + 1}/${opts.rounds}`);
+      slices.push(await raw(slices.length));
+      plainRatios.push(plainRound.turnsPerSec / ((slices.at(-2)!.jobsPerSec + slices.at(-1)!.jobsPerSec) / 2));
     }
     const corral = await session.result();
+    const corralPlain = await plain.result();
+    await plain.stop();
     const wake = opts.samples > 0 ? await session.wake(opts.samples) : undefined;
     progress('stopping workers and daemon');
     await session.stop();
@@ -1112,6 +1153,9 @@ async function main(): Promise<number> {
     const corralCpu = corral.serverCpuMsPerTurn !== undefined ? corral.processCpuMsPerTurn + corral.serverCpuMsPerTurn : undefined;
     const report: Report = {
       ratio: median(roundRatios),
+      ratioWithoutCurve: median(plainRatios),
+      roundRatiosWithoutCurve: plainRatios,
+      turnsPerSecWithoutCurve: corralPlain.turnsPerSec,
       pooledRatio: corral.turnsPerSec / rawRate,
       ...(rawCpu !== undefined && corralCpu !== undefined ? { cpuRatio: rawCpu / corralCpu } : {}),
       roundRatios,

@@ -25,7 +25,7 @@ export const MAX_CAPACITY = 1024;
 /** Longest `turn_ref` (as JSON) accepted from a worker. */
 export const MAX_TURN_REF_CHARS = 2048;
 
-/** A worker id doubles as the ZeroMQ routing id, so it must be short, printable ASCII. */
+/** A worker id appears in logs, metrics and the database: short, printable ASCII. */
 export const WORKER_ID_PATTERN = /^[A-Za-z0-9._:-]{1,64}$/;
 
 export function isValidWorkerId(id: string): boolean {

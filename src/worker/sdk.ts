@@ -58,7 +58,7 @@ export interface WorkerHooks {
 export interface WorkerOptions {
   /** The daemon's ROUTER, e.g. `tcp://127.0.0.1:5555`. */
   endpoint: string;
-  /** Also the routing id: 1..64 chars of [A-Za-z0-9._:-]. */
+  /** 1..64 chars of [A-Za-z0-9._:-]; with CURVE, the id the key file was issued for. */
   workerId: string;
   /** Concurrent turns, 1..1024. Default 1. */
   capacity?: number;

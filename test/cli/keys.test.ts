@@ -1,0 +1,69 @@
+/** `corral keys …` and the security flags, as subprocesses: output, exit codes, file modes, no secrets. */
+import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { CORRAL, run } from './helpers.ts';
+
+const home = mkdtempSync(join(tmpdir(), 'corral-keys-'));
+const env = { CORRAL_HOME: home, DATABASE_URL: 'postgres://nobody@127.0.0.1:1/none' };
+const corral = (...args: string[]) => run([CORRAL, ...args], env);
+
+afterAll(() => rmSync(home, { recursive: true, force: true }));
+
+describe('corral keys', () => {
+  it('init, add-worker, list, revoke; files 0600 in a 0700 folder; list shows no secrets', async () => {
+    const init = await corral('keys', 'init');
+    expect(init.code, init.stderr).toBe(0);
+    expect(init.stdout).toMatch(/created: .*daemon\.key/);
+    const serverKey = /server public key: (\S{40})/.exec(init.stdout)![1]!;
+    expect(statSync(join(home, 'keys')).mode & 0o777).toBe(0o700);
+    expect(statSync(join(home, 'keys', 'daemon.key')).mode & 0o777).toBe(0o600);
+    expect((await corral('keys', 'init')).stdout).toMatch(/^exists:/);
+
+    const out = join(home, 'w1.key');
+    const add = await corral('keys', 'add-worker', 'w1', '--capacity', '2', '--out', out);
+    expect(add.code, add.stderr).toBe(0);
+    expect(statSync(out).mode & 0o777).toBe(0o600);
+    const file = JSON.parse(readFileSync(out, 'utf8')) as Record<string, string>;
+    expect(file).toMatchObject({ format: 'corral-worker-key/1', worker_id: 'w1', server_key: serverKey });
+    expect((await corral('keys', 'add-worker', 'w1', '--out', out)).code).toBe(2); // exists, no --force
+
+    const printed = await corral('keys', 'add-worker', 'w2');
+    expect(printed.code).toBe(0);
+    const w2 = JSON.parse(printed.stdout) as Record<string, string>;
+    const list = await corral('keys', 'list', '--json');
+    expect(list.code).toBe(0);
+    const entries = JSON.parse(list.stdout) as Array<Record<string, unknown>>;
+    expect(entries.map((e) => [e.worker_id, e.capacity])).toEqual([
+      ['w1', 2],
+      ['w2', undefined],
+    ]);
+    for (const secret of [file.secret_key!, file.token!, w2.secret_key!, w2.token!]) {
+      expect(list.stdout).not.toContain(secret);
+      expect(readFileSync(join(home, 'keys', 'workers.json'), 'utf8')).not.toContain(secret);
+    }
+
+    expect((await corral('keys', 'revoke', 'w2')).code).toBe(0);
+    expect((await corral('keys', 'revoke', 'w2')).code).toBe(3);
+    expect((await corral('keys', 'add-worker', 'bad id!')).code).toBe(2);
+    for (const sub of ['init', 'add-worker', 'list', 'revoke']) expect((await corral('keys', sub, '--help')).code).toBe(0);
+  });
+
+  it('refuses --insecure on a non-loopback endpoint without --insecure-remote', async () => {
+    const r = await corral('daemon', '--insecure', '--endpoint', 'tcp://0.0.0.0:5999');
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(/insecure-remote/);
+  });
+
+  it('a worker without a key file and without the daemon key under CORRAL_HOME exits 2 and says what to do', async () => {
+    const empty = mkdtempSync(join(tmpdir(), 'corral-nokey-'));
+    try {
+      const r = await run([CORRAL, 'worker', '--id', 'w9'], { ...env, CORRAL_HOME: empty });
+      expect(r.code).toBe(2);
+      expect(r.stderr).toMatch(/--key-file/);
+    } finally {
+      rmSync(empty, { recursive: true, force: true });
+    }
+  });
+});
