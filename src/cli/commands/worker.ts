@@ -1,5 +1,4 @@
 /** `corral worker`: runs the bundled example worker until SIGINT/SIGTERM. */
-import { existsSync } from 'node:fs';
 import { hostname } from 'node:os';
 import type { Config } from '../../config.ts';
 import { CorralError } from '../../errors.ts';
@@ -15,9 +14,9 @@ export interface WorkerCommandOptions {
 }
 
 /**
- * Where the worker's key comes from, in order: `--key-file` (or CORRAL_WORKER_KEY_FILE); else,
- * when `CORRAL_HOME` holds the daemon's keys (same machine, same user), a key issued there on
- * first use; else an error naming both ways out. `--insecure` skips CURVE.
+ * Where the worker's key comes from: `--key-file` (or CORRAL_WORKER_KEY_FILE); else a key issued
+ * on first use under `CORRAL_HOME`, which works with a daemon using the same `CORRAL_HOME` (same
+ * machine, same user). `--insecure` skips CURVE.
  */
 export async function resolveWorkerCredentials(
   config: Config,
@@ -41,12 +40,8 @@ export async function resolveWorkerCredentials(
     ...(config.daemonKeyFile ? { daemonKeyFile: config.daemonKeyFile } : {}),
     ...(config.allowlistFile ? { allowlistFile: config.allowlistFile } : {}),
   });
-  if (!existsSync(paths.daemonKey)) {
-    throw new CorralError(
-      'invalid_config',
-      `no worker key: pass --key-file (made by \`corral keys add-worker <id> --out FILE\`), run with the daemon's CORRAL_HOME (no daemon key at ${paths.daemonKey}), or --insecure`,
-    );
-  }
+  // The daemon's keypair is created by whichever of the daemon and its workers starts first
+  // (exclusively: both end up with the same one), so start order does not matter.
   const workerId = requestedId ?? defaultId();
   const file = keys.ensureLocalWorkerKey(paths, workerId);
   return { workerId, credentials: keys.workerCredentials(keys.readWorkerKeyFile(file), config.serverKey), source: file };
@@ -66,6 +61,12 @@ export async function runWorkerCommand(config: Config, opts: WorkerCommandOption
     ...(credentials ? { credentials } : {}),
   });
   logger.info({ workerId, endpoint, curve: credentials !== undefined, key: credentials ? source : undefined }, 'example worker running');
+  if (credentials && !config.workerKeyFile) {
+    logger.info(
+      { key: source },
+      'using a key issued under CORRAL_HOME: it is accepted by a daemon with the same CORRAL_HOME; for another daemon use --key-file from `corral keys add-worker`',
+    );
+  }
   await new Promise<void>((resolve) => {
     const stop = () => resolve();
     process.once('SIGINT', stop);
