@@ -10,7 +10,7 @@
  *  4. A reply that fails the fence changes nothing and is answered `turn_rejected{reason}`.
  */
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
-import type { Clock } from '../clock.ts';
+import type { Clock, TimerHandle } from '../clock.ts';
 import { FenceRejected, errorMessage, isConnectionError, toError } from '../errors.ts';
 import type { BrokerEvent, SendResult } from '../fabric/broker.ts';
 import type { DaemonMessage } from '../fabric/protocol.ts';
@@ -44,6 +44,8 @@ const MAX_DEAD_ROUTES_PER_DISPATCH = 3;
  * beyond it they are rejected at once, before any transaction.
  */
 const UNKNOWN_REPLY_BURST = 20;
+/** After a dispatch gave up on dead routes, the parked turn is tried again this soon. */
+const PARKED_RETRY_MS = 100;
 const UNKNOWN_REPLY_PER_SECOND = 10;
 
 /** turn_error codes meaning "the worker did not run this turn": it goes elsewhere, no retry is spent. */
@@ -86,6 +88,7 @@ export class Runtime {
   private lastHeartbeatWrite = new Map<string, number>();
   /** Per-worker token buckets for replies about unknown deliveries. */
   private readonly unknownReplyBudget = new Map<string, { tokens: number; atMs: number }>();
+  private parkedRetry: TimerHandle | null = null;
   private stopping = false;
 
   constructor(opts: RuntimeOptions) {
@@ -168,11 +171,15 @@ export class Runtime {
       this.log.warn({ ...fenceFields(f.fence), workerId: f.workerId, reason: res.reason }, 'turn_start send failed');
       tried.add(f.workerId);
       if (res.reason === 'unknown_route' || res.reason === 'closed') this.forgetWorker(f.workerId);
-      const next = tried.size >= MAX_DEAD_ROUTES_PER_DISPATCH ? undefined : this.pool.acquire(eventId, tried);
+      const capped = tried.size >= MAX_DEAD_ROUTES_PER_DISPATCH;
+      const next = capped ? undefined : this.pool.acquire(eventId, tried);
       if (next === undefined) {
         this.pool.release(eventId);
         f.workerId = null;
         this.parked.push(eventId);
+        // The dead routes tried are forgotten; try again shortly rather than wait for the next
+        // worker event, so a turn gets past many dead routes a few at a time.
+        if (capped) this.retryParkedSoon();
         return;
       }
       await this.redirect(eventId, next, `send failed: ${res.reason}`);
@@ -209,6 +216,18 @@ export class Runtime {
       attempt: f.turn.attempt,
       lease_expires_at: f.turn.leaseExpiresAt.toISOString(),
     };
+  }
+
+  private retryParkedSoon(): void {
+    if (this.parkedRetry || this.stopping) return;
+    this.parkedRetry = this.opts.clock.setTimeout(() => {
+      this.parkedRetry = null;
+      try {
+        this.dispatchParked();
+      } catch (e) {
+        this.log.error({ err: toError(e) }, 'dispatching parked turns failed');
+      }
+    }, PARKED_RETRY_MS);
   }
 
   private dispatchParked(): void {
@@ -502,6 +521,8 @@ export class Runtime {
   /** Stops retrying database work (shutdown). */
   stop(): void {
     this.stopping = true;
+    this.parkedRetry?.cancel();
+    this.parkedRetry = null;
   }
 
   private async reply(workerId: string, msg: DaemonMessage): Promise<void> {
