@@ -1,17 +1,15 @@
-/** The `corral` command line. Every command has `--help`; errors map to exit codes (see exit.ts). */
+/**
+ * The `corral` command line. Every command has `--help`; errors map to exit codes (see exit.ts).
+ *
+ * Start-up time is part of the interface (`corral send` runs in scripts, `--help` at a prompt):
+ * this module loads only commander; the configuration module loads before an action runs, and
+ * each command's module (with the database, pg-boss or ZeroMQ it needs) when it runs.
+ */
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import type { Config } from '../config.ts';
 import { CorralError } from '../errors.ts';
 import { exitCodeFor, messageFor, EXIT } from './exit.ts';
-import { resolveConfig } from './context.ts';
-import { runDaemonCommand } from './commands/daemon.ts';
-import { runWorkerCommand } from './commands/worker.ts';
-import { runSendCommand } from './commands/send.ts';
-import { runTranscriptCommand } from './commands/transcript.ts';
-import { runMigrateCommand, runStopEmbeddedCommand } from './commands/db.ts';
-import { runCancelCommand, runSteerCommand } from './commands/steer.ts';
-import { registerDlqCommands } from './commands/dlq.ts';
-import { runActorCommand, runStatusCommand } from './commands/status.ts';
+import { registerDlqCommands } from './commands/dlq-cli.ts';
 
 export function intArg(min: number, max: number) {
   return (value: string): number => {
@@ -36,13 +34,21 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride();
 
+  let loadConfig: typeof import('../config.ts').loadConfig | undefined;
+  program.hook('preAction', async () => {
+    loadConfig ??= (await import('../config.ts')).loadConfig;
+  });
   const config = (extra: Partial<Config> = {}): Config => {
     const g = program.opts<Globals>();
-    return resolveConfig({
-      ...(g.logLevel ? { logLevel: g.logLevel } : {}),
-      ...(g.pretty ? { logPretty: true } : {}),
-      ...extra,
-    });
+    if (!loadConfig) throw new CorralError('internal', 'configuration read before the command ran');
+    return loadConfig(
+      {
+        ...(g.logLevel ? { logLevel: g.logLevel } : {}),
+        ...(g.pretty ? { logPretty: true } : {}),
+        ...extra,
+      },
+      process.env,
+    );
   };
 
   program
@@ -55,13 +61,15 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .option('--metrics-host <host>', 'address for the metrics server (default CORRAL_METRICS_HOST or 127.0.0.1)')
     .action((o: { workers: number; workerCapacity: number; endpoint?: string; metricsPort?: number; metricsHost?: string }) =>
       run(
-        runDaemonCommand(
-          config({
-            ...(o.endpoint ? { endpoint: o.endpoint } : {}),
-            ...(o.metricsPort !== undefined ? { metricsPort: o.metricsPort } : {}),
-            ...(o.metricsHost ? { metricsHost: o.metricsHost } : {}),
-          }),
-          o,
+        import('./commands/daemon.ts').then((m) =>
+          m.runDaemonCommand(
+            config({
+              ...(o.endpoint ? { endpoint: o.endpoint } : {}),
+              ...(o.metricsPort !== undefined ? { metricsPort: o.metricsPort } : {}),
+              ...(o.metricsHost ? { metricsHost: o.metricsHost } : {}),
+            }),
+            o,
+          ),
         ),
       ),
     );
@@ -74,7 +82,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .option('--capacity <n>', 'concurrent turns', intArg(1, 1024), 1)
     .addOption(new Option('--duplicate-results', 'send every result twice (fault injection)').hideHelp())
     .action((o: { id?: string; endpoint?: string; capacity: number; duplicateResults?: boolean }) =>
-      run(runWorkerCommand(config(), o)),
+      run(import('./commands/worker.ts').then((m) => m.runWorkerCommand(config(), o))),
     );
 
   program
@@ -82,51 +90,51 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .description('enqueue an event for an actor and print its id')
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .argument('<json>', 'the event payload, JSON (e.g. \'{"text":"hi"}\')')
-    .action((actor: string, json: string) => run(runSendCommand(config(), actor, json, process.stdout)));
+    .action((actor: string, json: string) => run(import('./commands/send.ts').then((m) => m.runSendCommand(config(), actor, json, process.stdout))));
 
   program
     .command('transcript')
     .description("print an actor's committed transcript")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .option('--json', 'JSON output')
-    .action((actor: string, o: { json?: boolean }) => run(runTranscriptCommand(config(), actor, o, process.stdout)));
+    .action((actor: string, o: { json?: boolean }) => run(import('./commands/transcript.ts').then((m) => m.runTranscriptCommand(config(), actor, o, process.stdout))));
 
   program
     .command('steer')
     .description("steer an actor's live turn in place: the worker gets the input and a new revision")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .argument('<json>', 'the steering input, JSON')
-    .action((actor: string, json: string) => run(runSteerCommand(config(), actor, json, process.stdout)));
+    .action((actor: string, json: string) => run(import('./commands/steer.ts').then((m) => m.runSteerCommand(config(), actor, json, process.stdout))));
 
   program
     .command('cancel')
     .description("cancel an actor's live turn: the worker is told to stop, the turn is recorded as cancelled")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .option('--reason <text>', 'why (recorded on the turn)')
-    .action((actor: string, o: { reason?: string }) => run(runCancelCommand(config(), actor, o, process.stdout)));
+    .action((actor: string, o: { reason?: string }) => run(import('./commands/steer.ts').then((m) => m.runCancelCommand(config(), actor, o, process.stdout))));
 
   program
     .command('status')
     .description('queue depths, dead letters, live activations, workers, oldest waiting event')
     .option('--json', 'JSON output')
-    .action((o: { json?: boolean }) => run(runStatusCommand(config(), o, process.stdout)));
+    .action((o: { json?: boolean }) => run(import('./commands/status.ts').then((m) => m.runStatusCommand(config(), o, process.stdout))));
 
   program
     .command('actor')
     .description("one actor: its activation, pending events, recent turns and dead letters")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .option('--json', 'JSON output')
-    .action((actor: string, o: { json?: boolean }) => run(runActorCommand(config(), actor, o, process.stdout)));
+    .action((actor: string, o: { json?: boolean }) => run(import('./commands/status.ts').then((m) => m.runActorCommand(config(), actor, o, process.stdout))));
 
   registerDlqCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
 
   const db = program.command('db').description('database maintenance');
   db.command('migrate')
     .description("apply corral's migrations and pg-boss's schema (safe with several daemons)")
-    .action(() => run(runMigrateCommand(config(), process.stdout)));
+    .action(() => run(import('./commands/db.ts').then((m) => m.runMigrateCommand(config(), process.stdout))));
   db.command('stop')
     .description('stop the embedded PostgreSQL under .corral/ (if running)')
-    .action(() => run(runStopEmbeddedCommand(config(), process.stdout)));
+    .action(() => run(import('./commands/db.ts').then((m) => m.runStopEmbeddedCommand(config(), process.stdout))));
 
   return program;
 }

@@ -5,32 +5,12 @@
  */
 import { sql } from 'drizzle-orm';
 import { fromDrizzle, type PgBoss } from 'pg-boss';
-import { v7 as uuidv7 } from 'uuid';
-import { formatActorKey, type ActorKey } from '../actor-key.ts';
+import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
 import { CorralError } from '../errors.ts';
+import { actorEventJob, type EnqueuedEvent } from './event-job.ts';
 
-/** What a job of the actor queue carries. */
-export interface ActorEventJobData {
-  agentUid: string;
-  sessionId: string;
-  payload: unknown;
-  enqueuedAt: string;
-}
-
-export interface EnqueuedEvent {
-  eventId: string;
-  actorKey: ActorKey;
-}
-
-function toJsonPayload(event: unknown): unknown {
-  if (event === undefined) throw new CorralError('invalid_argument', 'an event payload is required');
-  try {
-    return JSON.parse(JSON.stringify(event)) as unknown;
-  } catch (e) {
-    throw new CorralError('invalid_argument', 'the event payload must be JSON-serialisable', { cause: e });
-  }
-}
+export type { ActorEventJobData, EnqueuedEvent } from './event-job.ts';
 
 export interface EventQueue {
   readonly queueName: string;
@@ -41,15 +21,7 @@ export interface EventQueue {
 }
 
 export function createEventQueue(boss: PgBoss, queueName: string): EventQueue {
-  const jobOf = (key: ActorKey, event: unknown) => {
-    const data: ActorEventJobData = {
-      agentUid: key.agentUid,
-      sessionId: key.sessionId,
-      payload: toJsonPayload(event),
-      enqueuedAt: new Date().toISOString(),
-    };
-    return { id: uuidv7(), data, singletonKey: formatActorKey(key) };
-  };
+  const jobOf = actorEventJob;
   return {
     queueName,
     async enqueueActorEvent(dbOrTx, key, event) {
