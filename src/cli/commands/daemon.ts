@@ -55,6 +55,31 @@ function extraChildren(
   return (endpoint) => [...(http ? [http] : []), ...(workers?.(endpoint) ?? [])];
 }
 
+/** `npm exec` (npx) or `npm run`, when one of them started this process. */
+function launchedBy(): string | undefined {
+  return process.env.npm_command;
+}
+
+/**
+ * `npx corral daemon` runs the daemon under `sh -c` under npm: a SIGTERM to npm (what a process
+ * manager sends) ends npm and the shell but never reaches the daemon, which would keep running
+ * with its workers and hold the port. When npm started us, losing our parent means the process
+ * the user manages is gone: stop as on SIGTERM. (Run directly, e.g. `nohup corral daemon &`,
+ * the daemon outlives its parent as usual.)
+ */
+function watchLauncher(onGone: () => void): () => void {
+  if (!launchedBy()) return () => undefined;
+  const parent = process.ppid;
+  const timer = setInterval(() => {
+    if (process.ppid !== parent) {
+      clearInterval(timer);
+      onGone();
+    }
+  }, 500);
+  timer.unref();
+  return () => clearInterval(timer);
+}
+
 export async function runDaemonCommand(config: Config, opts: DaemonCommandOptions): Promise<number> {
   const logger = commandLogger(config, { daemon: true });
   const { url, embedded } = await resolveDatabase(config, logger);
@@ -83,6 +108,10 @@ export async function runDaemonCommand(config: Config, opts: DaemonCommandOption
   };
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
+  const stopWatching = watchLauncher(() => {
+    logger.info({ launcher: launchedBy() }, 'the npm process that started the daemon is gone: shutting down');
+    onSignal('SIGTERM');
+  });
   try {
     await daemon.prepare();
     const handle = daemon.startSupervisor();
@@ -101,6 +130,7 @@ export async function runDaemonCommand(config: Config, opts: DaemonCommandOption
   } finally {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
+    stopWatching();
     if (embedded?.startedHere) await embedded.stop();
   }
 }
