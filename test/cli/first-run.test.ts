@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { CORRAL, ROOT, run } from './helpers.ts';
 import { createTestDatabase } from '../helpers/db.ts';
-import { freePort, killAll, safeKill, spawnCorral, type Proc } from '../helpers/processes.ts';
+import { childPids, freePort, killAll, safeKill, spawnCorral, type Proc } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 const homes: string[] = [];
@@ -72,7 +72,7 @@ describe('a fresh CORRAL_HOME', () => {
     const sends: Proc[] = Array.from({ length: 5 }, (_, i) => spawnCorral(['send', `race-${i}/s`, '{"text":"x"}'], env, `send-${i}`));
     const codes = await Promise.all(sends.map((s) => s.exited));
     expect(codes, sends.map((s) => s.log()).join('\n')).toEqual([0, 0, 0, 0, 0]);
-    await waitFor(() => daemon.log().includes('corral daemon running'), { timeoutMs: 90_000, what: `the daemon to run:\n${daemon.log()}` });
+    await waitFor(() => daemon.log().includes('corral daemon running'), { timeoutMs: 90_000, what: 'the daemon to run' });
     expect(postmastersOf(home)).toBe(1);
     for (let i = 0; i < 5; i++) {
       await waitFor(async () => (await run([CORRAL, 'transcript', `race-${i}/s`], env)).stdout.includes('echo: x'), {
@@ -167,5 +167,19 @@ describe('SIGTERM to the process the user started', () => {
     const { launcher, log } = await startUnder('npx', ['corral', 'daemon', '--workers', '1']);
     await expectAllGoneAfterSigterm(launcher, log, 1);
     expect(log()).toMatch(/shutting down/);
+  }, 120_000);
+
+  it('a daemon killed with -9 takes its local workers with it', async () => {
+    const db = await createTestDatabase();
+    const daemon = spawnCorral(['daemon', '--workers', '1'], {
+      DATABASE_URL: db.url,
+      CORRAL_HOME: await freshHome(),
+      CORRAL_ENDPOINT: `tcp://127.0.0.1:${await freePort()}`,
+    });
+    await waitFor(() => daemon.log().includes('"worker ready"'), { timeoutMs: 60_000, what: 'the worker' });
+    const workers = childPids(daemon.child.pid!, ' worker ');
+    expect(workers).toHaveLength(1);
+    daemon.child.kill('SIGKILL');
+    await waitFor(() => workers.every((pid) => !alive(pid)), { timeoutMs: 10_000, intervalMs: 100, what: 'the orphaned worker to exit' });
   }, 120_000);
 });

@@ -12,7 +12,8 @@ import type { Logger } from '../../logger.ts';
 import { observabilityChild } from '../../observability/daemon-child.ts';
 import { createMetrics, type Metrics } from '../../observability/metrics.ts';
 import { processChild, type ChildSpec } from '../../supervisor/index.ts';
-import { commandLogger, resolveDatabase } from '../context.ts';
+import { commandLogger, resolveDatabase } from '../database.ts';
+import { parentWatchReason, STOP_WITH_PARENT_ENV, watchParent } from '../parent-watch.ts';
 
 const CORRAL_BIN = fileURLToPath(new URL('../../../bin/corral.js', import.meta.url));
 
@@ -33,7 +34,7 @@ function localWorkers(count: number, capacity: number, config: Config): (endpoin
         factory: processChild({
           command: process.execPath,
           args: [CORRAL_BIN, 'worker', '--id', id, '--endpoint', endpoint, '--capacity', String(capacity)],
-          env: { ...process.env, CORRAL_LOG_LEVEL: config.logLevel },
+          env: { ...process.env, CORRAL_LOG_LEVEL: config.logLevel, [STOP_WITH_PARENT_ENV]: '1' },
           killTimeoutMs: 5_000,
         }),
       };
@@ -53,31 +54,6 @@ function extraChildren(
       : undefined;
   if (!workers && !http) return undefined;
   return (endpoint) => [...(http ? [http] : []), ...(workers?.(endpoint) ?? [])];
-}
-
-/** `npm exec` (npx) or `npm run`, when one of them started this process. */
-function launchedBy(): string | undefined {
-  return process.env.npm_command;
-}
-
-/**
- * `npx corral daemon` runs the daemon under `sh -c` under npm: a SIGTERM to npm (what a process
- * manager sends) ends npm and the shell but never reaches the daemon, which would keep running
- * with its workers and hold the port. When npm started us, losing our parent means the process
- * the user manages is gone: stop as on SIGTERM. (Run directly, e.g. `nohup corral daemon &`,
- * the daemon outlives its parent as usual.)
- */
-function watchLauncher(onGone: () => void): () => void {
-  if (!launchedBy()) return () => undefined;
-  const parent = process.ppid;
-  const timer = setInterval(() => {
-    if (process.ppid !== parent) {
-      clearInterval(timer);
-      onGone();
-    }
-  }, 500);
-  timer.unref();
-  return () => clearInterval(timer);
 }
 
 export async function runDaemonCommand(config: Config, opts: DaemonCommandOptions): Promise<number> {
@@ -108,10 +84,13 @@ export async function runDaemonCommand(config: Config, opts: DaemonCommandOption
   };
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
-  const stopWatching = watchLauncher(() => {
-    logger.info({ launcher: launchedBy() }, 'the npm process that started the daemon is gone: shutting down');
-    onSignal('SIGTERM');
-  });
+  const launcher = parentWatchReason(process.env, 'daemon');
+  const stopWatching = launcher
+    ? watchParent(() => {
+        logger.info({ launcher }, 'the process that started the daemon is gone: shutting down');
+        onSignal('SIGTERM');
+      })
+    : () => undefined;
   try {
     await daemon.prepare();
     const handle = daemon.startSupervisor();

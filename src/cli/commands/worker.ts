@@ -2,7 +2,8 @@
 import { hostname } from 'node:os';
 import type { Config } from '../../config.ts';
 import { runExampleWorker } from '../../worker/example.ts';
-import { commandLogger } from '../context.ts';
+import { commandLogger } from '../database.ts';
+import { parentWatchReason, watchParent } from '../parent-watch.ts';
 
 export interface WorkerCommandOptions {
   id?: string;
@@ -22,11 +23,20 @@ export async function runWorkerCommand(config: Config, opts: WorkerCommandOption
     duplicateResults: opts.duplicateResults ?? false,
   });
   logger.info({ workerId, endpoint: opts.endpoint ?? config.endpoint }, 'example worker running');
+  const launcher = parentWatchReason(process.env, 'worker');
+  let stopWatching = () => undefined as void;
   await new Promise<void>((resolve) => {
     const stop = () => resolve();
     process.once('SIGINT', stop);
     process.once('SIGTERM', stop);
+    if (launcher) {
+      stopWatching = watchParent(() => {
+        logger.warn({ workerId, launcher }, 'the daemon that started this worker is gone: stopping');
+        stop();
+      });
+    }
   });
+  stopWatching();
   await worker.stop({ graceMs: 0 });
   return 0;
 }
