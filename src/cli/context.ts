@@ -7,7 +7,6 @@ import { openDatabase, type Database } from '../db/client.ts';
 import { CorralError, isConnectionError, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { commandLogger, resolveDatabase } from './database.ts';
-import { createBoss, ensureQueues } from '../queue/boss.ts';
 import type { PgBoss } from 'pg-boss';
 
 export interface GlobalOptions {
@@ -64,6 +63,8 @@ export async function openCommandContext(config: Config, opts: { needsSchema?: b
     database,
     async boss() {
       if (!boss) {
+        // Loaded here: most commands read corral's tables and never need pg-boss.
+        const { createBoss, ensureQueues } = await import('../queue/boss.ts');
         boss = createBoss(url, config, { max: 4, onError: (e) => logger.warn({ err: e.message }, 'pg-boss error') });
         await boss.start();
         await ensureQueues(boss, config, { updateExisting: false });

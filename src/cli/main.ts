@@ -19,6 +19,13 @@ export function intArg(min: number, max: number) {
   };
 }
 
+/**
+ * Turns one worker process runs at once. An agent's turn mostly waits on a model or a tool; 32
+ * is within noise of the best rate for instant turns and 25× capacity 1 for 0.5 s turns
+ * (`npm run bench:capacity`, docs/benchmarks.md#worker-capacity).
+ */
+export const DEFAULT_WORKER_CAPACITY = 32;
+
 interface Globals {
   logLevel?: Config['logLevel'];
   pretty?: boolean;
@@ -55,7 +62,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .command('daemon')
     .description('apply migrations, then run the daemon (broker, queue consumer, watchdog, recovery)')
     .option('--workers <n>', 'also run N local example workers as supervised processes', intArg(0, 64), 0)
-    .option('--worker-capacity <n>', 'concurrent turns per local worker', intArg(1, 1024), 1)
+    .option('--worker-capacity <n>', 'concurrent turns per local worker', intArg(1, 1024), DEFAULT_WORKER_CAPACITY)
     .option('--endpoint <url>', 'ZeroMQ endpoint to bind (default CORRAL_ENDPOINT or tcp://127.0.0.1:5555)')
     .option('--metrics-port <port>', 'serve /metrics, /healthz, /readyz on this port (default CORRAL_METRICS_PORT; off when unset)', intArg(0, 65_535))
     .option('--metrics-host <host>', 'address for the metrics server (default CORRAL_METRICS_HOST or 127.0.0.1)')
@@ -79,7 +86,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .description('run the bundled example worker ({"text"}: echo, {"delayMs"}: wait, {"fail": true}: turn_error)')
     .option('--id <id>', 'worker id (default: <host>-<pid>)')
     .option('--endpoint <url>', "the daemon's endpoint (default CORRAL_ENDPOINT or tcp://127.0.0.1:5555)")
-    .option('--capacity <n>', 'concurrent turns', intArg(1, 1024), 1)
+    .option('--capacity <n>', 'concurrent turns (size by turn length × turns/s wanted; see docs/benchmarks.md)', intArg(1, 1024), DEFAULT_WORKER_CAPACITY)
     .addOption(new Option('--duplicate-results', 'send every result twice (fault injection)').hideHelp())
     .action((o: { id?: string; endpoint?: string; capacity: number; duplicateResults?: boolean }) =>
       run(import('./commands/worker.ts').then((m) => m.runWorkerCommand(config(), o))),
