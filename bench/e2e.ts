@@ -293,7 +293,7 @@ async function openBenchDatabase(cleanup: Cleanup, opts: Options): Promise<Bench
       await d.query('create extension if not exists pg_stat_statements');
       await d.end();
     }
-    const dataDir = join(home, 'pg', 'data');
+    const dataDir = server.dataDir;
     return { url: server.url, source: 'embedded', ephemeral: true, serverCpuMs: () => postgresCpuMs(dataDir) };
   }
   // A scratch database on the given server keeps the bench away from real data.

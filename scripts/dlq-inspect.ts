@@ -7,7 +7,7 @@
  *
  * Same configuration (DATABASE_URL, CORRAL_*), output and exit codes as `corral dlq list|show`.
  */
-import { configureList, configureShow, runScript } from '../src/cli/commands/dlq.ts';
+import { configureList, configureShow, runScript } from '../src/cli/commands/dlq-cli.ts';
 import { resolveConfig } from '../src/cli/context.ts';
 
 process.exitCode = await runScript(

@@ -8,7 +8,7 @@
  *
  * Same configuration, output and exit codes as `corral dlq replay`.
  */
-import { configureAct, runScript } from '../src/cli/commands/dlq.ts';
+import { configureAct, runScript } from '../src/cli/commands/dlq-cli.ts';
 import { resolveConfig } from '../src/cli/context.ts';
 
 process.exitCode = await runScript(

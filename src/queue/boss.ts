@@ -10,7 +10,7 @@
  * are swept by src/queue/retention.ts) and keeps queued jobs for ten years; dead letters likewise
  * stay until an operator replays or discards them.
  */
-import { PgBoss, type Queue } from 'pg-boss';
+import { PgBoss, type Db as BossDb, type Queue } from 'pg-boss';
 import { CorralError } from '../errors.ts';
 import type { Config } from '../config.ts';
 
@@ -41,6 +41,8 @@ export interface BossOptions {
   supervise?: boolean;
   max?: number;
   onError?: (err: Error) => void;
+  /** Run every statement on this connection instead of a pool of pg-boss's own (short commands). */
+  db?: BossDb;
 }
 
 /** The supervise/monitor cadence for a job heartbeat period: a third of it, between 1 and 60 s. */
@@ -51,7 +53,7 @@ export function superviseSeconds(config: Pick<Config, 'jobHeartbeatSeconds'>): n
 export function createBoss(url: string, config: QueueConfig, opts: BossOptions = {}): PgBoss {
   const supervise = opts.supervise ?? false;
   const boss = new PgBoss({
-    connectionString: url,
+    ...(opts.db ? { db: opts.db } : { connectionString: url }),
     schema: config.bossSchema,
     max: opts.max ?? 10,
     application_name: 'corral-boss',

@@ -5,52 +5,12 @@
  */
 import { sql } from 'drizzle-orm';
 import { fromDrizzle, type PgBoss } from 'pg-boss';
-import { v7 as uuidv7 } from 'uuid';
-import { formatActorKey, type ActorKey } from '../actor-key.ts';
+import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
 import { CorralError } from '../errors.ts';
-import { unstorableReason } from '../json-safety.ts';
+import { DEFAULT_MAX_EVENT_BYTES, actorEventJob, type EnqueuedEvent } from './event-job.ts';
 
-/** What a job of the actor queue carries. */
-export interface ActorEventJobData {
-  agentUid: string;
-  sessionId: string;
-  payload: unknown;
-  enqueuedAt: string;
-}
-
-export interface EnqueuedEvent {
-  eventId: string;
-  actorKey: ActorKey;
-}
-
-/** Default for `maxEventBytes` when the caller does not pass one (same as the config default). */
-export const DEFAULT_MAX_EVENT_BYTES = 256 * 1024;
-
-/**
- * The payload as it will be stored, checked before anything is written: JSON-serialisable,
- * storable by jsonb (no NUL, no lone surrogate, no number JSON cannot keep), and at most
- * `maxBytes` of JSON. An event too large for the wire would otherwise hold a worker slot until
- * its lease ran out, on every retry.
- */
-function toJsonPayload(event: unknown, maxBytes: number): unknown {
-  if (event === undefined) throw new CorralError('invalid_argument', 'an event payload is required');
-  const unstorable = unstorableReason(event);
-  if (unstorable) throw new CorralError('invalid_argument', `the event payload cannot be stored: ${unstorable}`);
-  let text: string;
-  try {
-    text = JSON.stringify(event);
-  } catch (e) {
-    throw new CorralError('invalid_argument', 'the event payload must be JSON-serialisable', { cause: e });
-  }
-  const bytes = Buffer.byteLength(text, 'utf8');
-  if (bytes > maxBytes) {
-    throw new CorralError('payload_too_large', `the event payload is ${bytes} bytes; the limit is ${maxBytes} (CORRAL_MAX_EVENT_BYTES)`, {
-      details: { bytes, maxBytes },
-    });
-  }
-  return JSON.parse(text) as unknown;
-}
+export type { ActorEventJobData, EnqueuedEvent } from './event-job.ts';
 
 export interface EventQueue {
   readonly queueName: string;
@@ -66,15 +26,7 @@ export function createEventQueue(
   opts: { maxEventBytes?: number } = {},
 ): EventQueue {
   const maxBytes = opts.maxEventBytes ?? DEFAULT_MAX_EVENT_BYTES;
-  const jobOf = (key: ActorKey, event: unknown) => {
-    const data: ActorEventJobData = {
-      agentUid: key.agentUid,
-      sessionId: key.sessionId,
-      payload: toJsonPayload(event, maxBytes),
-      enqueuedAt: new Date().toISOString(),
-    };
-    return { id: uuidv7(), data, singletonKey: formatActorKey(key) };
-  };
+  const jobOf = (key: ActorKey, event: unknown) => actorEventJob(key, event, maxBytes);
   return {
     queueName,
     async enqueueActorEvent(dbOrTx, key, event) {

@@ -12,7 +12,8 @@ import type { Logger } from '../../logger.ts';
 import { observabilityChild } from '../../observability/daemon-child.ts';
 import { createMetrics, type Metrics } from '../../observability/metrics.ts';
 import { processChild, type ChildSpec } from '../../supervisor/index.ts';
-import { commandLogger, resolveDatabase } from '../context.ts';
+import { commandLogger, resolveDatabase } from '../database.ts';
+import { parentWatchReason, STOP_WITH_PARENT_ENV, watchParent } from '../parent-watch.ts';
 import { ensureLocalWorkerKey, keyPaths } from '../../fabric/keys.ts';
 
 const CORRAL_BIN = fileURLToPath(new URL('../../../bin/corral.js', import.meta.url));
@@ -51,7 +52,7 @@ function localWorkers(count: number, capacity: number, config: Config): (endpoin
         factory: processChild({
           command: process.execPath,
           args: [CORRAL_BIN, 'worker', '--id', id, '--endpoint', endpoint, '--capacity', String(capacity), ...security],
-          env: { ...process.env, CORRAL_LOG_LEVEL: config.logLevel },
+          env: { ...process.env, CORRAL_LOG_LEVEL: config.logLevel, [STOP_WITH_PARENT_ENV]: '1' },
           killTimeoutMs: 5_000,
         }),
       };
@@ -101,6 +102,13 @@ export async function runDaemonCommand(config: Config, opts: DaemonCommandOption
   };
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
+  const launcher = parentWatchReason(process.env, 'daemon');
+  const stopWatching = launcher
+    ? watchParent(() => {
+        logger.info({ launcher }, 'the process that started the daemon is gone: shutting down');
+        onSignal('SIGTERM');
+      })
+    : () => undefined;
   try {
     await daemon.prepare();
     const handle = daemon.startSupervisor();
@@ -119,6 +127,7 @@ export async function runDaemonCommand(config: Config, opts: DaemonCommandOption
   } finally {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
+    stopWatching();
     if (embedded?.startedHere) await embedded.stop();
   }
 }

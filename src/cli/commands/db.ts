@@ -18,7 +18,7 @@ export async function runMigrateCommand(config: Config, out: NodeJS.WritableStre
 }
 
 export async function runStopEmbeddedCommand(config: Config, out: NodeJS.WritableStream): Promise<number> {
-  const stopped = await stopEmbeddedPostgres(config.homeDir);
+  const stopped = await stopEmbeddedPostgres(config.homeDir, { rootDir: config.embeddedRootDir });
   out.write(stopped ? `stopped the embedded PostgreSQL in ${config.homeDir}\n` : 'the embedded PostgreSQL is not running\n');
   return 0;
 }

@@ -1,10 +1,20 @@
-/** `corral send <agent_uid>/<session_id> '<json>'`: enqueue one event and print its id. */
+/**
+ * `corral send <agent_uid>/<session_id> '<json>'`: enqueue one event and print its id.
+ *
+ * The light path: one connection, no Drizzle, no pool, and pg-boss's insert statement without
+ * starting pg-boss (see queue/direct-send.ts); a database not yet set up for that gets the full
+ * pg-boss path, which migrates and creates the queues.
+ */
+import pg from 'pg';
 import { parseActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
-import { CorralError } from '../../errors.ts';
+import { CorralError, isConnectionError, toError } from '../../errors.ts';
+import { maskUrl } from '../../config.ts';
 import { unstorableReason } from '../../json-safety.ts';
-import { createEventQueue } from '../../queue/events.ts';
-import { openCommandContext } from '../context.ts';
+import { directSend } from '../../queue/direct-send.ts';
+import { actorEventJob, type ActorEventJob } from '../../queue/event-job.ts';
+import type { Logger } from '../../logger.ts';
+import { commandLogger, resolveDatabase } from '../database.ts';
 
 export function parseJsonArgument(text: string, what = 'event'): unknown {
   let value: unknown;
@@ -21,15 +31,53 @@ export function parseJsonArgument(text: string, what = 'event'): unknown {
 
 export async function runSendCommand(config: Config, actor: string, json: string, out: NodeJS.WritableStream): Promise<number> {
   const key = parseActorKey(actor);
-  const event = parseJsonArgument(json);
-  const ctx = await openCommandContext(config, { needsSchema: false });
+  const job = actorEventJob(key, parseJsonArgument(json), config.maxEventBytes);
+  const logger = commandLogger(config);
+  const { url } = await resolveDatabase(config, logger);
+  const client = new pg.Client({ connectionString: url, application_name: 'corral-cli', connectionTimeoutMillis: 10_000 });
+  client.on('error', (e) => logger.warn({ err: e.message }, 'database connection error'));
   try {
-    const boss = await ctx.boss();
-    const queue = createEventQueue(boss, config.queueName, { maxEventBytes: config.maxEventBytes });
-    const { eventId } = await queue.enqueueActorEvent(ctx.database.db, key, event);
-    out.write(`${eventId}\n`);
-    return 0;
+    await client.connect();
+  } catch (e) {
+    await client.end().catch(() => undefined);
+    if (isConnectionError(e) || (e as { code?: string }).code === '3D000' || (e as { code?: string }).code === '28P01') {
+      throw new CorralError('database_unavailable', `cannot reach the database at ${maskUrl(url)}: ${toError(e).message}`);
+    }
+    throw e;
+  }
+  let sent: boolean;
+  try {
+    sent = await directSend(client, config.bossSchema, config.queueName, job);
   } finally {
-    await ctx.close();
+    await client.end().catch(() => undefined);
+  }
+  if (!sent) await sendWithBoss(url, config, job, logger);
+  out.write(`${job.id}\n`);
+  return 0;
+}
+
+/**
+ * The full path, for a database pg-boss has not set up yet: start pg-boss (it migrates, under its
+ * advisory lock), create the queues, send. Commands started together on a fresh database race
+ * pg-boss's install; the loser retries, and the fixed job id makes a retry unable to enqueue
+ * the event twice (a second insert of the same id fails).
+ */
+async function sendWithBoss(url: string, config: Config, job: ActorEventJob, logger: Logger): Promise<void> {
+  const { createBoss, ensureQueues } = await import('../../queue/boss.ts');
+  for (let attempt = 1; ; attempt++) {
+    const boss = createBoss(url, config, { max: 2, onError: (e) => logger.warn({ err: e.message }, 'pg-boss error') });
+    try {
+      await boss.start();
+      await ensureQueues(boss, config, { updateExisting: false });
+      const id = await boss.send(config.queueName, job.data as unknown as object, { id: job.id, singletonKey: job.singletonKey });
+      if (id !== job.id) throw new CorralError('internal', `pg-boss did not accept event ${job.id}`);
+      return;
+    } catch (e) {
+      if (attempt >= 3 || e instanceof CorralError) throw e;
+      logger.info({ err: toError(e).message, attempt }, 'setting up the queue failed; trying again');
+      await new Promise((r) => setTimeout(r, 250 * attempt));
+    } finally {
+      await boss.stop({ graceful: false, close: true }).catch(() => undefined);
+    }
   }
 }

@@ -4,7 +4,8 @@ import type { Config } from '../../config.ts';
 import { CorralError } from '../../errors.ts';
 import type { WorkerCredentials } from '../../worker/example.ts';
 import { runExampleWorker } from '../../worker/example.ts';
-import { commandLogger } from '../context.ts';
+import { commandLogger } from '../database.ts';
+import { parentWatchReason, watchParent } from '../parent-watch.ts';
 
 export interface WorkerCommandOptions {
   id?: string;
@@ -67,11 +68,20 @@ export async function runWorkerCommand(config: Config, opts: WorkerCommandOption
       'using a key issued under CORRAL_HOME: it is accepted by a daemon with the same CORRAL_HOME; for another daemon use --key-file from `corral keys add-worker`',
     );
   }
+  const launcher = parentWatchReason(process.env, 'worker');
+  let stopWatching = () => undefined as void;
   await new Promise<void>((resolve) => {
     const stop = () => resolve();
     process.once('SIGINT', stop);
     process.once('SIGTERM', stop);
+    if (launcher) {
+      stopWatching = watchParent(() => {
+        logger.warn({ workerId, launcher }, 'the daemon that started this worker is gone: stopping');
+        stop();
+      });
+    }
   });
+  stopWatching();
   await worker.stop({ graceMs: 0 });
   return 0;
 }

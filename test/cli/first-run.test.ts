@@ -1,0 +1,185 @@
+/**
+ * The README's first minutes, on real processes and a real embedded PostgreSQL in a fresh
+ * CORRAL_HOME: commands started together share one server, a start killed with -9 does not
+ * wedge the next one, and SIGTERM to the process the user started (`npm start`, `npx corral
+ * daemon`) stops the daemon and its workers.
+ */
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { CORRAL, ROOT, run } from './helpers.ts';
+import { createTestDatabase } from '../helpers/db.ts';
+import { childPids, freePort, killAll, safeKill, spawnCorral, type Proc } from '../helpers/processes.ts';
+import { waitFor } from '../helpers/wait.ts';
+
+const homes: string[] = [];
+
+async function freshHome(): Promise<string> {
+  const home = await mkdtemp(join(tmpdir(), 'corral-first-run-'));
+  await chmod(home, 0o755);
+  homes.push(home);
+  return home;
+}
+
+/** The environment of a user with no DATABASE_URL: the embedded server under `home`. */
+const embeddedEnv = (home: string, port: number) => ({ CORRAL_HOME: home, DATABASE_URL: '', CORRAL_ENDPOINT: `tcp://127.0.0.1:${port}` });
+
+/** Postmasters serving the cluster under `home` (running as the postgres user when root). */
+function postmastersOf(home: string): number {
+  const out = execFileSync('ps', ['-eo', 'args='], { encoding: 'utf8' });
+  return out.split('\n').filter((l) => /\/postgres -D /.test(l) && l.includes(home)).length;
+}
+
+/** Every descendant of `pid`. */
+function descendants(pid: number): number[] {
+  const rows = execFileSync('ps', ['-eo', 'pid=,ppid='], { encoding: 'utf8' })
+    .trim()
+    .split('\n')
+    .map((l) => l.trim().split(/\s+/).map(Number) as [number, number]);
+  const out: number[] = [];
+  const walk = (p: number) => {
+    for (const [child, parent] of rows) if (parent === p) (out.push(child), walk(child));
+  };
+  walk(pid);
+  return out;
+}
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+afterEach(() => killAll());
+afterAll(async () => {
+  for (const home of homes) {
+    await run([CORRAL, 'db', 'stop'], { CORRAL_HOME: home, DATABASE_URL: '' }).catch(() => undefined);
+    await rm(home, { recursive: true, force: true });
+  }
+});
+
+describe('a fresh CORRAL_HOME', () => {
+  it('serves five commands and a daemon started together from one embedded server', async () => {
+    const home = await freshHome();
+    const env = embeddedEnv(home, await freePort());
+    const daemon = spawnCorral(['daemon', '--workers', '1'], env, 'daemon');
+    const sends: Proc[] = Array.from({ length: 5 }, (_, i) => spawnCorral(['send', `race-${i}/s`, '{"text":"x"}'], env, `send-${i}`));
+    const codes = await Promise.all(sends.map((s) => s.exited));
+    expect(codes, sends.map((s) => s.log()).join('\n')).toEqual([0, 0, 0, 0, 0]);
+    await waitFor(() => daemon.log().includes('corral daemon running'), { timeoutMs: 90_000, what: 'the daemon to run' });
+    expect(postmastersOf(home)).toBe(1);
+    for (let i = 0; i < 5; i++) {
+      await waitFor(async () => (await run([CORRAL, 'transcript', `race-${i}/s`], env)).stdout.includes('echo: x'), {
+        timeoutMs: 60_000,
+        intervalMs: 300,
+        what: `the turn of race-${i}/s`,
+      });
+    }
+    daemon.child.kill('SIGTERM');
+    expect(await daemon.exited).toBe(0);
+  }, 180_000);
+
+  it('recovers from a start killed with -9 while it holds the lock', async () => {
+    const home = await freshHome();
+    const env = embeddedEnv(home, await freePort());
+    const first = spawnCorral(['db', 'migrate'], env, 'migrate');
+    const lock = join(home, 'embedded.lock');
+    const holder = await waitFor(
+      () => (existsSync(lock) ? (JSON.parse(readFileSync(lock, 'utf8') || '{}') as { pid?: number }).pid : undefined),
+      { timeoutMs: 30_000, intervalMs: 5, what: 'the first start to take the lock' },
+    );
+    expect(holder).toBe(first.child.pid);
+    first.child.kill('SIGKILL');
+    await first.exited;
+
+    // The bound: a holder whose pid is gone is replaced at once; one that cannot be checked (other
+    // host, reused pid) after 10 s of silence. initdb and the start itself come on top.
+    const started = Date.now();
+    const next = await run([CORRAL, 'send', 'after-kill/s', '{"text":"x"}'], env, { timeoutMs: 90_000 });
+    expect(next.code, next.stderr).toBe(0);
+    expect(Date.now() - started).toBeLessThan(60_000);
+    expect(existsSync(join(home, 'pg', 'data', 'PG_VERSION'))).toBe(true);
+    expect(readdirSync(join(home, 'pg')).filter((n) => n.startsWith('data.init'))).toEqual([]);
+    expect(existsSync(lock)).toBe(false);
+  }, 180_000);
+
+  it.runIf(process.getuid?.() === 0)('as root, moves the cluster out of a home the postgres user cannot reach', async () => {
+    const closed = await freshHome();
+    await chmod(closed, 0o700);
+    const home = join(closed, 'home');
+    const root = await freshHome();
+    const env = { ...embeddedEnv(home, await freePort()), CORRAL_EMBEDDED_ROOT: root };
+    const sent = await run([CORRAL, 'send', 'closed/s', '{"text":"x"}'], env, { timeoutMs: 90_000 });
+    expect(sent.code, sent.stderr).toBe(0);
+    const state = JSON.parse(readFileSync(join(home, 'embedded.json'), 'utf8')) as { dataDir: string };
+    expect(state.dataDir.startsWith(root)).toBe(true);
+    expect(existsSync(join(state.dataDir, 'PG_VERSION'))).toBe(true);
+    const stopped = await run([CORRAL, 'db', 'stop'], env);
+    expect(stopped.stdout).toMatch(/stopped/);
+  }, 180_000);
+});
+
+describe('SIGTERM to the process the user started', () => {
+  async function startUnder(command: string, args: string[]): Promise<{ launcher: ChildProcess; log: () => string }> {
+    const db = await createTestDatabase();
+    const port = await freePort();
+    let log = '';
+    const launcher = spawn(command, args, {
+      cwd: ROOT,
+      env: { ...process.env, DATABASE_URL: db.url, CORRAL_HOME: await freshHome(), CORRAL_ENDPOINT: `tcp://127.0.0.1:${port}`, CORRAL_DRAIN_MS: '2000' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    launcher.stdout!.setEncoding('utf8').on('data', (d: string) => (log += d));
+    launcher.stderr!.setEncoding('utf8').on('data', (d: string) => (log += d));
+    return { launcher, log: () => log };
+  }
+
+  async function expectAllGoneAfterSigterm(launcher: ChildProcess, log: () => string, workers: number): Promise<void> {
+    await waitFor(() => (log().match(/"worker ready"/g) ?? []).length >= workers, { timeoutMs: 60_000, what: `${workers} workers:\n${log()}` });
+    const tree = descendants(launcher.pid!);
+    const nodes = tree.filter((pid) => {
+      try {
+        return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('corral');
+      } catch {
+        return false;
+      }
+    });
+    expect(nodes.length).toBeGreaterThanOrEqual(1 + workers); // the daemon and its workers
+    launcher.kill('SIGTERM');
+    // Within the drain time (2 s here) plus the workers' own stop.
+    await waitFor(() => nodes.every((pid) => !alive(pid)), { timeoutMs: 15_000, intervalMs: 100, what: `the daemon and workers to exit:\n${log()}` });
+    for (const pid of tree) safeKill(pid, 'SIGKILL');
+  }
+
+  it('`npm start` stops the daemon and its workers', async () => {
+    const { launcher, log } = await startUnder('npm', ['start']);
+    await expectAllGoneAfterSigterm(launcher, log, 2);
+    expect(log()).toMatch(/shutting down/);
+  }, 120_000);
+
+  it('`npx corral daemon` stops the daemon and its workers', async () => {
+    const { launcher, log } = await startUnder('npx', ['corral', 'daemon', '--workers', '1']);
+    await expectAllGoneAfterSigterm(launcher, log, 1);
+    expect(log()).toMatch(/shutting down/);
+  }, 120_000);
+
+  it('a daemon killed with -9 takes its local workers with it', async () => {
+    const db = await createTestDatabase();
+    const daemon = spawnCorral(['daemon', '--workers', '1'], {
+      DATABASE_URL: db.url,
+      CORRAL_HOME: await freshHome(),
+      CORRAL_ENDPOINT: `tcp://127.0.0.1:${await freePort()}`,
+    });
+    await waitFor(() => daemon.log().includes('"worker ready"'), { timeoutMs: 60_000, what: 'the worker' });
+    const workers = childPids(daemon.child.pid!, ' worker ');
+    expect(workers).toHaveLength(1);
+    daemon.child.kill('SIGKILL');
+    await waitFor(() => workers.every((pid) => !alive(pid)), { timeoutMs: 10_000, intervalMs: 100, what: 'the orphaned worker to exit' });
+  }, 120_000);
+});
