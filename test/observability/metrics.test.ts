@@ -93,6 +93,9 @@ describe('metrics and observability endpoints', () => {
     expect(sample(second, 'corral_dispatch_latency_seconds_count')).toBe(5);
     expect(sample(second, 'corral_commit_latency_seconds_count')).toBe(5);
     expect(second).toContain('corral_process_cpu_seconds_total');
+    // the broker's own counters, read at scrape time
+    expect(sample(second, 'corral_fabric_connections')).toBeGreaterThanOrEqual(1);
+    expect(sample(second, 'corral_fabric_refused_total', 'kind="takeover_refused"')).toBe(0);
   });
 
   it('counts dead letters and shows the dead-letter queue depth', async () => {

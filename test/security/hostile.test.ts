@@ -117,12 +117,17 @@ describe('fabric security against hostile peers', () => {
     void p.sendJson({ v: 1, type: 'worker_ready', worker_id: 'legit-1', capacity: 8 }).catch(() => undefined);
     await waitFor(() => authFailed && t.daemon.broker.stats().keysRefused > before, { what: 'ZAP refusal', timeoutMs: 5_000 });
 
+    // without CURVE the handshake cannot succeed: the daemon drops the connection
     const plain = peer();
-    let plainFailed = false;
-    plain.dealer.events.on('handshake:error:other', () => (plainFailed = true));
-    plain.dealer.events.on('handshake:error:protocol', () => (plainFailed = true));
+    let plainDropped = false;
+    let plainHandshake = false;
+    for (const ev of ['handshake:error:other', 'handshake:error:protocol', 'handshake:error:auth', 'disconnect'] as const) {
+      plain.dealer.events.on(ev, () => (plainDropped = true));
+    }
+    plain.dealer.events.on('handshake', () => (plainHandshake = true));
     void plain.sendJson({ v: 1, type: 'worker_ready', worker_id: 'legit-1', capacity: 8 }).catch(() => undefined);
-    await waitFor(() => plainFailed, { what: 'plain handshake refused', timeoutMs: 5_000 });
+    await waitFor(() => plainDropped, { what: 'plain connection dropped', timeoutMs: 5_000 });
+    expect(plainHandshake).toBe(false);
 
     expect(p.received).toHaveLength(0);
     expect(plain.received).toHaveLength(0);
