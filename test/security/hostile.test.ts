@@ -155,13 +155,13 @@ describe('fabric security against hostile peers', () => {
   });
 
   it('drops a revoked worker within a second and re-dispatches its turn', async () => {
-    await startLegit('rev-1');
-    // keep the legit workers busy so the turn lands on rev-1
+    // keep the legit workers busy, then add rev-1: the next turn can only land on it
     const { daemon } = t;
     const busy = await Promise.all(
-      ['legit-1', 'legit-2'].map((s) => daemon.events.enqueueActorEvent(daemon.database.db, actorKey('busy', s), { delayMs: 1_500 })),
+      ['legit-1', 'legit-2'].map((s) => daemon.events.enqueueActorEvent(daemon.database.db, actorKey('busy', s), { delayMs: 2_500 })),
     );
     await waitFor(() => busy.every((b) => daemon.runtime.pool.workerOf(b.eventId) !== undefined), { what: 'legit workers busy' });
+    await startLegit('rev-1');
     const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('revoke', 's'), { delayMs: 2_000, text: 'r' });
     await waitFor(() => daemon.runtime.pool.workerOf(eventId) === 'rev-1', { what: 'turn on rev-1', timeoutMs: 10_000 });
 
