@@ -21,6 +21,7 @@ import * as workersDb from '../db/workers.ts';
 import { ActorDirectory } from './directory.ts';
 import { fenceFields, fromWire, toWire, type Fence, type WireTurnRef } from './fence.ts';
 import { WorkerPool } from './worker-pool.ts';
+import { CommitPipeline } from './commit-pipeline.ts';
 import { backoffDelayMs } from '../backoff.ts';
 
 /** How long a turn operation keeps retrying while the database is unreachable. */
@@ -71,11 +72,23 @@ export class Runtime {
   private readonly background = new Set<Promise<unknown>>();
   private lastHeartbeatWrite = new Map<string, number>();
   private stopping = false;
+  /** Worker replies (results, accepts, progress) are written in groups (see commit-pipeline.ts). */
+  private readonly commits: CommitPipeline;
 
   constructor(opts: RuntimeOptions) {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'runtime' });
     this.metrics = opts.metrics ?? noopMetrics;
+    this.commits = new CommitPipeline({
+      replyMany: (requests) => opts.store.replyMany(requests),
+      replyOne: async (r) => {
+        if (r.kind === 'accept') return (await opts.store.accept(r.fence, r.workerId), { outcome: 'accepted' as const });
+        if (r.kind === 'progress') return { outcome: 'extended' as const, leaseExpiresAt: await opts.store.progress(r.fence, r.workerId) };
+        return opts.store.commit(r.fence, r.workerId, r.messages, r.output);
+      },
+      onBatch: (size, fallback) =>
+        this.log.debug({ size, fallback }, fallback ? 'commit batch failed; committed one by one' : 'commit batch'),
+    });
     this.directory = new ActorDirectory({ clock: opts.clock, onError: (e) => this.log.error({ err: e }, 'directory') });
   }
 
@@ -229,15 +242,21 @@ export class Runtime {
         this.onHeartbeat(e.workerId, e.inFlight);
         return;
       case 'turn_accepted':
-        this.fenced(e.workerId, e.turnRef, 'accept', (f) => this.opts.store.accept(f, e.workerId));
+        this.fenced(e.workerId, e.turnRef, 'accept', (f) => this.commits.submit({ kind: 'accept', fence: f, workerId: e.workerId }));
         return;
       case 'turn_progress':
         this.pool.seen(e.workerId, this.opts.clock.nowMs());
-        this.fenced(e.workerId, e.turnRef, 'progress', (f) => this.opts.store.progress(f, e.workerId));
+        this.fenced(e.workerId, e.turnRef, 'progress', (f) => this.commits.submit({ kind: 'progress', fence: f, workerId: e.workerId }));
         return;
       case 'turn_result':
         this.fenced(e.workerId, e.turnRef, 'commit', async (f) => {
-          const outcome = await this.opts.store.commit(f, e.workerId, e.messages, e.output);
+          const outcome = await this.commits.submit({
+            kind: 'commit',
+            fence: f,
+            workerId: e.workerId,
+            messages: e.messages,
+            ...(e.output === undefined ? {} : { output: e.output }),
+          });
           if (outcome.outcome === 'committed') {
             this.metrics.committed();
             const sentAtMs = this.inFlight.get(f.eventId)?.sentAtMs;

@@ -15,13 +15,13 @@ import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { DeadLetterMode } from '../config.ts';
 import type { Db, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
-import { lockFence, type Fence } from '../db/fence.ts';
+import { checkFence, loadFenceRowsMany, lockFence, NO_FENCE_ROWS, type Fence } from '../db/fence.ts';
 import * as activations from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
 import * as turnRows from '../db/turn-rows.ts';
 import { nextEpoch, setBlockedBy } from '../db/actors.ts';
-import { CorralError, FenceRejected } from '../errors.ts';
+import { CorralError, FenceRejected, type FenceReason } from '../errors.ts';
 import { MAX_NOTIFY_BYTES, notifyControl } from '../db/control.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
 import type { ActivationRow } from '../db/activations.ts';
@@ -49,6 +49,40 @@ export interface ReplyMessage {
 }
 
 export type CommitOutcome = { outcome: 'committed' } | { outcome: 'duplicate' };
+
+/** One worker result in a group commit. */
+export interface CommitRequest {
+  fence: Fence;
+  workerId: string;
+  messages: ReplyMessage[];
+  output?: unknown;
+}
+
+/** One worker reply in a group transaction: a result, an accept or a progress report. */
+export type ReplyRequest =
+  | ({ kind: 'commit' } & CommitRequest)
+  | { kind: 'accept'; fence: Fence; workerId: string }
+  | { kind: 'progress'; fence: Fence; workerId: string };
+
+/** What a group transaction did with one reply. */
+export type ReplyOutcome =
+  | CommitOutcome
+  | { outcome: 'accepted' }
+  | { outcome: 'extended'; leaseExpiresAt: Date | undefined }
+  | { outcome: 'rejected'; reason: FenceReason };
+
+/** What a group commit did with one result. */
+export type BatchOutcome = CommitOutcome | { outcome: 'rejected'; reason: FenceReason };
+
+/** A batch whose jobs did not all settle: rolled back, its members are committed one by one. */
+export class BatchNotSettled extends Error {
+  readonly unsettled: string[];
+  constructor(unsettled: string[]) {
+    super(`jobs did not settle: ${unsettled.join(', ')}`);
+    this.name = 'BatchNotSettled';
+    this.unsettled = unsettled;
+  }
+}
 
 export type FailureKind = 'turn_error' | 'lease_expired' | 'worker_lost' | 'superseded' | 'recovered';
 
@@ -201,6 +235,74 @@ export class TurnStore {
       if (e instanceof FenceRejected && e.reason === 'already_committed') return { outcome: 'duplicate' };
       throw e;
     }
+  }
+
+  /** T5 for many results at once: `replyMany` with results only. */
+  async commitMany(requests: readonly CommitRequest[]): Promise<BatchOutcome[]> {
+    return (await this.replyMany(requests.map((r) => ({ kind: 'commit' as const, ...r })))) as BatchOutcome[];
+  }
+
+  /**
+   * Many worker replies in one transaction (group commit): locks every fence row in one statement
+   * (in delivery-id order), checks each reply with `checkFence`, then applies the ones that passed
+   * in arrival order: accepts and progress extend leases, results write their turns, and the
+   * results' jobs complete in one pg-boss call with the attempt fence. A reply that fails its
+   * fence is left out and changes nothing; a duplicate result writes nothing. When a job of the
+   * batch does not settle, the whole transaction rolls back (`BatchNotSettled`) so no turn stands
+   * without its job; the caller then applies the members one by one. The worker's `output` is
+   * kept on the turn (`corral.turns.output`), not on the pg-boss job.
+   */
+  async replyMany(requests: readonly ReplyRequest[]): Promise<ReplyOutcome[]> {
+    return inTransaction(this.db, async (tx) => {
+      const rows = await loadFenceRowsMany(tx, requests.map((r) => r.fence.deliveryId));
+      const outcomes: ReplyOutcome[] = [];
+      const completions: { id: string; retryCount: number }[] = [];
+      const committed = new Set<string>();
+      for (const r of requests) {
+        const found = rows.get(r.fence.deliveryId) ?? NO_FENCE_ROWS;
+        let reason = checkFence(r.fence, found);
+        if (reason === null && found.delivery!.workerId !== null && found.delivery!.workerId !== r.workerId) reason = 'wrong_worker';
+        // The rows were read before this batch's writes: a turn committed earlier in the batch is over.
+        if (reason === null && committed.has(r.fence.deliveryId)) reason = 'already_committed';
+        if (reason !== null) {
+          outcomes.push(reason === 'already_committed' && r.kind === 'commit' ? { outcome: 'duplicate' } : { outcome: 'rejected', reason });
+          continue;
+        }
+        const delivery = found.delivery!;
+        if (r.kind === 'accept') {
+          await turnRows.acceptDeliveryRows(tx, delivery.deliveryId, r.fence.activationUid, this.config.leaseMs);
+          outcomes.push({ outcome: 'accepted' });
+        } else if (r.kind === 'progress') {
+          outcomes.push({ outcome: 'extended', leaseExpiresAt: await activations.extendLease(tx, r.fence.activationUid, this.config.leaseMs) });
+        } else {
+          const written = await turnRows.commitTurnRows(tx, {
+            deliveryId: delivery.deliveryId,
+            activationUid: r.fence.activationUid,
+            revision: r.fence.revision,
+            workerId: r.workerId,
+            output: r.output,
+            messages: r.messages,
+            leaseMs: this.config.leaseMs,
+          });
+          // Locked and checked above: a turn that is not `started` here means the rows disagree.
+          if (!written) throw new BatchNotSettled([r.fence.eventId]);
+          committed.add(r.fence.deliveryId);
+          completions.push({ id: r.fence.eventId, retryCount: delivery.jobRetryCount });
+          outcomes.push({ outcome: 'committed' });
+        }
+      }
+      if (completions.length > 0) {
+        const res = (await this.boss.complete(this.queueName, completions, null, { db: fromDrizzle(tx, sql) })) as {
+          affected?: number;
+          settled?: string[];
+        };
+        if (res.affected !== completions.length) {
+          const settled = new Set(res.settled ?? []);
+          throw new BatchNotSettled(completions.map((c) => c.id).filter((id) => !settled.has(id)));
+        }
+      }
+      return outcomes;
+    });
   }
 
   /** T5': the worker reported turn_error. Fenced; the event is retried under a new epoch or dead-lettered. */
