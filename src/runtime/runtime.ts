@@ -21,12 +21,12 @@ import * as workersDb from '../db/workers.ts';
 import { ActorDirectory } from './directory.ts';
 import { fenceFields, fromWire, toWire, type Fence, type WireTurnRef } from './fence.ts';
 import { WorkerPool } from './worker-pool.ts';
-import { CommitPipeline } from './commit-pipeline.ts';
+import { GroupWriter } from './group-writer.ts';
 import { backoffDelayMs } from '../backoff.ts';
 
 /** How long a turn operation keeps retrying while the database is unreachable. */
 const DATABASE_RETRY_MS = 120_000;
-import type { FailOutcome, FetchedJob, StartedTurn, TurnStore } from './turns.ts';
+import type { FailOutcome, FetchedJob, ReplyOutcome, ReplyRequest, StartedTurn, TurnStore } from './turns.ts';
 import { noopMetrics, type RuntimeMetrics } from './metrics.ts';
 
 export interface Transport {
@@ -72,22 +72,28 @@ export class Runtime {
   private readonly background = new Set<Promise<unknown>>();
   private lastHeartbeatWrite = new Map<string, number>();
   private stopping = false;
-  /** Worker replies (results, accepts, progress) are written in groups (see commit-pipeline.ts). */
-  private readonly commits: CommitPipeline;
+  /** Worker replies (results, accepts, progress, sent marks) are written in groups (group-writer.ts). */
+  private readonly replies: GroupWriter<ReplyRequest, ReplyOutcome>;
+  /** Fetched jobs begin in groups too: one transaction for the turns begun meanwhile. */
+  private readonly begins: GroupWriter<{ job: FetchedJob; workerId: string | null }, StartedTurn>;
 
   constructor(opts: RuntimeOptions) {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'runtime' });
     this.metrics = opts.metrics ?? noopMetrics;
-    this.commits = new CommitPipeline({
-      replyMany: (requests) => opts.store.replyMany(requests),
-      replyOne: async (r) => {
-        if (r.kind === 'accept') return (await opts.store.accept(r.fence, r.workerId), { outcome: 'accepted' as const });
-        if (r.kind === 'progress') return { outcome: 'extended' as const, leaseExpiresAt: await opts.store.progress(r.fence, r.workerId) };
-        return opts.store.commit(r.fence, r.workerId, r.messages, r.output);
-      },
-      onBatch: (size, fallback) =>
-        this.log.debug({ size, fallback }, fallback ? 'commit batch failed; committed one by one' : 'commit batch'),
+    this.begins = new GroupWriter({
+      many: async (requests) => (await opts.store.beginMany(requests)).map((value) => ({ ok: true as const, value })),
+      one: (r) => opts.store.begin(r.job, r.workerId),
+      onBatch: (size, fellBack) => this.log.debug({ size, fellBack }, fellBack ? 'begin batch failed; begun one by one' : 'begin batch'),
+    });
+    this.replies = new GroupWriter<ReplyRequest, ReplyOutcome>({
+      many: async (requests) =>
+        (await opts.store.replyMany(requests)).map((o) =>
+          o.outcome === 'rejected' ? { ok: false as const, error: new FenceRejected(o.reason) } : { ok: true as const, value: o },
+        ),
+      one: (r) => this.replyOne(r),
+      onBatch: (size, fellBack) =>
+        this.log.debug({ size, fellBack }, fellBack ? 'reply batch failed; applied one by one' : 'reply batch'),
     });
     this.directory = new ActorDirectory({ clock: opts.clock, onError: (e) => this.log.error({ err: e }, 'directory') });
   }
@@ -128,7 +134,7 @@ export class Runtime {
   private async startTurn(job: FetchedJob, workerId: string | null): Promise<void> {
     let turn: StartedTurn;
     try {
-      turn = await this.withDatabaseRetry(() => this.opts.store.begin(job, workerId), { eventId: job.id });
+      turn = await this.withDatabaseRetry(() => this.begins.submit({ job, workerId }), { eventId: job.id });
     } catch (e) {
       if (workerId) this.pool.release(job.id);
       this.clearCurrent({ agentUid: job.data.agentUid, sessionId: job.data.sessionId }, job.id);
@@ -159,7 +165,7 @@ export class Runtime {
             this.metrics.dispatchLatency?.((f.sentAtMs - enqueuedMs) / 1000);
           }
         }
-        await this.withDatabaseRetry(() => this.opts.store.markSent(f.fence), fenceFields(f.fence));
+        await this.withDatabaseRetry(() => this.replies.submit({ kind: 'sent', fence: f.fence }), fenceFields(f.fence));
         return;
       }
       this.log.warn({ ...fenceFields(f.fence), workerId: f.workerId, reason: res.reason }, 'turn_start send failed');
@@ -230,6 +236,22 @@ export class Runtime {
     }
   }
 
+  /** One reply in its own transaction (the group writer's single path). */
+  private async replyOne(r: ReplyRequest): Promise<ReplyOutcome> {
+    switch (r.kind) {
+      case 'sent':
+        await this.opts.store.markSent(r.fence);
+        return { outcome: 'sent' };
+      case 'accept':
+        await this.opts.store.accept(r.fence, r.workerId);
+        return { outcome: 'accepted' };
+      case 'progress':
+        return { outcome: 'extended', leaseExpiresAt: await this.opts.store.progress(r.fence, r.workerId) };
+      case 'commit':
+        return this.opts.store.commit(r.fence, r.workerId, r.messages, r.output);
+    }
+  }
+
   // ---- broker events -----------------------------------------------------------------
 
   /** Called synchronously from the broker's receive loop: schedules, never awaits. */
@@ -242,15 +264,15 @@ export class Runtime {
         this.onHeartbeat(e.workerId, e.inFlight);
         return;
       case 'turn_accepted':
-        this.fenced(e.workerId, e.turnRef, 'accept', (f) => this.commits.submit({ kind: 'accept', fence: f, workerId: e.workerId }));
+        this.fenced(e.workerId, e.turnRef, 'accept', (f) => this.replies.submit({ kind: 'accept', fence: f, workerId: e.workerId }));
         return;
       case 'turn_progress':
         this.pool.seen(e.workerId, this.opts.clock.nowMs());
-        this.fenced(e.workerId, e.turnRef, 'progress', (f) => this.commits.submit({ kind: 'progress', fence: f, workerId: e.workerId }));
+        this.fenced(e.workerId, e.turnRef, 'progress', (f) => this.replies.submit({ kind: 'progress', fence: f, workerId: e.workerId }));
         return;
       case 'turn_result':
         this.fenced(e.workerId, e.turnRef, 'commit', async (f) => {
-          const outcome = await this.commits.submit({
+          const outcome = await this.replies.submit({
             kind: 'commit',
             fence: f,
             workerId: e.workerId,

@@ -62,11 +62,14 @@ export interface CommitRequest {
 export type ReplyRequest =
   | ({ kind: 'commit' } & CommitRequest)
   | { kind: 'accept'; fence: Fence; workerId: string }
-  | { kind: 'progress'; fence: Fence; workerId: string };
+  | { kind: 'progress'; fence: Fence; workerId: string }
+  /** turn_start went out: informational (`created` and `sent` are alike to every check), unfenced. */
+  | { kind: 'sent'; fence: Fence };
 
 /** What a group transaction did with one reply. */
 export type ReplyOutcome =
   | CommitOutcome
+  | { outcome: 'sent' }
   | { outcome: 'accepted' }
   | { outcome: 'extended'; leaseExpiresAt: Date | undefined }
   | { outcome: 'rejected'; reason: FenceReason };
@@ -114,40 +117,56 @@ export class TurnStore {
    * `started` turn carrying the fence.
    */
   async begin(job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
-    const key: ActorKey = { agentUid: job.data.agentUid, sessionId: job.data.sessionId };
+    return inTransaction(this.db, (tx) => this.beginInTx(tx, job, workerId));
+  }
+
+  /**
+   * T2 for a fetched batch (group begin): every job's activation, delivery and `started` turn in
+   * one transaction, in batch order (one job per actor: pg-boss's key_strict_fifo fetch gives no
+   * actor two jobs). Any error rolls back the whole batch; the caller then begins its members
+   * one by one.
+   */
+  async beginMany(requests: readonly { job: FetchedJob; workerId: string | null }[]): Promise<StartedTurn[]> {
     return inTransaction(this.db, async (tx) => {
-      let activation = await turnRows.assignWarmActivation(tx, key, job.id, this.config.leaseMs, this.ownerId);
-      if (!activation) {
-        const live = await activations.lockLiveActivation(tx, key);
-        // A live activation still running an event holds an attempt pg-boss has since given up on
-        // (we hold the job now): it is stale, whatever its lease says.
-        if (live) await this.failActivationInTx(tx, live, 'superseded', { message: 'superseded by a newer attempt' }, false);
-        const epoch = await nextEpoch(tx, key);
-        activation = await activations.insertActivation(tx, {
-          key,
-          epoch,
-          ownerId: this.ownerId,
-          leaseMs: this.config.leaseMs,
-          eventId: job.id,
-        });
-      }
-      const { deliveryId } = await turnRows.insertTurnRows(tx, {
-        activation,
-        eventId: job.id,
-        jobRetryCount: job.retryCount,
-        workerId,
-        input: job.data.payload,
-      });
-      const fence = fenceOf({ ...activation, eventId: job.id, deliveryId });
-      return {
-        fence,
-        payload: job.data.payload,
-        enqueuedAt: job.data.enqueuedAt,
-        attempt: job.retryCount + 1,
-        leaseExpiresAt: activation.leaseExpiresAt,
-        workerId,
-      };
+      const started: StartedTurn[] = [];
+      for (const r of requests) started.push(await this.beginInTx(tx, r.job, r.workerId));
+      return started;
     });
+  }
+
+  private async beginInTx(tx: Tx, job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
+    const key: ActorKey = { agentUid: job.data.agentUid, sessionId: job.data.sessionId };
+    let activation = await turnRows.assignWarmActivation(tx, key, job.id, this.config.leaseMs, this.ownerId);
+    if (!activation) {
+      const live = await activations.lockLiveActivation(tx, key);
+      // A live activation still running an event holds an attempt pg-boss has since given up on
+      // (we hold the job now): it is stale, whatever its lease says.
+      if (live) await this.failActivationInTx(tx, live, 'superseded', { message: 'superseded by a newer attempt' }, false);
+      const epoch = await nextEpoch(tx, key);
+      activation = await activations.insertActivation(tx, {
+        key,
+        epoch,
+        ownerId: this.ownerId,
+        leaseMs: this.config.leaseMs,
+        eventId: job.id,
+      });
+    }
+    const { deliveryId } = await turnRows.insertTurnRows(tx, {
+      activation,
+      eventId: job.id,
+      jobRetryCount: job.retryCount,
+      workerId,
+      input: job.data.payload,
+    });
+    const fence = fenceOf({ ...activation, eventId: job.id, deliveryId });
+    return {
+      fence,
+      payload: job.data.payload,
+      enqueuedAt: job.data.enqueuedAt,
+      attempt: job.retryCount + 1,
+      leaseExpiresAt: activation.leaseExpiresAt,
+      workerId,
+    };
   }
 
   /** Keeps pg-boss from failing the jobs of turns this daemon is running (see jobHeartbeatSeconds). */
@@ -243,7 +262,8 @@ export class TurnStore {
   }
 
   /**
-   * Many worker replies in one transaction (group commit): locks every fence row in one statement
+   * Many worker replies in one transaction (group commit): marks `sent` deliveries in one
+   * statement, locks every fence row in one statement
    * (in delivery-id order), checks each reply with `checkFence`, then applies the ones that passed
    * in arrival order: accepts and progress extend leases, results write their turns, and the
    * results' jobs complete in one pg-boss call with the attempt fence. A reply that fails its
@@ -254,11 +274,17 @@ export class TurnStore {
    */
   async replyMany(requests: readonly ReplyRequest[]): Promise<ReplyOutcome[]> {
     return inTransaction(this.db, async (tx) => {
-      const rows = await loadFenceRowsMany(tx, requests.map((r) => r.fence.deliveryId));
+      await deliveries.markSentMany(tx, requests.filter((r) => r.kind === 'sent').map((r) => r.fence.deliveryId));
+      const fenced = requests.filter((r) => r.kind !== 'sent');
+      const rows = await loadFenceRowsMany(tx, fenced.map((r) => r.fence.deliveryId));
       const outcomes: ReplyOutcome[] = [];
       const completions: { id: string; retryCount: number }[] = [];
       const committed = new Set<string>();
       for (const r of requests) {
+        if (r.kind === 'sent') {
+          outcomes.push({ outcome: 'sent' });
+          continue;
+        }
         const found = rows.get(r.fence.deliveryId) ?? NO_FENCE_ROWS;
         let reason = checkFence(r.fence, found);
         if (reason === null && found.delivery!.workerId !== null && found.delivery!.workerId !== r.workerId) reason = 'wrong_worker';
