@@ -175,6 +175,68 @@ export async function commitTurnRows(tx: DbOrTx, r: CommitRowsInput): Promise<bo
   return row.turns === 1 && row.messages === count;
 }
 
+/**
+ * T5's writes for a batch of turns whose fences held, in ONE statement: `commitTurnRows` for each
+ * (the turns `succeeded`, their messages numbered at the end of each conversation, deliveries
+ * `completed`, activations warm). A batch holds at most one turn per conversation (one live turn
+ * per actor). Returns the delivery ids whose turn was written (a turn no longer `started` is left
+ * out, and so is everything of it).
+ */
+export async function commitTurnRowsMany(tx: DbOrTx, rows: readonly CommitRowsInput[]): Promise<Set<string>> {
+  if (rows.length === 0) return new Set();
+  const leaseMs = rows[0]!.leaseMs;
+  const input = rows.map((r) => ({
+    delivery_id: r.deliveryId,
+    activation_uid: r.activationUid,
+    revision: r.revision,
+    worker_id: r.workerId,
+    output: r.output === undefined ? null : r.output,
+    messages: r.messages,
+  }));
+  const written = await executeNamed<{ delivery_id: string; messages: number; expected: number }>(tx, 'corral_commit_turn_rows_many', sql`
+    with i as (
+      select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb)
+        as x(delivery_id uuid, activation_uid uuid, revision int, worker_id text, output jsonb, messages jsonb)
+    ), t as (
+      update corral.turns tu
+         set status = 'succeeded', finished_at = now(), revision = i.revision, worker_id = i.worker_id,
+             output = case when jsonb_typeof(i.output) = 'null' then null else i.output end
+        from i
+       where tu.delivery_id = i.delivery_id and tu.status = 'started'
+      returning tu.id, tu.conversation_id, tu.input, tu.delivery_id, i.activation_uid, i.messages,
+                1 + jsonb_array_length(i.messages) as count
+    ), c as (
+      update corral.conversations cv
+         set next_seq = cv.next_seq + t.count, updated_at = now()
+        from t
+       where cv.id = t.conversation_id
+      returning cv.id, cv.next_seq - t.count as first
+    ), items as (
+      select t.id as turn_id, t.conversation_id, 1::bigint as ord, 'user'::text as role, coalesce(t.input, 'null'::jsonb) as content from t
+      union all
+      select t.id, t.conversation_id, x.ord + 1, x.elem->>'role', x.elem->'content'
+        from t, jsonb_array_elements(t.messages) with ordinality as x(elem, ord)
+    ), m as (
+      insert into corral.messages (conversation_id, turn_id, seq, role, content)
+      select items.conversation_id, items.turn_id, c.first + items.ord - 1, items.role, items.content
+        from items join c on c.id = items.conversation_id
+      returning turn_id
+    ), d as (
+      update corral.deliveries dl set state = 'completed', updated_at = now()
+        from t
+       where dl.delivery_id = t.delivery_id and dl.state in ('created', 'sent', 'accepted')
+      returning 1
+    ), a as (
+      update corral.activations av
+         set current_event_id = null, lease_expires_at = now() + ${leaseMs} * interval '1 millisecond', updated_at = now()
+        from t
+       where av.activation_uid = t.activation_uid and av.status in ${LIVE}
+      returning 1
+    )
+    select t.delivery_id, (select count(*) from m where m.turn_id = t.id)::int as messages, t.count::int as expected from t`);
+  return new Set(written.filter((w) => w.messages === w.expected).map((w) => w.delivery_id));
+}
+
 /** turn_accepted's writes, after the fence held: delivery `accepted`, lease extended. */
 export async function acceptDeliveryRows(
   tx: DbOrTx,
@@ -192,3 +254,42 @@ export async function acceptDeliveryRows(
        set lease_expires_at = greatest(lease_expires_at, now() + ${leaseMs} * interval '1 millisecond'), updated_at = now()
      where activation_uid = ${activationUid} and status in ${LIVE}`);
 }
+
+/**
+ * turn_accepted's writes for a batch, in ONE statement, after the fences held: deliveries
+ * `accepted`, their activations' leases extended.
+ */
+export async function acceptDeliveryRowsMany(
+  tx: DbOrTx,
+  rows: readonly { deliveryId: string; activationUid: string }[],
+  leaseMs: number,
+): Promise<void> {
+  if (rows.length === 0) return;
+  await executeNamed(tx, 'corral_accept_delivery_many', sql`
+    with i as (
+      select * from jsonb_to_recordset(${JSON.stringify(rows.map((r) => ({ delivery_id: r.deliveryId, activation_uid: r.activationUid })))}::jsonb)
+        as x(delivery_id uuid, activation_uid uuid)
+    ), d as (
+      update corral.deliveries dl set state = 'accepted', updated_at = now()
+        from i
+       where dl.delivery_id = i.delivery_id and dl.state in ('created', 'sent')
+      returning 1
+    )
+    update corral.activations av
+       set lease_expires_at = greatest(av.lease_expires_at, now() + ${leaseMs} * interval '1 millisecond'), updated_at = now()
+      from (select distinct activation_uid from i) ia
+     where av.activation_uid = ia.activation_uid and av.status in ${LIVE}`);
+}
+
+/** turn_progress's write for a batch, in ONE statement: the leases extended. Returns them by activation. */
+export async function extendLeasesMany(tx: DbOrTx, activationUids: readonly string[], leaseMs: number): Promise<Map<string, Date>> {
+  if (activationUids.length === 0) return new Map();
+  const rows = await executeNamed<{ activation_uid: string; lease_expires_at: Date | string }>(tx, 'corral_extend_leases_many', sql`
+    update corral.activations
+       set lease_expires_at = greatest(lease_expires_at, now() + ${leaseMs} * interval '1 millisecond'), updated_at = now()
+     where activation_uid in (select jsonb_array_elements_text(${JSON.stringify([...new Set(activationUids)])}::jsonb)::uuid)
+       and status in ${LIVE}
+    returning activation_uid, lease_expires_at`);
+  return new Map(rows.map((r) => [r.activation_uid, toDate(r.lease_expires_at)]));
+}
+

@@ -262,11 +262,11 @@ export class TurnStore {
   }
 
   /**
-   * Many worker replies in one transaction (group commit): marks `sent` deliveries in one
-   * statement, locks every fence row in one statement
-   * (in delivery-id order), checks each reply with `checkFence`, then applies the ones that passed
-   * in arrival order: accepts and progress extend leases, results write their turns, and the
-   * results' jobs complete in one pg-boss call with the attempt fence. A reply that fails its
+   * Many worker replies in one transaction (group commit), in a constant number of statements:
+   * marks `sent` deliveries, locks every fence row (in delivery-id order), checks each reply with
+   * `checkFence`, then applies the ones that passed, one statement per kind in causal order:
+   * accepts, progress (leases extended), results (their turns' rows); the results' jobs complete
+   * in one pg-boss call with the attempt fence. A reply that fails its
    * fence is left out and changes nothing; a duplicate result writes nothing. When a job of the
    * batch does not settle, the whole transaction rolls back (`BatchNotSettled`) so no turn stands
    * without its job; the caller then applies the members one by one. The worker's `output` is
@@ -279,6 +279,9 @@ export class TurnStore {
       const rows = await loadFenceRowsMany(tx, fenced.map((r) => r.fence.deliveryId));
       const outcomes: ReplyOutcome[] = [];
       const completions: { id: string; retryCount: number }[] = [];
+      const commits: turnRows.CommitRowsInput[] = [];
+      const accepts: { deliveryId: string; activationUid: string }[] = [];
+      const progress: { index: number; activationUid: string }[] = [];
       const committed = new Set<string>();
       for (const r of requests) {
         if (r.kind === 'sent') {
@@ -296,12 +299,14 @@ export class TurnStore {
         }
         const delivery = found.delivery!;
         if (r.kind === 'accept') {
-          await turnRows.acceptDeliveryRows(tx, delivery.deliveryId, r.fence.activationUid, this.config.leaseMs);
+          accepts.push({ deliveryId: delivery.deliveryId, activationUid: r.fence.activationUid });
           outcomes.push({ outcome: 'accepted' });
         } else if (r.kind === 'progress') {
-          outcomes.push({ outcome: 'extended', leaseExpiresAt: await activations.extendLease(tx, r.fence.activationUid, this.config.leaseMs) });
+          progress.push({ index: outcomes.length, activationUid: r.fence.activationUid });
+          outcomes.push({ outcome: 'extended', leaseExpiresAt: undefined });
         } else {
-          const written = await turnRows.commitTurnRows(tx, {
+          committed.add(r.fence.deliveryId);
+          commits.push({
             deliveryId: delivery.deliveryId,
             activationUid: r.fence.activationUid,
             revision: r.fence.revision,
@@ -310,13 +315,19 @@ export class TurnStore {
             messages: r.messages,
             leaseMs: this.config.leaseMs,
           });
-          // Locked and checked above: a turn that is not `started` here means the rows disagree.
-          if (!written) throw new BatchNotSettled([r.fence.eventId]);
-          committed.add(r.fence.deliveryId);
           completions.push({ id: r.fence.eventId, retryCount: delivery.jobRetryCount });
           outcomes.push({ outcome: 'committed' });
         }
       }
+      // One statement per kind, in causal order (a turn's accept comes before its result).
+      await turnRows.acceptDeliveryRowsMany(tx, accepts, this.config.leaseMs);
+      const leases = await turnRows.extendLeasesMany(tx, progress.map((p) => p.activationUid), this.config.leaseMs);
+      for (const p of progress) outcomes[p.index] = { outcome: 'extended', leaseExpiresAt: leases.get(p.activationUid) };
+      // Locked and checked above, so a turn that is not written here means the rows disagree:
+      // roll everything back.
+      const written = await turnRows.commitTurnRowsMany(tx, commits);
+      const missing = commits.filter((c) => !written.has(c.deliveryId));
+      if (missing.length > 0) throw new BatchNotSettled(missing.map((c) => c.deliveryId));
       if (completions.length > 0) {
         const res = (await this.boss.complete(this.queueName, completions, null, { db: fromDrizzle(tx, sql) })) as {
           affected?: number;

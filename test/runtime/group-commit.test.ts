@@ -86,6 +86,13 @@ describe('group commit', () => {
       { outcome: 'rejected', reason: 'stale_epoch' },
     ]);
     for (const f of [a, b]) expect(await state(f.eventId)).toEqual({ turn: 'succeeded', messages: 2, job_state: 'completed', delivery: 'completed' });
+    const transcript = await db().execute<{ seq: number; role: string; text: string }>(sql`
+      select m.seq::int as seq, m.role, m.content->>'text' as text
+        from corral.messages m join corral.turns t on t.id = m.turn_id where t.event_id = ${a.eventId} order by m.seq`);
+    expect(transcript.rows).toEqual([
+      { seq: 1, role: 'user', text: 't0' },
+      { seq: 2, role: 'assistant', text: `done ${a.eventId}` },
+    ]);
     for (const f of [c, d, e]) expect((await state(f.eventId)).turn).toBe('started');
     for (const f of [c, d, e]) expect((await state(f.eventId)).messages).toBe(0);
     for (const f of [c, d, e]) expect((await state(f.eventId)).job_state).toBe('active');
