@@ -75,6 +75,32 @@ export async function assignWarmActivation(
   return row ? toActivation(row) : undefined;
 }
 
+/**
+ * `assignWarmActivation` for a batch of jobs (at most one per actor), in ONE statement. Returns
+ * the activations that were warm, by actor key (`agent/session`); the others take the slow path.
+ */
+export async function assignWarmActivationsMany(
+  tx: DbOrTx,
+  jobs: readonly { key: ActorKey; eventId: string }[],
+  leaseMs: number,
+  ownerId: string,
+): Promise<Map<string, ActivationRow>> {
+  if (jobs.length === 0) return new Map();
+  const input = jobs.map((j) => ({ agent_uid: j.key.agentUid, session_id: j.key.sessionId, event_id: j.eventId }));
+  const rows = await executeNamed<RawActivation>(tx, 'corral_assign_warm_activations_many', sql`
+    with i as (
+      select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(agent_uid text, session_id text, event_id uuid)
+    )
+    update corral.activations a
+       set current_event_id = i.event_id, revision = 0, owner_id = ${ownerId}, status = 'active',
+           lease_expires_at = now() + ${leaseMs} * interval '1 millisecond', updated_at = now()
+      from i
+     where a.agent_uid = i.agent_uid and a.session_id = i.session_id
+       and a.status in ${LIVE} and a.current_event_id is null
+    returning a.*`);
+  return new Map(rows.map((r) => [`${r.agent_uid}/${r.session_id}`, toActivation(r)]));
+}
+
 export interface TurnRowsInput {
   activation: ActivationRow;
   eventId: string;
@@ -117,6 +143,55 @@ export async function insertTurnRows(tx: DbOrTx, r: TurnRowsInput): Promise<{ de
     returning id`);
   if (rows.length !== 1) throw new Error(`turn rows for event ${r.eventId} were not written`);
   return { deliveryId, turnId };
+}
+
+/** `insertTurnRows` for a batch of turns, in ONE statement. Returns their delivery ids, in order. */
+export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInput[]): Promise<string[]> {
+  if (rows.length === 0) return [];
+  const input = rows.map((r) => ({
+    delivery_id: randomUUID(),
+    turn_id: randomUUID(),
+    conv_id: randomUUID(),
+    activation_uid: r.activation.activationUid,
+    agent_uid: r.activation.agentUid,
+    session_id: r.activation.sessionId,
+    actor_epoch: r.activation.actorEpoch,
+    event_id: r.eventId,
+    revision: r.activation.revision,
+    job_retry_count: r.jobRetryCount,
+    worker_id: r.workerId,
+    // wrapped, so that a JSON null stays a JSON null (a recordset turns it into SQL NULL)
+    input: { v: r.input ?? null },
+  }));
+  const written = await executeNamed<{ delivery_id: string }>(tx, 'corral_insert_turn_rows_many', sql`
+    with i as (
+      select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
+        delivery_id uuid, turn_id uuid, conv_id uuid, activation_uid uuid, agent_uid text, session_id text,
+        actor_epoch bigint, event_id uuid, revision int, job_retry_count int, worker_id text, input jsonb)
+    ), conv_new as (
+      insert into corral.conversations (id, agent_uid, session_id)
+      select conv_id, agent_uid, session_id from i
+      on conflict (agent_uid, session_id) do nothing
+      returning id, agent_uid, session_id
+    ), conv as (
+      select id, agent_uid, session_id from conv_new
+      union all
+      select c.id, c.agent_uid, c.session_id from corral.conversations c join i using (agent_uid, session_id)
+    ), d as (
+      insert into corral.deliveries
+        (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state)
+      select delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, 'created'
+        from i
+      returning delivery_id
+    )
+    insert into corral.turns
+      (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, worker_id, input)
+    select i.turn_id, conv.id, i.event_id, d.delivery_id, 'started', i.activation_uid, i.actor_epoch, i.revision,
+           i.job_retry_count + 1, i.worker_id, i.input->'v'
+      from i join conv using (agent_uid, session_id) join d using (delivery_id)
+    returning delivery_id`);
+  if (written.length !== rows.length) throw new Error(`turn rows for ${rows.length - written.length} of ${rows.length} events were not written`);
+  return input.map((r) => r.delivery_id);
 }
 
 export interface CommitRowsInput {

@@ -121,36 +121,49 @@ export class TurnStore {
   }
 
   /**
-   * T2 for a fetched batch (group begin): every job's activation, delivery and `started` turn in
-   * one transaction, in batch order (one job per actor: pg-boss's key_strict_fifo fetch gives no
-   * actor two jobs). Any error rolls back the whole batch; the caller then begins its members
-   * one by one.
+   * T2 for a batch of fetched jobs (group begin), in one transaction: warm activations assigned
+   * in one statement, new activations per actor (the slow path), then every delivery and
+   * `started` turn in one statement. At most one job per actor (pg-boss's key_strict_fifo fetch
+   * gives no actor two jobs at once, and an actor's controller begins one at a time). Any error
+   * rolls back the whole batch; the caller then begins its members one by one.
    */
   async beginMany(requests: readonly { job: FetchedJob; workerId: string | null }[]): Promise<StartedTurn[]> {
+    const keyOf = (job: FetchedJob): ActorKey => ({ agentUid: job.data.agentUid, sessionId: job.data.sessionId });
+    if (new Set(requests.map((r) => formatActorKey(keyOf(r.job)))).size !== requests.length) {
+      throw new CorralError('internal', 'a begin batch holds two jobs of one actor');
+    }
     return inTransaction(this.db, async (tx) => {
-      const started: StartedTurn[] = [];
-      for (const r of requests) started.push(await this.beginInTx(tx, r.job, r.workerId));
-      return started;
+      // The common case in one statement: actors with a warm activation.
+      const warm = await turnRows.assignWarmActivationsMany(
+        tx,
+        requests.map((r) => ({ key: keyOf(r.job), eventId: r.job.id })),
+        this.config.leaseMs,
+        this.ownerId,
+      );
+      const activationsOf: ActivationRow[] = [];
+      for (const r of requests) {
+        // The slow path, per actor: a new activation under a higher epoch.
+        activationsOf.push(warm.get(formatActorKey(keyOf(r.job))) ?? (await this.newActivationInTx(tx, keyOf(r.job), r.job.id)));
+      }
+      const deliveryIds = await turnRows.insertTurnRowsMany(
+        tx,
+        requests.map((r, i) => ({
+          activation: activationsOf[i]!,
+          eventId: r.job.id,
+          jobRetryCount: r.job.retryCount,
+          workerId: r.workerId,
+          input: r.job.data.payload,
+        })),
+      );
+      return requests.map((r, i) => this.startedTurn(r.job, r.workerId, activationsOf[i]!, deliveryIds[i]!));
     });
   }
 
   private async beginInTx(tx: Tx, job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
     const key: ActorKey = { agentUid: job.data.agentUid, sessionId: job.data.sessionId };
-    let activation = await turnRows.assignWarmActivation(tx, key, job.id, this.config.leaseMs, this.ownerId);
-    if (!activation) {
-      const live = await activations.lockLiveActivation(tx, key);
-      // A live activation still running an event holds an attempt pg-boss has since given up on
-      // (we hold the job now): it is stale, whatever its lease says.
-      if (live) await this.failActivationInTx(tx, live, 'superseded', { message: 'superseded by a newer attempt' }, false);
-      const epoch = await nextEpoch(tx, key);
-      activation = await activations.insertActivation(tx, {
-        key,
-        epoch,
-        ownerId: this.ownerId,
-        leaseMs: this.config.leaseMs,
-        eventId: job.id,
-      });
-    }
+    const activation =
+      (await turnRows.assignWarmActivation(tx, key, job.id, this.config.leaseMs, this.ownerId)) ??
+      (await this.newActivationInTx(tx, key, job.id));
     const { deliveryId } = await turnRows.insertTurnRows(tx, {
       activation,
       eventId: job.id,
@@ -158,9 +171,22 @@ export class TurnStore {
       workerId,
       input: job.data.payload,
     });
-    const fence = fenceOf({ ...activation, eventId: job.id, deliveryId });
+    return this.startedTurn(job, workerId, activation, deliveryId);
+  }
+
+  /** T2's slow path: a new activation under a higher epoch, failing a stale live one first. */
+  private async newActivationInTx(tx: Tx, key: ActorKey, eventId: string): Promise<ActivationRow> {
+    const live = await activations.lockLiveActivation(tx, key);
+    // A live activation still running an event holds an attempt pg-boss has since given up on
+    // (we hold the job now): it is stale, whatever its lease says.
+    if (live) await this.failActivationInTx(tx, live, 'superseded', { message: 'superseded by a newer attempt' }, false);
+    const epoch = await nextEpoch(tx, key);
+    return activations.insertActivation(tx, { key, epoch, ownerId: this.ownerId, leaseMs: this.config.leaseMs, eventId });
+  }
+
+  private startedTurn(job: FetchedJob, workerId: string | null, activation: ActivationRow, deliveryId: string): StartedTurn {
     return {
-      fence,
+      fence: fenceOf({ ...activation, eventId: job.id, deliveryId }),
       payload: job.data.payload,
       enqueuedAt: job.data.enqueuedAt,
       attempt: job.retryCount + 1,

@@ -122,6 +122,41 @@ describe('group commit', () => {
     expect((await state(y.eventId)).delivery).not.toBe('accepted');
   });
 
+  it('begins a batch of warm, new and superseding actors in one transaction', async () => {
+    const [w] = (await startTurns('begin-warm', 1)).map(fromWire) as [Fence];
+    expect(await t.daemon.store.commitMany([request(w)])).toEqual([{ outcome: 'committed' }]);
+    const [stale] = (await startTurns('begin-stale', 1)).map(fromWire) as [Fence];
+    const job = (agentUid: string, payload: unknown) => ({
+      id: randomUUID(),
+      retryCount: 0,
+      data: { agentUid, sessionId: 's', payload, enqueuedAt: new Date().toISOString() },
+    });
+    const jobs = [job('begin-warm-0', { x: 1 }), job('begin-new', null), job('begin-stale-0', [1, 2])];
+    const started = await t.daemon.store.beginMany(jobs.map((j) => ({ job: j, workerId: 'raw-gc' })));
+
+    expect(started.map((s) => s.fence.eventId)).toEqual(jobs.map((j) => j.id));
+    expect(started[0]!.fence.activationUid).toBe(w.activationUid); // the warm activation, reused
+    expect(started[0]!.fence.actorEpoch).toBe(w.actorEpoch);
+    expect(started[1]!.fence.actorEpoch).toBe(1);
+    expect(started[2]!.fence.actorEpoch).toBe(stale.actorEpoch + 1); // the stale one superseded
+    const rows = await db().execute<{ event_id: string; state: string; status: string; input: unknown; input_type: string; epoch: number }>(sql`
+      select d.event_id, d.state, t.status, t.input, jsonb_typeof(t.input) as input_type, d.actor_epoch::int as epoch
+        from corral.deliveries d join corral.turns t using (delivery_id)
+       where d.delivery_id in (${sql.join(started.map((s) => sql`${s.fence.deliveryId}::uuid`), sql`, `)})
+       order by d.event_id`);
+    const byEvent = new Map(rows.rows.map((r) => [r.event_id, r]));
+    expect(started.map((s) => byEvent.get(s.fence.eventId))).toEqual([
+      { event_id: jobs[0]!.id, state: 'created', status: 'started', input: { x: 1 }, input_type: 'object', epoch: w.actorEpoch },
+      { event_id: jobs[1]!.id, state: 'created', status: 'started', input: null, input_type: 'null', epoch: 1 },
+      { event_id: jobs[2]!.id, state: 'created', status: 'started', input: [1, 2], input_type: 'array', epoch: stale.actorEpoch + 1 },
+    ]);
+    expect((await state(stale.eventId)).delivery).toBe('superseded');
+    const live = await db().execute<{ n: number }>(sql`
+      select count(*)::int as n from corral.activations
+       where agent_uid in ('begin-warm-0', 'begin-new', 'begin-stale-0') and status in ('starting', 'active', 'draining')`);
+    expect(live.rows[0]!.n).toBe(3); // one live activation per actor (I1)
+  });
+
   it('rolls the whole batch back when a job does not settle', async () => {
     const [a, b] = (await startTurns('unsettled', 2)).map(fromWire) as [Fence, Fence];
     // b's job attempt is no longer the one its delivery holds: pg-boss's attempt fence refuses it.
