@@ -7,7 +7,7 @@
  * `checkFence`; every fenced operation (accept, progress, commit, fail, steer, cancel) goes
  * through it, inside the transaction that then writes.
  */
-import { eq, sql } from 'drizzle-orm';
+import { eq, inArray, sql } from 'drizzle-orm';
 import { FenceRejected, type FenceReason } from '../errors.ts';
 import type { ActivationRow } from './activations.ts';
 import type { DbOrTx } from './client.ts';
@@ -90,6 +90,41 @@ export async function loadFenceRows(tx: DbOrTx, deliveryId: string): Promise<Fen
     actorEpochCounter: row.epochCounter === null ? undefined : Number(row.epochCounter),
   };
 }
+
+/**
+ * Loads and row-locks the fence rows of many deliveries in one statement (a batch of replies).
+ * Rows are locked in delivery-id order, so two daemons locking overlapping batches cannot
+ * deadlock. Deliveries that do not exist are absent from the map.
+ */
+export async function loadFenceRowsMany(tx: DbOrTx, deliveryIds: readonly string[]): Promise<Map<string, FenceRows>> {
+  const ids = [...new Set(deliveryIds.filter((id) => UUID.test(id)))].sort();
+  const out = new Map<string, FenceRows>();
+  if (ids.length === 0) return out;
+  const found = await tx
+    .select({
+      d: deliveries,
+      a: activations,
+      leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()`,
+      epochCounter: sql<number>`(select ${actors.epochCounter} from ${actors} where ${actors.agentUid} = ${deliveries.agentUid} and ${actors.sessionId} = ${deliveries.sessionId})`,
+    })
+    .from(deliveries)
+    .innerJoin(activations, eq(activations.activationUid, deliveries.activationUid))
+    .where(inArray(deliveries.deliveryId, ids))
+    .orderBy(deliveries.deliveryId)
+    .for('update');
+  for (const row of found) {
+    out.set(row.d.deliveryId, {
+      delivery: row.d,
+      activation: row.a,
+      leaseAlive: row.leaseAlive,
+      actorEpochCounter: row.epochCounter === null ? undefined : Number(row.epochCounter),
+    });
+  }
+  return out;
+}
+
+/** The fence rows of a delivery that does not exist (or whose id is not a UUID). */
+export const NO_FENCE_ROWS: FenceRows = { delivery: undefined, activation: undefined, leaseAlive: false, actorEpochCounter: undefined };
 
 /** Locks the fence rows and throws `FenceRejected` unless the fence holds. */
 export async function lockFence(

@@ -75,6 +75,32 @@ export async function assignWarmActivation(
   return row ? toActivation(row) : undefined;
 }
 
+/**
+ * `assignWarmActivation` for a batch of jobs (at most one per actor), in ONE statement. Returns
+ * the activations that were warm, by actor key (`agent/session`); the others take the slow path.
+ */
+export async function assignWarmActivationsMany(
+  tx: DbOrTx,
+  jobs: readonly { key: ActorKey; eventId: string }[],
+  leaseMs: number,
+  ownerId: string,
+): Promise<Map<string, ActivationRow>> {
+  if (jobs.length === 0) return new Map();
+  const input = jobs.map((j) => ({ agent_uid: j.key.agentUid, session_id: j.key.sessionId, event_id: j.eventId }));
+  const rows = await executeNamed<RawActivation>(tx, 'corral_assign_warm_activations_many', sql`
+    with i as (
+      select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(agent_uid text, session_id text, event_id uuid)
+    )
+    update corral.activations a
+       set current_event_id = i.event_id, revision = 0, owner_id = ${ownerId}, status = 'active',
+           lease_expires_at = now() + ${leaseMs} * interval '1 millisecond', updated_at = now()
+      from i
+     where a.agent_uid = i.agent_uid and a.session_id = i.session_id
+       and a.status in ${LIVE} and a.current_event_id is null
+    returning a.*`);
+  return new Map(rows.map((r) => [`${r.agent_uid}/${r.session_id}`, toActivation(r)]));
+}
+
 export interface TurnRowsInput {
   activation: ActivationRow;
   eventId: string;
@@ -117,6 +143,55 @@ export async function insertTurnRows(tx: DbOrTx, r: TurnRowsInput): Promise<{ de
     returning id`);
   if (rows.length !== 1) throw new Error(`turn rows for event ${r.eventId} were not written`);
   return { deliveryId, turnId };
+}
+
+/** `insertTurnRows` for a batch of turns, in ONE statement. Returns their delivery ids, in order. */
+export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInput[]): Promise<string[]> {
+  if (rows.length === 0) return [];
+  const input = rows.map((r) => ({
+    delivery_id: randomUUID(),
+    turn_id: randomUUID(),
+    conv_id: randomUUID(),
+    activation_uid: r.activation.activationUid,
+    agent_uid: r.activation.agentUid,
+    session_id: r.activation.sessionId,
+    actor_epoch: r.activation.actorEpoch,
+    event_id: r.eventId,
+    revision: r.activation.revision,
+    job_retry_count: r.jobRetryCount,
+    worker_id: r.workerId,
+    // wrapped, so that a JSON null stays a JSON null (a recordset turns it into SQL NULL)
+    input: { v: r.input ?? null },
+  }));
+  const written = await executeNamed<{ delivery_id: string }>(tx, 'corral_insert_turn_rows_many', sql`
+    with i as (
+      select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
+        delivery_id uuid, turn_id uuid, conv_id uuid, activation_uid uuid, agent_uid text, session_id text,
+        actor_epoch bigint, event_id uuid, revision int, job_retry_count int, worker_id text, input jsonb)
+    ), conv_new as (
+      insert into corral.conversations (id, agent_uid, session_id)
+      select conv_id, agent_uid, session_id from i
+      on conflict (agent_uid, session_id) do nothing
+      returning id, agent_uid, session_id
+    ), conv as (
+      select id, agent_uid, session_id from conv_new
+      union all
+      select c.id, c.agent_uid, c.session_id from corral.conversations c join i using (agent_uid, session_id)
+    ), d as (
+      insert into corral.deliveries
+        (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state)
+      select delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, 'created'
+        from i
+      returning delivery_id
+    )
+    insert into corral.turns
+      (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, worker_id, input)
+    select i.turn_id, conv.id, i.event_id, d.delivery_id, 'started', i.activation_uid, i.actor_epoch, i.revision,
+           i.job_retry_count + 1, i.worker_id, i.input->'v'
+      from i join conv using (agent_uid, session_id) join d using (delivery_id)
+    returning delivery_id`);
+  if (written.length !== rows.length) throw new Error(`turn rows for ${rows.length - written.length} of ${rows.length} events were not written`);
+  return input.map((r) => r.delivery_id);
 }
 
 export interface CommitRowsInput {
@@ -175,6 +250,68 @@ export async function commitTurnRows(tx: DbOrTx, r: CommitRowsInput): Promise<bo
   return row.turns === 1 && row.messages === count;
 }
 
+/**
+ * T5's writes for a batch of turns whose fences held, in ONE statement: `commitTurnRows` for each
+ * (the turns `succeeded`, their messages numbered at the end of each conversation, deliveries
+ * `completed`, activations warm). A batch holds at most one turn per conversation (one live turn
+ * per actor). Returns the delivery ids whose turn was written (a turn no longer `started` is left
+ * out, and so is everything of it).
+ */
+export async function commitTurnRowsMany(tx: DbOrTx, rows: readonly CommitRowsInput[]): Promise<Set<string>> {
+  if (rows.length === 0) return new Set();
+  const leaseMs = rows[0]!.leaseMs;
+  const input = rows.map((r) => ({
+    delivery_id: r.deliveryId,
+    activation_uid: r.activationUid,
+    revision: r.revision,
+    worker_id: r.workerId,
+    output: r.output === undefined ? null : r.output,
+    messages: r.messages,
+  }));
+  const written = await executeNamed<{ delivery_id: string; messages: number; expected: number }>(tx, 'corral_commit_turn_rows_many', sql`
+    with i as (
+      select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb)
+        as x(delivery_id uuid, activation_uid uuid, revision int, worker_id text, output jsonb, messages jsonb)
+    ), t as (
+      update corral.turns tu
+         set status = 'succeeded', finished_at = now(), revision = i.revision, worker_id = i.worker_id,
+             output = case when jsonb_typeof(i.output) = 'null' then null else i.output end
+        from i
+       where tu.delivery_id = i.delivery_id and tu.status = 'started'
+      returning tu.id, tu.conversation_id, tu.input, tu.delivery_id, i.activation_uid, i.messages,
+                1 + jsonb_array_length(i.messages) as count
+    ), c as (
+      update corral.conversations cv
+         set next_seq = cv.next_seq + t.count, updated_at = now()
+        from t
+       where cv.id = t.conversation_id
+      returning cv.id, cv.next_seq - t.count as first
+    ), items as (
+      select t.id as turn_id, t.conversation_id, 1::bigint as ord, 'user'::text as role, coalesce(t.input, 'null'::jsonb) as content from t
+      union all
+      select t.id, t.conversation_id, x.ord + 1, x.elem->>'role', x.elem->'content'
+        from t, jsonb_array_elements(t.messages) with ordinality as x(elem, ord)
+    ), m as (
+      insert into corral.messages (conversation_id, turn_id, seq, role, content)
+      select items.conversation_id, items.turn_id, c.first + items.ord - 1, items.role, items.content
+        from items join c on c.id = items.conversation_id
+      returning turn_id
+    ), d as (
+      update corral.deliveries dl set state = 'completed', updated_at = now()
+        from t
+       where dl.delivery_id = t.delivery_id and dl.state in ('created', 'sent', 'accepted')
+      returning 1
+    ), a as (
+      update corral.activations av
+         set current_event_id = null, lease_expires_at = now() + ${leaseMs} * interval '1 millisecond', updated_at = now()
+        from t
+       where av.activation_uid = t.activation_uid and av.status in ${LIVE}
+      returning 1
+    )
+    select t.delivery_id, (select count(*) from m where m.turn_id = t.id)::int as messages, t.count::int as expected from t`);
+  return new Set(written.filter((w) => w.messages === w.expected).map((w) => w.delivery_id));
+}
+
 /** turn_accepted's writes, after the fence held: delivery `accepted`, lease extended. */
 export async function acceptDeliveryRows(
   tx: DbOrTx,
@@ -192,3 +329,42 @@ export async function acceptDeliveryRows(
        set lease_expires_at = greatest(lease_expires_at, now() + ${leaseMs} * interval '1 millisecond'), updated_at = now()
      where activation_uid = ${activationUid} and status in ${LIVE}`);
 }
+
+/**
+ * turn_accepted's writes for a batch, in ONE statement, after the fences held: deliveries
+ * `accepted`, their activations' leases extended.
+ */
+export async function acceptDeliveryRowsMany(
+  tx: DbOrTx,
+  rows: readonly { deliveryId: string; activationUid: string }[],
+  leaseMs: number,
+): Promise<void> {
+  if (rows.length === 0) return;
+  await executeNamed(tx, 'corral_accept_delivery_many', sql`
+    with i as (
+      select * from jsonb_to_recordset(${JSON.stringify(rows.map((r) => ({ delivery_id: r.deliveryId, activation_uid: r.activationUid })))}::jsonb)
+        as x(delivery_id uuid, activation_uid uuid)
+    ), d as (
+      update corral.deliveries dl set state = 'accepted', updated_at = now()
+        from i
+       where dl.delivery_id = i.delivery_id and dl.state in ('created', 'sent')
+      returning 1
+    )
+    update corral.activations av
+       set lease_expires_at = greatest(av.lease_expires_at, now() + ${leaseMs} * interval '1 millisecond'), updated_at = now()
+      from (select distinct activation_uid from i) ia
+     where av.activation_uid = ia.activation_uid and av.status in ${LIVE}`);
+}
+
+/** turn_progress's write for a batch, in ONE statement: the leases extended. Returns them by activation. */
+export async function extendLeasesMany(tx: DbOrTx, activationUids: readonly string[], leaseMs: number): Promise<Map<string, Date>> {
+  if (activationUids.length === 0) return new Map();
+  const rows = await executeNamed<{ activation_uid: string; lease_expires_at: Date | string }>(tx, 'corral_extend_leases_many', sql`
+    update corral.activations
+       set lease_expires_at = greatest(lease_expires_at, now() + ${leaseMs} * interval '1 millisecond'), updated_at = now()
+     where activation_uid in (select jsonb_array_elements_text(${JSON.stringify([...new Set(activationUids)])}::jsonb)::uuid)
+       and status in ${LIVE}
+    returning activation_uid, lease_expires_at`);
+  return new Map(rows.map((r) => [r.activation_uid, toDate(r.lease_expires_at)]));
+}
+

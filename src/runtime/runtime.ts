@@ -22,11 +22,12 @@ import * as workersDb from '../db/workers.ts';
 import { ActorDirectory } from './directory.ts';
 import { fenceFields, fromWire, toWire, type Fence, type WireTurnRef } from './fence.ts';
 import { WorkerPool } from './worker-pool.ts';
+import { GroupWriter } from './group-writer.ts';
 import { backoffDelayMs } from '../backoff.ts';
 
 /** How long a turn operation keeps retrying while the database is unreachable. */
 const DATABASE_RETRY_MS = 120_000;
-import type { FailOutcome, FetchedJob, StartedTurn, TurnStore } from './turns.ts';
+import type { FailOutcome, FetchedJob, ReplyOutcome, ReplyRequest, StartedTurn, TurnStore } from './turns.ts';
 import { noopMetrics, type RuntimeMetrics } from './metrics.ts';
 
 export interface Transport {
@@ -90,11 +91,29 @@ export class Runtime {
   private readonly unknownReplyBudget = new Map<string, { tokens: number; atMs: number }>();
   private parkedRetry: TimerHandle | null = null;
   private stopping = false;
+  /** Worker replies (results, accepts, progress, sent marks) are written in groups (group-writer.ts). */
+  private readonly replies: GroupWriter<ReplyRequest, ReplyOutcome>;
+  /** Fetched jobs begin in groups too: one transaction for the turns begun meanwhile. */
+  private readonly begins: GroupWriter<{ job: FetchedJob; workerId: string | null }, StartedTurn>;
 
   constructor(opts: RuntimeOptions) {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'runtime' });
     this.metrics = opts.metrics ?? noopMetrics;
+    this.begins = new GroupWriter({
+      many: async (requests) => (await opts.store.beginMany(requests)).map((value) => ({ ok: true as const, value })),
+      one: (r) => opts.store.begin(r.job, r.workerId),
+      onBatch: (size, fellBack) => this.log.debug({ size, fellBack }, fellBack ? 'begin batch failed; begun one by one' : 'begin batch'),
+    });
+    this.replies = new GroupWriter<ReplyRequest, ReplyOutcome>({
+      many: async (requests) =>
+        (await opts.store.replyMany(requests)).map((o) =>
+          o.outcome === 'rejected' ? { ok: false as const, error: new FenceRejected(o.reason) } : { ok: true as const, value: o },
+        ),
+      one: (r) => this.replyOne(r),
+      onBatch: (size, fellBack) =>
+        this.log.debug({ size, fellBack }, fellBack ? 'reply batch failed; applied one by one' : 'reply batch'),
+    });
     this.directory = new ActorDirectory({ clock: opts.clock, onError: (e) => this.log.error({ err: e }, 'directory') });
   }
 
@@ -134,7 +153,7 @@ export class Runtime {
   private async startTurn(job: FetchedJob, workerId: string | null): Promise<void> {
     let turn: StartedTurn;
     try {
-      turn = await this.withDatabaseRetry(() => this.opts.store.begin(job, workerId), { eventId: job.id });
+      turn = await this.withDatabaseRetry(() => this.begins.submit({ job, workerId }), { eventId: job.id });
     } catch (e) {
       if (workerId) this.pool.release(job.id);
       this.clearCurrent({ agentUid: job.data.agentUid, sessionId: job.data.sessionId }, job.id);
@@ -165,7 +184,7 @@ export class Runtime {
             this.metrics.dispatchLatency?.((f.sentAtMs - enqueuedMs) / 1000);
           }
         }
-        await this.withDatabaseRetry(() => this.opts.store.markSent(f.fence), fenceFields(f.fence));
+        await this.withDatabaseRetry(() => this.replies.submit({ kind: 'sent', fence: f.fence }), fenceFields(f.fence));
         return;
       }
       this.log.warn({ ...fenceFields(f.fence), workerId: f.workerId, reason: res.reason }, 'turn_start send failed');
@@ -252,6 +271,22 @@ export class Runtime {
     }
   }
 
+  /** One reply in its own transaction (the group writer's single path). */
+  private async replyOne(r: ReplyRequest): Promise<ReplyOutcome> {
+    switch (r.kind) {
+      case 'sent':
+        await this.opts.store.markSent(r.fence);
+        return { outcome: 'sent' };
+      case 'accept':
+        await this.opts.store.accept(r.fence, r.workerId);
+        return { outcome: 'accepted' };
+      case 'progress':
+        return { outcome: 'extended', leaseExpiresAt: await this.opts.store.progress(r.fence, r.workerId) };
+      case 'commit':
+        return this.opts.store.commit(r.fence, r.workerId, r.messages, r.output);
+    }
+  }
+
   // ---- broker events -----------------------------------------------------------------
 
   /** Called synchronously from the broker's receive loop: schedules, never awaits. */
@@ -264,11 +299,11 @@ export class Runtime {
         this.onHeartbeat(e.workerId, e.inFlight);
         return;
       case 'turn_accepted':
-        this.fenced(e.workerId, e.turnRef, 'accept', (f) => this.opts.store.accept(f, e.workerId));
+        this.fenced(e.workerId, e.turnRef, 'accept', (f) => this.replies.submit({ kind: 'accept', fence: f, workerId: e.workerId }));
         return;
       case 'turn_progress':
         this.pool.seen(e.workerId, this.opts.clock.nowMs());
-        this.fenced(e.workerId, e.turnRef, 'progress', (f) => this.opts.store.progress(f, e.workerId));
+        this.fenced(e.workerId, e.turnRef, 'progress', (f) => this.replies.submit({ kind: 'progress', fence: f, workerId: e.workerId }));
         return;
       case 'turn_result': {
         const unstorable = unstorableReason({ messages: e.messages, output: e.output ?? null });
@@ -277,7 +312,13 @@ export class Runtime {
           return;
         }
         this.fenced(e.workerId, e.turnRef, 'commit', async (f) => {
-          const outcome = await this.opts.store.commit(f, e.workerId, e.messages, e.output);
+          const outcome = await this.replies.submit({
+            kind: 'commit',
+            fence: f,
+            workerId: e.workerId,
+            messages: e.messages,
+            ...(e.output === undefined ? {} : { output: e.output }),
+          });
           if (outcome.outcome === 'committed') {
             this.metrics.committed();
             const sentAtMs = this.inFlight.get(f.eventId)?.sentAtMs;

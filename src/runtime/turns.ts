@@ -15,13 +15,13 @@ import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { DeadLetterMode } from '../config.ts';
 import type { Db, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
-import { lockFence, type Fence } from '../db/fence.ts';
+import { checkFence, loadFenceRowsMany, lockFence, NO_FENCE_ROWS, type Fence } from '../db/fence.ts';
 import * as activations from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
 import * as turnRows from '../db/turn-rows.ts';
 import { nextEpoch, setBlockedBy } from '../db/actors.ts';
-import { CorralError, FenceRejected } from '../errors.ts';
+import { CorralError, FenceRejected, type FenceReason } from '../errors.ts';
 import { unstorableReason } from '../json-safety.ts';
 import { MAX_NOTIFY_BYTES, notifyControl } from '../db/control.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
@@ -50,6 +50,43 @@ export interface ReplyMessage {
 }
 
 export type CommitOutcome = { outcome: 'committed' } | { outcome: 'duplicate' };
+
+/** One worker result in a group commit. */
+export interface CommitRequest {
+  fence: Fence;
+  workerId: string;
+  messages: ReplyMessage[];
+  output?: unknown;
+}
+
+/** One worker reply in a group transaction: a result, an accept or a progress report. */
+export type ReplyRequest =
+  | ({ kind: 'commit' } & CommitRequest)
+  | { kind: 'accept'; fence: Fence; workerId: string }
+  | { kind: 'progress'; fence: Fence; workerId: string }
+  /** turn_start went out: informational (`created` and `sent` are alike to every check), unfenced. */
+  | { kind: 'sent'; fence: Fence };
+
+/** What a group transaction did with one reply. */
+export type ReplyOutcome =
+  | CommitOutcome
+  | { outcome: 'sent' }
+  | { outcome: 'accepted' }
+  | { outcome: 'extended'; leaseExpiresAt: Date | undefined }
+  | { outcome: 'rejected'; reason: FenceReason };
+
+/** What a group commit did with one result. */
+export type BatchOutcome = CommitOutcome | { outcome: 'rejected'; reason: FenceReason };
+
+/** A batch whose jobs did not all settle: rolled back, its members are committed one by one. */
+export class BatchNotSettled extends Error {
+  readonly unsettled: string[];
+  constructor(unsettled: string[]) {
+    super(`jobs did not settle: ${unsettled.join(', ')}`);
+    this.name = 'BatchNotSettled';
+    this.unsettled = unsettled;
+  }
+}
 
 export type FailureKind = 'turn_error' | 'lease_expired' | 'worker_lost' | 'superseded' | 'recovered' | 'turn_timeout';
 
@@ -81,40 +118,82 @@ export class TurnStore {
    * `started` turn carrying the fence.
    */
   async begin(job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
-    const key: ActorKey = { agentUid: job.data.agentUid, sessionId: job.data.sessionId };
+    return inTransaction(this.db, (tx) => this.beginInTx(tx, job, workerId));
+  }
+
+  /**
+   * T2 for a batch of fetched jobs (group begin), in one transaction: warm activations assigned
+   * in one statement, new activations per actor (the slow path), then every delivery and
+   * `started` turn in one statement. At most one job per actor (pg-boss's key_strict_fifo fetch
+   * gives no actor two jobs at once, and an actor's controller begins one at a time). Any error
+   * rolls back the whole batch; the caller then begins its members one by one.
+   */
+  async beginMany(requests: readonly { job: FetchedJob; workerId: string | null }[]): Promise<StartedTurn[]> {
+    const keyOf = (job: FetchedJob): ActorKey => ({ agentUid: job.data.agentUid, sessionId: job.data.sessionId });
+    if (new Set(requests.map((r) => formatActorKey(keyOf(r.job)))).size !== requests.length) {
+      throw new CorralError('internal', 'a begin batch holds two jobs of one actor');
+    }
     return inTransaction(this.db, async (tx) => {
-      let activation = await turnRows.assignWarmActivation(tx, key, job.id, this.config.leaseMs, this.ownerId);
-      if (!activation) {
-        const live = await activations.lockLiveActivation(tx, key);
-        // A live activation still running an event holds an attempt pg-boss has since given up on
-        // (we hold the job now): it is stale, whatever its lease says.
-        if (live) await this.failActivationInTx(tx, live, 'superseded', { message: 'superseded by a newer attempt' }, false);
-        const epoch = await nextEpoch(tx, key);
-        activation = await activations.insertActivation(tx, {
-          key,
-          epoch,
-          ownerId: this.ownerId,
-          leaseMs: this.config.leaseMs,
-          eventId: job.id,
-        });
+      // The common case in one statement: actors with a warm activation.
+      const warm = await turnRows.assignWarmActivationsMany(
+        tx,
+        requests.map((r) => ({ key: keyOf(r.job), eventId: r.job.id })),
+        this.config.leaseMs,
+        this.ownerId,
+      );
+      const activationsOf: ActivationRow[] = [];
+      for (const r of requests) {
+        // The slow path, per actor: a new activation under a higher epoch.
+        activationsOf.push(warm.get(formatActorKey(keyOf(r.job))) ?? (await this.newActivationInTx(tx, keyOf(r.job), r.job.id)));
       }
-      const { deliveryId } = await turnRows.insertTurnRows(tx, {
-        activation,
-        eventId: job.id,
-        jobRetryCount: job.retryCount,
-        workerId,
-        input: job.data.payload,
-      });
-      const fence = fenceOf({ ...activation, eventId: job.id, deliveryId });
-      return {
-        fence,
-        payload: job.data.payload,
-        enqueuedAt: job.data.enqueuedAt,
-        attempt: job.retryCount + 1,
-        leaseExpiresAt: activation.leaseExpiresAt,
-        workerId,
-      };
+      const deliveryIds = await turnRows.insertTurnRowsMany(
+        tx,
+        requests.map((r, i) => ({
+          activation: activationsOf[i]!,
+          eventId: r.job.id,
+          jobRetryCount: r.job.retryCount,
+          workerId: r.workerId,
+          input: r.job.data.payload,
+        })),
+      );
+      return requests.map((r, i) => this.startedTurn(r.job, r.workerId, activationsOf[i]!, deliveryIds[i]!));
     });
+  }
+
+  private async beginInTx(tx: Tx, job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
+    const key: ActorKey = { agentUid: job.data.agentUid, sessionId: job.data.sessionId };
+    const activation =
+      (await turnRows.assignWarmActivation(tx, key, job.id, this.config.leaseMs, this.ownerId)) ??
+      (await this.newActivationInTx(tx, key, job.id));
+    const { deliveryId } = await turnRows.insertTurnRows(tx, {
+      activation,
+      eventId: job.id,
+      jobRetryCount: job.retryCount,
+      workerId,
+      input: job.data.payload,
+    });
+    return this.startedTurn(job, workerId, activation, deliveryId);
+  }
+
+  /** T2's slow path: a new activation under a higher epoch, failing a stale live one first. */
+  private async newActivationInTx(tx: Tx, key: ActorKey, eventId: string): Promise<ActivationRow> {
+    const live = await activations.lockLiveActivation(tx, key);
+    // A live activation still running an event holds an attempt pg-boss has since given up on
+    // (we hold the job now): it is stale, whatever its lease says.
+    if (live) await this.failActivationInTx(tx, live, 'superseded', { message: 'superseded by a newer attempt' }, false);
+    const epoch = await nextEpoch(tx, key);
+    return activations.insertActivation(tx, { key, epoch, ownerId: this.ownerId, leaseMs: this.config.leaseMs, eventId });
+  }
+
+  private startedTurn(job: FetchedJob, workerId: string | null, activation: ActivationRow, deliveryId: string): StartedTurn {
+    return {
+      fence: fenceOf({ ...activation, eventId: job.id, deliveryId }),
+      payload: job.data.payload,
+      enqueuedAt: job.data.enqueuedAt,
+      attempt: job.retryCount + 1,
+      leaseExpiresAt: activation.leaseExpiresAt,
+      workerId,
+    };
   }
 
   /** Keeps pg-boss from failing the jobs of turns this daemon is running (see jobHeartbeatSeconds). */
@@ -202,6 +281,92 @@ export class TurnStore {
       if (e instanceof FenceRejected && e.reason === 'already_committed') return { outcome: 'duplicate' };
       throw e;
     }
+  }
+
+  /** T5 for many results at once: `replyMany` with results only. */
+  async commitMany(requests: readonly CommitRequest[]): Promise<BatchOutcome[]> {
+    return (await this.replyMany(requests.map((r) => ({ kind: 'commit' as const, ...r })))) as BatchOutcome[];
+  }
+
+  /**
+   * Many worker replies in one transaction (group commit), in a constant number of statements:
+   * marks `sent` deliveries, locks every fence row (in delivery-id order), checks each reply with
+   * `checkFence`, then applies the ones that passed, one statement per kind in causal order:
+   * accepts, progress (leases extended), results (their turns' rows); the results' jobs complete
+   * in one pg-boss call with the attempt fence. A reply that fails its
+   * fence is left out and changes nothing; a duplicate result writes nothing. When a job of the
+   * batch does not settle, the whole transaction rolls back (`BatchNotSettled`) so no turn stands
+   * without its job; the caller then applies the members one by one. The worker's `output` is
+   * kept on the turn (`corral.turns.output`), not on the pg-boss job.
+   */
+  async replyMany(requests: readonly ReplyRequest[]): Promise<ReplyOutcome[]> {
+    return inTransaction(this.db, async (tx) => {
+      await deliveries.markSentMany(tx, requests.filter((r) => r.kind === 'sent').map((r) => r.fence.deliveryId));
+      const fenced = requests.filter((r) => r.kind !== 'sent');
+      const rows = await loadFenceRowsMany(tx, fenced.map((r) => r.fence.deliveryId));
+      const outcomes: ReplyOutcome[] = [];
+      const completions: { id: string; retryCount: number }[] = [];
+      const commits: turnRows.CommitRowsInput[] = [];
+      const accepts: { deliveryId: string; activationUid: string }[] = [];
+      const progress: { index: number; activationUid: string }[] = [];
+      const committed = new Set<string>();
+      for (const r of requests) {
+        if (r.kind === 'sent') {
+          outcomes.push({ outcome: 'sent' });
+          continue;
+        }
+        const found = rows.get(r.fence.deliveryId) ?? NO_FENCE_ROWS;
+        let reason = checkFence(r.fence, found);
+        if (reason === null && found.delivery!.workerId !== null && found.delivery!.workerId !== r.workerId) reason = 'wrong_worker';
+        // The rows were read before this batch's writes: a turn committed earlier in the batch is over.
+        if (reason === null && committed.has(r.fence.deliveryId)) reason = 'already_committed';
+        if (reason !== null) {
+          outcomes.push(reason === 'already_committed' && r.kind === 'commit' ? { outcome: 'duplicate' } : { outcome: 'rejected', reason });
+          continue;
+        }
+        const delivery = found.delivery!;
+        if (r.kind === 'accept') {
+          accepts.push({ deliveryId: delivery.deliveryId, activationUid: r.fence.activationUid });
+          outcomes.push({ outcome: 'accepted' });
+        } else if (r.kind === 'progress') {
+          progress.push({ index: outcomes.length, activationUid: r.fence.activationUid });
+          outcomes.push({ outcome: 'extended', leaseExpiresAt: undefined });
+        } else {
+          committed.add(r.fence.deliveryId);
+          commits.push({
+            deliveryId: delivery.deliveryId,
+            activationUid: r.fence.activationUid,
+            revision: r.fence.revision,
+            workerId: r.workerId,
+            output: r.output,
+            messages: r.messages,
+            leaseMs: this.config.leaseMs,
+          });
+          completions.push({ id: r.fence.eventId, retryCount: delivery.jobRetryCount });
+          outcomes.push({ outcome: 'committed' });
+        }
+      }
+      // One statement per kind, in causal order (a turn's accept comes before its result).
+      await turnRows.acceptDeliveryRowsMany(tx, accepts, this.config.leaseMs);
+      const leases = await turnRows.extendLeasesMany(tx, progress.map((p) => p.activationUid), this.config.leaseMs);
+      for (const p of progress) outcomes[p.index] = { outcome: 'extended', leaseExpiresAt: leases.get(p.activationUid) };
+      // Locked and checked above, so a turn that is not written here means the rows disagree:
+      // roll everything back.
+      const written = await turnRows.commitTurnRowsMany(tx, commits);
+      const missing = commits.filter((c) => !written.has(c.deliveryId));
+      if (missing.length > 0) throw new BatchNotSettled(missing.map((c) => c.deliveryId));
+      if (completions.length > 0) {
+        const res = (await this.boss.complete(this.queueName, completions, null, { db: fromDrizzle(tx, sql) })) as {
+          affected?: number;
+          settled?: string[];
+        };
+        if (res.affected !== completions.length) {
+          const settled = new Set(res.settled ?? []);
+          throw new BatchNotSettled(completions.map((c) => c.id).filter((id) => !settled.has(id)));
+        }
+      }
+      return outcomes;
+    });
   }
 
   /** T5': the worker reported turn_error. Fenced; the event is retried under a new epoch or dead-lettered. */
