@@ -1119,22 +1119,35 @@ async function main(): Promise<number> {
     await session.start();
     await plain.start();
 
-    // raw 0, corral 1, raw 1, plain 1, raw 2, corral 2, …: every corral round (CURVE on, and
-    // off) sits between two raw slices.
+    // raw 0, corral 1, raw 1, plain 1, raw 2, plain 2, raw 3, corral 2, …: every corral round
+    // (CURVE on, and off) sits between two raw slices.
     const slices: RawResult[] = [await raw(0)];
     const roundRatios: number[] = [];
     const plainRatios: number[] = [];
-    for (let i = 0; i < opts.rounds; i++) {
+    const curveRound = async (i: number) => {
       await analyze();
       await statements?.begin();
       const round = await session.round(sizes[i]!, `corral ${i + 1}/${opts.rounds}`);
       await statements?.end();
       slices.push(await raw(slices.length));
       roundRatios.push(round.turnsPerSec / ((slices.at(-2)!.jobsPerSec + slices.at(-1)!.jobsPerSec) / 2));
+    };
+    const plainRound = async (i: number) => {
       await analyze();
-      const plainRound = await plain.round(sizes[i]!, `corral without CURVE ${i + 1}/${opts.rounds}`);
+      const round = await plain.round(sizes[i]!, `corral without CURVE ${i + 1}/${opts.rounds}`);
       slices.push(await raw(slices.length));
-      plainRatios.push(plainRound.turnsPerSec / ((slices.at(-2)!.jobsPerSec + slices.at(-1)!.jobsPerSec) / 2));
+      plainRatios.push(round.turnsPerSec / ((slices.at(-2)!.jobsPerSec + slices.at(-1)!.jobsPerSec) / 2));
+    };
+    // The order alternates (CURVE first in even rounds, last in odd ones): the process warms up
+    // over the run, and a fixed order would credit the warm-up to whichever goes second.
+    for (let i = 0; i < opts.rounds; i++) {
+      if (i % 2 === 0) {
+        await curveRound(i);
+        await plainRound(i);
+      } else {
+        await plainRound(i);
+        await curveRound(i);
+      }
     }
     const corral = await session.result();
     const corralPlain = await plain.result();
