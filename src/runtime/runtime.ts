@@ -299,7 +299,7 @@ export class Runtime {
           return;
         }
         this.fenced(e.workerId, e.turnRef, 'fail', async (f) => {
-          const outcome = await this.opts.store.fail(f, e.workerId, { code: e.error.code, message: e.error.message });
+          const outcome = await this.opts.store.fail(f, e.workerId, e.error);
           this.onAttemptFailed(f, outcome, `turn_error: ${e.error.code}: ${e.error.message}`);
         });
         return;
