@@ -318,8 +318,7 @@ export class TurnStore {
           continue;
         }
         const found = rows.get(r.fence.deliveryId) ?? NO_FENCE_ROWS;
-        let reason = checkFence(r.fence, found);
-        if (reason === null && found.delivery!.workerId !== null && found.delivery!.workerId !== r.workerId) reason = 'wrong_worker';
+        let reason = checkFence(r.fence, found, r.workerId);
         // The rows were read before this batch's writes: a turn committed earlier in the batch is over.
         if (reason === null && committed.has(r.fence.deliveryId)) reason = 'already_committed';
         if (reason !== null) {
@@ -503,9 +502,7 @@ export class TurnStore {
   }
 
   private async lockFenceFor(tx: Tx, fence: Fence, workerId: string) {
-    const rows = await lockFence(tx, fence);
-    if (rows.delivery.workerId !== null && rows.delivery.workerId !== workerId) throw new FenceRejected('wrong_worker');
-    return rows;
+    return lockFence(tx, fence, workerId);
   }
 
   /**
