@@ -23,30 +23,59 @@ function abortReason(signal: AbortSignal): unknown {
   return signal.reason ?? new DOMException('aborted', 'AbortError');
 }
 
+/**
+ * The longest delay Node's timers honour (2^31 − 1 ms, ~24.8 days): a longer one fires after
+ * ~1 ms instead (with a warning). Longer delays are chained from timers of at most this length.
+ */
+export const MAX_TIMER_MS = 2_147_483_647;
+
+/** `setTimeout` for any delay: chains timers of at most `maxMs` until `ms` has passed. */
+export function longTimeout(fn: () => void, ms: number, maxMs = MAX_TIMER_MS): TimerHandle {
+  let remaining = Math.max(0, ms);
+  let timer: ReturnType<typeof setTimeout>;
+  const arm = (): void => {
+    const step = Math.min(remaining, maxMs);
+    remaining -= step;
+    timer = setTimeout(() => (remaining > 0 ? arm() : fn()), step);
+  };
+  arm();
+  return { cancel: () => clearTimeout(timer) };
+}
+
 export const systemClock: Clock = {
   nowMs: () => Date.now(),
   now: () => DateTime.now(),
   sleep(ms, signal) {
     return new Promise((resolve, reject) => {
       if (signal?.aborted) return reject(abortReason(signal));
-      const t = setTimeout(() => {
+      const t = longTimeout(() => {
         signal?.removeEventListener('abort', onAbort);
         resolve();
       }, ms);
       const onAbort = (): void => {
-        clearTimeout(t);
+        t.cancel();
         reject(abortReason(signal!));
       };
       signal?.addEventListener('abort', onAbort, { once: true });
     });
   },
   setTimeout(fn, ms) {
-    const t = setTimeout(fn, ms);
-    return { cancel: () => clearTimeout(t) };
+    return longTimeout(fn, ms);
   },
   setInterval(fn, ms) {
-    const t = setInterval(fn, ms);
-    return { cancel: () => clearInterval(t) };
+    if (ms <= MAX_TIMER_MS) {
+      const t = setInterval(fn, ms);
+      return { cancel: () => clearInterval(t) };
+    }
+    let current: TimerHandle;
+    const again = (): void => {
+      current = longTimeout(() => {
+        again();
+        fn();
+      }, ms);
+    };
+    again();
+    return { cancel: () => current.cancel() };
   },
 };
 

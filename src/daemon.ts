@@ -101,7 +101,7 @@ export class Daemon {
       boss: this.boss,
       queueName: this.queues.events,
       ownerId: this.ownerId,
-      config: { leaseMs: config.leaseMs, deadLetterMode: config.deadLetterMode },
+      config: { leaseMs: config.leaseMs, deadLetterMode: config.deadLetterMode, bossSchema: config.bossSchema },
     });
     let consumer: QueueConsumer | undefined;
     this.runtime = new Runtime({

@@ -37,22 +37,28 @@ export class CorralError extends Error {
   }
 }
 
-/** Why a fenced operation refused to act. Stable strings: they travel on the wire. */
-export type FenceReason =
-  | 'unknown_delivery'
-  | 'unknown_activation'
-  | 'wrong_actor'
-  | 'wrong_worker'
-  | 'stale_epoch'
-  | 'stale_revision'
-  | 'stale_event'
-  | 'lease_expired'
-  | 'activation_not_live'
-  | 'delivery_superseded'
-  | 'already_committed'
-  | 'already_failed'
-  | 'cancelled'
-  | 'job_not_active';
+/**
+ * Why a fenced operation refused to act: the one list. Stable strings: they travel on the wire
+ * (`turn_rejected.reason`, see TURN_REJECTED_REASONS) and docs/protocol.md lists each (a test
+ * keeps the table and this list equal).
+ */
+export const FENCE_REASONS = [
+  'unknown_delivery',
+  'unknown_activation',
+  'wrong_actor',
+  'wrong_worker',
+  'stale_epoch',
+  'stale_revision',
+  'stale_event',
+  'lease_expired',
+  'activation_not_live',
+  'delivery_superseded',
+  'already_committed',
+  'already_failed',
+  'cancelled',
+  'job_not_active',
+] as const;
+export type FenceReason = (typeof FENCE_REASONS)[number];
 
 export class FenceRejected extends CorralError {
   readonly reason: FenceReason;

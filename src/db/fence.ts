@@ -39,11 +39,13 @@ const isLive = (status: string) => (ACTIVATION_LIVE as readonly string[]).includ
 /**
  * Plain equality checks of `fence` against the rows. Returns null when the fence holds, else the
  * reason. A delivery that already completed is reported as `already_committed` so the caller can
- * answer a duplicate result with the committed outcome.
+ * answer a duplicate result with the committed outcome. With `workerId`, the reply must also come
+ * from the worker the delivery was given to (when it names one).
  */
-export function checkFence(fence: Fence, rows: FenceRows): FenceReason | null {
+export function checkFence(fence: Fence, rows: FenceRows, workerId?: string): FenceReason | null {
   const { delivery: d, activation: a } = rows;
   if (!d) return 'unknown_delivery';
+  if (workerId !== undefined && d.workerId !== null && d.workerId !== workerId) return 'wrong_worker';
   if (d.agentUid !== fence.agentUid || d.sessionId !== fence.sessionId) return 'wrong_actor';
   if (d.activationUid !== fence.activationUid) return 'unknown_activation';
   if (d.eventId !== fence.eventId) return 'stale_event';
@@ -126,14 +128,15 @@ export async function loadFenceRowsMany(tx: DbOrTx, deliveryIds: readonly string
 /** The fence rows of a delivery that does not exist (or whose id is not a UUID). */
 export const NO_FENCE_ROWS: FenceRows = { delivery: undefined, activation: undefined, leaseAlive: false, actorEpochCounter: undefined };
 
-/** Locks the fence rows and throws `FenceRejected` unless the fence holds. */
+/** Locks the fence rows and throws `FenceRejected` unless the fence holds (for `workerId`, if given). */
 export async function lockFence(
   tx: DbOrTx,
   fence: Fence,
+  workerId?: string,
 ): Promise<{ delivery: DeliveryRow; activation: ActivationRow }> {
   if (!UUID.test(fence.deliveryId)) throw new FenceRejected('unknown_delivery');
   const rows = await loadFenceRows(tx, fence.deliveryId);
-  const reason = checkFence(fence, rows);
+  const reason = checkFence(fence, rows, workerId);
   if (reason) throw new FenceRejected(reason);
   return { delivery: rows.delivery!, activation: rows.activation! };
 }

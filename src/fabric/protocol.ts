@@ -15,6 +15,7 @@
  *    ignores unknown daemon types (a newer daemon may announce things an old worker can skip).
  */
 import { z } from 'zod';
+import { FENCE_REASONS } from '../errors.ts';
 
 export const PROTOCOL_VERSION = 1;
 export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024;
@@ -32,23 +33,11 @@ export function isValidWorkerId(id: string): boolean {
   return WORKER_ID_PATTERN.test(id);
 }
 
-/** Reasons the daemon gives in `turn_rejected` (the list may grow; receivers must accept others). */
-export const TURN_REJECTED_REASONS = [
-  'stale_epoch',
-  'stale_revision',
-  'stale_event',
-  'lease_expired',
-  'unknown_delivery',
-  'unknown_activation',
-  'activation_not_live',
-  'delivery_superseded',
-  'wrong_actor',
-  'cancelled',
-  'already_failed',
-  'job_not_active',
-  'invalid',
-  'unstorable',
-] as const;
+/**
+ * Reasons the daemon gives in `turn_rejected`: every fence reason, `invalid`, and `unstorable`
+ * (a result PostgreSQL cannot store). The list may grow; receivers must accept others.
+ */
+export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'invalid', 'unstorable'] as const;
 export type TurnRejectedReason = (typeof TURN_REJECTED_REASONS)[number];
 
 /** Codes of the protocol-level `error` message. */

@@ -342,6 +342,7 @@ export class Runtime {
         this.fenced(e.workerId, e.turnRef, 'fail', async (f) => {
           // an error text is diagnostic: make it storable rather than lose the failure
           const outcome = await this.opts.store.fail(f, e.workerId, {
+            ...e.error,
             code: storableText(e.error.code),
             message: storableText(e.error.message),
           });

@@ -20,6 +20,7 @@ import * as activations from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
 import * as turnRows from '../db/turn-rows.ts';
+import { makeLastAttempt } from '../db/boss-jobs.ts';
 import { nextEpoch, setBlockedBy } from '../db/actors.ts';
 import { CorralError, FenceRejected, type FenceReason } from '../errors.ts';
 import { unstorableReason } from '../json-safety.ts';
@@ -30,6 +31,8 @@ import type { ActivationRow } from '../db/activations.ts';
 export interface TurnsConfig {
   leaseMs: number;
   deadLetterMode: DeadLetterMode;
+  /** pg-boss's schema (default `pgboss`). */
+  bossSchema?: string;
 }
 
 /** A job fetched from the actor queue. */
@@ -316,8 +319,7 @@ export class TurnStore {
           continue;
         }
         const found = rows.get(r.fence.deliveryId) ?? NO_FENCE_ROWS;
-        let reason = checkFence(r.fence, found);
-        if (reason === null && found.delivery!.workerId !== null && found.delivery!.workerId !== r.workerId) reason = 'wrong_worker';
+        let reason = checkFence(r.fence, found, r.workerId);
         // The rows were read before this batch's writes: a turn committed earlier in the batch is over.
         if (reason === null && committed.has(r.fence.deliveryId)) reason = 'already_committed';
         if (reason !== null) {
@@ -369,13 +371,20 @@ export class TurnStore {
     });
   }
 
-  /** T5': the worker reported turn_error. Fenced; the event is retried under a new epoch or dead-lettered. */
-  async fail(fence: Fence, workerId: string, error: { code: string; message: string }): Promise<FailOutcome> {
+  /**
+   * T5': the worker reported turn_error. Fenced; the event is retried under a new epoch, or
+   * dead-lettered: when its retries are exhausted, or at once when the error is not retryable.
+   */
+  async fail(fence: Fence, workerId: string, error: { code: string; message: string; retryable?: boolean }): Promise<FailOutcome> {
     return inTransaction(this.db, async (tx) => {
       const { activation, delivery } = await this.lockFenceFor(tx, fence, workerId);
+      const record = { code: error.code, message: error.message };
       await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], 'failed', error.code);
-      await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error, workerId });
-      return this.failActivationInTx(tx, activation, 'turn_error', error, true, delivery.jobRetryCount);
+      await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: record, workerId });
+      if (error.retryable === false) {
+        await makeLastAttempt(tx, this.config.bossSchema ?? 'pgboss', this.queueName, fence.eventId, delivery.jobRetryCount);
+      }
+      return this.failActivationInTx(tx, activation, 'turn_error', record, true, delivery.jobRetryCount);
     });
   }
 
@@ -510,9 +519,7 @@ export class TurnStore {
   }
 
   private async lockFenceFor(tx: Tx, fence: Fence, workerId: string) {
-    const rows = await lockFence(tx, fence);
-    if (rows.delivery.workerId !== null && rows.delivery.workerId !== workerId) throw new FenceRejected('wrong_worker');
-    return rows;
+    return lockFence(tx, fence, workerId);
   }
 
   /**

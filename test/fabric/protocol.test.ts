@@ -151,3 +151,17 @@ describe('daemon messages', () => {
     expect(r).toMatchObject({ ok: false, code: 'unknown_type' });
   });
 });
+
+describe('turn_rejected reasons', () => {
+  it('are the fence reasons plus invalid and unstorable, and docs/protocol.md lists exactly them', async () => {
+    const { readFile } = await import('node:fs/promises');
+    const { FENCE_REASONS } = await import('../../src/errors.ts');
+    const { TURN_REJECTED_REASONS } = await import('../../src/fabric/protocol.ts');
+    expect([...TURN_REJECTED_REASONS]).toEqual([...FENCE_REASONS, 'invalid', 'unstorable']);
+    const doc = await readFile(new URL('../../docs/protocol.md', import.meta.url), 'utf8');
+    const table = doc.slice(doc.indexOf('| reason | meaning | what the worker should do |'));
+    const rows = table.split('\n').slice(2);
+    const documented = rows.slice(0, rows.findIndex((l) => !l.startsWith('|'))).map((l) => /^\| `([a-z_]+)` \|/.exec(l)?.[1]);
+    expect(documented.sort()).toEqual([...TURN_REJECTED_REASONS].sort());
+  });
+});

@@ -78,6 +78,27 @@ describe('retries and dead letters', () => {
     expect(orig.rows).toHaveLength(0);
   });
 
+  it('dead-letters at once a turn_error that is not retryable, spending no retry', async () => {
+    const { t, w, db } = await setup();
+    expect(t.config.retryLimit).toBe(5);
+    const key = actorKey('final', 's');
+    const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'x' });
+    const start = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
+    await w.send({ type: 'turn_error', turn_ref: start.turn_ref, error: { code: 'invalid_input', message: 'cannot do this', retryable: false } });
+    const dl = await waitFor(async () => {
+      const r = await db.execute<{ source_retry_count: number; source_output: unknown }>(sql`
+        select source_retry_count, source_output from pgboss.job where name = ${t.daemon.queues.deadLetter} and source_id = ${eventId}`);
+      return r.rows[0];
+    });
+    expect(dl.source_retry_count).toBe(0);
+    expect(JSON.stringify(dl.source_output)).toContain('cannot do this');
+    // the original neither waits for a retry nor holds the actor (continue mode)
+    const orig = await db.execute(sql`select state from pgboss.job where id = ${eventId} and name = ${t.daemon.queues.events}`);
+    expect(orig.rows).toHaveLength(0);
+    const turns = await db.execute<{ n: number }>(sql`select count(*)::int as n from corral.turns where event_id = ${eventId}`);
+    expect(turns.rows[0]!.n).toBe(1);
+  });
+
   it('continue mode: a dead-lettered event leaves the queue and later events of the actor proceed', async () => {
     const { t, w, db } = await setup({ retryLimit: 0, deadLetterMode: 'continue' });
     const key = actorKey('dl', 'continue');
