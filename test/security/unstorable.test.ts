@@ -7,7 +7,7 @@ import { actorKey } from '../../src/actor-key.ts';
 import type { DaemonMessage } from '../../src/fabric/protocol.ts';
 import { createWorker, type Worker } from '../../src/worker/sdk.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
-import { spawnCorral } from '../helpers/processes.ts';
+import { CORRAL, run } from '../cli/helpers.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 describe('unstorable content', () => {
@@ -76,9 +76,10 @@ describe('unstorable content', () => {
 
   it('corral send refuses such JSON with a usage error (exit 2) before touching the database', async () => {
     for (const json of ['{"t":"a\\u0000b"}', '{"t":"\\ud800"}', '{"n":1e400}']) {
-      const p = spawnCorral(['send', 'a/b', json], { DATABASE_URL: 'postgres://nobody@127.0.0.1:1/none' }, 'send');
-      expect(await p.exited, p.log()).toBe(2);
-      expect(p.log()).toMatch(/cannot be stored/);
+      // stdout and stderr are complete once the process has closed them
+      const r = await run([CORRAL, 'send', 'a/b', json], { DATABASE_URL: 'postgres://nobody@127.0.0.1:1/none' });
+      expect(r.code, r.stderr).toBe(2);
+      expect(r.stderr).toMatch(/cannot be stored/);
     }
   });
 });
