@@ -4,6 +4,7 @@
  */
 import { loadConfig, type Config } from '../config.ts';
 import { openDatabase, type Database } from '../db/client.ts';
+import { hasCorralSchema, ping } from '../db/health.ts';
 import { CorralError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { commandLogger, resolveDatabase, unreachable } from './database.ts';
@@ -38,14 +39,13 @@ export async function openCommandContext(config: Config, opts: { needsSchema?: b
   const { url } = await resolveDatabase(config, logger);
   const database = openDatabase(url, { max: 4, applicationName: 'corral-cli' });
   try {
-    await database.pool.query('select 1');
+    await ping(database.pool);
   } catch (e) {
     await database.close();
     throw unreachable(url, e);
   }
   if (opts.needsSchema ?? true) {
-    const { rows } = await database.pool.query<{ t: string | null }>("select to_regclass('corral.turns')::text as t");
-    if (!rows[0]?.t) {
+    if (!(await hasCorralSchema(database.pool))) {
       await database.close();
       throw new CorralError(
         'database_unavailable',
