@@ -13,7 +13,6 @@
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -26,6 +25,7 @@ import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/embedded
 import { migrateDatabase } from '../src/db/migrate.ts';
 import { createBoss, ensureQueues } from '../src/queue/boss.ts';
 import { createEventQueue } from '../src/queue/events.ts';
+import { freePort } from '../src/net.ts';
 
 const CORRAL = fileURLToPath(new URL('../bin/corral.js', import.meta.url));
 
@@ -52,17 +52,6 @@ function options() {
     process.exit(2);
   }
   return { events, workers, capacities, delayMs };
-}
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const a = srv.address();
-      srv.close(() => (typeof a === 'object' && a ? resolve(a.port) : reject(new Error('no port'))));
-    });
-  });
 }
 
 async function runOne(serverUrl: string, capacity: number, opts: ReturnType<typeof options>): Promise<number> {

@@ -14,7 +14,7 @@ import { markOwnerWorkersGone } from './db/workers.ts';
 import { CONTROL_CHANNEL, parseControl } from './db/control.ts';
 import type { Fence } from './db/fence.ts';
 import type { ActorKey } from './actor-key.ts';
-import { toError } from './errors.ts';
+import { CorralError, toError } from './errors.ts';
 import { Broker } from './fabric/broker.ts';
 import { FabricSecurity } from './fabric/security.ts';
 import type { TimerHandle } from './clock.ts';
@@ -53,6 +53,7 @@ export type DaemonState = 'idle' | 'starting' | 'running' | 'stopping' | 'stoppe
 
 /** The daemon's parts, built and wired but not started. */
 export class Daemon {
+  private stopping: Promise<ShutdownResult | undefined> | undefined;
   readonly ownerId = `daemon-${randomUUID()}`;
   readonly config: Config;
   readonly database: Database;
@@ -204,6 +205,7 @@ export class Daemon {
 
   /** Migrations, pg-boss, queues, broker and a first recovery pass. Loops are started by `startLoops`. */
   async prepare(): Promise<void> {
+    if (this._state !== 'idle') throw new CorralError('internal', `prepare() called on a daemon that is ${this._state}`);
     this._state = 'starting';
     if (!this.deps.skipMigrations) await migrateDatabase(this.deps.databaseUrl);
     await this.boss.start();
@@ -339,7 +341,13 @@ export class Daemon {
    * the restarted) daemon retries them, so nothing is lost.
    */
   async stop(opts: { deadlineMs?: number; drainMs?: number } = {}): Promise<ShutdownResult | undefined> {
-    if (this._state === 'stopped' || this._state === 'stopping') return undefined;
+    // A second call (a second signal, a test's cleanup) waits for the stop already under way.
+    this.stopping ??= this.stopOnce(opts);
+    return this.stopping;
+  }
+
+  private async stopOnce(opts: { deadlineMs?: number; drainMs?: number }): Promise<ShutdownResult | undefined> {
+    if (this._state === 'stopped') return undefined;
     this._state = 'stopping';
     await this.drain(opts.drainMs ?? this.config.drainMs);
     this.runtime.stop();

@@ -19,8 +19,12 @@ export type ErrorCode =
   | 'shutdown'
   | 'internal';
 
+/** Codes whose errors may succeed when tried again later (the database back, a peer ready). */
+const RETRYABLE_CODES: ReadonlySet<ErrorCode> = new Set(['database_unavailable', 'send_failed', 'timeout']);
+
 export class CorralError extends Error {
   readonly code: ErrorCode;
+  /** Whether trying again later may succeed; by default from the code (`RETRYABLE_CODES`). */
   readonly retryable: boolean;
   readonly details: Record<string, unknown>;
 
@@ -32,7 +36,7 @@ export class CorralError extends Error {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.name = 'CorralError';
     this.code = code;
-    this.retryable = opts.retryable ?? false;
+    this.retryable = opts.retryable ?? RETRYABLE_CODES.has(code);
     this.details = opts.details ?? {};
   }
 }
@@ -89,6 +93,34 @@ export function errorMessage(e: unknown): string {
   return err.message;
 }
 
+/**
+ * The database errors corral tells apart, in one place. Drivers and Drizzle wrap errors (a
+ * DrizzleQueryError's cause is the driver's error): every check looks through `cause`.
+ */
+
+/** The SQLSTATE of a database error, looking through wrappers; undefined for other errors. */
+export function sqlState(e: unknown, depth = 0): string | undefined {
+  const err = e as { code?: unknown; cause?: unknown } | null;
+  if (!err || depth > 5) return undefined;
+  if (typeof err.code === 'string' && /^[0-9A-Z]{5}$/.test(err.code)) return err.code;
+  return err.cause !== undefined && err.cause !== err ? sqlState(err.cause, depth + 1) : undefined;
+}
+
+/** Serialization failure or deadlock (40001, 40P01): the transaction may simply be run again. */
+export function isRetryableTransactionError(e: unknown): boolean {
+  const state = sqlState(e);
+  return state === '40001' || state === '40P01';
+}
+
+/**
+ * The database cannot be used at all from here: unreachable (`isConnectionError`), no such
+ * database (3D000) or wrong credentials (28P01). Commands report it as `database_unavailable`.
+ */
+export function isDatabaseUnavailable(e: unknown): boolean {
+  const state = sqlState(e);
+  return isConnectionError(e) || state === '3D000' || state === '28P01';
+}
+
 const CONNECTION_SQLSTATE_PREFIXES = ['08', '57P']; // connection exceptions, operator intervention (shutdown)
 const CONNECTION_ERRNO = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'ENOTFOUND', 'EHOSTUNREACH']);
 
@@ -108,9 +140,9 @@ export function isConnectionError(e: unknown, depth = 0): boolean {
 }
 
 /** SQLSTATE 23505: unique violation. */
-export function isUniqueViolation(e: unknown, constraint?: string): boolean {
+export function isUniqueViolation(e: unknown, constraint?: string, depth = 0): boolean {
   const err = e as { code?: unknown; constraint?: unknown; cause?: unknown } | null;
-  if (!err) return false;
+  if (!err || depth > 5) return false;
   if (err.code === '23505') return constraint === undefined || err.constraint === constraint;
-  return err.cause !== undefined && err.cause !== err ? isUniqueViolation(err.cause, constraint) : false;
+  return err.cause !== undefined && err.cause !== err ? isUniqueViolation(err.cause, constraint, depth + 1) : false;
 }

@@ -2,11 +2,12 @@
  * What every command needs: the resolved configuration, a logger, and the database (the embedded
  * server under `.corral/` when DATABASE_URL is unset, started on demand).
  */
-import { loadConfig, maskUrl, type Config } from '../config.ts';
+import { loadConfig, type Config } from '../config.ts';
 import { openDatabase, type Database } from '../db/client.ts';
-import { CorralError, isConnectionError, toError } from '../errors.ts';
+import { hasCorralSchema, ping } from '../db/health.ts';
+import { CorralError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
-import { commandLogger, resolveDatabase } from './database.ts';
+import { commandLogger, resolveDatabase, unreachable } from './database.ts';
 import type { PgBoss } from 'pg-boss';
 
 export interface GlobalOptions {
@@ -38,17 +39,13 @@ export async function openCommandContext(config: Config, opts: { needsSchema?: b
   const { url } = await resolveDatabase(config, logger);
   const database = openDatabase(url, { max: 4, applicationName: 'corral-cli' });
   try {
-    await database.pool.query('select 1');
+    await ping(database.pool);
   } catch (e) {
     await database.close();
-    if (isConnectionError(e) || (e as { code?: string }).code === '3D000' || (e as { code?: string }).code === '28P01') {
-      throw new CorralError('database_unavailable', `cannot reach the database at ${maskUrl(url)}: ${toError(e).message}`);
-    }
-    throw e;
+    throw unreachable(url, e);
   }
   if (opts.needsSchema ?? true) {
-    const { rows } = await database.pool.query<{ t: string | null }>("select to_regclass('corral.turns')::text as t");
-    if (!rows[0]?.t) {
+    if (!(await hasCorralSchema(database.pool))) {
       await database.close();
       throw new CorralError(
         'database_unavailable',

@@ -5,7 +5,8 @@
  */
 import type { Config } from '../config.ts';
 import { ensureEmbeddedPostgres, type EmbeddedServer } from '../db/embedded.ts';
-import { CorralError, toError } from '../errors.ts';
+import { maskUrl } from '../config.ts';
+import { CorralError, isDatabaseUnavailable, toError } from '../errors.ts';
 import { createLogger, type Logger } from '../logger.ts';
 
 export function commandLogger(config: Config, opts: { daemon?: boolean } = {}): Logger {
@@ -45,3 +46,8 @@ export async function resolveDatabase(config: Config, logger: Logger): Promise<R
   }
 }
 
+/** A command's first contact with the database failed: a clear `database_unavailable`, or `e` as is. */
+export function unreachable(url: string, e: unknown): unknown {
+  if (!isDatabaseUnavailable(e)) return e;
+  return new CorralError('database_unavailable', `cannot reach the database at ${maskUrl(url)}: ${toError(e).message}`, { cause: e });
+}

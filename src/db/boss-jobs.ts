@@ -1,10 +1,316 @@
 /**
- * The one write corral makes to pg-boss's own job table, beside pg-boss's API: pg-boss has no
- * public "fail without retry" for a fetched job, and its dead-letter copy is made only when a
- * failure exhausts the job's retries.
+ * Read-only SQL on pg-boss's job table for operator tooling: dead letters, the jobs of one actor,
+ * queue depths. pg-boss has no query for "dead letters of actor X whose error mentions Y"; these
+ * statements read `<bossSchema>.job` directly (partitioned by queue name, so every statement names
+ * the queue first). Every write to a job goes through the pg-boss API (see ops/dead-letters.ts),
+ * but one: `makeLastAttempt`, since pg-boss has no public "fail without retry" for a fetched job
+ * and makes its dead-letter copy only when a failure exhausts the job's retries.
+ *
+ * Counting touches only live states (created, retry, active, failed): pg-boss's partial index
+ * `job_i14` covers them, while completed jobs (kept forever on the actor queue) are never scanned.
  */
-import { sql } from 'drizzle-orm';
+import { sql, type SQL } from 'drizzle-orm';
+import pg from 'pg';
+import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
+
+export type JobState = 'created' | 'retry' | 'active' | 'completed' | 'cancelled' | 'failed';
+
+/** A dead-lettered event: the copy pg-boss made in the dead-letter queue. */
+export interface DeadLetter {
+  /** The copy's job id in the dead-letter queue (what `corral dlq show/replay/discard` take). */
+  id: string;
+  /** The original event id (= the original job id, a UUIDv7). */
+  eventId: string;
+  agentUid: string;
+  sessionId: string;
+  /** The actor key text, `agent_uid/session_id` (the job's singletonKey). */
+  actor: string;
+  payload: unknown;
+  /** The copy's whole job data (`{ agentUid, sessionId, payload, enqueuedAt }`), re-sent on replay. */
+  data: Record<string, unknown>;
+  /** When the original event was enqueued. */
+  enqueuedAt: Date | null;
+  /** When it was dead-lettered (the copy's creation). */
+  failedAt: Date;
+  /** Attempts the original made (its retry count + 1). */
+  attempts: number;
+  /** The original's last output: `{ error: { code, message }, kind }`. */
+  lastError: unknown;
+}
+
+export interface DeadLetterFilter {
+  actor?: ActorKey;
+  /** Only dead letters younger than this (by dead-letter time). */
+  sinceMs?: number;
+  /** Case-insensitive substring of the last error (code, message, kind). */
+  error?: string;
+  ids?: readonly string[];
+}
+
+export interface Page {
+  limit?: number;
+  /** Continue after this dead letter (keyset on dead-letter time, id); it must still exist. */
+  after?: string;
+}
+
+const job = (schema: string) => sql`${sql.identifier(schema)}.job`;
+
+// Drizzle's `execute` hands timestamps back as PostgreSQL text; parse them as node-postgres would.
+const parseTimestamptz = pg.types.getTypeParser(pg.types.builtins.TIMESTAMPTZ) as (v: string) => Date;
+
+/** A timestamp column of a raw row as a Date (null stays null). */
+export function toDate(v: unknown): Date | null {
+  if (v === null || v === undefined) return null;
+  if (v instanceof Date) return v;
+  return parseTimestamptz(String(v));
+}
+
+interface DeadLetterRow {
+  id: string;
+  source_id: string | null;
+  singleton_key: string | null;
+  data: Record<string, unknown> | null;
+  source_created_on: unknown;
+  created_on: unknown;
+  source_retry_count: number | null;
+  source_output: unknown;
+}
+
+const DEAD_LETTER_COLUMNS = sql.raw(
+  'id, source_id, singleton_key, data, source_created_on, created_on, source_retry_count, source_output',
+);
+
+/**
+ * The text `--error` matches, lower-cased: the error's code and message (corral's
+ * `{ error: { code, message }, kind }`, or pg-boss's own `{ value: { message } }` when it failed
+ * the job itself, e.g. a heartbeat timeout) and the failure kind. Not the raw JSON, whose keys
+ * would match everything.
+ */
+const errorText = sql.raw(
+  "lower(concat_ws(' ', source_output->'error'->>'code', source_output->'error'->>'message', source_output->'value'->>'message', source_output->>'message', source_output->>'kind'))",
+);
+
+function toDeadLetter(r: DeadLetterRow): DeadLetter {
+  const data = r.data ?? {};
+  const [keyAgent, keySession] = (r.singleton_key ?? '').split('/');
+  const agentUid = typeof data.agentUid === 'string' ? data.agentUid : (keyAgent ?? '');
+  const sessionId = typeof data.sessionId === 'string' ? data.sessionId : (keySession ?? '');
+  const enqueued = toDate(r.source_created_on) ?? (typeof data.enqueuedAt === 'string' ? new Date(data.enqueuedAt) : null);
+  return {
+    id: r.id,
+    eventId: r.source_id ?? r.id,
+    agentUid,
+    sessionId,
+    actor: r.singleton_key ?? `${agentUid}/${sessionId}`,
+    payload: data.payload,
+    data,
+    enqueuedAt: enqueued,
+    failedAt: toDate(r.created_on)!,
+    attempts: (r.source_retry_count ?? 0) + 1,
+    lastError: r.source_output ?? null,
+  };
+}
+
+function filterSql(f: DeadLetterFilter): SQL[] {
+  const where: SQL[] = [];
+  if (f.actor) where.push(sql`singleton_key = ${formatActorKey(f.actor)}`);
+  if (f.sinceMs !== undefined) where.push(sql`created_on >= now() - ${f.sinceMs} * interval '1 millisecond'`);
+  if (f.error) where.push(sql`strpos(${errorText}, ${f.error.toLowerCase()}) > 0`);
+  if (f.ids) where.push(sql`id = any(${sql.param([...f.ids])}::uuid[])`);
+  return where;
+}
+
+/** Dead letters matching `filter`, oldest dead-lettered first. */
+export async function findDeadLetters(
+  db: DbOrTx,
+  q: { schema: string; dlq: string },
+  filter: DeadLetterFilter,
+  page: Page = {},
+): Promise<DeadLetter[]> {
+  const where = [sql`name = ${q.dlq}`, ...filterSql(filter)];
+  if (page.after) {
+    where.push(
+      sql`(created_on, id) > (select a.created_on, a.id from ${job(q.schema)} a where a.name = ${q.dlq} and a.id = ${page.after}::uuid)`,
+    );
+  }
+  const limit = page.limit === undefined ? sql`` : sql` limit ${page.limit}`;
+  const res = await db.execute<DeadLetterRow & Record<string, unknown>>(sql`
+    select ${DEAD_LETTER_COLUMNS} from ${job(q.schema)}
+    where ${sql.join(where, sql` and `)}
+    order by created_on, id${limit}`);
+  return res.rows.map(toDeadLetter);
+}
+
+/** Counts dead letters matching `filter` and the distinct actors they belong to. */
+export async function countDeadLetters(
+  db: DbOrTx,
+  q: { schema: string; dlq: string },
+  filter: DeadLetterFilter = {},
+): Promise<{ deadLetters: number; actors: number }> {
+  const where = [sql`name = ${q.dlq}`, ...filterSql(filter)];
+  const res = await db.execute<{ n: number; actors: number }>(sql`
+    select count(*)::int as n, count(distinct singleton_key)::int as actors from ${job(q.schema)}
+    where ${sql.join(where, sql` and `)}`);
+  return { deadLetters: res.rows[0]?.n ?? 0, actors: res.rows[0]?.actors ?? 0 };
+}
+
+/** One dead letter by its id. */
+export async function getDeadLetter(
+  db: DbOrTx,
+  q: { schema: string; dlq: string },
+  id: string,
+): Promise<DeadLetter | undefined> {
+  const res = await db.execute<DeadLetterRow & Record<string, unknown>>(sql`
+    select ${DEAD_LETTER_COLUMNS} from ${job(q.schema)}
+    where name = ${q.dlq} and id = ${id}::uuid`);
+  const row = res.rows[0];
+  return row ? toDeadLetter(row) : undefined;
+}
+
+/**
+ * Row-locks the dead letters among `ids` that still exist (replay and discard serialise on these
+ * locks), taken in id order so two bulk actions cannot deadlock each other.
+ */
+export async function lockDeadLetters(
+  db: DbOrTx,
+  q: { schema: string; dlq: string },
+  ids: readonly string[],
+): Promise<DeadLetter[]> {
+  if (ids.length === 0) return [];
+  const res = await db.execute<DeadLetterRow & Record<string, unknown>>(sql`
+    select ${DEAD_LETTER_COLUMNS} from ${job(q.schema)}
+    where name = ${q.dlq} and id = any(${sql.param([...ids])}::uuid[])
+    order by id for update`);
+  return res.rows.map(toDeadLetter);
+}
+
+/** The state of a job of `queue` by id, row-locked when `lock` (undefined: no such job). */
+export async function jobState(
+  db: DbOrTx,
+  schema: string,
+  queue: string,
+  id: string,
+  opts: { lock?: boolean } = {},
+): Promise<JobState | undefined> {
+  const res = await db.execute<{ state: JobState }>(sql`
+    select state::text as state from ${job(schema)}
+    where name = ${queue} and id = ${id}::uuid${opts.lock ? sql` for update` : sql``}`);
+  return res.rows[0]?.state;
+}
+
+export interface PendingJob {
+  id: string;
+  state: JobState;
+  retryCount: number;
+  createdOn: Date;
+  startAfter: Date;
+  payload: unknown;
+}
+
+/** The not-yet-finished jobs (created, retry, active, failed) of one actor, in queue order. */
+export async function pendingJobsOf(
+  db: DbOrTx,
+  schema: string,
+  queue: string,
+  key: ActorKey,
+  limit = 100,
+): Promise<PendingJob[]> {
+  const res = await db.execute<{
+    id: string;
+    state: JobState;
+    retry_count: number;
+    created_on: unknown;
+    start_after: unknown;
+    payload: unknown;
+  }>(sql`
+    select id, state::text as state, retry_count, created_on, start_after, data->'payload' as payload
+    from ${job(schema)}
+    where name = ${queue} and singleton_key = ${formatActorKey(key)}
+      and state in ('created', 'retry', 'active', 'failed')
+    order by (state in ('active', 'retry', 'failed')) desc, created_on, id
+    limit ${limit}`);
+  return res.rows.map((r) => ({
+    id: r.id,
+    state: r.state,
+    retryCount: r.retry_count,
+    createdOn: toDate(r.created_on)!,
+    startAfter: toDate(r.start_after)!,
+    payload: r.payload,
+  }));
+}
+
+/** Live job counts of the actor queue, by what an operator cares about. */
+export interface QueueDepth {
+  /** Queued and due now (some may still wait behind their actor's current event). */
+  ready: number;
+  /** Queued with a start time in the future. */
+  deferred: number;
+  /** Failed attempts waiting for their retry delay. */
+  retrying: number;
+  active: number;
+  /** Failed originals kept in the queue (dead-letter mode `block`): each holds its actor. */
+  failedHeld: number;
+  /** Copies in the dead-letter queue. */
+  deadLettered: number;
+  /** When the oldest queued (created or retry) event was enqueued. */
+  oldestWaitingAt: Date | null;
+  oldestWaitingEventId: string | null;
+  /** How long the oldest queued event has waited, by PostgreSQL's clock (null: none waits). */
+  oldestWaitingSeconds: number | null;
+}
+
+export async function queueDepth(db: DbOrTx, q: { schema: string; events: string; dlq: string }): Promise<QueueDepth> {
+  const res = await db.execute<{
+    ready: number;
+    deferred: number;
+    retrying: number;
+    active: number;
+    failed: number;
+    dead: number;
+    oldest_at: unknown;
+    oldest_id: string | null;
+    oldest_age: number | null;
+  }>(sql`
+    with ev as (
+      select state, start_after, created_on, id from ${job(q.schema)}
+      where name = ${q.events} and state in ('created', 'retry', 'active', 'failed')
+    ), oldest as (
+      select created_on, id from ev where state in ('created', 'retry') order by created_on, id limit 1
+    )
+    select
+      (select count(*) from ev where state = 'created' and start_after <= now())::int as ready,
+      (select count(*) from ev where state = 'created' and start_after > now())::int as deferred,
+      (select count(*) from ev where state = 'retry')::int as retrying,
+      (select count(*) from ev where state = 'active')::int as active,
+      (select count(*) from ev where state = 'failed')::int as failed,
+      (select count(*) from ${job(q.schema)} where name = ${q.dlq} and state in ('created', 'retry', 'active', 'failed'))::int as dead,
+      (select created_on from oldest) as oldest_at,
+      (select id from oldest) as oldest_id,
+      (select greatest(0, extract(epoch from now() - created_on))::float8 from oldest) as oldest_age`);
+  const r = res.rows[0]!;
+  return {
+    ready: r.ready,
+    deferred: r.deferred,
+    retrying: r.retrying,
+    active: r.active,
+    failedHeld: r.failed,
+    deadLettered: r.dead,
+    oldestWaitingAt: toDate(r.oldest_at),
+    oldestWaitingEventId: r.oldest_id,
+    oldestWaitingSeconds: r.oldest_age,
+  };
+}
+
+/** Completed jobs of `queue` finished before `olderThanSeconds` ago, at most `limit` (the retention sweep). */
+export async function completedJobsOlderThan(db: DbOrTx, schema: string, queue: string, olderThanSeconds: number, limit: number): Promise<string[]> {
+  const res = await db.execute<{ id: string }>(sql`
+    select id from ${sql.identifier(schema)}.job
+     where name = ${queue} and state = 'completed'
+       and completed_on < now() - ${olderThanSeconds} * interval '1 second'
+     limit ${limit}`);
+  return res.rows.map((r) => r.id);
+}
 
 /**
  * Makes the running attempt of job `id` its last (retry_limit = retry_count), fenced by the

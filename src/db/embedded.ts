@@ -25,12 +25,12 @@ import { execFile as execFileCb } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { appendFile, chmod, chown, cp, mkdir, readdir, readFile, realpath, rename, rm, writeFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { userInfo } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { CorralError } from '../errors.ts';
+import { freePort, portFree } from '../net.ts';
 import { withFileLock } from './file-lock.ts';
 
 const execFile = promisify(execFileCb);
@@ -171,27 +171,6 @@ async function reachablePgDir(homeDir: string, ids: Ids, rootDir: string): Promi
     );
   }
   return outside;
-}
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const addr = srv.address();
-      srv.close(() => (typeof addr === 'object' && addr ? resolve(addr.port) : reject(new Error('no port'))));
-    });
-  });
-}
-
-async function portFree(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const srv = createServer();
-    srv.unref();
-    srv.once('error', () => resolve(false));
-    srv.listen(port, '127.0.0.1', () => srv.close(() => resolve(true)));
-  });
 }
 
 async function pgCtl(binDir: string, args: string[], ids: Ids): Promise<{ code: number; out: string }> {

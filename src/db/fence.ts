@@ -67,15 +67,30 @@ export function checkFence(fence: Fence, rows: FenceRows, workerId?: string): Fe
   return null;
 }
 
+/** The fence rows of a delivery that does not exist (or whose id is not a UUID). */
+export const NO_FENCE_ROWS: FenceRows = { delivery: undefined, activation: undefined, leaseAlive: false, actorEpochCounter: undefined };
+
+/** The columns a fence check reads: both rows, the lease by PostgreSQL's clock, the epoch counter. */
+const fenceColumns = {
+  d: deliveries,
+  a: activations,
+  leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()`,
+  epochCounter: sql<number | null>`(select ${actors.epochCounter} from ${actors} where ${actors.agentUid} = ${deliveries.agentUid} and ${actors.sessionId} = ${deliveries.sessionId})`,
+};
+
+function toFenceRows(row: { d: DeliveryRow; a: ActivationRow; leaseAlive: boolean; epochCounter: number | null }): FenceRows {
+  return {
+    delivery: row.d,
+    activation: row.a,
+    leaseAlive: row.leaseAlive,
+    actorEpochCounter: row.epochCounter === null ? undefined : Number(row.epochCounter),
+  };
+}
+
 /** Loads and row-locks the delivery and activation named by `fence`. */
 export async function loadFenceRows(tx: DbOrTx, deliveryId: string): Promise<FenceRows> {
   const found = await tx
-    .select({
-      d: deliveries,
-      a: activations,
-      leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()`,
-      epochCounter: sql<number>`(select ${actors.epochCounter} from ${actors} where ${actors.agentUid} = ${deliveries.agentUid} and ${actors.sessionId} = ${deliveries.sessionId})`,
-    })
+    .select(fenceColumns)
     .from(deliveries)
     .innerJoin(activations, eq(activations.activationUid, deliveries.activationUid))
     .where(eq(deliveries.deliveryId, sql.placeholder('deliveryId')))
@@ -83,14 +98,7 @@ export async function loadFenceRows(tx: DbOrTx, deliveryId: string): Promise<Fen
     // named: prepared once per connection (this runs for every reply of every turn)
     .prepare('corral_lock_fence')
     .execute({ deliveryId });
-  const row = found[0];
-  if (!row) return { delivery: undefined, activation: undefined, leaseAlive: false, actorEpochCounter: undefined };
-  return {
-    delivery: row.d,
-    activation: row.a,
-    leaseAlive: row.leaseAlive,
-    actorEpochCounter: row.epochCounter === null ? undefined : Number(row.epochCounter),
-  };
+  return found[0] ? toFenceRows(found[0]) : NO_FENCE_ROWS;
 }
 
 /**
@@ -100,33 +108,16 @@ export async function loadFenceRows(tx: DbOrTx, deliveryId: string): Promise<Fen
  */
 export async function loadFenceRowsMany(tx: DbOrTx, deliveryIds: readonly string[]): Promise<Map<string, FenceRows>> {
   const ids = [...new Set(deliveryIds.filter((id) => UUID.test(id)))].sort();
-  const out = new Map<string, FenceRows>();
-  if (ids.length === 0) return out;
+  if (ids.length === 0) return new Map();
   const found = await tx
-    .select({
-      d: deliveries,
-      a: activations,
-      leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()`,
-      epochCounter: sql<number>`(select ${actors.epochCounter} from ${actors} where ${actors.agentUid} = ${deliveries.agentUid} and ${actors.sessionId} = ${deliveries.sessionId})`,
-    })
+    .select(fenceColumns)
     .from(deliveries)
     .innerJoin(activations, eq(activations.activationUid, deliveries.activationUid))
     .where(inArray(deliveries.deliveryId, ids))
     .orderBy(deliveries.deliveryId)
     .for('update');
-  for (const row of found) {
-    out.set(row.d.deliveryId, {
-      delivery: row.d,
-      activation: row.a,
-      leaseAlive: row.leaseAlive,
-      actorEpochCounter: row.epochCounter === null ? undefined : Number(row.epochCounter),
-    });
-  }
-  return out;
+  return new Map(found.map((row) => [row.d.deliveryId, toFenceRows(row)]));
 }
-
-/** The fence rows of a delivery that does not exist (or whose id is not a UUID). */
-export const NO_FENCE_ROWS: FenceRows = { delivery: undefined, activation: undefined, leaseAlive: false, actorEpochCounter: undefined };
 
 /** Locks the fence rows and throws `FenceRejected` unless the fence holds (for `workerId`, if given). */
 export async function lockFence(

@@ -2,7 +2,7 @@
  * SQL for the durable transcript: conversations, turns, messages. A transcript message is written
  * only by `commitTurnRows` (src/db/turn-rows.ts), in the fenced commit transaction (I3).
  */
-import { and, asc, desc, eq, sql } from 'drizzle-orm';
+import { and, asc, eq, sql } from 'drizzle-orm';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import { conversations, messages, turns, type MessageRole, type TurnStatus } from './schema.ts';
@@ -86,17 +86,6 @@ export async function readTranscript(db: DbOrTx, key: ActorKey): Promise<Transcr
     entry.messages.push({ seq: msg.seq, role: msg.role, content: msg.content, createdAt: msg.createdAt });
   }
   return out;
-}
-
-export async function recentTurns(db: DbOrTx, key: ActorKey, limit = 10): Promise<TurnRow[]> {
-  return db
-    .select({ t: turns })
-    .from(turns)
-    .innerJoin(conversations, eq(conversations.id, turns.conversationId))
-    .where(and(eq(conversations.agentUid, key.agentUid), eq(conversations.sessionId, key.sessionId)))
-    .orderBy(desc(turns.startedAt))
-    .limit(limit)
-    .then((rows) => rows.map((r) => r.t));
 }
 
 /** Turns still `started` whose delivery is no longer live (their process died): recovery repairs them. */

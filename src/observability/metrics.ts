@@ -17,8 +17,9 @@ import type { WorkerStatus } from '../db/schema.ts';
 import { toError } from '../errors.ts';
 import type { RuntimeMetrics } from '../runtime/metrics.ts';
 import type { BrokerStats } from '../fabric/broker-types.ts';
-import { queueDepth, type QueueDepth } from '../ops/boss-jobs.ts';
-import { blockedActorCount, liveActivationCount, workerCounts, type QueueRef } from '../ops/status.ts';
+import { queueDepth, type QueueDepth } from '../db/boss-jobs.ts';
+import { blockedActorCount, liveActivationCount, workerCounts } from '../db/status-counts.ts';
+import type { QueueRef } from '../ops/status.ts';
 
 /**
  * Optional latency hooks beyond `RuntimeMetrics` (see the report / docs/operations.md for where the

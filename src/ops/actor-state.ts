@@ -1,27 +1,8 @@
-/**
- * Read-only queries for one actor, for operators (`corral actor`, `corral dlq show`): its durable
- * row (epoch counter, dead-letter block), its live activation with the lease judged by PostgreSQL's
- * clock, its recent turns and the attempts of one event.
- */
-import { and, asc, desc, eq, inArray, sql } from 'drizzle-orm';
-import type { ActorKey } from '../actor-key.ts';
-import type { DbOrTx } from '../db/client.ts';
-import { ACTIVATION_LIVE, activations, actors, conversations, turns, type ActivationStatus, type TurnStatus } from '../db/schema.ts';
+/** How an actor's state reads to an operator (the queries are in src/db/actor-views.ts). */
+import { ACTIVATION_LIVE } from '../db/schema.ts';
+import type { ActivationView } from '../db/actor-views.ts';
 
-export interface ActivationView {
-  activationUid: string;
-  epoch: number;
-  status: ActivationStatus;
-  revision: number;
-  leaseExpiresAt: Date;
-  /** `lease_expires_at > now()` by PostgreSQL's clock. */
-  leaseAlive: boolean;
-  ownerId: string;
-  currentEventId: string | null;
-  /** Why a non-live activation ended (`turn_error`, `lease_expired`, `idle`, `cancelled`, …). */
-  endReason: string | null;
-  createdAt: Date;
-}
+export type { ActivationView, ActorRow, TurnView } from '../db/actor-views.ts';
 
 const LIVE: readonly string[] = ACTIVATION_LIVE;
 
@@ -34,84 +15,3 @@ export function describeActivation(a: ActivationView, fmt: (d: Date) => string):
   return `${a.activationUid} epoch ${a.epoch}, ${a.status}, revision ${a.revision}, ${lease}`;
 }
 
-export interface ActorRow {
-  epochCounter: number;
-  blockedByEventId: string | null;
-  updatedAt: Date;
-}
-
-export async function actorRow(db: DbOrTx, key: ActorKey): Promise<ActorRow | undefined> {
-  const rows = await db
-    .select({ epochCounter: actors.epochCounter, blockedByEventId: actors.blockedByEventId, updatedAt: actors.updatedAt })
-    .from(actors)
-    .where(and(eq(actors.agentUid, key.agentUid), eq(actors.sessionId, key.sessionId)));
-  return rows[0];
-}
-
-/** The live activation of `key`, or else its most recent one (undefined: never activated). */
-export async function latestActivation(db: DbOrTx, key: ActorKey): Promise<ActivationView | undefined> {
-  const rows = await db
-    .select({ a: activations, leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()` })
-    .from(activations)
-    .where(and(eq(activations.agentUid, key.agentUid), eq(activations.sessionId, key.sessionId)))
-    .orderBy(
-      desc(sql`${inArray(activations.status, [...ACTIVATION_LIVE])}`),
-      desc(activations.actorEpoch),
-      desc(activations.createdAt),
-    )
-    .limit(1);
-  const r = rows[0];
-  if (!r) return undefined;
-  return {
-    activationUid: r.a.activationUid,
-    epoch: r.a.actorEpoch,
-    status: r.a.status,
-    revision: r.a.revision,
-    leaseExpiresAt: r.a.leaseExpiresAt,
-    leaseAlive: r.leaseAlive,
-    ownerId: r.a.ownerId,
-    currentEventId: r.a.currentEventId,
-    endReason: r.a.endReason,
-    createdAt: r.a.createdAt,
-  };
-}
-
-export interface TurnView {
-  eventId: string;
-  attempt: number;
-  status: TurnStatus;
-  epoch: number;
-  revision: number;
-  workerId: string | null;
-  error: unknown;
-  startedAt: Date;
-  finishedAt: Date | null;
-}
-
-const turnColumns = {
-  eventId: turns.eventId,
-  attempt: turns.attempt,
-  status: turns.status,
-  epoch: turns.actorEpoch,
-  revision: turns.revision,
-  workerId: turns.workerId,
-  error: turns.error,
-  startedAt: turns.startedAt,
-  finishedAt: turns.finishedAt,
-};
-
-/** Every attempt (turn) recorded for one event, in order, with its error. */
-export async function attemptsOfEvent(db: DbOrTx, eventId: string): Promise<TurnView[]> {
-  return db.select(turnColumns).from(turns).where(eq(turns.eventId, eventId)).orderBy(asc(turns.startedAt), asc(turns.attempt));
-}
-
-/** The most recent turns of an actor, newest first. */
-export async function recentTurnsOf(db: DbOrTx, key: ActorKey, limit = 10): Promise<TurnView[]> {
-  return db
-    .select(turnColumns)
-    .from(turns)
-    .innerJoin(conversations, eq(conversations.id, turns.conversationId))
-    .where(and(eq(conversations.agentUid, key.agentUid), eq(conversations.sessionId, key.sessionId)))
-    .orderBy(desc(turns.startedAt))
-    .limit(limit);
-}

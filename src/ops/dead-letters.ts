@@ -24,12 +24,12 @@ import { fromDrizzle, type PgBoss } from 'pg-boss';
 import type { Db, DbOrTx, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
 import { CorralError } from '../errors.ts';
-import { findDeadLetters, getDeadLetter, jobState, lockDeadLetters, type DeadLetter, type DeadLetterFilter } from './boss-jobs.ts';
-import { actionsOnEvent, clearBlockIf, lastActionsOn, recordDeadLetterAction, type DeadLetterActionRow } from './dead-letter-actions.ts';
+import { findDeadLetters, getDeadLetter, jobState, lockDeadLetters, type DeadLetter, type DeadLetterFilter } from '../db/boss-jobs.ts';
+import { actionsOnEvent, clearBlockIf, lastActionsOn, recordDeadLetterAction, type DeadLetterActionRow } from '../db/dead-letter-actions.ts';
 import { actorStatus, type ActorStatus, type QueueRef } from './status.ts';
-import { attemptsOfEvent, type TurnView } from './actor-state.ts';
+import { attemptsOfEvent, type TurnView } from '../db/actor-views.ts';
 
-export type { DeadLetter, DeadLetterFilter } from './boss-jobs.ts';
+export type { DeadLetter, DeadLetterFilter } from '../db/boss-jobs.ts';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 

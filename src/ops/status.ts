@@ -3,11 +3,10 @@
  * gauges): read-only, from the database alone, so it works from any host and whether or not a
  * daemon runs.
  */
-import { count, inArray, isNotNull, sql } from 'drizzle-orm';
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { Config } from '../config.ts';
 import type { DbOrTx } from '../db/client.ts';
-import { ACTIVATION_LIVE, activations, actors, workers, type WorkerStatus } from '../db/schema.ts';
+import type { WorkerStatus } from '../db/schema.ts';
 import { listWorkers } from '../db/workers.ts';
 import { queueNames } from '../queue/boss.ts';
 import {
@@ -18,8 +17,9 @@ import {
   type DeadLetter,
   type PendingJob,
   type QueueDepth,
-} from './boss-jobs.ts';
-import { actorRow, latestActivation, recentTurnsOf, type ActivationView, type TurnView } from './actor-state.ts';
+} from '../db/boss-jobs.ts';
+import { actorRow, latestActivation, recentTurnsOf, type ActivationView, type TurnView } from '../db/actor-views.ts';
+import { blockedActorCount, liveActivationCount, serverTime } from '../db/status-counts.ts';
 
 /** Where the queues live: pg-boss schema, actor queue, dead-letter queue. */
 export interface QueueRef {
@@ -54,36 +54,15 @@ export interface SystemStatus {
   at: Date;
 }
 
-export async function liveActivationCount(db: DbOrTx): Promise<number> {
-  const rows = await db
-    .select({ n: count() })
-    .from(activations)
-    .where(inArray(activations.status, [...ACTIVATION_LIVE]));
-  return rows[0]?.n ?? 0;
-}
-
-export async function blockedActorCount(db: DbOrTx): Promise<number> {
-  const rows = await db.select({ n: count() }).from(actors).where(isNotNull(actors.blockedByEventId));
-  return rows[0]?.n ?? 0;
-}
-
-/** Workers by status (for the metrics gauge). */
-export async function workerCounts(db: DbOrTx): Promise<Record<WorkerStatus, number>> {
-  const rows = await db.select({ status: workers.status, n: count() }).from(workers).groupBy(workers.status);
-  const out: Record<WorkerStatus, number> = { ready: 0, stale: 0, gone: 0 };
-  for (const r of rows) out[r.status] = r.n;
-  return out;
-}
-
 export async function systemStatus(db: DbOrTx, q: QueueRef): Promise<SystemStatus> {
   const [depth, live, blocked, rows, now] = await Promise.all([
     queueDepth(db, q),
     liveActivationCount(db),
     blockedActorCount(db),
     listWorkers(db),
-    db.execute<{ now: unknown }>(sql`select now() as now`),
+    serverTime(db),
   ]);
-  const serverNow = toDate(now.rows[0]?.now) ?? new Date();
+  const serverNow = toDate(now) ?? new Date();
   return {
     queue: { ...depth, name: q.events, deadLetterQueue: q.dlq },
     liveActivations: live,

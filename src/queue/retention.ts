@@ -3,10 +3,10 @@
  * because pg-boss's own sweep would also delete *failed* jobs, and in dead-letter mode `block` a
  * failed head must never vanish (it holds its actor until an operator acts). This sweep removes
  * only `completed` jobs older than the retention, so the job table does not grow without bound.
- * It reads candidates with SQL and deletes them through pg-boss's API.
+ * It reads candidates (src/db/boss-jobs.ts) and deletes them through pg-boss's API.
  */
-import { sql } from 'drizzle-orm';
 import type { PgBoss } from 'pg-boss';
+import { completedJobsOlderThan } from '../db/boss-jobs.ts';
 import type { DbOrTx } from '../db/client.ts';
 
 export interface RetentionOptions {
@@ -25,15 +25,9 @@ export interface RetentionOptions {
 export async function sweepCompletedJobs(opts: RetentionOptions): Promise<number> {
   if (opts.retentionSeconds <= 0) return 0;
   const batch = opts.batchSize ?? 1_000;
-  const schema = sql.identifier(opts.bossSchema);
   let deleted = 0;
   for (let i = 0; i < (opts.maxBatches ?? 20); i++) {
-    const res = await opts.db.execute<{ id: string }>(sql`
-      select id from ${schema}.job
-       where name = ${opts.queueName} and state = 'completed'
-         and completed_on < now() - ${opts.retentionSeconds} * interval '1 second'
-       limit ${batch}`);
-    const ids = res.rows.map((r) => r.id);
+    const ids = await completedJobsOlderThan(opts.db, opts.bossSchema, opts.queueName, opts.retentionSeconds, batch);
     if (ids.length === 0) break;
     await opts.boss.deleteJob(opts.queueName, ids);
     deleted += ids.length;

@@ -22,7 +22,6 @@ import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from 'node:f
 import { mkdtemp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { isDeepStrictEqual } from 'node:util';
 import pg from 'pg';
 import type { PgBoss } from 'pg-boss';
@@ -37,7 +36,8 @@ import { createDatabaseOn } from '../helpers/databases.ts';
 
 export { freePort };
 
-export const CORRAL_BIN = fileURLToPath(new URL('../../bin/corral.js', import.meta.url));
+export { CORRAL_BIN } from '../helpers/processes.ts';
+import { CORRAL_BIN } from '../helpers/processes.ts';
 /** Preload that makes a child kill itself when the harness process disappears. */
 const PARENT_WATCH = new URL('./parent-watch.mjs', import.meta.url).href;
 

@@ -5,7 +5,10 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-export const CORRAL = fileURLToPath(new URL('../../bin/corral.js', import.meta.url));
+import { CORRAL_BIN } from '../helpers/processes.ts';
+
+/** The `corral` command (bin/corral.js). */
+export const CORRAL = CORRAL_BIN;
 export const RUN_TS = fileURLToPath(new URL('../../bin/run-ts.js', import.meta.url));
 
 /**

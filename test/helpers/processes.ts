@@ -1,22 +1,12 @@
 /** Real OS processes for crash tests: spawn the CLI, find children, kill by signal, always clean up. */
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdtempSync, readFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 
 export const CORRAL_BIN = resolve(import.meta.dirname, '../../bin/corral.js');
 
-export async function freePort(): Promise<number> {
-  return new Promise((res, rej) => {
-    const srv = createServer();
-    srv.on('error', rej);
-    srv.listen(0, '127.0.0.1', () => {
-      const addr = srv.address();
-      srv.close(() => (typeof addr === 'object' && addr ? res(addr.port) : rej(new Error('no port'))));
-    });
-  });
-}
+export { freePort } from '../../src/net.ts';
 
 export interface Proc {
   child: ChildProcess;

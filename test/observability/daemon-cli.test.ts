@@ -3,22 +3,11 @@
  * daemon (/readyz 200, /metrics in Prometheus text) and goes away on SIGTERM, exit code 0.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createServer } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { CORRAL, ROOT } from '../cli/helpers.ts';
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const port = (srv.address() as { port: number }).port;
-      srv.close(() => resolve(port));
-    });
-  });
-}
+import { freePort } from '../helpers/processes.ts';
 
 describe('corral daemon --metrics-port', () => {
   let tdb: TestDatabase;

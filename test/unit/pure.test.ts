@@ -176,3 +176,20 @@ describe('isConnectionError', () => {
     expect(isConnectionError(new Error('anything else'))).toBe(false);
   });
 });
+
+describe('database error classification', () => {
+  it('looks through wrappers, in one place', async () => {
+    const { CorralError, isDatabaseUnavailable, isRetryableTransactionError, sqlState } = await import('../../src/errors.ts');
+    const wrapped = (code: string) => new Error('Failed query: select 1', { cause: Object.assign(new Error('x'), { code }) });
+    expect(sqlState(wrapped('40P01'))).toBe('40P01');
+    expect(sqlState(new Error('plain'))).toBeUndefined();
+    expect(isRetryableTransactionError(wrapped('40001'))).toBe(true);
+    expect(isRetryableTransactionError(wrapped('23505'))).toBe(false);
+    expect(isDatabaseUnavailable(wrapped('3D000'))).toBe(true); // no such database
+    expect(isDatabaseUnavailable(wrapped('28P01'))).toBe(true); // wrong password
+    expect(isDatabaseUnavailable(Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' }))).toBe(true);
+    expect(isDatabaseUnavailable(wrapped('42P01'))).toBe(false);
+    expect(new CorralError('database_unavailable', 'x').retryable).toBe(true);
+    expect(new CorralError('invalid_argument', 'x').retryable).toBe(false);
+  });
+});

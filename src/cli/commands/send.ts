@@ -8,13 +8,12 @@
 import pg from 'pg';
 import { parseActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
-import { CorralError, isConnectionError, toError } from '../../errors.ts';
-import { maskUrl } from '../../config.ts';
+import { CorralError, toError } from '../../errors.ts';
 import { unstorableReason } from '../../json-safety.ts';
 import { directSend } from '../../queue/direct-send.ts';
 import { actorEventJob, type ActorEventJob } from '../../queue/event-job.ts';
 import type { Logger } from '../../logger.ts';
-import { commandLogger, resolveDatabase } from '../database.ts';
+import { commandLogger, resolveDatabase, unreachable } from '../database.ts';
 
 export function parseJsonArgument(text: string, what = 'event'): unknown {
   let value: unknown;
@@ -40,10 +39,7 @@ export async function runSendCommand(config: Config, actor: string, json: string
     await client.connect();
   } catch (e) {
     await client.end().catch(() => undefined);
-    if (isConnectionError(e) || (e as { code?: string }).code === '3D000' || (e as { code?: string }).code === '28P01') {
-      throw new CorralError('database_unavailable', `cannot reach the database at ${maskUrl(url)}: ${toError(e).message}`);
-    }
-    throw e;
+    throw unreachable(url, e);
   }
   let sent: boolean;
   try {

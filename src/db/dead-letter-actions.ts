@@ -4,8 +4,8 @@
  * It is also what makes a second replay of the same dead letter answer "already replayed".
  */
 import { and, desc, eq, inArray, sql } from 'drizzle-orm';
-import type { DbOrTx } from '../db/client.ts';
-import { actors, deadLetterActions } from '../db/schema.ts';
+import type { DbOrTx } from './client.ts';
+import { actors, deadLetterActions } from './schema.ts';
 
 export type DeadLetterActionRow = typeof deadLetterActions.$inferSelect;
 export type DeadLetterActionKind = DeadLetterActionRow['action'];
