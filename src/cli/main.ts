@@ -6,6 +6,7 @@
  * each command's module (with the database, pg-boss or ZeroMQ it needs) when it runs.
  */
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
+import type * as ConfigModule from '../config.ts';
 import type { Config } from '../config.ts';
 import { CorralError } from '../errors.ts';
 import { exitCodeFor, messageFor, EXIT } from './exit.ts';
@@ -42,7 +43,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride();
 
-  let loadConfig: typeof import('../config.ts').loadConfig | undefined;
+  let loadConfig: typeof ConfigModule.loadConfig | undefined;
   program.hook('preAction', async () => {
     loadConfig ??= (await import('../config.ts')).loadConfig;
   });

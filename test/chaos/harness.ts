@@ -23,7 +23,7 @@ import { mkdtemp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
-import pg from 'pg';
+import type pg from 'pg';
 import type { PgBoss } from 'pg-boss';
 import { DEFAULTS, loadConfig, type Config } from '../../src/config.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
