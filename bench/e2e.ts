@@ -47,6 +47,7 @@ import { silentLogger } from '../src/logger.ts';
 import { createBoss } from '../src/queue/boss.ts';
 import { noopMetrics, type RuntimeMetrics } from '../src/runtime/metrics.ts';
 import { runExampleWorker } from '../src/worker/example.ts';
+import { HAND_CONCURRENCY, handwrittenSlice, setupHandwritten } from './handwritten.ts';
 import { addWorkerKey, workerCredentials } from '../src/fabric/keys.ts';
 import type { Worker } from '../src/worker/sdk.ts';
 
@@ -907,6 +908,10 @@ class StatementTracker {
 interface Report {
   /** Headline: the median of the per-round ratios (each round against its bracketing raw slices). */
   ratio: number;
+  /** corral turns/s ÷ the hand-written baseline's jobs/s measured right after each round (median). */
+  ratioHandwritten: number;
+  roundRatiosHandwritten: number[];
+  handwrittenJobsPerSec: number;
   /** The same ratio with CURVE off (`--insecure`), from rounds interleaved with the CURVE ones. */
   ratioWithoutCurve: number;
   roundRatiosWithoutCurve: number[];
@@ -960,6 +965,10 @@ function printTable(r: Report): void {
   const c = r.corral;
   const rows: [string, string][] = [
     ['ratio corral / raw', `${r.ratio.toFixed(4)}  (median of ${r.roundRatios.length} rounds: ${r.roundRatios.map((x) => x.toFixed(4)).join(', ')}; pooled ${r.pooledRatio.toFixed(4)})`],
+    [
+      'ratio corral / hand-written',
+      `${r.ratioHandwritten.toFixed(3)}  (median of ${r.roundRatiosHandwritten.map((x) => x.toFixed(3)).join(', ')}; hand-written ${f0(r.handwrittenJobsPerSec)} jobs/s: one transaction per job, ${HAND_CONCURRENCY} at a time)`,
+    ],
     [
       'ratio without CURVE',
       `${r.ratioWithoutCurve.toFixed(4)}  (median of ${r.roundRatiosWithoutCurve.map((x) => x.toFixed(4)).join(', ')}; ${f0(r.turnsPerSecWithoutCurve)} turns/s; CURVE costs ${f1((1 - r.ratio / r.ratioWithoutCurve) * 100)} %)`,
@@ -1106,6 +1115,16 @@ async function main(): Promise<number> {
       return r;
     };
 
+    // The hand-written baseline: what a user would write instead of corral (bench/handwritten.ts).
+    const handPool = new pg.Pool({ connectionString: db.url, max: HAND_CONCURRENCY + 2, application_name: 'corral-bench-hand' });
+    cleanup.defer('close the hand-written pool', () => handPool.end());
+    await setupHandwritten(handPool);
+    const handQueue = `bench-hand-${randomBytes(4).toString('hex')}`;
+    await boss.createQueue(handQueue, { policy: 'key_strict_fifo', retryLimit: 0 });
+    cleanup.defer('delete hand-written queue', () => boss.deleteQueue(handQueue).catch(() => undefined));
+    const handRates: number[] = [];
+    const handRatios: number[] = [];
+
     const session = new CorralSession(db.url, home, opts, db.serverCpuMs);
     // The same rounds without CURVE, interleaved with the CURVE rounds: the cost of encryption
     // and admission, measured in the same run under the same conditions.
@@ -1131,6 +1150,11 @@ async function main(): Promise<number> {
       await statements?.end();
       slices.push(await raw(slices.length));
       roundRatios.push(round.turnsPerSec / ((slices.at(-2)!.jobsPerSec + slices.at(-1)!.jobsPerSec) / 2));
+      await analyze();
+      const hand = await handwrittenSlice(handPool, boss, handQueue, sizes[i]!, opts.actors, performance.now() + opts.phaseTimeoutMs);
+      handRates.push(hand.jobsPerSec);
+      handRatios.push(round.turnsPerSec / hand.jobsPerSec);
+      progress(`hand-written ${i + 1}: ${hand.jobs} jobs at ${hand.jobsPerSec.toFixed(0)} jobs/s`);
     };
     const plainRound = async (i: number) => {
       await analyze();
@@ -1166,6 +1190,9 @@ async function main(): Promise<number> {
     const corralCpu = corral.serverCpuMsPerTurn !== undefined ? corral.processCpuMsPerTurn + corral.serverCpuMsPerTurn : undefined;
     const report: Report = {
       ratio: median(roundRatios),
+      ratioHandwritten: median(handRatios),
+      roundRatiosHandwritten: handRatios,
+      handwrittenJobsPerSec: median(handRates),
       ratioWithoutCurve: median(plainRatios),
       roundRatiosWithoutCurve: plainRatios,
       turnsPerSecWithoutCurve: corralPlain.turnsPerSec,
