@@ -13,6 +13,18 @@ export type ActivationRow = typeof activations.$inferSelect;
 const live = inArray(activations.status, [...ACTIVATION_LIVE]);
 const leaseFrom = (leaseMs: number) => sql`now() + ${leaseMs} * interval '1 millisecond'`;
 
+/** The live activations of any of `keys`, row-locked (one statement). */
+export async function lockLiveActivationsMany(tx: DbOrTx, keys: readonly ActorKey[]): Promise<ActivationRow[]> {
+  if (keys.length === 0) return [];
+  const pairs = sql.join(keys.map((k) => sql`(${k.agentUid}, ${k.sessionId})`), sql`, `);
+  return tx
+    .select()
+    .from(activations)
+    .where(and(sql`(${activations.agentUid}, ${activations.sessionId}) in (${pairs})`, live))
+    .orderBy(activations.agentUid, activations.sessionId)
+    .for('update');
+}
+
 /** The live activation of `key`, row-locked, with whether its lease is still alive. */
 export async function lockLiveActivation(
   tx: DbOrTx,
@@ -51,6 +63,32 @@ export async function insertActivation(
     })
     .returning();
   return rows[0]!;
+}
+
+/** `insertActivation` for many actors in one statement (each actor at most once). */
+export async function insertActivationsMany(
+  tx: DbOrTx,
+  inputs: readonly { key: ActorKey; epoch: number; eventId: string | null }[],
+  opts: { ownerId: string; leaseMs: number },
+): Promise<ActivationRow[]> {
+  if (inputs.length === 0) return [];
+  return tx
+    .insert(activations)
+    .values(
+      inputs.map((input) => ({
+        activationUid: randomUUID(),
+        agentUid: input.key.agentUid,
+        sessionId: input.key.sessionId,
+        actorEpoch: input.epoch,
+        leaseId: randomUUID(),
+        leaseExpiresAt: leaseFrom(opts.leaseMs),
+        ownerId: opts.ownerId,
+        currentEventId: input.eventId,
+        revision: 0,
+        status: 'active' as const,
+      })),
+    )
+    .returning();
 }
 
 /** Extends the lease of a live activation that is still running `eventId` at `revision`. */

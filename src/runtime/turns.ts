@@ -21,7 +21,7 @@ import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
 import * as turnRows from '../db/turn-rows.ts';
 import { makeLastAttempt } from '../db/boss-jobs.ts';
-import { nextEpoch, setBlockedBy } from '../db/actors.ts';
+import { nextEpoch, nextEpochsMany, setBlockedBy } from '../db/actors.ts';
 import { CorralError, FenceRejected, type FenceReason } from '../errors.ts';
 import { unstorableReason } from '../json-safety.ts';
 import { MAX_NOTIFY_BYTES, notifyControl } from '../db/control.ts';
@@ -125,9 +125,10 @@ export class TurnStore {
   }
 
   /**
-   * T2 for a batch of fetched jobs (group begin), in one transaction: warm activations assigned
-   * in one statement, new activations per actor (the slow path), then every delivery and
-   * `started` turn in one statement. At most one job per actor (pg-boss's key_strict_fifo fetch
+   * T2 for a batch of fetched jobs (group begin), in one transaction and a constant number of
+   * statements: warm activations assigned in one; for the other actors, live activations locked
+   * (a stale one, still holding an older attempt, is superseded: rare, per actor), epochs taken
+   * and new activations inserted in one each; then every delivery and `started` turn in one. At most one job per actor (pg-boss's key_strict_fifo fetch
    * gives no actor two jobs at once, and an actor's controller begins one at a time). Any error
    * rolls back the whole batch; the caller then begins its members one by one.
    */
@@ -144,11 +145,24 @@ export class TurnStore {
         this.config.leaseMs,
         this.ownerId,
       );
-      const activationsOf: ActivationRow[] = [];
-      for (const r of requests) {
-        // The slow path, per actor: a new activation under a higher epoch.
-        activationsOf.push(warm.get(formatActorKey(keyOf(r.job))) ?? (await this.newActivationInTx(tx, keyOf(r.job), r.job.id)));
+      // The others get a new activation under a higher epoch, also in a few statements; a live
+      // activation still running an older attempt of such an actor is superseded first (rare).
+      const cold = requests.filter((r) => !warm.has(formatActorKey(keyOf(r.job))));
+      const coldKeys = cold.map((r) => keyOf(r.job));
+      for (const stale of await activations.lockLiveActivationsMany(tx, coldKeys)) {
+        await this.failActivationInTx(tx, stale, 'superseded', { message: 'superseded by a newer attempt' }, false);
       }
+      const epochs = await nextEpochsMany(tx, coldKeys);
+      const created = await activations.insertActivationsMany(
+        tx,
+        cold.map((r) => ({ key: keyOf(r.job), epoch: epochs.get(formatActorKey(keyOf(r.job)))!, eventId: r.job.id })),
+        { ownerId: this.ownerId, leaseMs: this.config.leaseMs },
+      );
+      const fresh = new Map(created.map((a) => [`${a.agentUid}/${a.sessionId}`, a]));
+      const activationsOf = requests.map((r) => {
+        const key = formatActorKey(keyOf(r.job));
+        return (warm.get(key) ?? fresh.get(key))!;
+      });
       const deliveryIds = await turnRows.insertTurnRowsMany(
         tx,
         requests.map((r, i) => ({
