@@ -1,6 +1,7 @@
 /** Shared helpers for the fabric and worker tests: polling, raw DEALER peers, turn refs. */
 import { randomUUID } from 'node:crypto';
 import { Dealer } from 'zeromq';
+import { waitFor as sharedWaitFor } from '../helpers/wait.ts';
 import {
   PROTOCOL_VERSION,
   parseDaemonMessage,
@@ -9,15 +10,9 @@ import {
   type TurnStart,
 } from '../../src/fabric/protocol.ts';
 
-/** Poll `probe` until it returns a truthy value; fail with `what` after `timeoutMs`. */
+/** The shared `waitFor` (test/helpers/wait.ts) with the positional form these tests use. */
 export async function waitFor<T>(probe: () => T | undefined | null | false | 0 | '', what: string, timeoutMs = 5000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = probe();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
+  return sharedWaitFor(() => probe() || undefined, { what, timeoutMs, intervalMs: 5 }) as Promise<T>;
 }
 
 export function makeTurnRef(over: Partial<TurnRef> = {}): TurnRef {

@@ -6,6 +6,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import type { ChildProcess } from 'node:child_process';
 import { ManualClock } from '../../src/clock.ts';
 import { ProcessExitError, Supervisor, processChild, type SupervisorEvent } from '../../src/supervisor/index.ts';
+import { waitFor as sharedWaitFor } from '../helpers/wait.ts';
 
 const NODE = process.execPath;
 const IDLE = 'setInterval(() => {}, 1000)';
@@ -21,11 +22,7 @@ function alive(pid: number): boolean {
 }
 
 async function waitFor(cond: () => boolean, what: string, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
+  await sharedWaitFor(cond, { what, timeoutMs, intervalMs: 20 });
 }
 
 async function nextOfType(sup: Supervisor<unknown>, type: SupervisorEvent['type']): Promise<SupervisorEvent> {
