@@ -39,33 +39,7 @@ export async function lockLiveActivation(
   return row ? { ...row.a, leaseAlive: row.leaseAlive } : undefined;
 }
 
-/**
- * Inserts a new live activation. The partial unique index `activations_one_live` (I1) makes a
- * second concurrent insert for the same actor fail with a unique violation.
- */
-export async function insertActivation(
-  tx: DbOrTx,
-  input: { key: ActorKey; epoch: number; ownerId: string; leaseMs: number; eventId: string | null },
-): Promise<ActivationRow> {
-  const rows = await tx
-    .insert(activations)
-    .values({
-      activationUid: randomUUID(),
-      agentUid: input.key.agentUid,
-      sessionId: input.key.sessionId,
-      actorEpoch: input.epoch,
-      leaseId: randomUUID(),
-      leaseExpiresAt: leaseFrom(input.leaseMs),
-      ownerId: input.ownerId,
-      currentEventId: input.eventId,
-      revision: 0,
-      status: 'active',
-    })
-    .returning();
-  return rows[0]!;
-}
-
-/** `insertActivation` for many actors in one statement (each actor at most once). */
+/** New live activations (running `eventId`, lease from now), for many actors in one statement (each at most once). */
 export async function insertActivationsMany(
   tx: DbOrTx,
   inputs: readonly { key: ActorKey; epoch: number; eventId: string | null }[],

@@ -5,25 +5,10 @@ import type { DbOrTx } from './client.ts';
 import { actors } from './schema.ts';
 
 /**
- * Takes the next epoch for `key` (creating the actor row on first use). The row lock it takes
- * serialises concurrent activation attempts for one actor; the counter never decreases, so an epoch
- * is never reused even if every activation row is lost.
- */
-export async function nextEpoch(tx: DbOrTx, key: ActorKey): Promise<number> {
-  const rows = await tx
-    .insert(actors)
-    .values({ agentUid: key.agentUid, sessionId: key.sessionId, epochCounter: 1 })
-    .onConflictDoUpdate({
-      target: [actors.agentUid, actors.sessionId],
-      set: { epochCounter: sql`${actors.epochCounter} + 1`, updatedAt: sql`now()` },
-    })
-    .returning({ epoch: actors.epochCounter });
-  return rows[0]!.epoch;
-}
-
-/**
- * `nextEpoch` for many actors in one statement, in actor-key order (so two callers lock actor
- * rows in the same order). Returns each actor's new epoch by key (`agent/session`).
+ * Takes the next epoch of each of `keys` (creating an actor row on first use), in one statement,
+ * in actor-key order (so two callers lock actor rows in the same order). The row lock serialises
+ * concurrent activation attempts for one actor; the counter never decreases, so an epoch is never
+ * reused even if every activation row is lost. Returns each new epoch by key (`agent/session`).
  */
 export async function nextEpochsMany(tx: DbOrTx, keys: readonly ActorKey[]): Promise<Map<string, number>> {
   if (keys.length === 0) return new Map();

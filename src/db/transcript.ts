@@ -1,6 +1,6 @@
 /**
  * SQL for the durable transcript: conversations, turns, messages. A transcript message is written
- * only by `commitTurnRows` (src/db/turn-rows.ts), in the fenced commit transaction (I3).
+ * only by `commitTurnRowsMany` (src/db/turn-rows.ts), in the fenced commit transaction (I3).
  */
 import { and, asc, eq, sql } from 'drizzle-orm';
 import type { ActorKey } from '../actor-key.ts';

@@ -54,30 +54,9 @@ function toActivation(r: RawActivation): ActivationRow {
 }
 
 /**
- * The common case of T2: the actor has a warm activation (live, no current event). Points it at
- * `eventId` and renews its lease in one statement. Undefined when there is none (slow path).
- */
-export async function assignWarmActivation(
-  tx: DbOrTx,
-  key: ActorKey,
-  eventId: string,
-  leaseMs: number,
-  ownerId: string,
-): Promise<ActivationRow | undefined> {
-  const rows = await executeNamed<RawActivation>(tx, 'corral_assign_warm_activation', sql`
-    update corral.activations
-       set current_event_id = ${eventId}, revision = 0, owner_id = ${ownerId}, status = 'active',
-           lease_expires_at = now() + ${leaseMs} * interval '1 millisecond', updated_at = now()
-     where agent_uid = ${key.agentUid} and session_id = ${key.sessionId}
-       and status in ${LIVE} and current_event_id is null
-    returning *`);
-  const row = rows[0];
-  return row ? toActivation(row) : undefined;
-}
-
-/**
- * `assignWarmActivation` for a batch of jobs (at most one per actor), in ONE statement. Returns
- * the activations that were warm, by actor key (`agent/session`); the others take the slow path.
+ * The common case of T2 for a batch of jobs (at most one per actor), in ONE statement: each actor
+ * with a warm activation (live, no current event) has it pointed at its event, lease renewed.
+ * Returns the activations that were warm, by actor key (`agent/session`); the others need a new one.
  */
 export async function assignWarmActivationsMany(
   tx: DbOrTx,
@@ -110,42 +89,10 @@ export interface TurnRowsInput {
 }
 
 /**
- * T2's writes after the activation: the conversation (created on first use), the `created`
- * delivery carrying the fence copied from the activation, and the `started` turn.
+ * T2's writes after the activations, for a batch of turns, in ONE statement: each conversation
+ * (created on first use), the `created` delivery carrying the fence copied from its activation,
+ * and the `started` turn. Returns the delivery ids, in order.
  */
-export async function insertTurnRows(tx: DbOrTx, r: TurnRowsInput): Promise<{ deliveryId: string; turnId: string }> {
-  const a = r.activation;
-  const deliveryId = randomUUID();
-  const turnId = randomUUID();
-  const rows = await executeNamed<{ id: string }>(tx, 'corral_insert_turn_rows', sql`
-    with conv_new as (
-      insert into corral.conversations (id, agent_uid, session_id)
-      values (${randomUUID()}, ${a.agentUid}, ${a.sessionId})
-      on conflict (agent_uid, session_id) do nothing
-      returning id
-    ), conv as (
-      select id from conv_new
-      union all
-      select id from corral.conversations where agent_uid = ${a.agentUid} and session_id = ${a.sessionId}
-      limit 1
-    ), d as (
-      insert into corral.deliveries
-        (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state)
-      values (${deliveryId}, ${a.activationUid}, ${a.agentUid}, ${a.sessionId}, ${a.actorEpoch}, ${r.eventId}, ${a.revision},
-              ${r.jobRetryCount}, ${r.workerId}, 'created')
-      returning delivery_id
-    )
-    insert into corral.turns
-      (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, worker_id, input)
-    select ${turnId}, conv.id, ${r.eventId}, d.delivery_id, 'started', ${a.activationUid}, ${a.actorEpoch}, ${a.revision},
-           ${r.jobRetryCount + 1}, ${r.workerId}, ${JSON.stringify(r.input ?? null)}::jsonb
-      from conv, d
-    returning id`);
-  if (rows.length !== 1) throw new Error(`turn rows for event ${r.eventId} were not written`);
-  return { deliveryId, turnId };
-}
-
-/** `insertTurnRows` for a batch of turns, in ONE statement. Returns their delivery ids, in order. */
 export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInput[]): Promise<string[]> {
   if (rows.length === 0) return [];
   const input = rows.map((r) => ({
@@ -206,54 +153,9 @@ export interface CommitRowsInput {
 }
 
 /**
- * T5's writes, after the fence held: the turn `succeeded`, its messages numbered at the end of the
- * conversation, the delivery `completed`, the activation warm again (no current event, lease
- * renewed). Returns false, writing nothing, when the turn was not `started` (already committed).
- */
-export async function commitTurnRows(tx: DbOrTx, r: CommitRowsInput): Promise<boolean> {
-  const count = r.messages.length + 1;
-  const rows = await executeNamed<{ turns: number; messages: number }>(tx, 'corral_commit_turn_rows', sql`
-    with t as (
-      update corral.turns
-         set status = 'succeeded', finished_at = now(), revision = ${r.revision}, worker_id = ${r.workerId},
-             output = ${r.output === undefined ? null : JSON.stringify(r.output)}::jsonb
-       where delivery_id = ${r.deliveryId} and status = 'started'
-      returning id, conversation_id, input
-    ), c as (
-      update corral.conversations cv
-         set next_seq = cv.next_seq + ${count}, updated_at = now()
-        from t
-       where cv.id = t.conversation_id
-      returning cv.next_seq - ${count} as first
-    ), items as (
-      select 1::bigint as ord, 'user'::text as role, coalesce(t.input, 'null'::jsonb) as content from t
-      union all
-      select x.ord + 1, x.elem->>'role', x.elem->'content'
-        from jsonb_array_elements(${JSON.stringify(r.messages)}::jsonb) with ordinality as x(elem, ord)
-    ), m as (
-      insert into corral.messages (conversation_id, turn_id, seq, role, content)
-      select t.conversation_id, t.id, c.first + items.ord - 1, items.role, items.content
-        from t, c, items
-      returning 1
-    ), d as (
-      update corral.deliveries set state = 'completed', updated_at = now()
-       where delivery_id = ${r.deliveryId} and state in ('created', 'sent', 'accepted') and exists (select 1 from t)
-      returning 1
-    ), a as (
-      update corral.activations
-         set current_event_id = null, lease_expires_at = now() + ${r.leaseMs} * interval '1 millisecond', updated_at = now()
-       where activation_uid = ${r.activationUid} and status in ${LIVE} and exists (select 1 from t)
-      returning 1
-    )
-    select (select count(*) from t)::int as turns, (select count(*) from m)::int as messages`);
-  const row = rows[0]!;
-  return row.turns === 1 && row.messages === count;
-}
-
-/**
- * T5's writes for a batch of turns whose fences held, in ONE statement: `commitTurnRows` for each
- * (the turns `succeeded`, their messages numbered at the end of each conversation, deliveries
- * `completed`, activations warm). A batch holds at most one turn per conversation (one live turn
+ * T5's writes for a batch of turns whose fences held, in ONE statement: the turns `succeeded`, the
+ * user message (the turn's recorded input) and the worker's messages numbered at the end of each
+ * conversation, deliveries `completed`, activations warm (no current event, lease renewed). A batch holds at most one turn per conversation (one live turn
  * per actor). Returns the delivery ids whose turn was written (a turn no longer `started` is left
  * out, and so is everything of it).
  */
@@ -265,7 +167,8 @@ export async function commitTurnRowsMany(tx: DbOrTx, rows: readonly CommitRowsIn
     activation_uid: r.activationUid,
     revision: r.revision,
     worker_id: r.workerId,
-    output: r.output === undefined ? null : r.output,
+    // wrapped, so that an output of JSON null stays JSON null (a recordset turns it into SQL NULL)
+    output: r.output === undefined ? null : { v: r.output },
     messages: r.messages,
   }));
   const written = await executeNamed<{ delivery_id: string; messages: number; expected: number }>(tx, 'corral_commit_turn_rows_many', sql`
@@ -275,7 +178,7 @@ export async function commitTurnRowsMany(tx: DbOrTx, rows: readonly CommitRowsIn
     ), t as (
       update corral.turns tu
          set status = 'succeeded', finished_at = now(), revision = i.revision, worker_id = i.worker_id,
-             output = case when jsonb_typeof(i.output) = 'null' then null else i.output end
+             output = i.output->'v'
         from i
        where tu.delivery_id = i.delivery_id and tu.status = 'started'
       returning tu.id, tu.conversation_id, tu.input, tu.delivery_id, i.activation_uid, i.messages,
@@ -310,24 +213,6 @@ export async function commitTurnRowsMany(tx: DbOrTx, rows: readonly CommitRowsIn
     )
     select t.delivery_id, (select count(*) from m where m.turn_id = t.id)::int as messages, t.count::int as expected from t`);
   return new Set(written.filter((w) => w.messages === w.expected).map((w) => w.delivery_id));
-}
-
-/** turn_accepted's writes, after the fence held: delivery `accepted`, lease extended. */
-export async function acceptDeliveryRows(
-  tx: DbOrTx,
-  deliveryId: string,
-  activationUid: string,
-  leaseMs: number,
-): Promise<void> {
-  await executeNamed(tx, 'corral_accept_delivery', sql`
-    with d as (
-      update corral.deliveries set state = 'accepted', updated_at = now()
-       where delivery_id = ${deliveryId} and state in ('created', 'sent')
-      returning 1
-    )
-    update corral.activations
-       set lease_expires_at = greatest(lease_expires_at, now() + ${leaseMs} * interval '1 millisecond'), updated_at = now()
-     where activation_uid = ${activationUid} and status in ${LIVE}`);
 }
 
 /**

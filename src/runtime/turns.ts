@@ -21,7 +21,7 @@ import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
 import * as turnRows from '../db/turn-rows.ts';
 import { makeLastAttempt } from '../db/boss-jobs.ts';
-import { nextEpoch, nextEpochsMany, setBlockedBy } from '../db/actors.ts';
+import { nextEpochsMany, setBlockedBy } from '../db/actors.ts';
 import { CorralError, FenceRejected, type FenceReason } from '../errors.ts';
 import { unstorableReason } from '../json-safety.ts';
 import { MAX_NOTIFY_BYTES, notifyControl } from '../db/control.ts';
@@ -121,8 +121,9 @@ export class TurnStore {
    * `started` turn carrying the fence.
    */
   async begin(job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
-    return inTransaction(this.db, (tx) => this.beginInTx(tx, job, workerId));
+    return (await this.beginMany([{ job, workerId }]))[0]!;
   }
+
 
   /**
    * T2 for a batch of fetched jobs (group begin), in one transaction and a constant number of
@@ -177,31 +178,6 @@ export class TurnStore {
     });
   }
 
-  private async beginInTx(tx: Tx, job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
-    const key: ActorKey = { agentUid: job.data.agentUid, sessionId: job.data.sessionId };
-    const activation =
-      (await turnRows.assignWarmActivation(tx, key, job.id, this.config.leaseMs, this.ownerId)) ??
-      (await this.newActivationInTx(tx, key, job.id));
-    const { deliveryId } = await turnRows.insertTurnRows(tx, {
-      activation,
-      eventId: job.id,
-      jobRetryCount: job.retryCount,
-      workerId,
-      input: job.data.payload,
-    });
-    return this.startedTurn(job, workerId, activation, deliveryId);
-  }
-
-  /** T2's slow path: a new activation under a higher epoch, failing a stale live one first. */
-  private async newActivationInTx(tx: Tx, key: ActorKey, eventId: string): Promise<ActivationRow> {
-    const live = await activations.lockLiveActivation(tx, key);
-    // A live activation still running an event holds an attempt pg-boss has since given up on
-    // (we hold the job now): it is stale, whatever its lease says.
-    if (live) await this.failActivationInTx(tx, live, 'superseded', { message: 'superseded by a newer attempt' }, false);
-    const epoch = await nextEpoch(tx, key);
-    return activations.insertActivation(tx, { key, epoch, ownerId: this.ownerId, leaseMs: this.config.leaseMs, eventId });
-  }
-
   private startedTurn(job: FetchedJob, workerId: string | null, activation: ActivationRow, deliveryId: string): StartedTurn {
     return {
       fence: fenceOf({ ...activation, eventId: job.id, deliveryId }),
@@ -238,30 +214,32 @@ export class TurnStore {
       const { activation, delivery } = await lockFence(tx, fence);
       await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], endState, reason);
       await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: { code: endState, message: reason } });
-      const { deliveryId } = await turnRows.insertTurnRows(tx, {
-        activation,
-        eventId: delivery.eventId,
-        jobRetryCount: delivery.jobRetryCount,
-        workerId: nextWorkerId,
-        input: await transcript.turnInput(tx, delivery.deliveryId),
-      });
+      const [deliveryId] = await turnRows.insertTurnRowsMany(tx, [
+        {
+          activation,
+          eventId: delivery.eventId,
+          jobRetryCount: delivery.jobRetryCount,
+          workerId: nextWorkerId,
+          input: await transcript.turnInput(tx, delivery.deliveryId),
+        },
+      ]);
       await activations.extendLease(tx, activation.activationUid, this.config.leaseMs);
-      return fenceOf({ ...activation, eventId: delivery.eventId, deliveryId });
+      return fenceOf({ ...activation, eventId: delivery.eventId, deliveryId: deliveryId! });
     });
   }
 
   /** turn_accepted: the worker took the turn. Fenced; extends the lease. */
   async accept(fence: Fence, workerId: string): Promise<void> {
     await inTransaction(this.db, async (tx) => {
-      const { delivery } = await this.lockFenceFor(tx, fence, workerId);
-      await turnRows.acceptDeliveryRows(tx, delivery.deliveryId, fence.activationUid, this.config.leaseMs);
+      const { delivery } = await lockFence(tx, fence, workerId);
+      await turnRows.acceptDeliveryRowsMany(tx, [{ deliveryId: delivery.deliveryId, activationUid: fence.activationUid }], this.config.leaseMs);
     });
   }
 
   /** turn_progress: a healthy long turn keeps its lease. Fenced. */
   async progress(fence: Fence, workerId: string): Promise<Date | undefined> {
     return inTransaction(this.db, async (tx) => {
-      await this.lockFenceFor(tx, fence, workerId);
+      await lockFence(tx, fence, workerId);
       return activations.extendLease(tx, fence.activationUid, this.config.leaseMs);
     });
   }
@@ -274,17 +252,19 @@ export class TurnStore {
   async commit(fence: Fence, workerId: string, messages: ReplyMessage[], output?: unknown): Promise<CommitOutcome> {
     try {
       return await inTransaction(this.db, async (tx) => {
-        const { delivery } = await this.lockFenceFor(tx, fence, workerId);
-        const written = await turnRows.commitTurnRows(tx, {
-          deliveryId: delivery.deliveryId,
-          activationUid: fence.activationUid,
-          revision: fence.revision,
-          workerId,
-          output,
-          messages,
-          leaseMs: this.config.leaseMs,
-        });
-        if (!written) throw new FenceRejected('already_committed');
+        const { delivery } = await lockFence(tx, fence, workerId);
+        const written = await turnRows.commitTurnRowsMany(tx, [
+          {
+            deliveryId: delivery.deliveryId,
+            activationUid: fence.activationUid,
+            revision: fence.revision,
+            workerId,
+            output,
+            messages,
+            leaseMs: this.config.leaseMs,
+          },
+        ]);
+        if (!written.has(delivery.deliveryId)) throw new FenceRejected('already_committed');
         const res = (await this.boss.complete(
           this.queueName,
           { id: fence.eventId, retryCount: delivery.jobRetryCount },
@@ -391,7 +371,7 @@ export class TurnStore {
    */
   async fail(fence: Fence, workerId: string, error: { code: string; message: string; retryable?: boolean }): Promise<FailOutcome> {
     return inTransaction(this.db, async (tx) => {
-      const { activation, delivery } = await this.lockFenceFor(tx, fence, workerId);
+      const { activation, delivery } = await lockFence(tx, fence, workerId);
       const record = { code: error.code, message: error.message };
       await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], 'failed', error.code);
       await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: record, workerId });
@@ -530,10 +510,6 @@ export class TurnStore {
     const delivery = live?.currentEventId ? await deliveries.liveDeliveryOfEvent(tx, live.currentEventId) : undefined;
     if (!live || !delivery) throw new CorralError('not_found', `${formatActorKey(key)} has no turn in flight`);
     return { activation: live, delivery };
-  }
-
-  private async lockFenceFor(tx: Tx, fence: Fence, workerId: string) {
-    return lockFence(tx, fence, workerId);
   }
 
   /**

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { sql } from 'drizzle-orm';
 import { actorKey } from '../../src/actor-key.ts';
-import { insertActivation } from '../../src/db/activations.ts';
+import { insertActivationsMany } from '../../src/db/activations.ts';
 import { isUniqueViolation } from '../../src/errors.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawWorker, type Msg } from '../helpers/raw-worker.ts';
@@ -122,7 +122,7 @@ describe('fenced commit', () => {
     const key = actorKey('race', 's');
     const attempt = (epoch: number) =>
       db().transaction(async (tx) => {
-        await insertActivation(tx, { key, epoch, ownerId: 'test', leaseMs: 60_000, eventId: null });
+        await insertActivationsMany(tx, [{ key, epoch, eventId: null }], { ownerId: 'test', leaseMs: 60_000 });
         await tx.execute(sql`select pg_sleep(0.2)`);
       });
     const results = await Promise.allSettled([attempt(101), attempt(102)]);
