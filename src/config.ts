@@ -5,6 +5,7 @@
 import { resolve } from 'node:path';
 import { z } from 'zod';
 import { CorralError } from './errors.ts';
+import { DEFAULT_PROGRESS_INTERVAL_MS } from './fabric/protocol.ts';
 
 export const DEAD_LETTER_MODES = ['continue', 'block'] as const;
 export type DeadLetterMode = (typeof DEAD_LETTER_MODES)[number];
@@ -62,6 +63,14 @@ const configSchema = z
      * `maxMessageBytes`, so a turn_start always fits on the wire with its envelope.
      */
     maxEventBytes: int(16),
+    /** `turn_start` context: at most this many latest transcript messages (0 = no context). */
+    contextMessages: int(0, 1000),
+    /** `turn_start` context: at most this many bytes of message content (JSON). */
+    contextBytes: int(0),
+    /** Worker RPC: requests served at once per worker; more are answered `busy`. */
+    rpcConcurrency: int(1, 1000),
+    /** Worker RPC: a request not served within this long is answered `timeout`. */
+    rpcTimeoutMs: int(10, 600_000),
     /** CURVE off (and any worker admitted). Never implied: `--insecure` or CORRAL_INSECURE=1. */
     insecure: z.boolean(),
     /** With `insecure`, also allow binding a non-loopback address. */
@@ -95,6 +104,10 @@ const configSchema = z
     message: 'maxEventBytes must be at most half of maxMessageBytes (a turn_start carries the event and its envelope)',
     path: ['maxEventBytes'],
   })
+  .refine((c) => c.contextBytes <= c.maxMessageBytes / 4, {
+    message: 'contextBytes must be at most a quarter of maxMessageBytes (a turn_start carries the event too)',
+    path: ['contextBytes'],
+  })
   .refine((c) => !c.insecure || c.insecureRemote || isLocalEndpoint(c.endpoint), {
     message: 'binding a non-loopback address without CURVE needs --insecure-remote (CORRAL_INSECURE_REMOTE=1) as well',
     path: ['insecureRemote'],
@@ -117,7 +130,7 @@ export const DEFAULTS: Omit<Config, 'homeDir'> = {
   queueName: 'actor-events',
   bossSchema: 'pgboss',
   leaseMs: 60_000,
-  progressIntervalMs: 10_000,
+  progressIntervalMs: DEFAULT_PROGRESS_INTERVAL_MS,
   workerHeartbeatMs: 2_000,
   workerStaleMs: 10_000,
   idleTimeoutMs: 300_000,
@@ -135,6 +148,10 @@ export const DEFAULTS: Omit<Config, 'homeDir'> = {
   pollIntervalMs: 1_000,
   maxMessageBytes: 1024 * 1024,
   maxEventBytes: 256 * 1024,
+  contextMessages: 50,
+  contextBytes: 64 * 1024,
+  rpcConcurrency: 8,
+  rpcTimeoutMs: 10_000,
   insecure: false,
   insecureRemote: false,
   keyPollMs: 200,
@@ -173,6 +190,10 @@ export const ENV_NAMES: Partial<Record<keyof Config, string>> = {
   pollIntervalMs: 'CORRAL_POLL_INTERVAL_MS',
   maxMessageBytes: 'CORRAL_MAX_MESSAGE_BYTES',
   maxEventBytes: 'CORRAL_MAX_EVENT_BYTES',
+  contextMessages: 'CORRAL_CONTEXT_MESSAGES',
+  contextBytes: 'CORRAL_CONTEXT_BYTES',
+  rpcConcurrency: 'CORRAL_RPC_CONCURRENCY',
+  rpcTimeoutMs: 'CORRAL_RPC_TIMEOUT_MS',
   insecure: 'CORRAL_INSECURE',
   insecureRemote: 'CORRAL_INSECURE_REMOTE',
   daemonKeyFile: 'CORRAL_DAEMON_KEY_FILE',

@@ -24,6 +24,7 @@ import { QueueConsumer } from './queue/consumer.ts';
 import { createEventQueue, type EventQueue } from './queue/events.ts';
 import { Recovery } from './runtime/recovery.ts';
 import { Runtime } from './runtime/runtime.ts';
+import { RpcServer } from './runtime/rpc.ts';
 import type { SessionController } from './runtime/directory.ts';
 import { TurnStore } from './runtime/turns.ts';
 import { Watchdog } from './runtime/watchdog.ts';
@@ -62,6 +63,8 @@ export class Daemon {
   /** CURVE keys and the worker allow-list; undefined with `insecure`. */
   readonly security: FabricSecurity | undefined;
   readonly runtime: Runtime;
+  /** Worker RPC (history.read, actor.status), served off the broker loop. */
+  readonly rpc: RpcServer;
   readonly store: TurnStore;
   readonly consumer: QueueConsumer;
   readonly watchdog: Watchdog;
@@ -102,7 +105,7 @@ export class Daemon {
       boss: this.boss,
       queueName: this.queues.events,
       ownerId: this.ownerId,
-      config: { leaseMs: config.leaseMs, deadLetterMode: config.deadLetterMode, bossSchema: config.bossSchema },
+      config: { leaseMs: config.leaseMs, deadLetterMode: config.deadLetterMode, bossSchema: config.bossSchema, maxEventBytes: config.maxEventBytes },
     });
     let consumer: QueueConsumer | undefined;
     this.runtime = new Runtime({
@@ -115,6 +118,17 @@ export class Daemon {
       workerStaleMs: config.workerStaleMs,
       onCapacity: () => consumer?.wakeForCapacity(),
       ...(deps.metrics ? { metrics: deps.metrics } : {}),
+      context: { maxMessages: config.contextMessages, maxBytes: config.contextBytes },
+      maxEventBytes: config.maxEventBytes,
+    });
+    this.rpc = new RpcServer({
+      db: this.database.db,
+      transport: { send: (id, msg) => this.broker.send(id, msg) },
+      clock,
+      logger,
+      concurrency: config.rpcConcurrency,
+      timeoutMs: config.rpcTimeoutMs,
+      maxMessageBytes: config.maxMessageBytes,
     });
     const security = (this.security = config.insecure
       ? undefined
@@ -135,6 +149,11 @@ export class Daemon {
       maxMessageBytes: config.maxMessageBytes,
       maxWorkers: config.maxWorkers,
       maxConnections: config.maxConnections,
+      welcome: {
+        leaseMs: config.leaseMs,
+        staleMs: config.workerStaleMs,
+        retry: { limit: config.retryLimit, delay_s: config.retryDelaySeconds, delay_max_s: config.retryDelayMaxSeconds, backoff: true },
+      },
       ...(security
         ? {
             authenticator: security.authenticator,
@@ -145,7 +164,8 @@ export class Daemon {
             },
           }
         : {}),
-      onEvent: (e) => this.runtime.handleBrokerEvent(e),
+      // worker RPC goes to its own server (bounded, off the broker loop); the rest to the runtime
+      onEvent: (e) => (e.kind === 'rpc_request' ? this.rpc.handle(e) : this.runtime.handleBrokerEvent(e)),
     });
     consumer = this.consumer = new QueueConsumer({
       boss: this.boss,
@@ -354,6 +374,7 @@ export class Daemon {
     const result = await this.handle?.shutdown({ deadlineMs: opts.deadlineMs ?? 10_000 });
     this.abort.abort();
     await this.runtime.drain();
+    await this.rpc.drain();
     await this.controlListener?.close().catch(() => undefined);
     this.security?.stop();
     this.insecureWarning?.cancel();

@@ -133,3 +133,15 @@ export async function lockFence(
 }
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/**
+ * A result that missed a steer (docs/protocol.md §9): `checkFence` said `stale_revision`, and the
+ * result carries an OLDER revision than the turn's current one. Every other field is checked as
+ * usual against the current revision; null means the result may commit as is and the steering
+ * inputs after its revision become the actor's next events.
+ */
+export function checkFenceLateSteer(fence: Fence, rows: FenceRows, workerId?: string): FenceReason | null {
+  const current = rows.activation?.revision;
+  if (current === undefined || fence.revision >= current) return 'stale_revision';
+  return checkFence({ ...fence, revision: current }, rows, workerId);
+}

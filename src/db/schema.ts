@@ -104,6 +104,10 @@ export const turns = corral.table(
     input: jsonb('input'),
     error: jsonb('error'),
     output: jsonb('output'),
+    /** The events this turn emitted (enqueued with its commit): `[{ event_id, actor, data, delay_ms? }]`. */
+    emitted: jsonb('emitted'),
+    /** Steering inputs applied to this turn, in order: `[{ revision, input }]` (see docs/protocol.md §9). */
+    steers: jsonb('steers'),
     startedAt: tz('started_at').notNull().defaultNow(),
     finishedAt: tz('finished_at'),
   },

@@ -39,10 +39,11 @@ export async function finishTurn(
   return rows[0];
 }
 
-export async function setTurnRevision(tx: DbOrTx, deliveryId: string, revision: number): Promise<void> {
+/** A steer: the turn's new revision, and its input appended to `steers` (a result that misses it makes it the next event). */
+export async function setTurnRevision(tx: DbOrTx, deliveryId: string, revision: number, input: unknown = null): Promise<void> {
   await tx
     .update(turns)
-    .set({ revision })
+    .set({ revision, steers: sql`coalesce(${turns.steers}, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('revision', ${revision}::int, 'input', ${JSON.stringify(input)}::jsonb))` })
     .where(and(eq(turns.deliveryId, deliveryId), eq(turns.status, 'started')));
 }
 

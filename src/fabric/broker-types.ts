@@ -10,9 +10,11 @@ export type BrokerEvent =
   | { kind: 'worker_heartbeat'; workerId: string; inFlight: number }
   | { kind: 'turn_accepted'; workerId: string; turnRef: TurnRef }
   | { kind: 'turn_progress'; workerId: string; turnRef: TurnRef; note?: string }
-  | { kind: 'turn_result'; workerId: string; turnRef: TurnRef; messages: ResultMessage[]; output?: unknown }
+  | { kind: 'turn_result'; workerId: string; turnRef: TurnRef; messages: ResultMessage[]; output?: unknown; emit?: unknown[] }
   | { kind: 'turn_error'; workerId: string; turnRef: TurnRef; error: TurnErrorBody }
   | { kind: 'invalid'; routingId: string; reason: string }
+  /** A worker RPC request (served off the broker loop, src/runtime/rpc.ts). */
+  | { kind: 'rpc_request'; workerId: string; id: string; method: string; params: unknown; turnRef: TurnRef }
   /** The broker dropped a registered worker (revoked): its turns must go elsewhere. */
   | { kind: 'worker_gone'; workerId: string; reason: string };
 

@@ -40,6 +40,7 @@ import {
   parseWorkerMessage,
   type DaemonMessage,
   type ProtocolErrorCode,
+  type RetryPolicy,
   type WorkerReady,
 } from './protocol.ts';
 import { SerialQueue } from './send-queue.ts';
@@ -78,6 +79,8 @@ export interface BrokerOptions {
   maxConnections?: number;
   /** How long a peer may take to finish the ZMTP/CURVE handshake. Default 5000. */
   handshakeIntervalMs?: number;
+  /** Told to workers in `worker_welcome` (lease, stale timeout, retry policy), so a worker can check its timings fit. */
+  welcome?: { leaseMs: number; staleMs: number; retry: RetryPolicy };
   /** Receives every valid message (and every refusal as `invalid`). Called synchronously. */
   onEvent: (e: BrokerEvent) => void;
 }
@@ -393,10 +396,14 @@ export class Broker {
           turnRef: msg.turn_ref,
           messages: msg.messages,
           ...(msg.output === undefined ? {} : { output: msg.output }),
+          ...(msg.emit === undefined ? {} : { emit: msg.emit }),
         });
         return;
       case 'turn_error':
         this.emit({ kind: 'turn_error', workerId, turnRef: msg.turn_ref, error: msg.error });
+        return;
+      case 'rpc_request':
+        this.emit({ kind: 'rpc_request', workerId, id: msg.id, method: msg.method, params: msg.params ?? null, turnRef: msg.turn_ref });
         return;
     }
   }
@@ -462,6 +469,9 @@ export class Broker {
         worker_id: msg.worker_id,
         heartbeat_interval_ms: this.heartbeatIntervalMs,
         progress_interval_ms: this.progressIntervalMs,
+        ...(this.opts.welcome
+          ? { lease_ms: this.opts.welcome.leaseMs, stale_ms: this.opts.welcome.staleMs, retry: this.opts.welcome.retry }
+          : {}),
       }),
       rid,
       'worker_welcome',

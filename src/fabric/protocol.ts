@@ -20,7 +20,8 @@ import { FENCE_REASONS } from '../errors.ts';
 export const PROTOCOL_VERSION = 1;
 export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024;
 export const DEFAULT_HEARTBEAT_INTERVAL_MS = 2000;
-export const DEFAULT_PROGRESS_INTERVAL_MS = 5000;
+/** The daemon's default too (`CORRAL_PROGRESS_INTERVAL_MS`): one value, so doc, SDK and daemon agree. */
+export const DEFAULT_PROGRESS_INTERVAL_MS = 10_000;
 export const MAX_RESULT_MESSAGES = 1000;
 export const MAX_CAPACITY = 1024;
 /** Longest `turn_ref` (as JSON) accepted from a worker. */
@@ -33,11 +34,18 @@ export function isValidWorkerId(id: string): boolean {
   return WORKER_ID_PATTERN.test(id);
 }
 
+/** Most effects (`emit` entries) one `turn_result` may carry. */
+export const MAX_EMITS = 32;
+/** Longest delay of an emitted event (`delay_ms`): 30 days. */
+export const MAX_EMIT_DELAY_MS = 30 * 86_400_000;
+
 /**
- * Reasons the daemon gives in `turn_rejected`: every fence reason, `invalid`, and `unstorable`
- * (a result PostgreSQL cannot store). The list may grow; receivers must accept others.
+ * Reasons the daemon gives in `turn_rejected`: every fence reason, `invalid`, `unstorable`
+ * (a result PostgreSQL cannot store) and `emit_limit` (a result's `emit` breaks the limits:
+ * too many entries, an entry too large, an unknown actor key or delay). The list may grow;
+ * receivers must accept others.
  */
-export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'invalid', 'unstorable'] as const;
+export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'invalid', 'unstorable', 'emit_limit'] as const;
 export type TurnRejectedReason = (typeof TURN_REJECTED_REASONS)[number];
 
 /** Codes of the protocol-level `error` message. */
@@ -115,12 +123,27 @@ export const turnProgressSchema = z.object({
 export const resultMessageSchema = z.object({ role: z.enum(['assistant', 'tool']), content: json });
 export type ResultMessage = z.infer<typeof resultMessageSchema>;
 
+/**
+ * One durable effect of a turn: an event for `actor` (`agent/session`; the turn's own actor too,
+ * e.g. a timer with `delay_ms`), enqueued in the transaction that commits the turn. The daemon
+ * checks the actor key, the size of `data` (CORRAL_MAX_EVENT_BYTES) and the delay; a result
+ * breaking them is rejected `emit_limit`.
+ */
+export const emitSchema = z.object({
+  actor: z.string().min(1).max(300),
+  data: json,
+  delay_ms: z.int().min(0).max(MAX_EMIT_DELAY_MS).optional(),
+});
+export type Emit = z.infer<typeof emitSchema>;
+
 export const turnResultSchema = z.object({
   v,
   type: z.literal('turn_result'),
   turn_ref: turnRefSchema,
   messages: z.array(resultMessageSchema).max(MAX_RESULT_MESSAGES),
   output: json.optional(),
+  /** Events to enqueue exactly once with the commit (at most MAX_EMITS; more is `emit_limit`). */
+  emit: z.array(z.unknown()).optional(),
 });
 
 export const turnErrorBodySchema = z.object({
@@ -137,6 +160,34 @@ export const turnErrorSchema = z.object({
   error: turnErrorBodySchema,
 });
 
+/** RPC methods a worker may call; each is fenced by the `turn_ref` it carries. */
+export const RPC_METHODS = ['history.read', 'actor.status'] as const;
+export type RpcMethod = (typeof RPC_METHODS)[number];
+
+/** Codes of `rpc_response.error`. */
+export const RPC_ERROR_CODES = [
+  'not_live',
+  'unknown_method',
+  'invalid_params',
+  'busy',
+  'timeout',
+  'internal',
+] as const;
+export type RpcErrorCode = (typeof RPC_ERROR_CODES)[number];
+
+/** A request from a worker, answered by one `rpc_response` with the same `id` on the same socket. */
+export const rpcRequestSchema = z.object({
+  v,
+  type: z.literal('rpc_request'),
+  /** Chosen by the worker, echoed in the response (unique among its open requests). */
+  id: z.string().min(1).max(128),
+  method: z.string().min(1).max(64),
+  params: json.optional(),
+  /** The live turn the request is made for: it fences every read. */
+  turn_ref: turnRefSchema,
+});
+export type RpcRequest = z.infer<typeof rpcRequestSchema>;
+
 export const workerMessageSchema = z.discriminatedUnion('type', [
   workerReadySchema,
   workerHeartbeatSchema,
@@ -144,6 +195,7 @@ export const workerMessageSchema = z.discriminatedUnion('type', [
   turnProgressSchema,
   turnResultSchema,
   turnErrorSchema,
+  rpcRequestSchema,
 ]);
 export type WorkerMessage = z.infer<typeof workerMessageSchema>;
 export type WorkerReady = z.infer<typeof workerReadySchema>;
@@ -153,6 +205,16 @@ export type TurnProgress = z.infer<typeof turnProgressSchema>;
 export type TurnResult = z.infer<typeof turnResultSchema>;
 export type TurnError = z.infer<typeof turnErrorSchema>;
 
+/** Retry policy of actor events, as told in `worker_welcome`. */
+export const retryPolicySchema = z.object({
+  /** Attempts after the first (so at most `limit + 1` attempts). */
+  limit: z.int().min(0),
+  delay_s: z.int().min(0),
+  delay_max_s: z.int().min(0),
+  backoff: z.boolean(),
+});
+export type RetryPolicy = z.infer<typeof retryPolicySchema>;
+
 // ---- daemon → worker -------------------------------------------------------------------
 
 export const workerWelcomeSchema = z.object({
@@ -161,7 +223,37 @@ export const workerWelcomeSchema = z.object({
   worker_id: workerId,
   heartbeat_interval_ms: z.int().min(1),
   progress_interval_ms: z.int().min(1),
+  /** Lease per dispatch / progress: a turn with no progress for this long fails its attempt. */
+  lease_ms: z.int().min(1).optional(),
+  /** A worker silent (no message) for this long is declared stale and must register again. */
+  stale_ms: z.int().min(1).optional(),
+  retry: retryPolicySchema.optional(),
 });
+
+/** One transcript message as the daemon shows it to a worker (context, history.read). */
+export const transcriptMessageSchema = z.object({
+  seq: z.int().min(1),
+  role: z.enum(['user', 'assistant', 'tool']),
+  content: json,
+});
+export type TranscriptMessage = z.infer<typeof transcriptMessageSchema>;
+
+/**
+ * The conversation a turn continues: its latest committed messages (oldest first), bounded by
+ * count and bytes. The event's own `user` message is not among them (it is written on commit,
+ * as message `current_seq`, with `event.data` as content).
+ */
+export const turnContextSchema = z.object({
+  conversation_id: z.uuid(),
+  messages: z.array(transcriptMessageSchema),
+  /** seq of `messages[0]`; absent when `messages` is empty. */
+  first_seq: z.int().min(1).optional(),
+  /** True when older messages exist than those sent (page back with `history.read`). */
+  has_more: z.boolean(),
+  /** The seq the event's own `user` message will get when this turn commits. */
+  current_seq: z.int().min(1),
+});
+export type TurnContextWire = z.infer<typeof turnContextSchema>;
 
 export const turnStartSchema = z.object({
   v,
@@ -170,6 +262,7 @@ export const turnStartSchema = z.object({
   event: z.object({ id: z.string().min(1), data: json, enqueued_at: isoTime }),
   attempt: z.int().min(1),
   lease_expires_at: isoTime,
+  context: turnContextSchema.optional(),
 });
 
 export const turnSteerSchema = z.object({ v, type: z.literal('turn_steer'), turn_ref: turnRefSchema, input: json });
@@ -192,6 +285,30 @@ export const turnRejectedSchema = z.object({
   detail: z.string().optional(),
 });
 
+/**
+ * The answer to a `turn_error` the daemon acted on: the attempt is failed (or, for the hand-back
+ * codes `over_capacity`/`worker_stopping`, returned without spending it). `retry`: the event will
+ * be tried again; `dead_lettered`: it will not. The worker may forget the turn.
+ */
+export const turnFailedSchema = z.object({
+  v,
+  type: z.literal('turn_failed'),
+  turn_ref: turnRefSchema,
+  retry: z.boolean(),
+  dead_lettered: z.boolean(),
+  /** True when the turn was handed back (no attempt spent). */
+  handed_back: z.boolean().optional(),
+});
+
+export const rpcResponseSchema = z.object({
+  v,
+  type: z.literal('rpc_response'),
+  id: z.string().min(1).max(128),
+  result: json.optional(),
+  error: z.object({ code: z.string().min(1), message: z.string() }).optional(),
+});
+export type RpcResponse = z.infer<typeof rpcResponseSchema>;
+
 export const protocolErrorSchema = z.object({
   v,
   type: z.literal('error'),
@@ -207,6 +324,8 @@ export const daemonMessageSchema = z.discriminatedUnion('type', [
   turnCancelSchema,
   turnCommittedSchema,
   turnRejectedSchema,
+  turnFailedSchema,
+  rpcResponseSchema,
   protocolErrorSchema,
 ]);
 export type DaemonMessage = z.infer<typeof daemonMessageSchema>;
@@ -216,6 +335,7 @@ export type TurnSteer = z.infer<typeof turnSteerSchema>;
 export type TurnCancel = z.infer<typeof turnCancelSchema>;
 export type TurnCommitted = z.infer<typeof turnCommittedSchema>;
 export type TurnRejected = z.infer<typeof turnRejectedSchema>;
+export type TurnFailed = z.infer<typeof turnFailedSchema>;
 export type ProtocolError = z.infer<typeof protocolErrorSchema>;
 
 export const WORKER_MESSAGE_TYPES = workerMessageSchema.options.map((o) => o.shape.type.value);

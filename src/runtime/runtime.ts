@@ -24,10 +24,12 @@ import { fenceFields, fromWire, toWire, type Fence, type WireTurnRef } from './f
 import { WorkerPool } from './worker-pool.ts';
 import { GroupWriter } from './group-writer.ts';
 import { backoffDelayMs } from '../backoff.ts';
+import { contextToWire, withContext, type ContextLimits } from './context.ts';
+import { checkEmits } from '../queue/effects.ts';
 
 /** How long a turn operation keeps retrying while the database is unreachable. */
 const DATABASE_RETRY_MS = 120_000;
-import type { FailOutcome, FetchedJob, ReplyOutcome, ReplyRequest, StartedTurn, TurnStore } from './turns.ts';
+import { BatchNotSettled, type FailOutcome, type FetchedJob, type ReplyOutcome, type ReplyRequest, type StartedTurn, type TurnStore } from './turns.ts';
 import { noopMetrics, type RuntimeMetrics } from './metrics.ts';
 
 export interface Transport {
@@ -63,6 +65,10 @@ export interface RuntimeOptions {
   /** Called whenever capacity may have freed up (the consumer fetches again). */
   onCapacity?: () => void;
   metrics?: RuntimeMetrics;
+  /** Conversation context in turn_start; absent = none. */
+  context?: ContextLimits;
+  /** Largest emitted event payload (CORRAL_MAX_EVENT_BYTES). */
+  maxEventBytes?: number;
 }
 
 interface InFlight {
@@ -101,8 +107,9 @@ export class Runtime {
     this.log = opts.logger.child({ component: 'runtime' });
     this.metrics = opts.metrics ?? noopMetrics;
     this.begins = new GroupWriter({
-      many: async (requests) => (await opts.store.beginMany(requests)).map((value) => ({ ok: true as const, value })),
-      one: (r) => opts.store.begin(r.job, r.workerId),
+      many: async (requests) =>
+        (await withContext(opts.db, await opts.store.beginMany(requests), opts.context)).map((value) => ({ ok: true as const, value })),
+      one: async (r) => (await withContext(opts.db, [await opts.store.begin(r.job, r.workerId)], opts.context))[0]!,
       onBatch: (size, fellBack) => this.log.debug({ size, fellBack }, fellBack ? 'begin batch failed; begun one by one' : 'begin batch'),
     });
     this.replies = new GroupWriter<ReplyRequest, ReplyOutcome>({
@@ -234,6 +241,7 @@ export class Runtime {
       event: { id: f.fence.eventId, data: (f.turn.payload ?? null) as never, enqueued_at: f.turn.enqueuedAt },
       attempt: f.turn.attempt,
       lease_expires_at: f.turn.leaseExpiresAt.toISOString(),
+      ...(f.turn.context ? { context: contextToWire(f.turn.context) } : {}),
     };
   }
 
@@ -282,8 +290,14 @@ export class Runtime {
         return { outcome: 'accepted' };
       case 'progress':
         return { outcome: 'extended', leaseExpiresAt: await this.opts.store.progress(r.fence, r.workerId) };
-      case 'commit':
-        return this.opts.store.commit(r.fence, r.workerId, r.messages, r.output);
+      case 'commit': {
+        // the batch statement with one row: the same path as a group, effects included
+        const [o] = await this.opts.store.replyMany([r]).catch((e: unknown) => {
+          throw e instanceof BatchNotSettled ? new FenceRejected('job_not_active') : e;
+        });
+        if (o?.outcome === 'rejected') throw new FenceRejected(o.reason);
+        return o as ReplyOutcome;
+      }
     }
   }
 
@@ -311,6 +325,11 @@ export class Runtime {
           this.refuseUnstorable(e.workerId, e.turnRef, unstorable);
           return;
         }
+        const effects = checkEmits(e.emit, this.opts.maxEventBytes ?? 256 * 1024);
+        if (!effects.ok) {
+          this.refuseUnstorable(e.workerId, e.turnRef, effects.detail, 'emit_limit');
+          return;
+        }
         this.fenced(e.workerId, e.turnRef, 'commit', async (f) => {
           const outcome = await this.replies.submit({
             kind: 'commit',
@@ -318,6 +337,7 @@ export class Runtime {
             workerId: e.workerId,
             messages: e.messages,
             ...(e.output === undefined ? {} : { output: e.output }),
+            ...(effects.emits.length > 0 ? { emit: effects.emits } : {}),
           });
           if (outcome.outcome === 'committed') {
             this.metrics.committed();
@@ -337,6 +357,7 @@ export class Runtime {
         if (HANDED_BACK.has(e.error.code)) {
           this.log.info({ ...fenceFields(fromWire(e.turnRef)), workerId: e.workerId, code: e.error.code }, 'turn handed back');
           this.reassign(e.turnRef.event_id, `handed back by ${e.workerId}: ${e.error.code}`, e.workerId);
+          this.track(this.reply(e.workerId, { v: 1, type: 'turn_failed', turn_ref: e.turnRef, retry: true, dead_lettered: false, handed_back: true }), { workerId: e.workerId });
           return;
         }
         this.fenced(e.workerId, e.turnRef, 'fail', async (f) => {
@@ -347,6 +368,8 @@ export class Runtime {
             message: storableText(e.error.message),
           });
           this.onAttemptFailed(f, outcome, `turn_error: ${e.error.code}: ${e.error.message}`);
+          // answered, so the worker knows it may stop re-sending the error
+          await this.reply(e.workerId, { v: 1, type: 'turn_failed', turn_ref: e.turnRef, retry: !outcome.deadLettered, dead_lettered: outcome.deadLettered });
         });
         return;
       case 'invalid':
@@ -364,7 +387,8 @@ export class Runtime {
     this.log.info({ workerId, capacity, restarted }, 'worker ready');
     // A worker process that restarted lost what it was running: those turns go elsewhere now
     // instead of waiting for their leases to run out. (A reconnect of the same run keeps them.)
-    for (const eventId of lostEvents) this.reassign(eventId, 'worker restarted');
+    // The restarted worker itself may take them again (it may be the only worker).
+    for (const eventId of lostEvents) this.reassign(eventId, 'worker restarted', undefined, true);
     this.dispatchParked();
     this.opts.onCapacity?.();
   }
@@ -373,12 +397,13 @@ export class Runtime {
    * A result PostgreSQL cannot store: answered `turn_rejected{unstorable}` at once, and the
    * attempt is failed (retried per the retry policy) instead of waiting for its lease.
    */
-  private refuseUnstorable(workerId: string, ref: WireTurnRef, why: string): void {
-    this.metrics.rejected('unstorable');
+  private refuseUnstorable(workerId: string, ref: WireTurnRef, why: string, reason: 'unstorable' | 'emit_limit' = 'unstorable'): void {
+    this.metrics.rejected(reason);
     this.log.warn({ ...fenceFields(fromWire(ref)), workerId, why: why.slice(0, 200) }, 'result cannot be stored');
-    this.track(this.reply(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason: 'unstorable', detail: why.slice(0, 500) }), { workerId });
+    this.track(this.reply(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason, detail: why.slice(0, 500) }), { workerId });
     this.fenced(workerId, ref, 'fail', async (f) => {
-      const outcome = await this.opts.store.fail(f, workerId, { code: 'unstorable_result', message: why.slice(0, 1000) });
+      const code = reason === 'unstorable' ? 'unstorable_result' : 'emit_limit';
+      const outcome = await this.opts.store.fail(f, workerId, { code, message: storableText(why.slice(0, 1000)) });
       this.onAttemptFailed(f, outcome, `unstorable result: ${why.slice(0, 200)}`);
     });
   }
@@ -437,7 +462,7 @@ export class Runtime {
    * Sends the turn of `eventId` to another worker (its worker was lost before running it, or
    * handed it back). `fromWorker`, when given, must be the worker currently holding the turn.
    */
-  reassign(eventId: string, reason: string, fromWorker?: string): void {
+  reassign(eventId: string, reason: string, fromWorker?: string, mayReturn = false): void {
     const f = this.inFlight.get(eventId);
     if (!f || (fromWorker !== undefined && f.workerId !== fromWorker)) return;
     const controller = this.directory.wake(f.fence);
@@ -445,7 +470,7 @@ export class Runtime {
       controller.run(async () => {
         const current = this.inFlight.get(eventId);
         if (!current) return;
-        const next = this.pool.acquire(eventId, new Set(current.workerId ? [current.workerId] : []));
+        const next = this.pool.acquire(eventId, new Set(current.workerId && !mayReturn ? [current.workerId] : []));
         if (next === undefined) {
           this.pool.release(eventId);
           current.workerId = null;

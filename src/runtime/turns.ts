@@ -15,7 +15,7 @@ import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { DeadLetterMode } from '../config.ts';
 import type { Db, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
-import { checkFence, loadFenceRowsMany, lockFence, NO_FENCE_ROWS, type Fence } from '../db/fence.ts';
+import { checkFence, checkFenceLateSteer, loadFenceRowsMany, lockFence, NO_FENCE_ROWS, type Fence } from '../db/fence.ts';
 import * as activations from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
@@ -26,13 +26,17 @@ import { CorralError, FenceRejected, type FenceReason } from '../errors.ts';
 import { unstorableReason } from '../json-safety.ts';
 import { MAX_NOTIFY_BYTES, notifyControl } from '../db/control.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
+import { enqueueEffects, type EmitRequest, type TurnEffects } from '../queue/effects.ts';
 import type { ActivationRow } from '../db/activations.ts';
+import type { ConversationContext } from '../db/history.ts';
 
 export interface TurnsConfig {
   leaseMs: number;
   deadLetterMode: DeadLetterMode;
   /** pg-boss's schema (default `pgboss`). */
   bossSchema?: string;
+  /** Largest emitted event payload (CORRAL_MAX_EVENT_BYTES). */
+  maxEventBytes?: number;
 }
 
 /** A job fetched from the actor queue. */
@@ -45,6 +49,8 @@ export interface StartedTurn {
   attempt: number;
   leaseExpiresAt: Date;
   workerId: string | null;
+  /** The conversation so far, sent with turn_start (src/runtime/context.ts). */
+  context?: ConversationContext | undefined;
 }
 
 export interface ReplyMessage {
@@ -60,6 +66,8 @@ export interface CommitRequest {
   workerId: string;
   messages: ReplyMessage[];
   output?: unknown;
+  /** Durable effects, checked already (src/queue/effects.ts): enqueued with the commit. */
+  emit?: EmitRequest[];
 }
 
 /** One worker reply in a group transaction: a result, an accept or a progress report. */
@@ -307,6 +315,7 @@ export class TurnStore {
       const accepts: { deliveryId: string; activationUid: string }[] = [];
       const progress: { index: number; activationUid: string }[] = [];
       const committed = new Set<string>();
+      const effects: TurnEffects[] = [];
       for (const r of requests) {
         if (r.kind === 'sent') {
           outcomes.push({ outcome: 'sent' });
@@ -314,6 +323,12 @@ export class TurnStore {
         }
         const found = rows.get(r.fence.deliveryId) ?? NO_FENCE_ROWS;
         let reason = checkFence(r.fence, found, r.workerId);
+        // effects hook: a result that missed a steer commits; the steer becomes the next event
+        let lateSteer = false;
+        if (reason === 'stale_revision' && r.kind === 'commit') {
+          reason = checkFenceLateSteer(r.fence, found, r.workerId);
+          lateSteer = reason === null;
+        }
         // The rows were read before this batch's writes: a turn committed earlier in the batch is over.
         if (reason === null && committed.has(r.fence.deliveryId)) reason = 'already_committed';
         if (reason !== null) {
@@ -339,6 +354,9 @@ export class TurnStore {
             leaseMs: this.config.leaseMs,
           });
           completions.push({ id: r.fence.eventId, retryCount: delivery.jobRetryCount });
+          if (r.emit?.length || lateSteer) {
+            effects.push({ deliveryId: delivery.deliveryId, key: r.fence, emits: r.emit ?? [], ...(lateSteer ? { lateSteerAfter: r.fence.revision } : {}) });
+          }
           outcomes.push({ outcome: 'committed' });
         }
       }
@@ -351,6 +369,8 @@ export class TurnStore {
       const written = await turnRows.commitTurnRowsMany(tx, commits);
       const missing = commits.filter((c) => !written.has(c.deliveryId));
       if (missing.length > 0) throw new BatchNotSettled(missing.map((c) => c.deliveryId));
+      // effects hook: emitted events enqueued in this transaction (none for most turns)
+      if (effects.length > 0) await enqueueEffects(tx, this.boss, this.queueName, effects, this.config.maxEventBytes ?? 256 * 1024);
       if (completions.length > 0) {
         const res = (await this.boss.complete(this.queueName, completions, null, { db: fromDrizzle(tx, sql) })) as {
           affected?: number;
@@ -473,7 +493,7 @@ export class TurnStore {
       const { delivery } = await this.lockLiveTurn(tx, key);
       const revision = await activations.bumpRevision(tx, delivery.activationUid);
       await deliveries.setDeliveryRevision(tx, delivery.deliveryId, revision);
-      await transcript.setTurnRevision(tx, delivery.deliveryId, revision);
+      await transcript.setTurnRevision(tx, delivery.deliveryId, revision, input ?? null);
       const fence = { ...fenceOf(delivery), revision };
       await notifyControl(tx, { kind: 'steer', fence, input: input ?? null });
       return fence;

@@ -35,6 +35,7 @@ import {
   isValidWorkerId,
   parseDaemonMessage,
   type DaemonMessage,
+  type TurnRef,
   type TurnResult,
   type TurnStart,
   type WorkerMessage,
@@ -43,7 +44,7 @@ import { SerialQueue } from '../fabric/send-queue.ts';
 import { runReceiveLoop } from '../fabric/receive-loop.ts';
 import { RunningTurn, type TurnHandler } from './turn.ts';
 
-export type { TurnContext, TurnHandler, TurnOutcome, SteerListener, HandlerError } from './turn.ts';
+export type { TurnContext, TurnHandler, TurnOutcome, SteerListener, HandlerError, HistoryPage, Emit } from './turn.ts';
 
 /**
  * Named fault points for tests (no-ops in production). Each `beforeSend*` maps one outgoing
@@ -77,6 +78,8 @@ export interface WorkerOptions {
   /** Free-form SDK name/version sent in worker_ready. */
   sdk?: string;
   hooks?: WorkerHooks;
+  /** How long `ctx.rpc` waits for the daemon's answer. Default 15000. */
+  rpcTimeoutMs?: number;
 }
 
 export interface StopOptions {
@@ -137,6 +140,9 @@ class WorkerRuntime implements Worker {
   private reconnects = 0;
   private reconnectTimer: TimerHandle | null = null;
   private stopPromise: Promise<void> | null = null;
+  /** Open RPC requests by id. */
+  private readonly rpcPending = new Map<string, { resolve(v: unknown): void; reject(e: Error): void; timer: TimerHandle }>();
+  private rpcSeq = 0;
 
   constructor(opts: WorkerOptions) {
     if (!isValidWorkerId(opts.workerId)) {
@@ -251,6 +257,11 @@ class WorkerRuntime implements Worker {
     if (this.turns.size > 0) this.log.warn({ inFlight: this.turns.size }, 'handlers ignored abort; closing anyway');
     this.heartbeatTimer?.cancel();
     this.heartbeatTimer = null;
+    for (const [id, p] of this.rpcPending) {
+      p.timer.cancel();
+      p.reject(rpcError('worker_stopping', 'worker stopped'));
+      this.rpcPending.delete(id);
+    }
     this.reconnectTimer?.cancel();
     this.reconnectTimer = null;
     const socket = this.socket;
@@ -326,6 +337,20 @@ class WorkerRuntime implements Worker {
         this.unsettled.delete(msg.turn_ref.delivery_id);
         return;
       }
+      case 'turn_failed':
+        // the daemon acted on our turn_error: stop re-sending it
+        this.unsettled.delete(msg.turn_ref.delivery_id);
+        this.log.debug({ deliveryId: msg.turn_ref.delivery_id, retry: msg.retry, deadLettered: msg.dead_lettered }, 'turn failed');
+        return;
+      case 'rpc_response': {
+        const pending = this.rpcPending.get(msg.id);
+        if (!pending) return;
+        this.rpcPending.delete(msg.id);
+        pending.timer.cancel();
+        if (msg.error) pending.reject(rpcError(msg.error.code, msg.error.message));
+        else pending.resolve(msg.result ?? null);
+        return;
+      }
       case 'turn_committed':
         this.unsettled.delete(msg.turn_ref.delivery_id);
         this.log.debug({ deliveryId: msg.turn_ref.delivery_id, revision: msg.turn_ref.revision }, 'turn committed');
@@ -374,9 +399,25 @@ class WorkerRuntime implements Worker {
       maxMessageBytes: this.maxMessageBytes,
       progressIntervalMs: () => this.progressMs,
       send: (m) => this.sendFinalOrProgress(m),
+      rpc: (turnRef, method, params) => this.callRpc(turnRef, method, params),
       finished: (t) => void this.turns.delete(t.deliveryId),
     });
     this.turns.set(ref.delivery_id, turn);
+  }
+
+  /** One RPC request for a turn; rejects with the daemon's error code, or `timeout`. */
+  private callRpc(turnRef: TurnRef, method: string, params: unknown): Promise<unknown> {
+    if (this.state !== 'running') return Promise.reject(rpcError('worker_stopping', 'worker is stopping'));
+    const id = `${this.instance.slice(0, 8)}-${++this.rpcSeq}`;
+    const timeoutMs = this.opts.rpcTimeoutMs ?? 15_000;
+    return new Promise<unknown>((resolve, reject) => {
+      const timer = this.clock.setTimeout(() => {
+        this.rpcPending.delete(id);
+        reject(rpcError('timeout', `no rpc_response within ${timeoutMs} ms`));
+      }, timeoutMs);
+      this.rpcPending.set(id, { resolve, reject, timer });
+      this.send({ v: PROTOCOL_VERSION, type: 'rpc_request', id, method, params: (params ?? null) as never, turn_ref: turnRef });
+    });
   }
 
   private sendFinalOrProgress(msg: WorkerMessage): void {
@@ -477,6 +518,13 @@ class WorkerRuntime implements Worker {
       });
     });
   }
+}
+
+/** An RPC failure: `code` is the daemon's (`not_live`, `busy`, `timeout`, …). */
+function rpcError(code: string, message: string): Error & { code: string } {
+  const err = new Error(`rpc ${code}: ${message}`) as Error & { code: string };
+  err.code = code;
+  return err;
 }
 
 /** 128 random bits as hex: unguessable, and never starting with the zero byte libzmq reserves. */

@@ -21,7 +21,9 @@ import {
   type JsonValue,
   type TurnErrorBody,
   type TurnRef,
+  type TurnContextWire,
   type TurnStart,
+  type TranscriptMessage,
   type WorkerMessage,
 } from '../fabric/protocol.ts';
 
@@ -47,12 +49,40 @@ export interface TurnContext {
   onSteer(cb: SteerListener): () => void;
   /** Send a turn_progress now (extends the lease); the SDK also sends one periodically. */
   progress(note?: string): void;
+  /**
+   * The conversation this turn continues, as sent with turn_start: its latest messages (oldest
+   * first, bounded by the daemon's count and byte budget). Undefined from a daemon that sends none.
+   */
+  readonly context: TurnContextWire | undefined;
+  /** A worker RPC for this turn (fenced by its current turn_ref); rejects with an error carrying `code`. */
+  rpc(method: string, params?: unknown): Promise<unknown>;
+  /** One page of older messages (`history.read`), going back from `beforeSeq` (exclusive). */
+  history(opts?: { beforeSeq?: number; limit?: number }): Promise<HistoryPage>;
+}
+
+/** A page of `history.read`. */
+export interface HistoryPage {
+  conversation_id: string;
+  /** Oldest first. */
+  messages: Array<TranscriptMessage & { truncated?: true }>;
+  /** Older messages exist: ask again with `beforeSeq: messages[0].seq`. */
+  has_more: boolean;
+  total: number;
+}
+
+/** An event to enqueue exactly once with the commit: to any actor (`agent/session`), after `delay_ms`. */
+export interface Emit {
+  actor: string;
+  data: unknown;
+  delay_ms?: number;
 }
 
 /** What a handler resolves with; validated against the protocol before sending. */
 export interface TurnOutcome {
   messages: Array<{ role: 'assistant' | 'tool'; content: unknown }>;
   output?: unknown;
+  /** Durable effects: events enqueued in the commit transaction (at most 32). */
+  emit?: Emit[];
 }
 
 export type TurnHandler = (ctx: TurnContext) => Promise<TurnOutcome>;
@@ -70,6 +100,8 @@ export interface TurnDeps {
   send(msg: WorkerMessage): void;
   progressIntervalMs(): number;
   maxMessageBytes: number;
+  /** A worker RPC on the worker's connection. */
+  rpc(turnRef: TurnRef, method: string, params: unknown): Promise<unknown>;
   /** Called once, just before the final message is queued (invariant 4). */
   finished(turn: RunningTurn): void;
 }
@@ -161,6 +193,16 @@ export class RunningTurn {
       progress(note) {
         self.sendProgress(note);
       },
+      context: this.start.context,
+      rpc(method, params) {
+        return self.deps.rpc(self.ref, method, params ?? null);
+      },
+      async history(opts = {}) {
+        const params: Record<string, number> = {};
+        if (opts.beforeSeq !== undefined) params.before_seq = opts.beforeSeq;
+        if (opts.limit !== undefined) params.limit = opts.limit;
+        return (await self.deps.rpc(self.ref, 'history.read', params)) as HistoryPage;
+      },
     };
   }
 
@@ -195,6 +237,7 @@ export class RunningTurn {
       messages: (outcome as Partial<TurnOutcome> | undefined)?.messages,
     };
     if (outcome?.output !== undefined) candidate.output = outcome.output;
+    if (outcome?.emit !== undefined && outcome.emit.length > 0) candidate.emit = outcome.emit;
     const checked = turnResultSchema.safeParse(candidate);
     if (!checked.success) {
       return this.invalidOutcome('invalid_result', `handler outcome is not a valid turn_result: ${checked.error.issues[0]?.message ?? ''}`);

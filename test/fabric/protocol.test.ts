@@ -157,7 +157,7 @@ describe('turn_rejected reasons', () => {
     const { readFile } = await import('node:fs/promises');
     const { FENCE_REASONS } = await import('../../src/errors.ts');
     const { TURN_REJECTED_REASONS } = await import('../../src/fabric/protocol.ts');
-    expect([...TURN_REJECTED_REASONS]).toEqual([...FENCE_REASONS, 'invalid', 'unstorable']);
+    expect([...TURN_REJECTED_REASONS]).toEqual([...FENCE_REASONS, 'invalid', 'unstorable', 'emit_limit']);
     const doc = await readFile(new URL('../../docs/protocol.md', import.meta.url), 'utf8');
     const table = doc.slice(doc.indexOf('| reason | meaning | what the worker should do |'));
     const rows = table.split('\n').slice(2);

@@ -62,18 +62,41 @@ describe('fenced commit', () => {
     expect(await counts(ref.event_id)).toEqual({ succeeded: 1, messages: 2, job_state: 'completed' });
   });
 
-  it('rejects a result with a stale revision after the turn was steered', async () => {
+  it('rejects progress with a stale revision after the turn was steered', async () => {
     const { ref } = await startTurn('revision');
     const steered = await t.daemon.steer(actorKey('fence', 'revision'), { note: 'be brief' });
     expect(steered.revision).toBe(ref.revision + 1);
     const steer = await worker.next('turn_steer');
     expect((steer.turn_ref as Ref).revision).toBe(ref.revision + 1);
-    await worker.send(result(ref));
+    await worker.send({ type: 'turn_progress', turn_ref: ref });
     expect((await worker.next('turn_rejected')).reason).toBe('stale_revision');
     expect(await counts(ref.event_id)).toEqual({ succeeded: 0, messages: 0, job_state: 'active' });
     await worker.send(result(steer.turn_ref as Ref));
     await worker.next('turn_committed');
     expect(await counts(ref.event_id)).toEqual({ succeeded: 1, messages: 2, job_state: 'completed' });
+  });
+
+  it('commits a result that missed a steer and applies the steer as the next event', async () => {
+    const { ref } = await startTurn('late-steer');
+    await t.daemon.steer(actorKey('fence', 'late-steer'), { note: 'one more thing' });
+    await worker.next('turn_steer');
+    // the handler had finished before the steer: its result carries the old revision
+    await worker.send(result(ref));
+    await worker.next('turn_committed', (m) => (m.turn_ref as Ref).event_id === ref.event_id);
+    expect(await counts(ref.event_id)).toEqual({ succeeded: 1, messages: 2, job_state: 'completed' });
+    const turn = await db().execute<{ revision: number; emitted: { event_id: string; steer_revision: number }[] }>(
+      sql`select revision, emitted from corral.turns where event_id = ${ref.event_id} and status = 'succeeded'`,
+    );
+    expect(turn.rows[0]!.revision).toBe(ref.revision);
+    expect(turn.rows[0]!.emitted).toHaveLength(1);
+    expect(turn.rows[0]!.emitted[0]!.steer_revision).toBe(ref.revision + 1);
+    // the steer's input is the actor's next event
+    const next = await worker.next('turn_start', (m) => (m.turn_ref as Ref).session_id === 'late-steer');
+    expect((next.event as { data: unknown }).data).toEqual({ note: 'one more thing' });
+    expect((next.turn_ref as Ref).event_id).toBe(turn.rows[0]!.emitted[0]!.event_id);
+    await worker.send({ type: 'turn_accepted', turn_ref: next.turn_ref });
+    await worker.send(result(next.turn_ref as Ref));
+    await worker.next('turn_committed', (m) => (m.turn_ref as Ref).event_id === (next.turn_ref as Ref).event_id);
   });
 
   it('rejects a result after the lease expired and changes nothing', async () => {

@@ -1,0 +1,2 @@
+ALTER TABLE "corral"."turns" ADD COLUMN "emitted" jsonb;--> statement-breakpoint
+ALTER TABLE "corral"."turns" ADD COLUMN "steers" jsonb;
