@@ -11,9 +11,10 @@ export class RawWorker {
   private closed = false;
   private loop: Promise<void>;
 
-  constructor(id: string, endpoint: string) {
+  /** `routingId` defaults to the worker id; give a fresh one to reconnect while the old connection may linger. */
+  constructor(id: string, endpoint: string, routingId = id) {
     this.id = id;
-    this.socket = new Dealer({ routingId: id, linger: 0 });
+    this.socket = new Dealer({ routingId, linger: 0 });
     this.socket.connect(endpoint);
     this.loop = this.receive();
   }
@@ -37,8 +38,8 @@ export class RawWorker {
     await this.socket.send(JSON.stringify({ v: 1, ...msg }));
   }
 
-  async register(capacity = 1): Promise<Msg> {
-    await this.send({ type: 'worker_ready', worker_id: this.id, capacity });
+  async register(capacity = 1, extra: Record<string, unknown> = {}): Promise<Msg> {
+    await this.send({ type: 'worker_ready', worker_id: this.id, capacity, ...extra });
     return this.next('worker_welcome');
   }
 
