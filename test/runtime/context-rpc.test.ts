@@ -1,0 +1,162 @@
+/**
+ * Context in turn_start and the worker RPC, on real PostgreSQL and a real ROUTER/DEALER pair:
+ * a turn sees the conversation it continues; `history.read` pages back through it; a request
+ * whose turn_ref does not name a live turn of the worker reads nothing.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { sql } from 'drizzle-orm';
+import pg from 'pg';
+import { actorKey } from '../../src/actor-key.ts';
+import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
+import { RawWorker, type Msg } from '../helpers/raw-worker.ts';
+
+type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; revision: number; session_id: string };
+type Ctx = { conversation_id: string; messages: { seq: number; role: string; content: unknown }[]; first_seq?: number; has_more: boolean; current_seq: number };
+
+describe('turn context and worker RPC', () => {
+  let t: TestDaemon;
+  let w: RawWorker;
+  let other: RawWorker;
+  const db = () => t.daemon.database.db;
+  let rpcSeq = 0;
+
+  beforeAll(async () => {
+    t = await startTestDaemon({ contextMessages: 50, contextBytes: 64 * 1024, rpcConcurrency: 2, rpcTimeoutMs: 500, drainMs: 0 });
+    w = new RawWorker('ctx-1', t.daemon.broker.endpoint);
+    await w.register(4);
+    other = new RawWorker('ctx-2', t.daemon.broker.endpoint);
+    await other.send({ type: 'worker_ready', worker_id: 'ctx-2', capacity: 1 });
+    await other.next('worker_welcome');
+  });
+
+  afterAll(async () => {
+    await w.close();
+    await other.close();
+    await t.stop();
+  });
+
+  async function start(session: string, data: unknown): Promise<Msg> {
+    const { eventId } = await t.daemon.events.enqueueActorEvent(db(), actorKey('ctx', session), data);
+    const s = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
+    await w.send({ type: 'turn_accepted', turn_ref: s.turn_ref });
+    return s;
+  }
+
+  async function commit(s: Msg, messages: unknown[]): Promise<void> {
+    await w.send({ type: 'turn_result', turn_ref: s.turn_ref, messages });
+    await w.next('turn_committed', (m) => (m.turn_ref as Ref).delivery_id === (s.turn_ref as Ref).delivery_id);
+  }
+
+  async function rpc(from: RawWorker, ref: unknown, method: string, params?: unknown): Promise<Msg> {
+    const id = `r${++rpcSeq}`;
+    await from.send({ type: 'rpc_request', id, method, ...(params === undefined ? {} : { params }), turn_ref: ref });
+    return from.next('rpc_response', (m) => m.id === id);
+  }
+
+  it("a second turn's turn_start carries the first turn's messages, its own user message marked by current_seq", async () => {
+    const first = await start('two', { text: 'one' });
+    const c1 = first.context as Ctx;
+    expect(c1).toMatchObject({ messages: [], has_more: false, current_seq: 1 });
+    expect(c1.first_seq).toBeUndefined();
+    await commit(first, [{ role: 'assistant', content: { text: 'echo: one' } }]);
+    const second = await start('two', { text: 'two' });
+    const c2 = second.context as Ctx;
+    expect(c2.conversation_id).toBe(c1.conversation_id);
+    expect(c2.messages).toEqual([
+      { seq: 1, role: 'user', content: { text: 'one' } },
+      { seq: 2, role: 'assistant', content: { text: 'echo: one' } },
+    ]);
+    expect(c2).toMatchObject({ first_seq: 1, has_more: false, current_seq: 3 });
+    await commit(second, [{ role: 'assistant', content: 'ok' }]);
+    // the event's own message is written as current_seq on commit
+    const rows = await db().execute<{ seq: number; role: string; content: unknown }>(sql`
+      select m.seq, m.role, m.content from corral.messages m join corral.conversations c on c.id = m.conversation_id
+       where c.agent_uid = 'ctx' and c.session_id = 'two' and m.seq = 3`);
+    expect(rows.rows[0]).toEqual({ seq: 3, role: 'user', content: { text: 'two' } });
+  });
+
+  it('bounds the context by message count and by bytes, and says older messages exist', async () => {
+    const s = await start('bounded', { n: 0 });
+    const big = 'x'.repeat(20_000);
+    await commit(s, Array.from({ length: 99 }, (_, i) => ({ role: 'assistant', content: i >= 95 ? { big } : { i } })));
+    const next = await start('bounded', { n: 1 });
+    const c = next.context as Ctx;
+    // 100 messages exist; 50 at most, and 64 KiB of content: the three 20 kB ones and a few small
+    expect(c.messages.length).toBeLessThan(50);
+    expect(c.messages.at(-1)!.seq).toBe(100);
+    expect(c.first_seq).toBe(c.messages[0]!.seq);
+    expect(c.has_more).toBe(true);
+    expect(c.current_seq).toBe(101);
+    const bytes = c.messages.reduce((n, m) => n + JSON.stringify(m.content).length, 0);
+    expect(bytes).toBeLessThanOrEqual(64 * 1024);
+    await commit(next, []);
+  });
+
+  it('history.read pages backwards through 1,000 messages', async () => {
+    const s = await start('thousand', { n: 0 });
+    await commit(s, Array.from({ length: 999 }, (_, i) => ({ role: i % 2 ? 'tool' : 'assistant', content: { i } })));
+    const live = await start('thousand', { n: 1 });
+    expect((live.context as Ctx).messages).toHaveLength(50);
+    const seen: number[] = [];
+    let before: number | undefined;
+    let pages = 0;
+    for (;;) {
+      const r = await rpc(w, live.turn_ref, 'history.read', { limit: 100, ...(before ? { before_seq: before } : {}) });
+      expect(r.error).toBeUndefined();
+      const page = r.result as { messages: { seq: number }[]; has_more: boolean; total: number };
+      expect(page.total).toBe(1000);
+      pages++;
+      seen.unshift(...page.messages.map((m) => m.seq));
+      if (!page.has_more) break;
+      before = page.messages[0]!.seq;
+    }
+    expect(pages).toBe(10);
+    expect(seen).toEqual(Array.from({ length: 1000 }, (_, i) => i + 1));
+    const status = await rpc(w, live.turn_ref, 'actor.status');
+    expect(status.result).toMatchObject({ actor: 'ctx/thousand', messages: 1000, activation: { status: 'active', current_event_id: (live.turn_ref as Ref).event_id } });
+    await commit(live, []);
+  });
+
+  it('reads nothing for a turn_ref that is not a live turn of the worker', async () => {
+    const s = await start('fenced', { n: 0 });
+    await commit(s, [{ role: 'assistant', content: 'secret' }]);
+    // settled turn
+    expect((await rpc(w, s.turn_ref, 'history.read')).error).toMatchObject({ code: 'not_live' });
+    const live = await start('fenced', { n: 1 });
+    // another worker holding no turn of this actor
+    expect((await rpc(other, live.turn_ref, 'history.read')).error).toMatchObject({ code: 'not_live' });
+    expect((await rpc(other, live.turn_ref, 'actor.status')).error).toMatchObject({ code: 'not_live' });
+    // a made-up delivery
+    expect((await rpc(w, { ...(live.turn_ref as Ref), delivery_id: '00000000-0000-4000-8000-000000000000' }, 'history.read')).error).toMatchObject({ code: 'not_live' });
+    // stale revision after a steer
+    await t.daemon.steer(actorKey('ctx', 'fenced'), { more: true });
+    const steer = await w.next('turn_steer');
+    expect((await rpc(w, live.turn_ref, 'history.read')).error).toMatchObject({ code: 'not_live' });
+    expect((await rpc(w, steer.turn_ref, 'history.read')).result).toMatchObject({ total: 2 });
+    // lease expired
+    await db().execute(sql`update corral.activations set lease_expires_at = now() - interval '1 second' where activation_uid = ${(live.turn_ref as Ref).activation_uid as string}`);
+    expect((await rpc(w, steer.turn_ref, 'history.read')).error).toMatchObject({ code: 'not_live' });
+    expect((await rpc(w, steer.turn_ref, 'no.such')).error).toMatchObject({ code: 'unknown_method' });
+  });
+
+  it('bounds requests per worker (busy) and answers a slow one with timeout', async () => {
+    const live = await start('limits', { n: 0 });
+    expect((await rpc(w, live.turn_ref, 'history.read', { limit: 0 })).error).toMatchObject({ code: 'invalid_params' });
+    // hold the messages table so reads wait
+    const blocker = new pg.Client({ connectionString: t.db.url });
+    await blocker.connect();
+    await blocker.query('begin');
+    await blocker.query('lock table corral.messages in access exclusive mode');
+    try {
+      const ids = Array.from({ length: 5 }, () => `b${++rpcSeq}`);
+      for (const id of ids) await w.send({ type: 'rpc_request', id, method: 'history.read', turn_ref: live.turn_ref });
+      const answers = await Promise.all(ids.map((id) => w.next('rpc_response', (m) => m.id === id)));
+      const codes = answers.map((a) => (a.error as { code: string }).code).sort();
+      expect(codes).toEqual(['busy', 'busy', 'busy', 'timeout', 'timeout']);
+    } finally {
+      await blocker.query('rollback');
+      await blocker.end();
+    }
+    await commit(live, []);
+  });
+});
