@@ -73,6 +73,8 @@ export interface TurnView {
   revision: number;
   workerId: string | null;
   error: unknown;
+  /** The events the turn emitted with its commit (`[{ event_id, actor, data, delay_ms? }]`), or null. */
+  emitted: unknown;
   startedAt: Date;
   finishedAt: Date | null;
 }
@@ -85,6 +87,7 @@ const turnColumns = {
   revision: turns.revision,
   workerId: turns.workerId,
   error: turns.error,
+  emitted: turns.emitted,
   startedAt: turns.startedAt,
   finishedAt: turns.finishedAt,
 };

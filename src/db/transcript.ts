@@ -57,6 +57,16 @@ export interface TranscriptEntry {
   startedAt: Date;
   finishedAt: Date | null;
   messages: { seq: number; role: MessageRole; content: unknown; createdAt: Date }[];
+  /** The events the turn emitted with its commit, if any. */
+  emitted: EmittedEntry[];
+}
+
+export interface EmittedEntry {
+  event_id: string;
+  actor: string;
+  data: unknown;
+  delay_ms?: number;
+  steer_revision?: number;
 }
 
 /** The committed transcript of `key`: succeeded turns with their messages, in order. */
@@ -81,6 +91,7 @@ export async function readTranscript(db: DbOrTx, key: ActorKey): Promise<Transcr
         startedAt: turn.startedAt,
         finishedAt: turn.finishedAt,
         messages: [],
+        emitted: Array.isArray(turn.emitted) ? (turn.emitted as EmittedEntry[]) : [],
       };
       out.push(entry);
     }

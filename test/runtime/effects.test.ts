@@ -7,6 +7,7 @@ import { sql } from 'drizzle-orm';
 import { actorKey } from '../../src/actor-key.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawWorker, type Msg } from '../helpers/raw-worker.ts';
+import { corral } from '../cli/helpers.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; session_id: string; activation_uid: string };
 
@@ -70,6 +71,13 @@ describe('durable effects', () => {
       ['fx/dst-b', { hello: 'b' }],
     ]);
     expect(turn.rows[0]!.emitted[0]!.event_id).toBe((a.turn_ref as Ref).event_id);
+    // operators see what a turn emitted
+    const tr = await corral(['transcript', 'fx/src'], t.db.url);
+    expect(tr.code).toBe(0);
+    expect(tr.stdout).toContain(`emitted → fx/dst-a: {"hello":"a"} (event ${(a.turn_ref as Ref).event_id})`);
+    const actor = await corral(['actor', 'fx/src'], t.db.url);
+    expect(actor.code).toBe(0);
+    expect(actor.stdout).toContain('2 → fx/dst-a, fx/dst-b');
   });
 
   it('a delayed self-event arrives no earlier than its delay', async () => {

@@ -127,7 +127,7 @@ export async function runActorCommand(config: Config, actor: string, opts: { jso
     if (s.recentTurns.length > 0) {
       out.write(
         renderTable(
-          ['EVENT', 'ATTEMPT', 'STATUS', 'EPOCH', 'REV', 'WORKER', 'STARTED', 'ERROR'],
+          ['EVENT', 'ATTEMPT', 'STATUS', 'EPOCH', 'REV', 'WORKER', 'STARTED', 'EMITTED', 'ERROR'],
           s.recentTurns.map((t) => [
             t.eventId,
             String(t.attempt),
@@ -136,6 +136,7 @@ export async function runActorCommand(config: Config, actor: string, opts: { jso
             String(t.revision),
             t.workerId ?? '-',
             fmtTime(t.startedAt),
+            emittedLine(t.emitted),
             t.error ? errorLine(t.error) : '',
           ]),
         ),
@@ -154,4 +155,12 @@ export async function runActorCommand(config: Config, actor: string, opts: { jso
   } finally {
     await ctx.close();
   }
+}
+
+/** `2 → a/b, c/d` for a turn's emitted events, `-` for none. */
+function emittedLine(emitted: unknown): string {
+  if (!Array.isArray(emitted) || emitted.length === 0) return '-';
+  const actors = emitted.map((e) => String((e as { actor?: unknown }).actor ?? '?'));
+  const text = `${emitted.length} → ${[...new Set(actors)].join(', ')}`;
+  return text.length > 60 ? `${text.slice(0, 59)}…` : text;
 }

@@ -33,6 +33,11 @@ export async function runTranscriptCommand(
     for (const t of turns) {
       out.write(`── turn ${t.eventId} (epoch ${t.actorEpoch}, revision ${t.revision}, ${t.finishedAt?.toISOString() ?? ''})\n`);
       for (const m of t.messages) out.write(`  ${String(m.seq).padStart(4)} ${m.role.padEnd(9)} ${contentText(m.content)}\n`);
+      for (const e of t.emitted) {
+        const what = e.steer_revision !== undefined ? `steer (revision ${e.steer_revision}) as next event` : `emitted`;
+        const delay = e.delay_ms ? ` after ${e.delay_ms} ms` : '';
+        out.write(`       ${what} → ${e.actor}${delay}: ${contentText(e.data)} (event ${e.event_id})\n`);
+      }
     }
     return 0;
   } finally {
