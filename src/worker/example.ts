@@ -7,14 +7,22 @@
  * - `{"delayMs": N}`          → waits N ms first (aborted by cancel/stop through ctx.signal)
  * - `{"fail": true}`          → throws; the SDK sends turn_error "example worker asked to fail"
  * - `{"failCode": "x", "retryable": false}` with fail → chooses the error's code and flag
+ * - `{"emit": {"actor": "a/b", "data": …, "delay_ms"?: N}}` (or an array of them) → emitted with
+ *   the commit (durable effects: enqueued exactly once with the turn)
+ * - `{"remindInMs": N}`      → a timer: emits `{ "reminder": <text or true> }` to this same actor,
+ *   N ms after the commit
+ * - `{"history": true}`      → reads the whole conversation back through `history.read` (worker
+ *   RPC) and reports `history_total`
  * - anything else             → `{ text: "echo: " + JSON.stringify(data) }`
- * A steer received before the reply is included as `steered: <last steer input>`.
+ * A steer received before the reply is included as `steered: <last steer input>`. When the turn
+ * continues a conversation, the reply says how many earlier messages it saw in its context
+ * (`seen: N`).
  */
 import type { Clock } from '../clock.ts';
 import { systemClock } from '../clock.ts';
 import type { Logger } from '../logger.ts';
 import type { JsonValue, TurnResult, WorkerMessage } from '../fabric/protocol.ts';
-import { createWorker, type TurnContext, type TurnOutcome, type Worker, type WorkerHooks } from './sdk.ts';
+import { createWorker, type Emit, type TurnContext, type TurnOutcome, type Worker, type WorkerHooks } from './sdk.ts';
 
 const MAX_DELAY_MS = 24 * 60 * 60 * 1000;
 
@@ -46,11 +54,46 @@ export function createExampleHandler(clock: Clock = systemClock): (ctx: TurnCont
       const text = typeof rec?.text === 'string' ? `echo: ${rec.text}` : `echo: ${JSON.stringify(data)}`;
       const content: Record<string, JsonValue> = { text };
       if (steered !== undefined) content.steered = steered;
-      return { messages: [{ role: 'assistant', content }] };
+      const seen = ctx.context?.messages.length ?? 0;
+      if (seen > 0) content.seen = seen;
+      if (rec?.history === true) content.history_total = await readWholeHistory(ctx);
+      const emit = effectsOf(rec, ctx);
+      return { messages: [{ role: 'assistant', content }], ...(emit.length > 0 ? { emit } : {}) };
     } finally {
       unsubscribe();
     }
   };
+}
+
+/** The effects an example event asks for: `emit` entries and a `remindInMs` timer to its own actor. */
+function effectsOf(rec: Record<string, JsonValue> | null, ctx: TurnContext): Emit[] {
+  if (!rec) return [];
+  const out: Emit[] = [];
+  const wanted = Array.isArray(rec.emit) ? rec.emit : rec.emit !== undefined ? [rec.emit] : [];
+  for (const e of wanted) {
+    const r = asRecord(e);
+    if (r && typeof r.actor === 'string') {
+      out.push({ actor: r.actor, data: r.data ?? null, ...(typeof r.delay_ms === 'number' ? { delay_ms: r.delay_ms } : {}) });
+    }
+  }
+  const remind = rec.remindInMs;
+  if (typeof remind === 'number' && Number.isInteger(remind) && remind >= 0) {
+    const self = `${ctx.turnRef.agent_uid}/${ctx.turnRef.session_id}`;
+    out.push({ actor: self, data: { reminder: typeof rec.text === 'string' ? rec.text : true }, delay_ms: remind });
+  }
+  return out;
+}
+
+/** Pages back through the whole conversation with `history.read`; returns how many messages it read. */
+async function readWholeHistory(ctx: TurnContext): Promise<number> {
+  let read = 0;
+  let before: number | undefined;
+  for (;;) {
+    const page = await ctx.history({ limit: 200, ...(before === undefined ? {} : { beforeSeq: before }) });
+    read += page.messages.length;
+    if (!page.has_more || page.messages.length === 0) return read;
+    before = page.messages[0]!.seq;
+  }
 }
 
 /** The handler with the system clock. */
