@@ -322,6 +322,10 @@ class WorkerRuntime implements Worker {
     }
     switch (msg.type) {
       case 'worker_welcome':
+        if (msg.lease_ms !== undefined && msg.progress_interval_ms * 2 > msg.lease_ms) {
+          // one lost progress message would then cost the lease: say so, the daemon's config is off
+          this.log.warn({ progressMs: msg.progress_interval_ms, leaseMs: msg.lease_ms }, 'progress interval is more than half the lease');
+        }
         return this.onWelcome(msg.heartbeat_interval_ms, msg.progress_interval_ms);
       case 'turn_start':
         return this.onTurnStart(msg);
