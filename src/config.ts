@@ -65,7 +65,10 @@ const configSchema = z
     maxEventBytes: int(16),
     /** `turn_start` context: at most this many latest transcript messages (0 = no context). */
     contextMessages: int(0, 1000),
-    /** `turn_start` context: at most this many bytes of message content (JSON). */
+    /**
+     * `turn_start` context: at most this many bytes of message content (JSON). Capped at a quarter
+     * of `maxMessageBytes` (the turn_start carries the event too), see `contextLimits`.
+     */
     contextBytes: int(0),
     /** Worker RPC: requests served at once per worker; more are answered `busy`. */
     rpcConcurrency: int(1, 1000),
@@ -103,10 +106,6 @@ const configSchema = z
   .refine((c) => c.maxEventBytes <= c.maxMessageBytes / 2, {
     message: 'maxEventBytes must be at most half of maxMessageBytes (a turn_start carries the event and its envelope)',
     path: ['maxEventBytes'],
-  })
-  .refine((c) => c.contextBytes <= c.maxMessageBytes / 4, {
-    message: 'contextBytes must be at most a quarter of maxMessageBytes (a turn_start carries the event too)',
-    path: ['contextBytes'],
   })
   .refine((c) => !c.insecure || c.insecureRemote || isLocalEndpoint(c.endpoint), {
     message: 'binding a non-loopback address without CURVE needs --insecure-remote (CORRAL_INSECURE_REMOTE=1) as well',
@@ -246,6 +245,11 @@ export function loadConfig(
     ...(c.allowlistFile ? { allowlistFile: resolve(cwd, c.allowlistFile) } : {}),
     ...(c.workerKeyFile ? { workerKeyFile: resolve(cwd, c.workerKeyFile) } : {}),
   };
+}
+
+/** The effective context limits of `turn_start`: the byte budget capped at a quarter of the wire limit. */
+export function contextLimits(c: Config): { maxMessages: number; maxBytes: number } {
+  return { maxMessages: c.contextMessages, maxBytes: Math.min(c.contextBytes, Math.floor(c.maxMessageBytes / 4)) };
 }
 
 /** The connection string with its password masked, for logs. */

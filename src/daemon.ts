@@ -7,7 +7,7 @@
 import { randomUUID } from 'node:crypto';
 import type { PgBoss } from 'pg-boss';
 import { systemClock, type Clock } from './clock.ts';
-import type { Config } from './config.ts';
+import { contextLimits, type Config } from './config.ts';
 import { openDatabase, type Database } from './db/client.ts';
 import { migrateDatabase } from './db/migrate.ts';
 import { markOwnerWorkersGone } from './db/workers.ts';
@@ -118,7 +118,7 @@ export class Daemon {
       workerStaleMs: config.workerStaleMs,
       onCapacity: () => consumer?.wakeForCapacity(),
       ...(deps.metrics ? { metrics: deps.metrics } : {}),
-      context: { maxMessages: config.contextMessages, maxBytes: config.contextBytes },
+      context: contextLimits(config),
       maxEventBytes: config.maxEventBytes,
     });
     this.rpc = new RpcServer({

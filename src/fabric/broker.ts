@@ -57,7 +57,7 @@ export interface BrokerOptions {
   clock?: Clock;
   /** Told to workers in `worker_welcome`; default 2000. */
   heartbeatIntervalMs?: number;
-  /** Told to workers in `worker_welcome`; default 5000. */
+  /** Told to workers in `worker_welcome`; default 10000 (DEFAULT_PROGRESS_INTERVAL_MS). */
   progressIntervalMs?: number;
   /** Largest accepted frame; libzmq drops a connection that sends more. Default 1 MiB. */
   maxMessageBytes?: number;

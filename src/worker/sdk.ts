@@ -68,7 +68,7 @@ export interface WorkerOptions {
   clock?: Clock;
   /** Until the welcome says otherwise. Default 2000. */
   heartbeatIntervalMs?: number;
-  /** Until the welcome says otherwise. Default 5000. */
+  /** Until the welcome says otherwise. Default 10000 (DEFAULT_PROGRESS_INTERVAL_MS). */
   progressIntervalMs?: number;
   maxMessageBytes?: number;
   /** Proof of the worker id sent in `worker_ready` (with CURVE: `{ scheme: 'token', credential }`). */

@@ -34,6 +34,15 @@ const validWorker: WorkerMessage[] = [
     output: { done: true },
   },
   { v: 1, type: 'turn_error', turn_ref: ref, error: { code: 'boom', message: 'it broke', retryable: false } },
+  {
+    v: 1,
+    type: 'turn_result',
+    turn_ref: ref,
+    messages: [],
+    emit: [{ actor: 'a/b', data: { x: 1 } }, { actor: 'a/c', data: null, delay_ms: 1000 }],
+  },
+  { v: 1, type: 'rpc_request', id: 'r-1', method: 'history.read', params: { before_seq: 10, limit: 5 }, turn_ref: ref },
+  { v: 1, type: 'rpc_request', id: 'r-2', method: 'actor.status', turn_ref: ref },
 ];
 
 describe('parseWorkerMessage', () => {
@@ -122,7 +131,31 @@ describe('parseWorkerMessage', () => {
 
 describe('daemon messages', () => {
   const validDaemon: DaemonMessage[] = [
-    { v: 1, type: 'worker_welcome', worker_id: 'w-1', heartbeat_interval_ms: 2000, progress_interval_ms: 5000 },
+    { v: 1, type: 'worker_welcome', worker_id: 'w-1', heartbeat_interval_ms: 2000, progress_interval_ms: 10000 },
+    {
+      v: 1,
+      type: 'worker_welcome',
+      worker_id: 'w-1',
+      heartbeat_interval_ms: 2000,
+      progress_interval_ms: 10000,
+      lease_ms: 60000,
+      stale_ms: 10000,
+      retry: { limit: 5, delay_s: 5, delay_max_s: 120, backoff: true },
+    },
+    {
+      ...makeTurnStart({ text: 'hi' }, ref),
+      context: {
+        conversation_id: '0197a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a70',
+        messages: [{ seq: 1, role: 'user', content: { text: 'hello' } }],
+        first_seq: 1,
+        has_more: false,
+        current_seq: 2,
+      },
+    },
+    { v: 1, type: 'turn_failed', turn_ref: ref, retry: true, dead_lettered: false },
+    { v: 1, type: 'turn_failed', turn_ref: ref, retry: true, dead_lettered: false, handed_back: true },
+    { v: 1, type: 'rpc_response', id: 'r-1', result: { messages: [], has_more: false, total: 0 } },
+    { v: 1, type: 'rpc_response', id: 'r-2', error: { code: 'not_live', message: 'no live turn' } },
     makeTurnStart({ text: 'hi' }, ref),
     { v: 1, type: 'turn_steer', turn_ref: { ...ref, revision: 3 }, input: { text: 'more' } },
     { v: 1, type: 'turn_cancel', turn_ref: ref, reason: 'operator' },
