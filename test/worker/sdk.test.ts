@@ -206,6 +206,58 @@ describe('worker SDK end to end', () => {
     expect(second.of('turn_result', ref.delivery_id).length).toBe(before);
   });
 
+  it('re-sends an unanswered turn_error after re-registering, and forgets one answered turn_failed', async () => {
+    const h = await startBroker();
+    const worker = await startWorker(h, { capacity: 2 });
+    const answered = await dispatch(h, { fail: true });
+    await waitFor(() => h.of('turn_error', answered.delivery_id).length, 'first error');
+    await h.broker.send('w-sdk', { v: 1, type: 'turn_failed', turn_ref: answered, retry: true, dead_lettered: false });
+    // sent after turn_failed on the same connection: its error proves turn_failed was read
+    const open = await dispatch(h, { fail: true });
+    await waitFor(() => h.of('turn_error', open.delivery_id).length, 'second error');
+    const readies = h.of('worker_ready').length;
+    h.broker.forget('w-sdk');
+    await waitFor(() => h.of('worker_ready').length > readies && worker.isRegistered(), 're-registration', 3000);
+    await waitFor(() => h.of('turn_error', open.delivery_id).length === 2, 'the unanswered error re-sent', 3000);
+    expect(h.of('turn_error', answered.delivery_id)).toHaveLength(1);
+  });
+
+  it('turn.history and turn.rpc go over the socket with the current turn_ref; errors carry the code', async () => {
+    const h = await startBroker();
+    const answered = new Set<string>();
+    const seen: unknown[] = [];
+    await startWorker(h, {
+      handler: async (ctx) => {
+        const page = await ctx.history({ beforeSeq: 5, limit: 2 });
+        seen.push(page.total);
+        try {
+          await ctx.rpc('actor.status');
+        } catch (e) {
+          seen.push((e as { code?: string }).code);
+        }
+        return { messages: [{ role: 'assistant', content: 'ok' }], emit: [{ actor: 'a/b', data: 1, delay_ms: 10 }] };
+      },
+    });
+    // the test plays the daemon's RPC server
+    const answer = setInterval(() => {
+      for (const e of h.of('rpc_request')) {
+        if (answered.has(e.id)) continue;
+        answered.add(e.id);
+        expect(e.turnRef.delivery_id).toBeDefined();
+        const reply =
+          e.method === 'history.read'
+            ? { result: { conversation_id: 'c', messages: [], has_more: false, total: e.params && (e.params as { before_seq?: number }).before_seq === 5 ? 4 : -1 } }
+            : { error: { code: 'not_live', message: 'no' } };
+        void h.broker.send(e.workerId, { v: 1, type: 'rpc_response', id: e.id, ...reply } as never);
+      }
+    }, 10);
+    cleanups.push(() => clearInterval(answer));
+    const ref = await dispatch(h, { text: 'x' });
+    const [result] = await waitFor(() => h.of('turn_result', ref.delivery_id).length && h.of('turn_result', ref.delivery_id), 'result');
+    expect(seen).toEqual([4, 'not_live']);
+    expect(result?.emit).toEqual([{ actor: 'a/b', data: 1, delay_ms: 10 }]);
+  });
+
   it('duplicateResults sends every result twice', async () => {
     const h = await startBroker();
     const worker = await runExampleWorker({ endpoint: h.broker.endpoint, workerId: 'w-dup', capacity: 1, logger: silentLogger, duplicateResults: true });
