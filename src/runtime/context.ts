@@ -15,11 +15,24 @@ export interface ContextLimits {
   maxBytes: number;
 }
 
-/** Sets `context` on each begun turn (one query for the batch). Returns `turns`. */
-export async function withContext(db: DbOrTx, turns: StartedTurn[], limits: ContextLimits | undefined): Promise<StartedTurn[]> {
+/**
+ * Sets `context` on each begun turn (one query for the batch). Returns `turns`; never throws:
+ * the turns are already begun (committed), and a failure here must not make the caller begin
+ * them again. Without context a worker can still read the history over RPC.
+ */
+export async function withContext(
+  db: DbOrTx,
+  turns: StartedTurn[],
+  limits: ContextLimits | undefined,
+  onError: (e: unknown) => void,
+): Promise<StartedTurn[]> {
   if (!limits || limits.maxMessages <= 0 || turns.length === 0) return turns;
-  const found = await loadContextMany(db, turns.map((t) => t.fence), limits);
-  for (const t of turns) t.context = found.get(`${t.fence.agentUid}/${t.fence.sessionId}`);
+  try {
+    const found = await loadContextMany(db, turns.map((t) => t.fence), limits);
+    for (const t of turns) t.context = found.get(`${t.fence.agentUid}/${t.fence.sessionId}`);
+  } catch (e) {
+    onError(e);
+  }
   return turns;
 }
 

@@ -107,9 +107,10 @@ export class Runtime {
     this.log = opts.logger.child({ component: 'runtime' });
     this.metrics = opts.metrics ?? noopMetrics;
     this.begins = new GroupWriter({
+      // context hook: one query per begin batch; it never throws (the batch is committed)
       many: async (requests) =>
-        (await withContext(opts.db, await opts.store.beginMany(requests), opts.context)).map((value) => ({ ok: true as const, value })),
-      one: async (r) => (await withContext(opts.db, [await opts.store.begin(r.job, r.workerId)], opts.context))[0]!,
+        (await withContext(opts.db, await opts.store.beginMany(requests), opts.context, this.contextFailed)).map((value) => ({ ok: true as const, value })),
+      one: async (r) => (await withContext(opts.db, [await opts.store.begin(r.job, r.workerId)], opts.context, this.contextFailed))[0]!,
       onBatch: (size, fellBack) => this.log.debug({ size, fellBack }, fellBack ? 'begin batch failed; begun one by one' : 'begin batch'),
     });
     this.replies = new GroupWriter<ReplyRequest, ReplyOutcome>({
@@ -123,6 +124,9 @@ export class Runtime {
     });
     this.directory = new ActorDirectory({ clock: opts.clock, onError: (e) => this.log.error({ err: e }, 'directory') });
   }
+
+  private readonly contextFailed = (e: unknown): void =>
+    this.log.warn({ err: errorMessage(e) }, 'turn context not loaded; turns start without it');
 
   /** Free worker slots minus turns waiting for a worker: how many jobs the consumer may fetch. */
   fetchCapacity(): number {
