@@ -17,6 +17,7 @@ import { sql } from 'drizzle-orm';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import type { Fence } from './fence.ts';
+import { executeNamed } from './prepared.ts';
 
 export interface HistoryMessage {
   seq: number;
@@ -50,7 +51,8 @@ export async function loadContextMany(
 ): Promise<Map<string, ConversationContext>> {
   if (keys.length === 0) return new Map();
   const input = JSON.stringify(keys.map((k) => ({ agent_uid: k.agentUid, session_id: k.sessionId })));
-  const rows = await db.execute<RawContext>(sql`
+  // named: prepared once per connection (this runs for every begin batch)
+  const rows = await executeNamed<RawContext>(db, 'corral_context_many', sql`
     with i as (
       select * from jsonb_to_recordset(${input}::jsonb) as x(agent_uid text, session_id text)
     )
@@ -64,7 +66,7 @@ export async function loadContextMany(
              where w.bytes <= ${limits.maxBytes}) as messages
       from i join corral.conversations c on c.agent_uid = i.agent_uid and c.session_id = i.session_id`);
   const out = new Map<string, ConversationContext>();
-  for (const r of rows.rows) {
+  for (const r of rows) {
     const messages = r.messages ?? [];
     const firstSeq = messages[0]?.seq;
     const nextSeq = Number(r.next_seq);
