@@ -37,12 +37,21 @@ export interface ConversationContext {
   nextSeq: number;
 }
 
-type RawContext = { agent_uid: string; session_id: string; id: string; next_seq: number; messages: HistoryMessage[] | null };
+type RawContextRow = {
+  agent_uid: string;
+  session_id: string;
+  id: string;
+  next_seq: number;
+  seq: number | null;
+  role: HistoryMessage['role'] | null;
+  content: unknown;
+};
 
 /**
  * The latest messages of each actor's conversation, at most `maxMessages` and `maxBytes` of
- * content each, in ONE statement for the whole batch (the begin path is batched). Actors
- * without a conversation are absent from the map (keyed `agent/session`).
+ * content each, in ONE statement for the whole batch (the begin path is batched). Flat rows (one
+ * per message), grouped here: cheaper than aggregating to JSON in the server. Actors without a
+ * conversation are absent from the map (keyed `agent/session`).
  */
 export async function loadContextMany(
   db: DbOrTx,
@@ -52,31 +61,33 @@ export async function loadContextMany(
   if (keys.length === 0) return new Map();
   const input = JSON.stringify(keys.map((k) => ({ agent_uid: k.agentUid, session_id: k.sessionId })));
   // named: prepared once per connection (this runs for every begin batch)
-  const rows = await executeNamed<RawContext>(db, 'corral_context_many', sql`
+  const rows = await executeNamed<RawContextRow>(db, 'corral_context_many', sql`
     with i as (
       select * from jsonb_to_recordset(${input}::jsonb) as x(agent_uid text, session_id text)
     )
-    select c.agent_uid, c.session_id, c.id, c.next_seq,
-           (select jsonb_agg(jsonb_build_object('seq', w.seq, 'role', w.role, 'content', w.content) order by w.seq)
-              from (select l.seq, l.role, l.content,
-                           sum(octet_length(l.content::text)) over (order by l.seq desc) as bytes
-                      from (select m.seq, m.role, m.content from corral.messages m
-                             where m.conversation_id = c.id
-                             order by m.seq desc limit ${limits.maxMessages}) l) w
-             where w.bytes <= ${limits.maxBytes}) as messages
-      from i join corral.conversations c on c.agent_uid = i.agent_uid and c.session_id = i.session_id`);
+    select c.agent_uid, c.session_id, c.id, c.next_seq, w.seq, w.role, w.content
+      from i join corral.conversations c on c.agent_uid = i.agent_uid and c.session_id = i.session_id
+      left join lateral (
+        select l.seq, l.role, l.content, sum(octet_length(l.content::text)) over (order by l.seq desc) as bytes
+          from (select m.seq, m.role, m.content from corral.messages m
+                 where m.conversation_id = c.id
+                 order by m.seq desc limit ${limits.maxMessages}) l
+      ) w on w.bytes <= ${limits.maxBytes}`);
   const out = new Map<string, ConversationContext>();
   for (const r of rows) {
-    const messages = r.messages ?? [];
-    const firstSeq = messages[0]?.seq;
-    const nextSeq = Number(r.next_seq);
-    out.set(`${r.agent_uid}/${r.session_id}`, {
-      conversationId: r.id,
-      messages,
-      firstSeq,
-      hasMore: (firstSeq ?? nextSeq) > 1,
-      nextSeq,
-    });
+    const key = `${r.agent_uid}/${r.session_id}`;
+    let ctx = out.get(key);
+    if (!ctx) {
+      ctx = { conversationId: r.id, messages: [], firstSeq: undefined, hasMore: false, nextSeq: Number(r.next_seq) };
+      out.set(key, ctx);
+    }
+    if (r.seq !== null) ctx.messages.push({ seq: r.seq, role: r.role!, content: r.content });
+  }
+  for (const ctx of out.values()) {
+    ctx.messages.sort((a, b) => a.seq - b.seq);
+    ctx.firstSeq = ctx.messages[0]?.seq;
+    // H2: seqs are gapless from 1
+    ctx.hasMore = (ctx.firstSeq ?? ctx.nextSeq) > 1;
   }
   return out;
 }
