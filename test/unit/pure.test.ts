@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { actorKey, formatActorKey, parseActorKey } from '../../src/actor-key.ts';
 import { backoffDelayMs, retryWindowSeconds } from '../../src/backoff.ts';
-import { loadConfig } from '../../src/config.ts';
+import { contextLimits, loadConfig } from '../../src/config.ts';
+import { DEFAULT_PROGRESS_INTERVAL_MS } from '../../src/fabric/protocol.ts';
 import { checkFence, type Fence, type FenceRows } from '../../src/db/fence.ts';
 import { CorralError } from '../../src/errors.ts';
 import { WorkerPool } from '../../src/runtime/worker-pool.ts';
@@ -59,6 +60,19 @@ describe('config', () => {
     expect(() => loadConfig({}, { CORRAL_DEAD_LETTER_MODE: 'maybe' })).toThrow(/CORRAL_DEAD_LETTER_MODE/);
     expect(() => loadConfig({}, { CORRAL_LEASE_MS: 'soon' })).toThrow(/CORRAL_LEASE_MS/);
     expect(() => loadConfig({}, { CORRAL_ENDPOINT: 'http://x' })).toThrow(/CORRAL_ENDPOINT/);
+  });
+
+  it('context and RPC limits: defaults for LLM turns, from the environment, bytes capped by the wire limit', () => {
+    const c = loadConfig({}, {});
+    expect(contextLimits(c)).toEqual({ maxMessages: 50, maxBytes: 65_536 });
+    expect([c.rpcConcurrency, c.rpcTimeoutMs]).toEqual([8, 10_000]);
+    // one progress default for daemon, protocol and SDK
+    expect(c.progressIntervalMs).toBe(DEFAULT_PROGRESS_INTERVAL_MS);
+    const e = loadConfig({}, { CORRAL_CONTEXT_MESSAGES: '0', CORRAL_CONTEXT_BYTES: '1000', CORRAL_RPC_CONCURRENCY: '2', CORRAL_RPC_TIMEOUT_MS: '500' });
+    expect(contextLimits(e)).toEqual({ maxMessages: 0, maxBytes: 1000 });
+    expect([e.rpcConcurrency, e.rpcTimeoutMs]).toEqual([2, 500]);
+    expect(contextLimits(loadConfig({ maxMessageBytes: 64 * 1024, maxEventBytes: 16 * 1024 }, {})).maxBytes).toBe(16 * 1024);
+    expect(() => loadConfig({}, { CORRAL_CONTEXT_MESSAGES: '-1' })).toThrow(/CORRAL_CONTEXT_MESSAGES/);
   });
 });
 
