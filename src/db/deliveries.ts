@@ -24,15 +24,6 @@ export async function transitionDelivery(
   return rows.length > 0;
 }
 
-/** Marks many deliveries `sent` (those still `created`) in one statement. */
-export async function markSentMany(tx: DbOrTx, deliveryIds: readonly string[]): Promise<void> {
-  if (deliveryIds.length === 0) return;
-  await tx
-    .update(deliveries)
-    .set({ state: 'sent', updatedAt: sql`now()` })
-    .where(and(inArray(deliveries.deliveryId, [...deliveryIds]), eq(deliveries.state, 'created')));
-}
-
 export async function setDeliveryRevision(tx: DbOrTx, deliveryId: string, revision: number): Promise<void> {
   await tx
     .update(deliveries)

@@ -90,8 +90,9 @@ export interface TurnRowsInput {
 
 /**
  * T2's writes after the activations, for a batch of turns, in ONE statement: each conversation
- * (created on first use), the `created` delivery carrying the fence copied from its activation,
- * and the `started` turn. Returns the delivery ids, in order.
+ * (created on first use), the delivery carrying the fence copied from its activation (`sent` when
+ * it has a worker: its turn_start goes out right after this transaction; `created` while it
+ * waits for one), and the `started` turn. Returns the delivery ids, in order.
  */
 export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInput[]): Promise<string[]> {
   if (rows.length === 0) return [];
@@ -127,7 +128,8 @@ export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInpu
     ), d as (
       insert into corral.deliveries
         (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state)
-      select delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, 'created'
+      select delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id,
+             case when worker_id is null then 'created' else 'sent' end
         from i
       returning delivery_id
     )

@@ -90,6 +90,9 @@ export class Runtime {
   /** Per-worker token buckets for replies about unknown deliveries. */
   private readonly unknownReplyBudget = new Map<string, { tokens: number; atMs: number }>();
   private parkedRetry: TimerHandle | null = null;
+  /** turn_accepted messages not yet handed to the reply writer (see acceptLater). */
+  private readonly pendingAccepts = new Map<string, { workerId: string; ref: WireTurnRef }>();
+  private acceptsScheduled = false;
   private stopping = false;
   /** Worker replies (results, accepts, progress, sent marks) are written in groups (group-writer.ts). */
   private readonly replies: GroupWriter<ReplyRequest, ReplyOutcome>;
@@ -184,7 +187,6 @@ export class Runtime {
             this.metrics.dispatchLatency?.((f.sentAtMs - enqueuedMs) / 1000);
           }
         }
-        await this.withDatabaseRetry(() => this.replies.submit({ kind: 'sent', fence: f.fence }), fenceFields(f.fence));
         return;
       }
       this.log.warn({ ...fenceFields(f.fence), workerId: f.workerId, reason: res.reason }, 'turn_start send failed');
@@ -274,9 +276,6 @@ export class Runtime {
   /** One reply in its own transaction (the group writer's single path). */
   private async replyOne(r: ReplyRequest): Promise<ReplyOutcome> {
     switch (r.kind) {
-      case 'sent':
-        await this.opts.store.markSent(r.fence);
-        return { outcome: 'sent' };
       case 'accept':
         await this.opts.store.accept(r.fence, r.workerId);
         return { outcome: 'accepted' };
@@ -299,7 +298,7 @@ export class Runtime {
         this.onHeartbeat(e.workerId, e.inFlight);
         return;
       case 'turn_accepted':
-        this.fenced(e.workerId, e.turnRef, 'accept', (f) => this.replies.submit({ kind: 'accept', fence: f, workerId: e.workerId }));
+        this.acceptLater(e.workerId, e.turnRef);
         return;
       case 'turn_progress':
         this.pool.seen(e.workerId, this.opts.clock.nowMs());
@@ -311,6 +310,7 @@ export class Runtime {
           this.refuseUnstorable(e.workerId, e.turnRef, unstorable);
           return;
         }
+        this.dropAccept(e.turnRef.delivery_id);
         this.fenced(e.workerId, e.turnRef, 'commit', async (f) => {
           const outcome = await this.replies.submit({
             kind: 'commit',
@@ -339,6 +339,7 @@ export class Runtime {
           this.reassign(e.turnRef.event_id, `handed back by ${e.workerId}: ${e.error.code}`, e.workerId);
           return;
         }
+        this.dropAccept(e.turnRef.delivery_id);
         this.fenced(e.workerId, e.turnRef, 'fail', async (f) => {
           // an error text is diagnostic: make it storable rather than lose the failure
           const outcome = await this.opts.store.fail(f, e.workerId, {
@@ -513,32 +514,73 @@ export class Runtime {
     if (c?.current?.eventId === eventId) c.current = undefined;
   }
 
+  /**
+   * A reply about a delivery this process is not running costs a transaction to judge: within the
+   * worker's budget it is judged, beyond it refused at once (`unknown_delivery`). False: refused.
+   */
+  private admitReply(workerId: string, ref: WireTurnRef): boolean {
+    const known = this.inFlight.get(ref.event_id);
+    if ((known && known.fence.deliveryId === ref.delivery_id) || this.takeUnknownReplyToken(workerId)) return true;
+    this.metrics.rejected('unknown_delivery');
+    this.track(
+      this.reply(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason: 'unknown_delivery', detail: 'not dispatched by this daemon' }),
+      { workerId },
+    );
+    return false;
+  }
+
   /** Runs a fenced operation on the actor's controller; a fence rejection is answered to the worker. */
   private fenced(workerId: string, ref: WireTurnRef, op: string, fn: (f: Fence) => Promise<unknown>): void {
+    if (!this.admitReply(workerId, ref)) return;
     const fence = fromWire(ref);
-    const known = this.inFlight.get(ref.event_id);
-    if ((!known || known.fence.deliveryId !== ref.delivery_id) && !this.takeUnknownReplyToken(workerId)) {
-      this.metrics.rejected('unknown_delivery');
-      this.track(
-        this.reply(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason: 'unknown_delivery', detail: 'not dispatched by this daemon' }),
-        { workerId },
-      );
-      return;
-    }
-    const controller = this.directory.wake(fence);
     this.track(
-      controller.run(async () => {
-        try {
-          await this.withDatabaseRetry(() => fn(fence), { ...fenceFields(fence), workerId, op });
-        } catch (e) {
-          if (!(e instanceof FenceRejected)) throw e;
-          this.metrics.rejected(e.reason);
-          this.log.warn({ ...fenceFields(fence), workerId, op, reason: e.reason }, 'fence rejected');
-          await this.reply(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason: e.reason });
-        }
-      }),
+      this.directory.wake(fence).run(() => this.judged(workerId, ref, op, () => fn(fence))),
       { ...fenceFields(fence), workerId, op },
     );
+  }
+
+  /** Runs `fn` with the database retry; a fence rejection is answered to the worker. */
+  private async judged(workerId: string, ref: WireTurnRef, op: string, fn: () => Promise<unknown>): Promise<void> {
+    const fence = fromWire(ref);
+    try {
+      await this.withDatabaseRetry(fn, { ...fenceFields(fence), workerId, op });
+    } catch (e) {
+      if (!(e instanceof FenceRejected)) throw e;
+      this.metrics.rejected(e.reason);
+      this.log.warn({ ...fenceFields(fence), workerId, op, reason: e.reason }, 'fence rejected');
+      await this.reply(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason: e.reason });
+    }
+  }
+
+  /**
+   * turn_accepted is written lazily: it waits until the end of this round of socket reads, and
+   * is dropped when its turn's result (or error) arrives first, since the delivery then goes
+   * straight to its end state. An accept changes no decision (every check treats the live
+   * delivery states alike), so it does not queue on the actor's controller ahead of the result.
+   */
+  private acceptLater(workerId: string, ref: WireTurnRef): void {
+    if (!this.admitReply(workerId, ref)) return;
+    this.pendingAccepts.set(ref.delivery_id, { workerId, ref });
+    if (this.acceptsScheduled) return;
+    this.acceptsScheduled = true;
+    setImmediate(() => {
+      this.acceptsScheduled = false;
+      const accepts = [...this.pendingAccepts.values()];
+      this.pendingAccepts.clear();
+      for (const { workerId: w, ref: r } of accepts) {
+        const fence = fromWire(r);
+        this.track(
+          this.judged(w, r, 'accept', () => this.replies.submit({ kind: 'accept', fence, workerId: w })),
+          { ...fenceFields(fence), workerId: w, op: 'accept' },
+        );
+      }
+    });
+  }
+
+  /** The turn's result or error arrived: its accept, if not yet written, need not be. */
+  private dropAccept(deliveryId: string): void {
+    this.pendingAccepts.delete(deliveryId);
+    this.replies.withdraw((r) => r.kind === 'accept' && r.fence.deliveryId === deliveryId, { outcome: 'accepted' });
   }
 
   /**

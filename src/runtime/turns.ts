@@ -66,14 +66,11 @@ export interface CommitRequest {
 export type ReplyRequest =
   | ({ kind: 'commit' } & CommitRequest)
   | { kind: 'accept'; fence: Fence; workerId: string }
-  | { kind: 'progress'; fence: Fence; workerId: string }
-  /** turn_start went out: informational (`created` and `sent` are alike to every check), unfenced. */
-  | { kind: 'sent'; fence: Fence };
+  | { kind: 'progress'; fence: Fence; workerId: string };
 
 /** What a group transaction did with one reply. */
 export type ReplyOutcome =
   | CommitOutcome
-  | { outcome: 'sent' }
   | { outcome: 'accepted' }
   | { outcome: 'extended'; leaseExpiresAt: Date | undefined }
   | { outcome: 'rejected'; reason: FenceReason };
@@ -194,10 +191,6 @@ export class TurnStore {
     if (attempts.length > 0) await this.boss.touch(this.queueName, attempts);
   }
 
-  async markSent(fence: Fence): Promise<boolean> {
-    return deliveries.transitionDelivery(this.db, fence.deliveryId, ['created'], 'sent');
-  }
-
   /**
    * The delivery could not be sent (`send_failed`), or its worker was lost before running it or
    * handed it back (`superseded`): end it and write a new delivery of the same event for
@@ -287,7 +280,7 @@ export class TurnStore {
 
   /**
    * Many worker replies in one transaction (group commit), in a constant number of statements:
-   * marks `sent` deliveries, locks every fence row (in delivery-id order), checks each reply with
+   * locks every fence row (in delivery-id order), checks each reply with
    * `checkFence`, then applies the ones that passed, one statement per kind in causal order:
    * accepts, progress (leases extended), results (their turns' rows); the results' jobs complete
    * in one pg-boss call with the attempt fence. A reply that fails its
@@ -298,9 +291,7 @@ export class TurnStore {
    */
   async replyMany(requests: readonly ReplyRequest[]): Promise<ReplyOutcome[]> {
     return inTransaction(this.db, async (tx) => {
-      await deliveries.markSentMany(tx, requests.filter((r) => r.kind === 'sent').map((r) => r.fence.deliveryId));
-      const fenced = requests.filter((r) => r.kind !== 'sent');
-      const rows = await loadFenceRowsMany(tx, fenced.map((r) => r.fence.deliveryId));
+      const rows = await loadFenceRowsMany(tx, requests.map((r) => r.fence.deliveryId));
       const outcomes: ReplyOutcome[] = [];
       const completions: { id: string; retryCount: number }[] = [];
       const commits: turnRows.CommitRowsInput[] = [];
@@ -308,10 +299,6 @@ export class TurnStore {
       const progress: { index: number; activationUid: string }[] = [];
       const committed = new Set<string>();
       for (const r of requests) {
-        if (r.kind === 'sent') {
-          outcomes.push({ outcome: 'sent' });
-          continue;
-        }
         const found = rows.get(r.fence.deliveryId) ?? NO_FENCE_ROWS;
         let reason = checkFence(r.fence, found, r.workerId);
         // The rows were read before this batch's writes: a turn committed earlier in the batch is over.

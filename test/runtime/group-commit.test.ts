@@ -132,7 +132,8 @@ describe('group commit', () => {
       data: { agentUid, sessionId: 's', payload, enqueuedAt: new Date().toISOString() },
     });
     const jobs = [job('begin-warm-0', { x: 1 }), job('begin-new', null), job('begin-stale-0', [1, 2])];
-    const started = await t.daemon.store.beginMany(jobs.map((j) => ({ job: j, workerId: 'raw-gc' })));
+    // the second waits for a worker: its delivery is `created`; the others go out at once: `sent`
+    const started = await t.daemon.store.beginMany(jobs.map((j, i) => ({ job: j, workerId: i === 1 ? null : 'raw-gc' })));
 
     expect(started.map((s) => s.fence.eventId)).toEqual(jobs.map((j) => j.id));
     expect(started[0]!.fence.activationUid).toBe(w.activationUid); // the warm activation, reused
@@ -146,9 +147,9 @@ describe('group commit', () => {
        order by d.event_id`);
     const byEvent = new Map(rows.rows.map((r) => [r.event_id, r]));
     expect(started.map((s) => byEvent.get(s.fence.eventId))).toEqual([
-      { event_id: jobs[0]!.id, state: 'created', status: 'started', input: { x: 1 }, input_type: 'object', epoch: w.actorEpoch },
+      { event_id: jobs[0]!.id, state: 'sent', status: 'started', input: { x: 1 }, input_type: 'object', epoch: w.actorEpoch },
       { event_id: jobs[1]!.id, state: 'created', status: 'started', input: null, input_type: 'null', epoch: 1 },
-      { event_id: jobs[2]!.id, state: 'created', status: 'started', input: [1, 2], input_type: 'array', epoch: stale.actorEpoch + 1 },
+      { event_id: jobs[2]!.id, state: 'sent', status: 'started', input: [1, 2], input_type: 'array', epoch: stale.actorEpoch + 1 },
     ]);
     expect((await state(stale.eventId)).delivery).toBe('superseded');
     const live = await db().execute<{ n: number }>(sql`
