@@ -711,7 +711,7 @@ class CorralSession {
         }),
       );
     }
-    await until(() => daemon.runtime.pool.freeSlots() === w * capacity, performance.now() + 15_000, `${w} workers registered`);
+    await until(() => daemon.runtime.workers.freeSlots() === w * capacity, performance.now() + 15_000, `${w} workers registered`);
     progress(`${w} workers × ${capacity} slots registered at ${daemon.broker.endpoint} (CURVE ${this.curve ? 'on' : 'off'})`);
 
     // Warm-up on other actors: JIT, connection pools, socket paths. Not measured.

@@ -161,7 +161,8 @@ export class Daemon {
     this.watchdog = new Watchdog({
       db: this.database.db,
       store: this.store,
-      runtime: this.runtime,
+      dispatcher: this.runtime.dispatcher,
+      workers: this.runtime.workers,
       clock,
       logger,
       intervalMs: config.watchdogIntervalMs,
@@ -181,7 +182,7 @@ export class Daemon {
     );
     this.jobKeeper = new JobKeeper({
       store: this.store,
-      runtime: this.runtime,
+      dispatcher: this.runtime.dispatcher,
       clock,
       logger,
       jobHeartbeatSeconds: config.jobHeartbeatSeconds,
