@@ -63,7 +63,7 @@ export class ReplyPipeline {
         (await opts.store.replyMany(requests)).map((o) =>
           o.outcome === 'rejected' ? { ok: false as const, error: new FenceRejected(o.reason) } : { ok: true as const, value: o },
         ),
-      one: (r) => this.writeOne(r),
+      one: (r) => opts.store.replyOne(r),
       onBatch: (size, fellBack) => this.log.debug({ size, fellBack }, fellBack ? 'reply batch failed; applied one by one' : 'reply batch'),
     });
   }
@@ -151,19 +151,6 @@ export class ReplyPipeline {
   private dropAccept(deliveryId: string): void {
     this.pendingAccepts.delete(deliveryId);
     this.writer.withdraw((r) => r.kind === 'accept' && r.fence.deliveryId === deliveryId, { outcome: 'accepted' });
-  }
-
-  /** One reply in its own transaction (the group writer's single path). */
-  private async writeOne(r: ReplyRequest): Promise<ReplyOutcome> {
-    switch (r.kind) {
-      case 'accept':
-        await this.opts.store.accept(r.fence, r.workerId);
-        return { outcome: 'accepted' };
-      case 'progress':
-        return { outcome: 'extended', leaseExpiresAt: await this.opts.store.progress(r.fence, r.workerId) };
-      case 'commit':
-        return this.opts.store.commit(r.fence, r.workerId, r.messages, r.output);
-    }
   }
 
   /**

@@ -15,7 +15,7 @@ import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { DeadLetterMode } from '../config.ts';
 import type { Db, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
-import { checkFence, loadFenceRowsMany, lockFence, NO_FENCE_ROWS, type Fence } from '../db/fence.ts';
+import { checkFence, loadFenceRowsMany, lockFence, NO_FENCE_ROWS, type Fence, type JobTable } from '../db/fence.ts';
 import * as activations from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
@@ -103,6 +103,8 @@ export class TurnStore {
   private readonly queueName: string;
   private readonly ownerId: string;
   private readonly config: TurnsConfig;
+  /** Where the fence finds the events' jobs. */
+  private readonly jobs: JobTable;
 
   constructor(deps: { db: Db; boss: PgBoss; queueName: string; ownerId: string; config: TurnsConfig }) {
     this.db = deps.db;
@@ -110,6 +112,7 @@ export class TurnStore {
     this.queueName = deps.queueName;
     this.ownerId = deps.ownerId;
     this.config = deps.config;
+    this.jobs = { schema: deps.config.bossSchema ?? 'pgboss', queue: deps.queueName };
   }
 
   /**
@@ -204,7 +207,7 @@ export class TurnStore {
     endState: 'send_failed' | 'superseded' = 'send_failed',
   ): Promise<Fence> {
     return inTransaction(this.db, async (tx) => {
-      const { activation, delivery } = await lockFence(tx, fence);
+      const { activation, delivery } = await lockFence(tx, this.jobs, fence);
       await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], endState, reason);
       await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: { code: endState, message: reason } });
       const [deliveryId] = await turnRows.insertTurnRowsMany(tx, [
@@ -223,18 +226,13 @@ export class TurnStore {
 
   /** turn_accepted: the worker took the turn. Fenced; extends the lease. */
   async accept(fence: Fence, workerId: string): Promise<void> {
-    await inTransaction(this.db, async (tx) => {
-      const { delivery } = await lockFence(tx, fence, workerId);
-      await turnRows.acceptDeliveryRowsMany(tx, [{ deliveryId: delivery.deliveryId, activationUid: fence.activationUid }], this.config.leaseMs);
-    });
+    await this.replyOne({ kind: 'accept', fence, workerId });
   }
 
   /** turn_progress: a healthy long turn keeps its lease. Fenced. */
   async progress(fence: Fence, workerId: string): Promise<Date | undefined> {
-    return inTransaction(this.db, async (tx) => {
-      await lockFence(tx, fence, workerId);
-      return activations.extendLease(tx, fence.activationUid, this.config.leaseMs);
-    });
+    const outcome = await this.replyOne({ kind: 'progress', fence, workerId });
+    return outcome.outcome === 'extended' ? outcome.leaseExpiresAt : undefined;
   }
 
   /**
@@ -243,33 +241,25 @@ export class TurnStore {
    * A result for a delivery that already committed is a duplicate: nothing is written.
    */
   async commit(fence: Fence, workerId: string, messages: ReplyMessage[], output?: unknown): Promise<CommitOutcome> {
-    try {
-      return await inTransaction(this.db, async (tx) => {
-        const { delivery } = await lockFence(tx, fence, workerId);
-        const written = await turnRows.commitTurnRowsMany(tx, [
-          {
-            deliveryId: delivery.deliveryId,
-            activationUid: fence.activationUid,
-            revision: fence.revision,
-            workerId,
-            output,
-            messages,
-            leaseMs: this.config.leaseMs,
-          },
-        ]);
-        if (!written.has(delivery.deliveryId)) throw new FenceRejected('already_committed');
-        const res = (await this.boss.complete(
-          this.queueName,
-          { id: fence.eventId, retryCount: delivery.jobRetryCount },
-          output === undefined ? null : { output },
-          { db: fromDrizzle(tx, sql) },
-        )) as { affected?: number };
-        if (res.affected !== 1) throw new FenceRejected('job_not_active');
-        return { outcome: 'committed' as const };
-      });
-    } catch (e) {
-      if (e instanceof FenceRejected && e.reason === 'already_committed') return { outcome: 'duplicate' };
-      throw e;
+    const outcome = await this.replyOne({ kind: 'commit', fence, workerId, messages, ...(output === undefined ? {} : { output }) });
+    if (outcome.outcome !== 'committed' && outcome.outcome !== 'duplicate') throw new Error(`unexpected commit outcome ${outcome.outcome}`);
+    return outcome;
+  }
+
+  /**
+   * One reply in its own transaction: `replyMany` with one member. A fence rejection is thrown as
+   * `FenceRejected`. When the job did not settle although the fence held (pg-boss settled it in
+   * between), it runs once more: the fence then sees the job and answers `job_not_active`.
+   */
+  async replyOne(request: ReplyRequest): Promise<Exclude<ReplyOutcome, { outcome: 'rejected' }>> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const [outcome] = await this.replyMany([request]);
+        if (outcome!.outcome === 'rejected') throw new FenceRejected(outcome!.reason);
+        return outcome!;
+      } catch (e) {
+        if (!(e instanceof BatchNotSettled) || attempt >= 2) throw e;
+      }
     }
   }
 
@@ -291,7 +281,7 @@ export class TurnStore {
    */
   async replyMany(requests: readonly ReplyRequest[]): Promise<ReplyOutcome[]> {
     return inTransaction(this.db, async (tx) => {
-      const rows = await loadFenceRowsMany(tx, requests.map((r) => r.fence.deliveryId));
+      const rows = await loadFenceRowsMany(tx, this.jobs, requests.map((r) => r.fence.deliveryId));
       const outcomes: ReplyOutcome[] = [];
       const completions: { id: string; retryCount: number }[] = [];
       const commits: turnRows.CommitRowsInput[] = [];
@@ -358,7 +348,7 @@ export class TurnStore {
    */
   async fail(fence: Fence, workerId: string, error: { code: string; message: string; retryable?: boolean }): Promise<FailOutcome> {
     return inTransaction(this.db, async (tx) => {
-      const { activation, delivery } = await lockFence(tx, fence, workerId);
+      const { activation, delivery } = await lockFence(tx, this.jobs, fence, workerId);
       const record = { code: error.code, message: error.message };
       await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], 'failed', error.code);
       await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: record, workerId });

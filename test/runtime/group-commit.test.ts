@@ -158,14 +158,38 @@ describe('group commit', () => {
     expect(live.rows[0]!.n).toBe(3); // one live activation per actor (I1)
   });
 
-  it('rolls the whole batch back when a job does not settle', async () => {
-    const [a, b] = (await startTurns('unsettled', 2)).map(fromWire) as [Fence, Fence];
-    // b's job attempt is no longer the one its delivery holds: pg-boss's attempt fence refuses it.
+  it('rejects a reply whose job is no longer active at its attempt (job_not_active), without disturbing the batch', async () => {
+    const [a, b] = (await startTurns('jobfence', 2)).map(fromWire) as [Fence, Fence];
+    // b's job attempt is no longer the one its delivery holds (pg-boss settled and retried it)
     await db().execute(sql`update pgboss.job set retry_count = retry_count + 1 where id = ${b.eventId}`);
-    await expect(t.daemon.store.commitMany([request(a), request(b)])).rejects.toThrow(/did not settle/);
-    expect((await state(a.eventId)).turn).toBe('started');
-    expect((await state(a.eventId)).job_state).toBe('active');
+    expect(await t.daemon.store.commitMany([request(a), request(b)])).toEqual([
+      { outcome: 'committed' },
+      { outcome: 'rejected', reason: 'job_not_active' },
+    ]);
+    expect((await state(a.eventId)).job_state).toBe('completed');
+    expect(await state(b.eventId)).toMatchObject({ turn: 'started', job_state: 'active' });
     await db().execute(sql`update pgboss.job set retry_count = retry_count - 1 where id = ${b.eventId}`);
+  });
+
+  it('rolls the whole batch back when a job does not settle after its fence held', async () => {
+    const [a, b] = (await startTurns('unsettled', 2)).map(fromWire) as [Fence, Fence];
+    // pg-boss settles b's job between the fence check and the completion: a trigger on b's turn
+    // row (written after the check, before the completion) moves the job's attempt on.
+    await db().execute(sql.raw(`
+      create or replace function pg_temp_settle_b() returns trigger language plpgsql as $$
+      begin
+        update pgboss.job set retry_count = retry_count + 1 where id = '${b.eventId}';
+        return new;
+      end $$;
+      create trigger settle_b after update on corral.turns
+        for each row when (new.delivery_id = '${b.deliveryId}') execute function pg_temp_settle_b();`));
+    try {
+      await expect(t.daemon.store.commitMany([request(a), request(b)])).rejects.toThrow(/did not settle/);
+      expect((await state(a.eventId)).turn).toBe('started');
+      expect((await state(a.eventId)).job_state).toBe('active');
+    } finally {
+      await db().execute(sql`drop trigger settle_b on corral.turns; drop function pg_temp_settle_b()`);
+    }
   });
 
   it('commits a burst of results sent at once, answering each worker result', async () => {
