@@ -38,7 +38,6 @@ export function isValidWorkerId(id: string): boolean {
  * (a result PostgreSQL cannot store). The list may grow; receivers must accept others.
  */
 export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'invalid', 'unstorable'] as const;
-export type TurnRejectedReason = (typeof TURN_REJECTED_REASONS)[number];
 
 /** Codes of the protocol-level `error` message. */
 export const PROTOCOL_ERROR_CODES = [

@@ -27,6 +27,7 @@ import { unstorableReason } from '../json-safety.ts';
 import { MAX_NOTIFY_BYTES, notifyControl } from '../db/control.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
 import type { ActivationRow } from '../db/activations.ts';
+import { DELIVERY_LIVE } from '../db/schema.ts';
 
 export interface TurnsConfig {
   leaseMs: number;
@@ -208,7 +209,7 @@ export class TurnStore {
   ): Promise<Fence> {
     return inTransaction(this.db, async (tx) => {
       const { activation, delivery } = await lockFence(tx, this.jobs, fence);
-      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], endState, reason);
+      await deliveries.transitionDelivery(tx, delivery.deliveryId, DELIVERY_LIVE, endState, reason);
       await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: { code: endState, message: reason } });
       const [deliveryId] = await turnRows.insertTurnRowsMany(tx, [
         {
@@ -350,7 +351,7 @@ export class TurnStore {
     return inTransaction(this.db, async (tx) => {
       const { activation, delivery } = await lockFence(tx, this.jobs, fence, workerId);
       const record = { code: error.code, message: error.message };
-      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], 'failed', error.code);
+      await deliveries.transitionDelivery(tx, delivery.deliveryId, DELIVERY_LIVE, 'failed', error.code);
       await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: record, workerId });
       if (error.retryable === false) {
         await makeLastAttempt(tx, this.config.bossSchema ?? 'pgboss', this.queueName, fence.eventId, delivery.jobRetryCount);
@@ -464,7 +465,7 @@ export class TurnStore {
   async cancel(key: ActorKey, reason: string): Promise<Fence> {
     return inTransaction(this.db, async (tx) => {
       const { activation, delivery } = await this.lockLiveTurn(tx, key);
-      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], 'failed', 'cancelled');
+      await deliveries.transitionDelivery(tx, delivery.deliveryId, DELIVERY_LIVE, 'failed', 'cancelled');
       await transcript.finishTurn(tx, delivery.deliveryId, 'cancelled', { error: { code: 'cancelled', message: reason } });
       await activations.endActivation(tx, activation.activationUid, 'failed', 'cancelled');
       for (const id of await deliveries.supersedeDeliveriesOf(tx, activation.activationUid, 'cancelled')) {
