@@ -33,7 +33,6 @@ import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { sql } from 'drizzle-orm';
 import pg from 'pg';
 import type { PgBoss } from 'pg-boss';
 import { v7 as uuidv7 } from 'uuid';

@@ -12,6 +12,7 @@
  */
 import { eq, inArray, sql } from 'drizzle-orm';
 import { FenceRejected, type FenceReason } from '../errors.ts';
+import { isUuid } from '../uuid.ts';
 import type { ActivationRow } from './activations.ts';
 import type { DbOrTx } from './client.ts';
 import type { DeliveryRow } from './deliveries.ts';
@@ -136,7 +137,7 @@ export async function loadFenceRows(tx: DbOrTx, jobs: JobTable, deliveryId: stri
  * deadlock. Deliveries that do not exist are absent from the map.
  */
 export async function loadFenceRowsMany(tx: DbOrTx, jobs: JobTable, deliveryIds: readonly string[]): Promise<Map<string, FenceRows>> {
-  const ids = [...new Set(deliveryIds.filter((id) => UUID.test(id)))].sort();
+  const ids = [...new Set(deliveryIds.filter((id) => isUuid(id)))].sort();
   if (ids.length === 0) return new Map();
   const found = await tx
     .select(fenceColumns(jobs))
@@ -155,11 +156,10 @@ export async function lockFence(
   fence: Fence,
   workerId?: string,
 ): Promise<{ delivery: DeliveryRow; activation: ActivationRow }> {
-  if (!UUID.test(fence.deliveryId)) throw new FenceRejected('unknown_delivery');
+  if (!isUuid(fence.deliveryId)) throw new FenceRejected('unknown_delivery');
   const rows = await loadFenceRows(tx, jobs, fence.deliveryId);
   const reason = checkFence(fence, rows, workerId);
   if (reason) throw new FenceRejected(reason);
   return { delivery: rows.delivery!, activation: rows.activation! };
 }
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;

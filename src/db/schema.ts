@@ -215,7 +215,7 @@ export const workers = corral.table(
     registeredAt: tz('registered_at').notNull().defaultNow(),
     lastHeartbeatAt: tz('last_heartbeat_at').notNull().defaultNow(),
   },
-  (t) => [check('workers_status', inList('status', WORKER_STATUSES))],
+  () => [check('workers_status', inList('status', WORKER_STATUSES))],
 );
 
 /** Operator actions on dead letters (replay, discard), kept for the record. */

@@ -42,7 +42,7 @@ import {
   type ProtocolErrorCode,
   type WorkerReady,
 } from './protocol.ts';
-import { SerialQueue } from './send-queue.ts';
+import { SerialQueue } from '../serial-queue.ts';
 import { ZapHandler, type ZapDecision, type ZapRequest } from './zap.ts';
 import { runReceiveLoop } from './receive-loop.ts';
 import type { BrokerEvent, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';

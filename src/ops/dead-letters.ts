@@ -29,14 +29,14 @@ import { actionsOnEvent, clearBlockIf, lastActionsOn, recordDeadLetterAction, ty
 import { actorStatus, type ActorStatus } from './status.ts';
 import type { Queues } from '../db/boss-jobs.ts';
 import { attemptsOfEvent, type TurnView } from '../db/actor-views.ts';
+import { isUuid } from '../uuid.ts';
 
 export type { DeadLetter, DeadLetterFilter } from '../db/boss-jobs.ts';
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /** Throws `invalid_argument` unless `id` looks like a job id (a UUID). */
 export function assertJobId(id: string, what = 'dead letter id'): string {
-  if (!UUID.test(id)) throw new CorralError('invalid_argument', `invalid ${what} ${JSON.stringify(id)}: expected a UUID`);
+  if (!isUuid(id)) throw new CorralError('invalid_argument', `invalid ${what} ${JSON.stringify(id)}: expected a UUID`);
   return id.toLowerCase();
 }
 

@@ -15,6 +15,7 @@
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { Clock, TimerHandle } from '../clock.ts';
 import { toError } from '../errors.ts';
+import { SerialQueue } from '../serial-queue.ts';
 import type { Fence } from '../db/fence.ts';
 import type { StartedTurn } from './turns.ts';
 
@@ -35,8 +36,7 @@ export class SessionController {
   readonly name: string;
   /** The actor's turn in flight in this process, if any (see `hold` / `letGo`). */
   turn: InFlightTurn | undefined;
-  private tail: Promise<unknown> = Promise.resolve();
-  private pending = 0;
+  private readonly operations = new SerialQueue();
   private readonly onIdle: () => void;
 
   constructor(key: ActorKey, onIdle: () => void) {
@@ -47,9 +47,8 @@ export class SessionController {
 
   /** Runs `fn` after every operation queued before it on this actor. */
   run<T>(fn: () => Promise<T>): Promise<T> {
-    this.pending++;
-    const result = this.tail.then(fn);
-    this.tail = result.then(
+    const result = this.operations.run(fn);
+    result.then(
       () => this.settle(),
       () => this.settle(),
     );
@@ -57,7 +56,7 @@ export class SessionController {
   }
 
   get idle(): boolean {
-    return this.pending === 0 && this.turn === undefined;
+    return this.operations.depth === 0 && this.turn === undefined;
   }
 
   /** The actor's turn in flight here is `turn` (its begin transaction committed). */
@@ -75,7 +74,6 @@ export class SessionController {
   }
 
   private settle(): void {
-    this.pending--;
     if (this.idle) this.onIdle();
   }
 }
