@@ -33,7 +33,6 @@ import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { sql } from 'drizzle-orm';
 import pg from 'pg';
 import type { PgBoss } from 'pg-boss';
 import { v7 as uuidv7 } from 'uuid';
@@ -711,7 +710,7 @@ class CorralSession {
         }),
       );
     }
-    await until(() => daemon.runtime.pool.freeSlots() === w * capacity, performance.now() + 15_000, `${w} workers registered`);
+    await until(() => daemon.runtime.workers.freeSlots() === w * capacity, performance.now() + 15_000, `${w} workers registered`);
     progress(`${w} workers × ${capacity} slots registered at ${daemon.broker.endpoint} (CURVE ${this.curve ? 'on' : 'off'})`);
 
     // Warm-up on other actors: JIT, connection pools, socket paths. Not measured.

@@ -46,7 +46,3 @@ export function parseActorKey(text: string): ActorKey {
 export function formatActorKey(key: ActorKey): string {
   return `${key.agentUid}/${key.sessionId}`;
 }
-
-export function sameActor(a: ActorKey, b: ActorKey): boolean {
-  return a.agentUid === b.agentUid && a.sessionId === b.sessionId;
-}

@@ -3,7 +3,6 @@
  * instead of sleeping. Lease validity is never decided here: PostgreSQL's `now()` is the lease
  * clock (see src/db/activations.ts); this clock only drives local scheduling.
  */
-import { DateTime } from 'luxon';
 
 export interface TimerHandle {
   cancel(): void;
@@ -12,7 +11,6 @@ export interface TimerHandle {
 export interface Clock {
   /** Milliseconds since the epoch. */
   nowMs(): number;
-  now(): DateTime;
   /** Resolves after `ms`; rejects with the signal's reason if aborted first. */
   sleep(ms: number, signal?: AbortSignal): Promise<void>;
   setTimeout(fn: () => void, ms: number): TimerHandle;
@@ -44,7 +42,6 @@ export function longTimeout(fn: () => void, ms: number, maxMs = MAX_TIMER_MS): T
 
 export const systemClock: Clock = {
   nowMs: () => Date.now(),
-  now: () => DateTime.now(),
   sleep(ms, signal) {
     return new Promise((resolve, reject) => {
       if (signal?.aborted) return reject(abortReason(signal));
@@ -101,10 +98,6 @@ export class ManualClock implements Clock {
 
   nowMs(): number {
     return this.current;
-  }
-
-  now(): DateTime {
-    return DateTime.fromMillis(this.current);
   }
 
   sleep(ms: number, signal?: AbortSignal): Promise<void> {

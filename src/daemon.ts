@@ -19,7 +19,7 @@ import { Broker } from './fabric/broker.ts';
 import { FabricSecurity } from './fabric/security.ts';
 import type { TimerHandle } from './clock.ts';
 import type { Logger } from './logger.ts';
-import { createBoss, ensureQueues, type QueueNames } from './queue/boss.ts';
+import { createBoss, ensureQueues, queuesOf, type Queues } from './queue/boss.ts';
 import { QueueConsumer } from './queue/consumer.ts';
 import { createEventQueue, type EventQueue } from './queue/events.ts';
 import { Recovery } from './runtime/recovery.ts';
@@ -73,7 +73,7 @@ export class Daemon {
   /** Deletes completed actor events past `completedRetentionSeconds` (every 10 minutes). */
   readonly retention: Periodic<number>;
   readonly events: EventQueue;
-  readonly queues: QueueNames;
+  readonly queues: Queues;
   private readonly deps: DaemonDeps;
   private readonly log: Logger;
   private readonly abort = new AbortController();
@@ -98,7 +98,7 @@ export class Daemon {
       max: 10,
       onError: (e) => this.log.warn({ err: e.message }, 'pg-boss background error'),
     });
-    this.queues = { events: config.queueName, deadLetter: `${config.queueName}-dlq` };
+    this.queues = queuesOf(config);
     this.events = createEventQueue(this.boss, this.queues.events, { maxEventBytes: config.maxEventBytes });
     this.store = new TurnStore({
       db: this.database.db,
@@ -181,7 +181,8 @@ export class Daemon {
     this.watchdog = new Watchdog({
       db: this.database.db,
       store: this.store,
-      runtime: this.runtime,
+      dispatcher: this.runtime.dispatcher,
+      workers: this.runtime.workers,
       clock,
       logger,
       intervalMs: config.watchdogIntervalMs,
@@ -201,7 +202,7 @@ export class Daemon {
     );
     this.jobKeeper = new JobKeeper({
       store: this.store,
-      runtime: this.runtime,
+      dispatcher: this.runtime.dispatcher,
       clock,
       logger,
       jobHeartbeatSeconds: config.jobHeartbeatSeconds,

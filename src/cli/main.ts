@@ -5,21 +5,15 @@
  * this module loads only commander; the configuration module loads before an action runs, and
  * each command's module (with the database, pg-boss or ZeroMQ it needs) when it runs.
  */
-import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
+import { Command, CommanderError, Option } from 'commander';
 import type * as ConfigModule from '../config.ts';
 import type { Config } from '../config.ts';
 import { CorralError } from '../errors.ts';
 import { exitCodeFor, messageFor, EXIT } from './exit.ts';
 import { registerDlqCommands } from './commands/dlq-cli.ts';
 import { registerKeysCommands } from './commands/keys.ts';
+import { intArg } from './args.ts';
 
-export function intArg(min: number, max: number) {
-  return (value: string): number => {
-    const n = Number(value);
-    if (!Number.isInteger(n) || n < min || n > max) throw new InvalidArgumentError(`expected an integer in ${min}..${max}`);
-    return n;
-  };
-}
 
 /**
  * Turns one worker process runs at once. An agent's turn mostly waits on a model or a tool; 32

@@ -10,13 +10,20 @@
  * `job_i14` covers them, while completed jobs (kept forever on the actor queue) are never scanned.
  */
 import { sql, type SQL } from 'drizzle-orm';
-import pg from 'pg';
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
+import { toDate } from './rows.ts';
 import type { DbOrTx } from './client.ts';
 
 export type JobState = 'created' | 'retry' | 'active' | 'completed' | 'cancelled' | 'failed';
 
 /** A dead-lettered event: the copy pg-boss made in the dead-letter queue. */
+/** Where corral's queues live: pg-boss's schema, the actor queue and its dead-letter queue. */
+export interface Queues {
+  schema: string;
+  events: string;
+  deadLetter: string;
+}
+
 export interface DeadLetter {
   /** The copy's job id in the dead-letter queue (what `corral dlq show/replay/discard` take). */
   id: string;
@@ -55,16 +62,6 @@ export interface Page {
 }
 
 const job = (schema: string) => sql`${sql.identifier(schema)}.job`;
-
-// Drizzle's `execute` hands timestamps back as PostgreSQL text; parse them as node-postgres would.
-const parseTimestamptz = pg.types.getTypeParser(pg.types.builtins.TIMESTAMPTZ) as (v: string) => Date;
-
-/** A timestamp column of a raw row as a Date (null stays null). */
-export function toDate(v: unknown): Date | null {
-  if (v === null || v === undefined) return null;
-  if (v instanceof Date) return v;
-  return parseTimestamptz(String(v));
-}
 
 interface DeadLetterRow {
   id: string;
@@ -124,14 +121,14 @@ function filterSql(f: DeadLetterFilter): SQL[] {
 /** Dead letters matching `filter`, oldest dead-lettered first. */
 export async function findDeadLetters(
   db: DbOrTx,
-  q: { schema: string; dlq: string },
+  q: Pick<Queues, 'schema' | 'deadLetter'>,
   filter: DeadLetterFilter,
   page: Page = {},
 ): Promise<DeadLetter[]> {
-  const where = [sql`name = ${q.dlq}`, ...filterSql(filter)];
+  const where = [sql`name = ${q.deadLetter}`, ...filterSql(filter)];
   if (page.after) {
     where.push(
-      sql`(created_on, id) > (select a.created_on, a.id from ${job(q.schema)} a where a.name = ${q.dlq} and a.id = ${page.after}::uuid)`,
+      sql`(created_on, id) > (select a.created_on, a.id from ${job(q.schema)} a where a.name = ${q.deadLetter} and a.id = ${page.after}::uuid)`,
     );
   }
   const limit = page.limit === undefined ? sql`` : sql` limit ${page.limit}`;
@@ -145,10 +142,10 @@ export async function findDeadLetters(
 /** Counts dead letters matching `filter` and the distinct actors they belong to. */
 export async function countDeadLetters(
   db: DbOrTx,
-  q: { schema: string; dlq: string },
+  q: Pick<Queues, 'schema' | 'deadLetter'>,
   filter: DeadLetterFilter = {},
 ): Promise<{ deadLetters: number; actors: number }> {
-  const where = [sql`name = ${q.dlq}`, ...filterSql(filter)];
+  const where = [sql`name = ${q.deadLetter}`, ...filterSql(filter)];
   const res = await db.execute<{ n: number; actors: number }>(sql`
     select count(*)::int as n, count(distinct singleton_key)::int as actors from ${job(q.schema)}
     where ${sql.join(where, sql` and `)}`);
@@ -158,12 +155,12 @@ export async function countDeadLetters(
 /** One dead letter by its id. */
 export async function getDeadLetter(
   db: DbOrTx,
-  q: { schema: string; dlq: string },
+  q: Pick<Queues, 'schema' | 'deadLetter'>,
   id: string,
 ): Promise<DeadLetter | undefined> {
   const res = await db.execute<DeadLetterRow & Record<string, unknown>>(sql`
     select ${DEAD_LETTER_COLUMNS} from ${job(q.schema)}
-    where name = ${q.dlq} and id = ${id}::uuid`);
+    where name = ${q.deadLetter} and id = ${id}::uuid`);
   const row = res.rows[0];
   return row ? toDeadLetter(row) : undefined;
 }
@@ -174,13 +171,13 @@ export async function getDeadLetter(
  */
 export async function lockDeadLetters(
   db: DbOrTx,
-  q: { schema: string; dlq: string },
+  q: Pick<Queues, 'schema' | 'deadLetter'>,
   ids: readonly string[],
 ): Promise<DeadLetter[]> {
   if (ids.length === 0) return [];
   const res = await db.execute<DeadLetterRow & Record<string, unknown>>(sql`
     select ${DEAD_LETTER_COLUMNS} from ${job(q.schema)}
-    where name = ${q.dlq} and id = any(${sql.param([...ids])}::uuid[])
+    where name = ${q.deadLetter} and id = any(${sql.param([...ids])}::uuid[])
     order by id for update`);
   return res.rows.map(toDeadLetter);
 }
@@ -260,7 +257,7 @@ export interface QueueDepth {
   oldestWaitingSeconds: number | null;
 }
 
-export async function queueDepth(db: DbOrTx, q: { schema: string; events: string; dlq: string }): Promise<QueueDepth> {
+export async function queueDepth(db: DbOrTx, q: Queues): Promise<QueueDepth> {
   const res = await db.execute<{
     ready: number;
     deferred: number;
@@ -284,7 +281,7 @@ export async function queueDepth(db: DbOrTx, q: { schema: string; events: string
       (select count(*) from ev where state = 'retry')::int as retrying,
       (select count(*) from ev where state = 'active')::int as active,
       (select count(*) from ev where state = 'failed')::int as failed,
-      (select count(*) from ${job(q.schema)} where name = ${q.dlq} and state in ('created', 'retry', 'active', 'failed'))::int as dead,
+      (select count(*) from ${job(q.schema)} where name = ${q.deadLetter} and state in ('created', 'retry', 'active', 'failed'))::int as dead,
       (select created_on from oldest) as oldest_at,
       (select id from oldest) as oldest_id,
       (select greatest(0, extract(epoch from now() - created_on))::float8 from oldest) as oldest_age`);

@@ -1,7 +1,7 @@
 /** SQL for `corral.deliveries`: one worker execution of one actor event, carrying the fence. */
 import { and, eq, inArray, sql } from 'drizzle-orm';
 import type { DbOrTx } from './client.ts';
-import { DELIVERY_LIVE, deliveries, type DeliveryState } from './schema.ts';
+import { DELIVERY_LIVE, DELIVERY_UNACCEPTED, deliveries, type DeliveryState } from './schema.ts';
 
 export type DeliveryRow = typeof deliveries.$inferSelect;
 
@@ -22,15 +22,6 @@ export async function transitionDelivery(
     .where(and(eq(deliveries.deliveryId, deliveryId), inArray(deliveries.state, [...from])))
     .returning({ id: deliveries.deliveryId });
   return rows.length > 0;
-}
-
-/** Marks many deliveries `sent` (those still `created`) in one statement. */
-export async function markSentMany(tx: DbOrTx, deliveryIds: readonly string[]): Promise<void> {
-  if (deliveryIds.length === 0) return;
-  await tx
-    .update(deliveries)
-    .set({ state: 'sent', updatedAt: sql`now()` })
-    .where(and(inArray(deliveries.deliveryId, [...deliveryIds]), eq(deliveries.state, 'created')));
 }
 
 export async function setDeliveryRevision(tx: DbOrTx, deliveryId: string, revision: number): Promise<void> {
@@ -55,7 +46,7 @@ export async function unacceptedDeliveriesOf(db: DbOrTx, workerId: string): Prom
   return db
     .select()
     .from(deliveries)
-    .where(and(eq(deliveries.workerId, workerId), inArray(deliveries.state, ['created', 'sent'])));
+    .where(and(eq(deliveries.workerId, workerId), inArray(deliveries.state, [...DELIVERY_UNACCEPTED])));
 }
 
 export async function liveDeliveryOfEvent(db: DbOrTx, eventId: string): Promise<DeliveryRow | undefined> {

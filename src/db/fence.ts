@@ -2,17 +2,27 @@
  * The fence: the one check every reply from a worker must pass before it changes anything.
  *
  * A worker echoes the `turn_ref` it was given. It counts only if it equals, field by field, the
- * delivery row it names and the live activation that delivery belongs to, and the activation's
- * lease is still alive by PostgreSQL's clock. `lockFence` takes the row locks and runs
- * `checkFence`; every fenced operation (accept, progress, commit, fail, steer, cancel) goes
- * through it, inside the transaction that then writes.
+ * delivery row it names and the live activation that delivery belongs to, it comes from the
+ * worker the delivery was given to, the activation's lease is still alive by PostgreSQL's clock,
+ * and the event's pg-boss job is still active at the delivery's attempt. `lockFence` (one reply)
+ * and `loadFenceRowsMany` (a batch) take the row locks; `checkFence` decides. Every fenced
+ * operation on a turn (accept, progress, commit, fail, redirect) goes through them, inside the
+ * transaction that then writes. Steer and cancel act on the actor's live turn, not on a worker's
+ * reply: they lock the live activation instead (see TurnStore.steer / cancel).
  */
 import { eq, inArray, sql } from 'drizzle-orm';
 import { FenceRejected, type FenceReason } from '../errors.ts';
+import { isUuid } from '../uuid.ts';
 import type { ActivationRow } from './activations.ts';
 import type { DbOrTx } from './client.ts';
 import type { DeliveryRow } from './deliveries.ts';
 import { activations, actors, deliveries, ACTIVATION_LIVE } from './schema.ts';
+
+/** Where the events' pg-boss jobs live: pg-boss's schema and the actor queue's name. */
+export interface JobTable {
+  schema: string;
+  queue: string;
+}
 
 /** The fence a worker echoes (camelCase form of the wire `turn_ref`). */
 export interface Fence {
@@ -32,6 +42,8 @@ export interface FenceRows {
   leaseAlive: boolean;
   /** The actor's durable epoch counter (to tell a stale epoch from a merely ended activation). */
   actorEpochCounter: number | undefined;
+  /** The event's pg-boss job is `active` at the delivery's attempt (its retry count). */
+  jobActive: boolean;
 }
 
 const isLive = (status: string) => (ACTIVATION_LIVE as readonly string[]).includes(status);
@@ -64,39 +76,57 @@ export function checkFence(fence: Fence, rows: FenceRows, workerId?: string): Fe
   if (a.currentEventId !== fence.eventId) return 'stale_event';
   if (a.revision !== fence.revision || d.revision !== fence.revision) return 'stale_revision';
   if (!rows.leaseAlive) return 'lease_expired';
+  if (!rows.jobActive) return 'job_not_active';
   return null;
 }
 
 /** The fence rows of a delivery that does not exist (or whose id is not a UUID). */
-export const NO_FENCE_ROWS: FenceRows = { delivery: undefined, activation: undefined, leaseAlive: false, actorEpochCounter: undefined };
-
-/** The columns a fence check reads: both rows, the lease by PostgreSQL's clock, the epoch counter. */
-const fenceColumns = {
-  d: deliveries,
-  a: activations,
-  leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()`,
-  epochCounter: sql<number | null>`(select ${actors.epochCounter} from ${actors} where ${actors.agentUid} = ${deliveries.agentUid} and ${actors.sessionId} = ${deliveries.sessionId})`,
+export const NO_FENCE_ROWS: FenceRows = {
+  delivery: undefined,
+  activation: undefined,
+  leaseAlive: false,
+  actorEpochCounter: undefined,
+  jobActive: false,
 };
 
-function toFenceRows(row: { d: DeliveryRow; a: ActivationRow; leaseAlive: boolean; epochCounter: number | null }): FenceRows {
+/**
+ * The columns a fence check reads: both rows, the lease by PostgreSQL's clock, the epoch counter
+ * and the job's state. The job row is read, not locked: pg-boss may still settle it (e.g. its
+ * heartbeat supervision) before the commit completes it, and then the completion's own attempt
+ * fence refuses it and the transaction rolls back.
+ */
+function fenceColumns(jobs: JobTable) {
+  return {
+    d: deliveries,
+    a: activations,
+    leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()`,
+    epochCounter: sql<number | null>`(select ${actors.epochCounter} from ${actors} where ${actors.agentUid} = ${deliveries.agentUid} and ${actors.sessionId} = ${deliveries.sessionId})`,
+    jobActive: sql<boolean>`exists (select 1 from ${sql.identifier(jobs.schema)}.job j
+      where j.name = ${jobs.queue} and j.id = ${deliveries.eventId}
+        and j.state = 'active' and j.retry_count = ${deliveries.jobRetryCount})`,
+  };
+}
+
+function toFenceRows(row: { d: DeliveryRow; a: ActivationRow; leaseAlive: boolean; epochCounter: number | null; jobActive: boolean }): FenceRows {
   return {
     delivery: row.d,
     activation: row.a,
     leaseAlive: row.leaseAlive,
     actorEpochCounter: row.epochCounter === null ? undefined : Number(row.epochCounter),
+    jobActive: row.jobActive,
   };
 }
 
 /** Loads and row-locks the delivery and activation named by `fence`. */
-export async function loadFenceRows(tx: DbOrTx, deliveryId: string): Promise<FenceRows> {
+export async function loadFenceRows(tx: DbOrTx, jobs: JobTable, deliveryId: string): Promise<FenceRows> {
   const found = await tx
-    .select(fenceColumns)
+    .select(fenceColumns(jobs))
     .from(deliveries)
     .innerJoin(activations, eq(activations.activationUid, deliveries.activationUid))
     .where(eq(deliveries.deliveryId, sql.placeholder('deliveryId')))
     .for('update')
-    // named: prepared once per connection (this runs for every reply of every turn)
-    .prepare('corral_lock_fence')
+    // named: prepared once per connection (the name carries all that varies in the text)
+    .prepare(`corral_lock_fence:${jobs.schema}`)
     .execute({ deliveryId });
   return found[0] ? toFenceRows(found[0]) : NO_FENCE_ROWS;
 }
@@ -106,11 +136,11 @@ export async function loadFenceRows(tx: DbOrTx, deliveryId: string): Promise<Fen
  * Rows are locked in delivery-id order, so two daemons locking overlapping batches cannot
  * deadlock. Deliveries that do not exist are absent from the map.
  */
-export async function loadFenceRowsMany(tx: DbOrTx, deliveryIds: readonly string[]): Promise<Map<string, FenceRows>> {
-  const ids = [...new Set(deliveryIds.filter((id) => UUID.test(id)))].sort();
+export async function loadFenceRowsMany(tx: DbOrTx, jobs: JobTable, deliveryIds: readonly string[]): Promise<Map<string, FenceRows>> {
+  const ids = [...new Set(deliveryIds.filter((id) => isUuid(id)))].sort();
   if (ids.length === 0) return new Map();
   const found = await tx
-    .select(fenceColumns)
+    .select(fenceColumns(jobs))
     .from(deliveries)
     .innerJoin(activations, eq(activations.activationUid, deliveries.activationUid))
     .where(inArray(deliveries.deliveryId, ids))
@@ -122,17 +152,16 @@ export async function loadFenceRowsMany(tx: DbOrTx, deliveryIds: readonly string
 /** Locks the fence rows and throws `FenceRejected` unless the fence holds (for `workerId`, if given). */
 export async function lockFence(
   tx: DbOrTx,
+  jobs: JobTable,
   fence: Fence,
   workerId?: string,
 ): Promise<{ delivery: DeliveryRow; activation: ActivationRow }> {
-  if (!UUID.test(fence.deliveryId)) throw new FenceRejected('unknown_delivery');
-  const rows = await loadFenceRows(tx, fence.deliveryId);
+  if (!isUuid(fence.deliveryId)) throw new FenceRejected('unknown_delivery');
+  const rows = await loadFenceRows(tx, jobs, fence.deliveryId);
   const reason = checkFence(fence, rows, workerId);
   if (reason) throw new FenceRejected(reason);
   return { delivery: rows.delivery!, activation: rows.activation! };
 }
-
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /**
  * A result that missed a steer (docs/protocol.md §9): `checkFence` said `stale_revision`, and the

@@ -39,6 +39,8 @@ export const ACTIVATION_STATUSES = [...ACTIVATION_LIVE, 'stopped', 'failed'] as 
 export type ActivationStatus = (typeof ACTIVATION_STATUSES)[number];
 
 export const DELIVERY_LIVE = ['created', 'sent', 'accepted'] as const;
+/** Live deliveries their worker has not (yet, durably) accepted. */
+export const DELIVERY_UNACCEPTED = ['created', 'sent'] as const;
 export const DELIVERY_STATES = [...DELIVERY_LIVE, 'completed', 'failed', 'send_failed', 'superseded'] as const;
 export type DeliveryState = (typeof DELIVERY_STATES)[number];
 
@@ -51,8 +53,12 @@ export type MessageRole = (typeof MESSAGE_ROLES)[number];
 export const WORKER_STATUSES = ['ready', 'stale', 'gone'] as const;
 export type WorkerStatus = (typeof WORKER_STATUSES)[number];
 
-const inList = (col: string, values: readonly string[]) =>
-  sql.raw(`${col} in (${values.map((v) => `'${v}'`).join(', ')})`);
+const listText = (values: readonly string[]) => `(${values.map((v) => `'${v}'`).join(', ')})`;
+
+/** `('a', 'b')`: one of the state lists above as a SQL list, for statements written as text. */
+export const sqlList = (values: readonly string[]) => sql.raw(listText(values));
+
+const inList = (col: string, values: readonly string[]) => sql.raw(`${col} in ${listText(values)}`);
 
 /** One row per actor key ever seen. Holds the durable epoch counter (I2). */
 export const actors = corral.table(
@@ -213,7 +219,7 @@ export const workers = corral.table(
     registeredAt: tz('registered_at').notNull().defaultNow(),
     lastHeartbeatAt: tz('last_heartbeat_at').notNull().defaultNow(),
   },
-  (t) => [check('workers_status', inList('status', WORKER_STATUSES))],
+  () => [check('workers_status', inList('status', WORKER_STATUSES))],
 );
 
 /** Operator actions on dead letters (replay, discard), kept for the record. */

@@ -5,15 +5,10 @@
 import { and, asc, eq, sql } from 'drizzle-orm';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
-import { conversations, messages, turns, type MessageRole, type TurnStatus } from './schema.ts';
+import { conversations, DELIVERY_LIVE, messages, sqlList, turns, type MessageRole, type TurnStatus } from './schema.ts';
 
 export type TurnRow = typeof turns.$inferSelect;
 export type MessageRow = typeof messages.$inferSelect;
-
-export interface NewMessage {
-  role: MessageRole;
-  content: unknown;
-}
 
 
 
@@ -105,7 +100,7 @@ export async function orphanedStartedTurns(db: DbOrTx, limit = 100): Promise<Tur
   const rows = await db.execute<{ id: string }>(sql`
     select t.id from corral.turns t
     left join corral.deliveries d on d.delivery_id = t.delivery_id
-    where t.status = 'started' and (d.delivery_id is null or d.state not in ('created', 'sent', 'accepted'))
+    where t.status = 'started' and (d.delivery_id is null or d.state not in ${sqlList(DELIVERY_LIVE)})
     limit ${limit}`);
   if (rows.rows.length === 0) return [];
   const ids = rows.rows.map((r) => r.id);

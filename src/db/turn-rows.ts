@@ -12,46 +12,12 @@ import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import type { ActivationRow } from './activations.ts';
 import { executeNamed } from './prepared.ts';
+import { fromRawRow, toDate } from './rows.ts';
+import { activations, ACTIVATION_LIVE, DELIVERY_LIVE, DELIVERY_UNACCEPTED, sqlList } from './schema.ts';
 
-const LIVE = sql.raw(`('starting', 'active', 'draining')`);
-
-type RawActivation = {
-  activation_uid: string;
-  agent_uid: string;
-  session_id: string;
-  actor_epoch: string | number;
-  lease_id: string;
-  lease_expires_at: Date | string;
-  owner_id: string;
-  current_event_id: string | null;
-  revision: number;
-  status: ActivationRow['status'];
-  end_reason: string | null;
-  created_at: Date | string;
-  updated_at: Date | string;
-  ended_at: Date | string | null;
-};
-
-const toDate = (v: Date | string) => (v instanceof Date ? v : new Date(v));
-
-function toActivation(r: RawActivation): ActivationRow {
-  return {
-    activationUid: r.activation_uid,
-    agentUid: r.agent_uid,
-    sessionId: r.session_id,
-    actorEpoch: Number(r.actor_epoch),
-    leaseId: r.lease_id,
-    leaseExpiresAt: toDate(r.lease_expires_at),
-    ownerId: r.owner_id,
-    currentEventId: r.current_event_id,
-    revision: r.revision,
-    status: r.status,
-    endReason: r.end_reason,
-    createdAt: toDate(r.created_at),
-    updatedAt: toDate(r.updated_at),
-    endedAt: r.ended_at === null ? null : toDate(r.ended_at),
-  };
-}
+const LIVE = sqlList(ACTIVATION_LIVE);
+const DELIVERY_LIVE_LIST = sqlList(DELIVERY_LIVE);
+const UNACCEPTED = sqlList(DELIVERY_UNACCEPTED);
 
 /**
  * The common case of T2 for a batch of jobs (at most one per actor), in ONE statement: each actor
@@ -66,7 +32,7 @@ export async function assignWarmActivationsMany(
 ): Promise<Map<string, ActivationRow>> {
   if (jobs.length === 0) return new Map();
   const input = jobs.map((j) => ({ agent_uid: j.key.agentUid, session_id: j.key.sessionId, event_id: j.eventId }));
-  const rows = await executeNamed<RawActivation>(tx, 'corral_assign_warm_activations_many', sql`
+  const rows = await executeNamed<Record<string, unknown> & { agent_uid: string; session_id: string }>(tx, 'corral_assign_warm_activations_many', sql`
     with i as (
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(agent_uid text, session_id text, event_id uuid)
     )
@@ -77,7 +43,7 @@ export async function assignWarmActivationsMany(
      where a.agent_uid = i.agent_uid and a.session_id = i.session_id
        and a.status in ${LIVE} and a.current_event_id is null
     returning a.*`);
-  return new Map(rows.map((r) => [`${r.agent_uid}/${r.session_id}`, toActivation(r)]));
+  return new Map(rows.map((r) => [`${r.agent_uid}/${r.session_id}`, fromRawRow(activations, r)]));
 }
 
 export interface TurnRowsInput {
@@ -90,8 +56,9 @@ export interface TurnRowsInput {
 
 /**
  * T2's writes after the activations, for a batch of turns, in ONE statement: each conversation
- * (created on first use), the `created` delivery carrying the fence copied from its activation,
- * and the `started` turn. Returns the delivery ids, in order.
+ * (created on first use), the delivery carrying the fence copied from its activation (`sent` when
+ * it has a worker: its turn_start goes out right after this transaction; `created` while it
+ * waits for one), and the `started` turn. Returns the delivery ids, in order.
  */
 export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInput[]): Promise<string[]> {
   if (rows.length === 0) return [];
@@ -127,7 +94,8 @@ export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInpu
     ), d as (
       insert into corral.deliveries
         (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state)
-      select delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, 'created'
+      select delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id,
+             case when worker_id is null then 'created' else 'sent' end
         from i
       returning delivery_id
     )
@@ -202,7 +170,7 @@ export async function commitTurnRowsMany(tx: DbOrTx, rows: readonly CommitRowsIn
     ), d as (
       update corral.deliveries dl set state = 'completed', updated_at = now()
         from t
-       where dl.delivery_id = t.delivery_id and dl.state in ('created', 'sent', 'accepted')
+       where dl.delivery_id = t.delivery_id and dl.state in ${DELIVERY_LIVE_LIST}
       returning 1
     ), a as (
       update corral.activations av
@@ -232,7 +200,7 @@ export async function acceptDeliveryRowsMany(
     ), d as (
       update corral.deliveries dl set state = 'accepted', updated_at = now()
         from i
-       where dl.delivery_id = i.delivery_id and dl.state in ('created', 'sent')
+       where dl.delivery_id = i.delivery_id and dl.state in ${UNACCEPTED}
       returning 1
     )
     update corral.activations av
@@ -250,6 +218,6 @@ export async function extendLeasesMany(tx: DbOrTx, activationUids: readonly stri
      where activation_uid in (select jsonb_array_elements_text(${JSON.stringify([...new Set(activationUids)])}::jsonb)::uuid)
        and status in ${LIVE}
     returning activation_uid, lease_expires_at`);
-  return new Map(rows.map((r) => [r.activation_uid, toDate(r.lease_expires_at)]));
+  return new Map(rows.map((r) => [r.activation_uid, toDate(r.lease_expires_at)!]));
 }
 

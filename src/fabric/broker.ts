@@ -43,7 +43,7 @@ import {
   type RetryPolicy,
   type WorkerReady,
 } from './protocol.ts';
-import { SerialQueue } from './send-queue.ts';
+import { SerialQueue } from '../serial-queue.ts';
 import { ZapHandler, type ZapDecision, type ZapRequest } from './zap.ts';
 import { runReceiveLoop } from './receive-loop.ts';
 import type { BrokerEvent, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';

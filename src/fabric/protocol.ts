@@ -46,7 +46,6 @@ export const MAX_EMIT_DELAY_MS = 30 * 86_400_000;
  * receivers must accept others.
  */
 export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'invalid', 'unstorable', 'emit_limit'] as const;
-export type TurnRejectedReason = (typeof TURN_REJECTED_REASONS)[number];
 
 /** Codes of the protocol-level `error` message. */
 export const PROTOCOL_ERROR_CODES = [

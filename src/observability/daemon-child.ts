@@ -5,7 +5,7 @@
  */
 import type { Daemon } from '../daemon.ts';
 import type { Logger } from '../logger.ts';
-import { queueRef } from '../ops/status.ts';
+import { queuesOf } from '../queue/boss.ts';
 import type { ChildSpec } from '../supervisor/index.ts';
 import { startObservabilityServer, type ObservabilityServer, type Readiness } from './http.ts';
 import { databaseSource, type Metrics } from './metrics.ts';
@@ -38,7 +38,7 @@ export function observabilityChild(opts: ObservabilityChildOptions): ChildSpec<D
     policy: 'permanent',
     restartDelayMs: 1_000,
     factory: async (daemon, signal) => {
-      opts.metrics.setSource(databaseSource(daemon.database.db, queueRef(daemon.config)));
+      opts.metrics.setSource(databaseSource(daemon.database.db, queuesOf(daemon.config)));
       opts.metrics.setBrokerSource(() => daemon.broker.stats());
       const server = await startObservabilityServer({
         host: opts.host,

@@ -19,20 +19,10 @@ import type { RuntimeMetrics } from '../runtime/metrics.ts';
 import type { BrokerStats } from '../fabric/broker-types.ts';
 import { queueDepth, type QueueDepth } from '../db/boss-jobs.ts';
 import { blockedActorCount, liveActivationCount, workerCounts } from '../db/status-counts.ts';
-import type { QueueRef } from '../ops/status.ts';
+import type { Queues } from '../db/boss-jobs.ts';
 
-/**
- * Optional latency hooks beyond `RuntimeMetrics` (see the report / docs/operations.md for where the
- * runtime calls them). Both take seconds.
- */
-export interface LatencyHooks {
-  /** From the event's enqueue to its `turn_start` being sent to a worker (queue wait + retry delays). */
-  dispatchLatency(seconds: number): void;
-  /** From `turn_start` sent to the fenced commit of the turn (worker time + commit). */
-  commitLatency(seconds: number): void;
-}
-
-export type CorralRuntimeMetrics = RuntimeMetrics & LatencyHooks;
+/** The daemon's metrics: every hook of `RuntimeMetrics`, the latency histograms included. */
+export type CorralRuntimeMetrics = Required<RuntimeMetrics>;
 
 /** What the scrape-time gauges show, read from the database. */
 export interface MetricsSnapshot {
@@ -251,7 +241,7 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
 }
 
 /** Scrape-time gauges from corral's database. */
-export function databaseSource(db: DbOrTx, q: QueueRef): SnapshotSource {
+export function databaseSource(db: DbOrTx, q: Queues): SnapshotSource {
   return async () => {
     const [queue, liveActivations, blockedActors, workers] = await Promise.all([
       queueDepth(db, q),

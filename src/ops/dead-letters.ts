@@ -26,16 +26,17 @@ import { inTransaction } from '../db/tx.ts';
 import { CorralError } from '../errors.ts';
 import { findDeadLetters, getDeadLetter, jobState, lockDeadLetters, type DeadLetter, type DeadLetterFilter } from '../db/boss-jobs.ts';
 import { actionsOnEvent, clearBlockIf, lastActionsOn, recordDeadLetterAction, type DeadLetterActionRow } from '../db/dead-letter-actions.ts';
-import { actorStatus, type ActorStatus, type QueueRef } from './status.ts';
+import { actorStatus, type ActorStatus } from './status.ts';
+import type { Queues } from '../db/boss-jobs.ts';
 import { attemptsOfEvent, type TurnView } from '../db/actor-views.ts';
+import { isUuid } from '../uuid.ts';
 
 export type { DeadLetter, DeadLetterFilter } from '../db/boss-jobs.ts';
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /** Throws `invalid_argument` unless `id` looks like a job id (a UUID). */
 export function assertJobId(id: string, what = 'dead letter id'): string {
-  if (!UUID.test(id)) throw new CorralError('invalid_argument', `invalid ${what} ${JSON.stringify(id)}: expected a UUID`);
+  if (!isUuid(id)) throw new CorralError('invalid_argument', `invalid ${what} ${JSON.stringify(id)}: expected a UUID`);
   return id.toLowerCase();
 }
 
@@ -59,7 +60,7 @@ export interface ListOptions {
 /** A page of dead letters matching `filter`, oldest first. */
 export async function listDeadLetters(
   db: DbOrTx,
-  q: QueueRef,
+  q: Queues,
   filter: DeadLetterFilter,
   opts: ListOptions = {},
 ): Promise<DeadLetter[]> {
@@ -84,7 +85,7 @@ export interface DeadLetterDetail {
   history: DeadLetterActionRow[];
 }
 
-export async function showDeadLetter(db: DbOrTx, q: QueueRef, id: string): Promise<DeadLetterDetail> {
+export async function showDeadLetter(db: DbOrTx, q: Queues, id: string): Promise<DeadLetterDetail> {
   const dlId = assertJobId(id);
   const deadLetter = await getDeadLetter(db, q, dlId);
   if (!deadLetter) throw await notFoundError(db, dlId);
@@ -139,11 +140,11 @@ export interface BulkOptions {
 export interface OpsDeps {
   db: Db;
   boss: PgBoss;
-  queues: QueueRef;
+  queues: Queues;
 }
 
 /** Every dead letter matching `filter` (for `--all`), oldest first. */
-export async function selectDeadLetters(db: DbOrTx, q: QueueRef, filter: DeadLetterFilter): Promise<DeadLetter[]> {
+export async function selectDeadLetters(db: DbOrTx, q: Queues, filter: DeadLetterFilter): Promise<DeadLetter[]> {
   return findDeadLetters(db, q, filter);
 }
 
@@ -226,7 +227,7 @@ async function absentResults(db: DbOrTx, ids: string[]): Promise<ActionResult[]>
   });
 }
 
-async function replayOne(boss: PgBoss, tx: Tx, q: QueueRef, d: DeadLetter): Promise<ActionResult> {
+async function replayOne(boss: PgBoss, tx: Tx, q: Queues, d: DeadLetter): Promise<ActionResult> {
   const db = fromDrizzle(tx, sql);
   const original = await jobState(tx, q.schema, q.events, d.eventId, { lock: true });
   let outcome: ActionOutcome;
@@ -241,7 +242,7 @@ async function replayOne(boss: PgBoss, tx: Tx, q: QueueRef, d: DeadLetter): Prom
   } else {
     outcome = original === 'completed' || original === 'cancelled' ? 'already_done' : 'already_queued';
   }
-  await boss.deleteJob(q.dlq, d.id, { db });
+  await boss.deleteJob(q.deadLetter, d.id, { db });
   const unblocked = await clearBlockIf(tx, d, d.eventId);
   const replayed = outcome === 'retried' || outcome === 'reinserted';
   await recordDeadLetterAction(tx, {
@@ -264,7 +265,7 @@ async function replayOne(boss: PgBoss, tx: Tx, q: QueueRef, d: DeadLetter): Prom
   };
 }
 
-async function discardOne(boss: PgBoss, tx: Tx, q: QueueRef, d: DeadLetter): Promise<ActionResult> {
+async function discardOne(boss: PgBoss, tx: Tx, q: Queues, d: DeadLetter): Promise<ActionResult> {
   const db = fromDrizzle(tx, sql);
   const original = await jobState(tx, q.schema, q.events, d.eventId, { lock: true });
   let outcome: ActionOutcome = 'discarded';
@@ -273,7 +274,7 @@ async function discardOne(boss: PgBoss, tx: Tx, q: QueueRef, d: DeadLetter): Pro
     await boss.deleteJob(q.events, d.eventId, { db });
     outcome = 'discarded_with_original';
   }
-  await boss.deleteJob(q.dlq, d.id, { db });
+  await boss.deleteJob(q.deadLetter, d.id, { db });
   const unblocked = await clearBlockIf(tx, d, d.eventId);
   await recordDeadLetterAction(tx, {
     action: 'discard',

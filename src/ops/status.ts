@@ -4,34 +4,21 @@
  * daemon runs.
  */
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
-import type { Config } from '../config.ts';
 import type { DbOrTx } from '../db/client.ts';
 import type { WorkerStatus } from '../db/schema.ts';
 import { listWorkers } from '../db/workers.ts';
-import { queueNames } from '../queue/boss.ts';
+import { toDate } from '../db/rows.ts';
 import {
   findDeadLetters,
   pendingJobsOf,
   queueDepth,
-  toDate,
   type DeadLetter,
   type PendingJob,
   type QueueDepth,
+  type Queues,
 } from '../db/boss-jobs.ts';
 import { actorRow, latestActivation, recentTurnsOf, type ActivationView, type TurnView } from '../db/actor-views.ts';
 import { blockedActorCount, liveActivationCount, serverTime } from '../db/status-counts.ts';
-
-/** Where the queues live: pg-boss schema, actor queue, dead-letter queue. */
-export interface QueueRef {
-  schema: string;
-  events: string;
-  dlq: string;
-}
-
-export function queueRef(config: Pick<Config, 'queueName' | 'bossSchema'>): QueueRef {
-  const names = queueNames(config);
-  return { schema: config.bossSchema, events: names.events, dlq: names.deadLetter };
-}
 
 export interface WorkerView {
   workerId: string;
@@ -54,7 +41,7 @@ export interface SystemStatus {
   at: Date;
 }
 
-export async function systemStatus(db: DbOrTx, q: QueueRef): Promise<SystemStatus> {
+export async function systemStatus(db: DbOrTx, q: Queues): Promise<SystemStatus> {
   const [depth, live, blocked, rows, now] = await Promise.all([
     queueDepth(db, q),
     liveActivationCount(db),
@@ -64,7 +51,7 @@ export async function systemStatus(db: DbOrTx, q: QueueRef): Promise<SystemStatu
   ]);
   const serverNow = toDate(now) ?? new Date();
   return {
-    queue: { ...depth, name: q.events, deadLetterQueue: q.dlq },
+    queue: { ...depth, name: q.events, deadLetterQueue: q.deadLetter },
     liveActivations: live,
     blockedActors: blocked,
     workers: rows.map((w) => ({
@@ -95,7 +82,7 @@ export interface ActorStatus {
 /** Everything an operator asks about one actor. */
 export async function actorStatus(
   db: DbOrTx,
-  q: QueueRef,
+  q: Queues,
   key: ActorKey,
   opts: { turns?: number; pending?: number; deadLetters?: number } = {},
 ): Promise<ActorStatus> {

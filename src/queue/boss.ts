@@ -13,16 +13,15 @@
 import { PgBoss, type Db as BossDb, type Queue } from 'pg-boss';
 import { CorralError } from '../errors.ts';
 import type { Config } from '../config.ts';
+import type { Queues } from '../db/boss-jobs.ts';
 
 export const TEN_YEARS_S = 10 * 365 * 24 * 3600;
 
-export interface QueueNames {
-  events: string;
-  deadLetter: string;
-}
+export type { Queues };
 
-export function queueNames(config: Pick<Config, 'queueName'>): QueueNames {
-  return { events: config.queueName, deadLetter: `${config.queueName}-dlq` };
+/** The one place queue names are made: the actor queue and `<queue>-dlq`, in pg-boss's schema. */
+export function queuesOf(config: Pick<Config, 'queueName' | 'bossSchema'>): Queues {
+  return { schema: config.bossSchema, events: config.queueName, deadLetter: `${config.queueName}-dlq` };
 }
 
 export type QueueConfig = Pick<
@@ -81,9 +80,9 @@ export async function ensureQueues(
   boss: PgBoss,
   config: QueueConfig,
   opts: { updateExisting?: boolean } = {},
-): Promise<QueueNames> {
+): Promise<Queues> {
   const update = opts.updateExisting ?? true;
-  const names = queueNames(config);
+  const names = queuesOf(config);
   const dlq = {
     policy: 'standard' as const,
     retentionSeconds: TEN_YEARS_S,

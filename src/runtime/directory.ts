@@ -1,9 +1,12 @@
 /**
  * SessionController and ActorDirectory.
  *
- * A SessionController is the in-process home of one actor key: it serialises that actor's
- * runtime operations (dispatch, commit, failure, steering) so two of them never interleave in
- * this process. Correctness across processes comes from the database fence, not from here.
+ * A SessionController is the in-process home of one actor key. It owns the actor's in-flight
+ * turn in this process (`turn`: its fence, worker and timings, from the begin transaction until
+ * the attempt settles) and serialises the actor's runtime operations (begin and dispatch,
+ * commit, failure, steering) so two of them never interleave here. It holds no durable state:
+ * correctness across processes comes from the database fence, and a turn whose operation fails
+ * is settled by its lease (the watchdog fails the attempt; pg-boss retries it).
  *
  * The ActorDirectory starts controllers on demand and idempotently (two concurrent wakes of one
  * actor get the same controller) and releases idle ones after a linger, so memory grows with
@@ -12,18 +15,28 @@
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { Clock, TimerHandle } from '../clock.ts';
 import { toError } from '../errors.ts';
+import { SerialQueue } from '../serial-queue.ts';
+import type { Fence } from '../db/fence.ts';
+import type { StartedTurn } from './turns.ts';
 
-export interface CurrentTurn {
-  eventId: string;
+/** An actor's turn in flight in this process: one attempt of one event. */
+export interface InFlightTurn {
+  fence: Fence;
+  /** The worker holding it, or null while it waits for a free one (parked). */
+  workerId: string | null;
+  started: StartedTurn;
+  /** When its turn_start was first sent (clock ms), for the commit-latency histogram. */
+  sentAtMs?: number;
+  /** When this process began the attempt (clock ms), for the maximum turn duration. */
+  startedAtMs: number;
 }
 
 export class SessionController {
   readonly key: ActorKey;
   readonly name: string;
-  /** The event this actor is running in this process, if any. */
-  current: CurrentTurn | undefined;
-  private tail: Promise<unknown> = Promise.resolve();
-  private pending = 0;
+  /** The actor's turn in flight in this process, if any (see `hold` / `letGo`). */
+  turn: InFlightTurn | undefined;
+  private readonly operations = new SerialQueue();
   private readonly onIdle: () => void;
 
   constructor(key: ActorKey, onIdle: () => void) {
@@ -34,9 +47,8 @@ export class SessionController {
 
   /** Runs `fn` after every operation queued before it on this actor. */
   run<T>(fn: () => Promise<T>): Promise<T> {
-    this.pending++;
-    const result = this.tail.then(fn);
-    this.tail = result.then(
+    const result = this.operations.run(fn);
+    result.then(
       () => this.settle(),
       () => this.settle(),
     );
@@ -44,11 +56,24 @@ export class SessionController {
   }
 
   get idle(): boolean {
-    return this.pending === 0 && this.current === undefined;
+    return this.operations.depth === 0 && this.turn === undefined;
+  }
+
+  /** The actor's turn in flight here is `turn` (its begin transaction committed). */
+  hold(turn: InFlightTurn): void {
+    this.turn = turn;
+  }
+
+  /** The attempt of `eventId` is over in this process; the controller may be released when idle. */
+  letGo(eventId: string): InFlightTurn | undefined {
+    const turn = this.turn;
+    if (turn?.fence.eventId !== eventId) return undefined;
+    this.turn = undefined;
+    if (this.idle) this.onIdle();
+    return turn;
   }
 
   private settle(): void {
-    this.pending--;
     if (this.idle) this.onIdle();
   }
 }
@@ -103,22 +128,6 @@ export class ActorDirectory {
 
   get size(): number {
     return this.controllers.size;
-  }
-
-  list(): SessionController[] {
-    return [...this.controllers.values()];
-  }
-
-  /** Releases every idle controller now (shutdown, tests). */
-  releaseIdle(): number {
-    let n = 0;
-    for (const c of [...this.controllers.values()]) {
-      if (c.idle) {
-        this.release(c);
-        n++;
-      }
-    }
-    return n;
   }
 
   private scheduleRelease(c: SessionController): void {

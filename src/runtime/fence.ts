@@ -29,6 +29,20 @@ export function fromWire(r: WireTurnRef): Fence {
   };
 }
 
+/** One attempt of one event, as far as settling it is concerned (a Fence is one). */
+export interface AttemptRef {
+  agentUid: string;
+  sessionId: string;
+  activationUid: string;
+  actorEpoch: number;
+  eventId: string;
+}
+
+/** Log fields for an attempt: actor key, epoch and event id. */
+export function attemptFields(a: AttemptRef): Record<string, unknown> {
+  return { actor: `${a.agentUid}/${a.sessionId}`, epoch: a.actorEpoch, eventId: a.eventId };
+}
+
 /** Log fields for a fence: every live-path log line carries actor key, epoch and event id. */
 export function fenceFields(f: Fence): Record<string, unknown> {
   return {

@@ -1,7 +1,6 @@
 /**
  * Group commit: many callers' writes in one transaction, the way a database groups its own log
- * writes. Used for worker replies (results, accepts, progress, `sent` marks) and for the begins
- * of fetched jobs.
+ * writes. Used for worker replies (results, accepts, progress) and for the begins of fetched jobs.
  *
  * G1 No timer. A request that arrives while no transaction of this writer runs starts one at
  *    once (alone, on the single-request path); requests that arrive while one runs wait and go
@@ -51,6 +50,23 @@ export class GroupWriter<R, O> {
       this.waiting.push({ request, resolve, reject });
       if (!this.flushing) void this.flush();
     });
+  }
+
+  /**
+   * Takes back the waiting requests `match` selects (not yet in a transaction): each settles with
+   * `outcome` without being written. Returns how many.
+   */
+  withdraw(match: (request: R) => boolean, outcome: O): number {
+    const keep: Waiting<R, O>[] = [];
+    let n = 0;
+    for (const w of this.waiting) {
+      if (match(w.request)) {
+        n++;
+        w.resolve(outcome);
+      } else keep.push(w);
+    }
+    this.waiting = keep;
+    return n;
   }
 
   /** Requests waiting for the next transaction. */

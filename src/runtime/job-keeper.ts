@@ -6,15 +6,15 @@
  */
 import type { Clock } from '../clock.ts';
 import type { Logger } from '../logger.ts';
-import type { Runtime } from './runtime.ts';
+import type { Dispatcher } from './dispatcher.ts';
 import type { TurnStore } from './turns.ts';
 import { Periodic } from './periodic.ts';
 
 export class JobKeeper {
   private readonly log: Logger;
-  private readonly opts: { store: TurnStore; runtime: Runtime; clock: Clock; logger: Logger; jobHeartbeatSeconds: number };
+  private readonly opts: { store: TurnStore; dispatcher: Dispatcher; clock: Clock; logger: Logger; jobHeartbeatSeconds: number };
 
-  constructor(opts: { store: TurnStore; runtime: Runtime; clock: Clock; logger: Logger; jobHeartbeatSeconds: number }) {
+  constructor(opts: { store: TurnStore; dispatcher: Dispatcher; clock: Clock; logger: Logger; jobHeartbeatSeconds: number }) {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'job-keeper' });
   }
@@ -25,7 +25,7 @@ export class JobKeeper {
 
   /** Touches every in-flight job once. Returns how many. */
   async tick(): Promise<number> {
-    const attempts = this.opts.runtime.inFlightAttempts();
+    const attempts = this.opts.dispatcher.inFlightAttempts();
     await this.opts.store.touchJobs(attempts);
     return attempts.length;
   }

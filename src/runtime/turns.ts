@@ -15,7 +15,7 @@ import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { DeadLetterMode } from '../config.ts';
 import type { Db, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
-import { checkFence, checkFenceLateSteer, loadFenceRowsMany, lockFence, NO_FENCE_ROWS, type Fence } from '../db/fence.ts';
+import { checkFence, checkFenceLateSteer, loadFenceRowsMany, lockFence, NO_FENCE_ROWS, type Fence, type JobTable } from '../db/fence.ts';
 import * as activations from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
@@ -29,6 +29,7 @@ import type { ConsumedJob } from '../queue/consumer.ts';
 import { enqueueEffects, type EmitRequest, type TurnEffects } from '../queue/effects.ts';
 import type { ActivationRow } from '../db/activations.ts';
 import type { ConversationContext } from '../db/history.ts';
+import { DELIVERY_LIVE } from '../db/schema.ts';
 
 export interface TurnsConfig {
   leaseMs: number;
@@ -74,14 +75,11 @@ export interface CommitRequest {
 export type ReplyRequest =
   | ({ kind: 'commit' } & CommitRequest)
   | { kind: 'accept'; fence: Fence; workerId: string }
-  | { kind: 'progress'; fence: Fence; workerId: string }
-  /** turn_start went out: informational (`created` and `sent` are alike to every check), unfenced. */
-  | { kind: 'sent'; fence: Fence };
+  | { kind: 'progress'; fence: Fence; workerId: string };
 
 /** What a group transaction did with one reply. */
 export type ReplyOutcome =
   | CommitOutcome
-  | { outcome: 'sent' }
   | { outcome: 'accepted' }
   | { outcome: 'extended'; leaseExpiresAt: Date | undefined }
   | { outcome: 'rejected'; reason: FenceReason };
@@ -114,6 +112,8 @@ export class TurnStore {
   private readonly queueName: string;
   private readonly ownerId: string;
   private readonly config: TurnsConfig;
+  /** Where the fence finds the events' jobs. */
+  private readonly jobs: JobTable;
 
   constructor(deps: { db: Db; boss: PgBoss; queueName: string; ownerId: string; config: TurnsConfig }) {
     this.db = deps.db;
@@ -121,6 +121,7 @@ export class TurnStore {
     this.queueName = deps.queueName;
     this.ownerId = deps.ownerId;
     this.config = deps.config;
+    this.jobs = { schema: deps.config.bossSchema ?? 'pgboss', queue: deps.queueName };
   }
 
   /**
@@ -202,10 +203,6 @@ export class TurnStore {
     if (attempts.length > 0) await this.boss.touch(this.queueName, attempts);
   }
 
-  async markSent(fence: Fence): Promise<boolean> {
-    return deliveries.transitionDelivery(this.db, fence.deliveryId, ['created'], 'sent');
-  }
-
   /**
    * The delivery could not be sent (`send_failed`), or its worker was lost before running it or
    * handed it back (`superseded`): end it and write a new delivery of the same event for
@@ -219,8 +216,8 @@ export class TurnStore {
     endState: 'send_failed' | 'superseded' = 'send_failed',
   ): Promise<Fence> {
     return inTransaction(this.db, async (tx) => {
-      const { activation, delivery } = await lockFence(tx, fence);
-      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], endState, reason);
+      const { activation, delivery } = await lockFence(tx, this.jobs, fence);
+      await deliveries.transitionDelivery(tx, delivery.deliveryId, DELIVERY_LIVE, endState, reason);
       await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: { code: endState, message: reason } });
       const [deliveryId] = await turnRows.insertTurnRowsMany(tx, [
         {
@@ -238,18 +235,13 @@ export class TurnStore {
 
   /** turn_accepted: the worker took the turn. Fenced; extends the lease. */
   async accept(fence: Fence, workerId: string): Promise<void> {
-    await inTransaction(this.db, async (tx) => {
-      const { delivery } = await lockFence(tx, fence, workerId);
-      await turnRows.acceptDeliveryRowsMany(tx, [{ deliveryId: delivery.deliveryId, activationUid: fence.activationUid }], this.config.leaseMs);
-    });
+    await this.replyOne({ kind: 'accept', fence, workerId });
   }
 
   /** turn_progress: a healthy long turn keeps its lease. Fenced. */
   async progress(fence: Fence, workerId: string): Promise<Date | undefined> {
-    return inTransaction(this.db, async (tx) => {
-      await lockFence(tx, fence, workerId);
-      return activations.extendLease(tx, fence.activationUid, this.config.leaseMs);
-    });
+    const outcome = await this.replyOne({ kind: 'progress', fence, workerId });
+    return outcome.outcome === 'extended' ? outcome.leaseExpiresAt : undefined;
   }
 
   /**
@@ -258,33 +250,25 @@ export class TurnStore {
    * A result for a delivery that already committed is a duplicate: nothing is written.
    */
   async commit(fence: Fence, workerId: string, messages: ReplyMessage[], output?: unknown): Promise<CommitOutcome> {
-    try {
-      return await inTransaction(this.db, async (tx) => {
-        const { delivery } = await lockFence(tx, fence, workerId);
-        const written = await turnRows.commitTurnRowsMany(tx, [
-          {
-            deliveryId: delivery.deliveryId,
-            activationUid: fence.activationUid,
-            revision: fence.revision,
-            workerId,
-            output,
-            messages,
-            leaseMs: this.config.leaseMs,
-          },
-        ]);
-        if (!written.has(delivery.deliveryId)) throw new FenceRejected('already_committed');
-        const res = (await this.boss.complete(
-          this.queueName,
-          { id: fence.eventId, retryCount: delivery.jobRetryCount },
-          output === undefined ? null : { output },
-          { db: fromDrizzle(tx, sql) },
-        )) as { affected?: number };
-        if (res.affected !== 1) throw new FenceRejected('job_not_active');
-        return { outcome: 'committed' as const };
-      });
-    } catch (e) {
-      if (e instanceof FenceRejected && e.reason === 'already_committed') return { outcome: 'duplicate' };
-      throw e;
+    const outcome = await this.replyOne({ kind: 'commit', fence, workerId, messages, ...(output === undefined ? {} : { output }) });
+    if (outcome.outcome !== 'committed' && outcome.outcome !== 'duplicate') throw new Error(`unexpected commit outcome ${outcome.outcome}`);
+    return outcome;
+  }
+
+  /**
+   * One reply in its own transaction: `replyMany` with one member. A fence rejection is thrown as
+   * `FenceRejected`. When the job did not settle although the fence held (pg-boss settled it in
+   * between), it runs once more: the fence then sees the job and answers `job_not_active`.
+   */
+  async replyOne(request: ReplyRequest): Promise<Exclude<ReplyOutcome, { outcome: 'rejected' }>> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const [outcome] = await this.replyMany([request]);
+        if (outcome!.outcome === 'rejected') throw new FenceRejected(outcome!.reason);
+        return outcome!;
+      } catch (e) {
+        if (!(e instanceof BatchNotSettled) || attempt >= 2) throw e;
+      }
     }
   }
 
@@ -295,7 +279,7 @@ export class TurnStore {
 
   /**
    * Many worker replies in one transaction (group commit), in a constant number of statements:
-   * marks `sent` deliveries, locks every fence row (in delivery-id order), checks each reply with
+   * locks every fence row (in delivery-id order), checks each reply with
    * `checkFence`, then applies the ones that passed, one statement per kind in causal order:
    * accepts, progress (leases extended), results (their turns' rows); the results' jobs complete
    * in one pg-boss call with the attempt fence. A reply that fails its
@@ -306,9 +290,7 @@ export class TurnStore {
    */
   async replyMany(requests: readonly ReplyRequest[]): Promise<ReplyOutcome[]> {
     return inTransaction(this.db, async (tx) => {
-      await deliveries.markSentMany(tx, requests.filter((r) => r.kind === 'sent').map((r) => r.fence.deliveryId));
-      const fenced = requests.filter((r) => r.kind !== 'sent');
-      const rows = await loadFenceRowsMany(tx, fenced.map((r) => r.fence.deliveryId));
+      const rows = await loadFenceRowsMany(tx, this.jobs, requests.map((r) => r.fence.deliveryId));
       const outcomes: ReplyOutcome[] = [];
       const completions: { id: string; retryCount: number }[] = [];
       const commits: turnRows.CommitRowsInput[] = [];
@@ -317,10 +299,6 @@ export class TurnStore {
       const committed = new Set<string>();
       const effects: TurnEffects[] = [];
       for (const r of requests) {
-        if (r.kind === 'sent') {
-          outcomes.push({ outcome: 'sent' });
-          continue;
-        }
         const found = rows.get(r.fence.deliveryId) ?? NO_FENCE_ROWS;
         let reason = checkFence(r.fence, found, r.workerId);
         // effects hook: a result that missed a steer commits; the steer becomes the next event
@@ -391,9 +369,9 @@ export class TurnStore {
    */
   async fail(fence: Fence, workerId: string, error: { code: string; message: string; retryable?: boolean }): Promise<FailOutcome> {
     return inTransaction(this.db, async (tx) => {
-      const { activation, delivery } = await lockFence(tx, fence, workerId);
+      const { activation, delivery } = await lockFence(tx, this.jobs, fence, workerId);
       const record = { code: error.code, message: error.message };
-      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], 'failed', error.code);
+      await deliveries.transitionDelivery(tx, delivery.deliveryId, DELIVERY_LIVE, 'failed', error.code);
       await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: record, workerId });
       if (error.retryable === false) {
         await makeLastAttempt(tx, this.config.bossSchema ?? 'pgboss', this.queueName, fence.eventId, delivery.jobRetryCount);
@@ -507,7 +485,7 @@ export class TurnStore {
   async cancel(key: ActorKey, reason: string): Promise<Fence> {
     return inTransaction(this.db, async (tx) => {
       const { activation, delivery } = await this.lockLiveTurn(tx, key);
-      await deliveries.transitionDelivery(tx, delivery.deliveryId, ['created', 'sent', 'accepted'], 'failed', 'cancelled');
+      await deliveries.transitionDelivery(tx, delivery.deliveryId, DELIVERY_LIVE, 'failed', 'cancelled');
       await transcript.finishTurn(tx, delivery.deliveryId, 'cancelled', { error: { code: 'cancelled', message: reason } });
       await activations.endActivation(tx, activation.activationUid, 'failed', 'cancelled');
       for (const id of await deliveries.supersedeDeliveriesOf(tx, activation.activationUid, 'cancelled')) {

@@ -12,8 +12,9 @@ import type { Db } from '../db/client.ts';
 import * as activations from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as workersDb from '../db/workers.ts';
-import type { Runtime } from './runtime.ts';
+import type { Dispatcher } from './dispatcher.ts';
 import type { TurnStore } from './turns.ts';
+import type { WorkerRegistry } from './worker-registry.ts';
 import { Periodic } from './periodic.ts';
 
 /** How often old rows are deleted from `corral.workers`. */
@@ -22,7 +23,8 @@ const WORKER_PRUNE_INTERVAL_MS = 60_000;
 export interface WatchdogOptions {
   db: Db;
   store: TurnStore;
-  runtime: Runtime;
+  dispatcher: Dispatcher;
+  workers: WorkerRegistry;
   clock: Clock;
   logger: Logger;
   intervalMs: number;
@@ -70,36 +72,23 @@ export class Watchdog {
 
   private async pass(): Promise<WatchdogReport> {
     const report: WatchdogReport = { expired: 0, deadLettered: 0, stoppedIdle: 0, staleWorkers: [], redispatched: 0, overdue: 0 };
-    const { db, store, runtime } = this.opts;
+    const { db, store, dispatcher, workers } = this.opts;
 
     for (const a of await activations.listExpiredInFlight(db)) {
       const outcome = await store.expire(a.activationUid);
       if (!outcome || a.currentEventId === null) continue;
       report.expired++;
       if (outcome.deadLettered) report.deadLettered++;
-      runtime.onAttemptFailed(
-        {
-          agentUid: a.agentUid,
-          sessionId: a.sessionId,
-          activationUid: a.activationUid,
-          actorEpoch: a.actorEpoch,
-          eventId: a.currentEventId,
-          revision: a.revision,
-          deliveryId: '',
-        },
-        outcome,
-        'lease expired',
-      );
+      dispatcher.attemptFailed({ ...a, eventId: a.currentEventId }, outcome, 'lease expired');
     }
 
-    if (this.opts.maxTurnMs !== undefined) report.overdue = await runtime.failOverdueTurns(this.opts.maxTurnMs);
+    if (this.opts.maxTurnMs !== undefined) report.overdue = await dispatcher.failOverdueTurns(this.opts.maxTurnMs);
 
-    for (const stale of runtime.takeStaleWorkers()) {
+    for (const stale of await workers.takeStale()) {
       report.staleWorkers.push(stale.id);
-      await workersDb.setWorkerStatus(db, stale.id, 'stale');
       this.log.warn({ workerId: stale.id, inFlight: stale.events.length }, 'worker stale: no heartbeat');
       for (const d of await deliveries.unacceptedDeliveriesOf(db, stale.id)) {
-        runtime.reassign(d.eventId, `worker ${stale.id} stale`);
+        dispatcher.reassign(d.eventId, `worker ${stale.id} stale`);
         report.redispatched++;
       }
     }

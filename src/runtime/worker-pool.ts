@@ -50,16 +50,12 @@ export class WorkerPool {
     return true;
   }
 
-  has(id: string): boolean {
-    return this.workers.has(id);
+  get size(): number {
+    return this.workers.size;
   }
 
-  get(id: string): PooledWorker | undefined {
-    return this.workers.get(id);
-  }
-
-  list(): PooledWorker[] {
-    return [...this.workers.values()];
+  isReady(id: string): boolean {
+    return this.workers.get(id)?.status === 'ready';
   }
 
   /** Total free slots over ready workers. */

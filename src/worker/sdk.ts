@@ -40,7 +40,7 @@ import {
   type TurnStart,
   type WorkerMessage,
 } from '../fabric/protocol.ts';
-import { SerialQueue } from '../fabric/send-queue.ts';
+import { SerialQueue } from '../serial-queue.ts';
 import { runReceiveLoop } from '../fabric/receive-loop.ts';
 import { RunningTurn, type TurnHandler } from './turn.ts';
 

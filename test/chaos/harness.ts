@@ -28,7 +28,7 @@ import type { PgBoss } from 'pg-boss';
 import { DEFAULTS, loadConfig, type Config } from '../../src/config.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { migrateDatabase } from '../../src/db/migrate.ts';
-import { createBoss, ensureQueues, queueNames } from '../../src/queue/boss.ts';
+import { createBoss, ensureQueues, queuesOf } from '../../src/queue/boss.ts';
 import { createEventQueue, type EventQueue } from '../../src/queue/events.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { freePort } from '../helpers/processes.ts';
@@ -76,7 +76,7 @@ export const CHAOS_TIMINGS: ChaosTimings = {
   jobHeartbeatS: 10,
 };
 
-export const QUEUE = queueNames(DEFAULTS);
+export const QUEUE = queuesOf(DEFAULTS);
 
 /** The full configuration the harness's own pg-boss uses to create the queues (same policy as the daemons). */
 function queueConfig(t: ChaosTimings): Config {

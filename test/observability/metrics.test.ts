@@ -66,7 +66,7 @@ describe('metrics and observability endpoints', () => {
     });
     await daemon.start();
     worker = await runExampleWorker({ endpoint: daemon.broker.endpoint, workerId: 'metrics-w1', logger: testLogger });
-    await waitFor(() => server !== undefined && daemon.runtime.pool.freeSlots() === 1, { what: 'server and worker' });
+    await waitFor(() => server !== undefined && daemon.runtime.workers.freeSlots() === 1, { what: 'server and worker' });
   });
 
   afterAll(async () => {

@@ -17,7 +17,7 @@ import {
   type DeadLetter,
   type OpsDeps,
 } from '../../src/ops/dead-letters.ts';
-import { queueRef } from '../../src/ops/status.ts';
+import { queuesOf } from '../../src/queue/boss.ts';
 import { createBoss } from '../../src/queue/boss.ts';
 import { CorralError } from '../../src/errors.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
@@ -27,7 +27,7 @@ import { deadLetterCount, makeDeadLetters, startFailingRuntime } from './helpers
 const A = actorKey('ops-a', 's1');
 const B = actorKey('ops-b', 's1');
 const C = actorKey('ops-c', 's1');
-const q = queueRef(DEFAULTS);
+const q = queuesOf(DEFAULTS);
 
 describe('dead-letter operations (mode continue)', () => {
   let tdb: TestDatabase;

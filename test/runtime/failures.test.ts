@@ -299,7 +299,7 @@ describe('dispatch', () => {
     const other = new RawWorker('raw-other', t.daemon.broker.endpoint);
     workers.push(other);
     await other.register(1);
-    await waitFor(() => t.daemon.runtime.pool.freeSlots() === 9, { what: 'both workers registered' });
+    await waitFor(() => t.daemon.runtime.workers.freeSlots() === 9, { what: 'both workers registered' });
     // the first worker (8 free slots, so the preferred one) disappears without a word
     await gone.close();
     await waitFor(async () => (await t.daemon.broker.send('raw-0', { v: 1, type: 'error', code: 'probe', message: 'probe' })).ok === false, {

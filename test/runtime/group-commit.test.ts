@@ -132,7 +132,8 @@ describe('group commit', () => {
       data: { agentUid, sessionId: 's', payload, enqueuedAt: new Date().toISOString() },
     });
     const jobs = [job('begin-warm-0', { x: 1 }), job('begin-new', null), job('begin-stale-0', [1, 2])];
-    const started = await t.daemon.store.beginMany(jobs.map((j) => ({ job: j, workerId: 'raw-gc' })));
+    // the second waits for a worker: its delivery is `created`; the others go out at once: `sent`
+    const started = await t.daemon.store.beginMany(jobs.map((j, i) => ({ job: j, workerId: i === 1 ? null : 'raw-gc' })));
 
     expect(started.map((s) => s.fence.eventId)).toEqual(jobs.map((j) => j.id));
     expect(started[0]!.fence.activationUid).toBe(w.activationUid); // the warm activation, reused
@@ -146,9 +147,9 @@ describe('group commit', () => {
        order by d.event_id`);
     const byEvent = new Map(rows.rows.map((r) => [r.event_id, r]));
     expect(started.map((s) => byEvent.get(s.fence.eventId))).toEqual([
-      { event_id: jobs[0]!.id, state: 'created', status: 'started', input: { x: 1 }, input_type: 'object', epoch: w.actorEpoch },
+      { event_id: jobs[0]!.id, state: 'sent', status: 'started', input: { x: 1 }, input_type: 'object', epoch: w.actorEpoch },
       { event_id: jobs[1]!.id, state: 'created', status: 'started', input: null, input_type: 'null', epoch: 1 },
-      { event_id: jobs[2]!.id, state: 'created', status: 'started', input: [1, 2], input_type: 'array', epoch: stale.actorEpoch + 1 },
+      { event_id: jobs[2]!.id, state: 'sent', status: 'started', input: [1, 2], input_type: 'array', epoch: stale.actorEpoch + 1 },
     ]);
     expect((await state(stale.eventId)).delivery).toBe('superseded');
     const live = await db().execute<{ n: number }>(sql`
@@ -157,14 +158,38 @@ describe('group commit', () => {
     expect(live.rows[0]!.n).toBe(3); // one live activation per actor (I1)
   });
 
-  it('rolls the whole batch back when a job does not settle', async () => {
-    const [a, b] = (await startTurns('unsettled', 2)).map(fromWire) as [Fence, Fence];
-    // b's job attempt is no longer the one its delivery holds: pg-boss's attempt fence refuses it.
+  it('rejects a reply whose job is no longer active at its attempt (job_not_active), without disturbing the batch', async () => {
+    const [a, b] = (await startTurns('jobfence', 2)).map(fromWire) as [Fence, Fence];
+    // b's job attempt is no longer the one its delivery holds (pg-boss settled and retried it)
     await db().execute(sql`update pgboss.job set retry_count = retry_count + 1 where id = ${b.eventId}`);
-    await expect(t.daemon.store.commitMany([request(a), request(b)])).rejects.toThrow(/did not settle/);
-    expect((await state(a.eventId)).turn).toBe('started');
-    expect((await state(a.eventId)).job_state).toBe('active');
+    expect(await t.daemon.store.commitMany([request(a), request(b)])).toEqual([
+      { outcome: 'committed' },
+      { outcome: 'rejected', reason: 'job_not_active' },
+    ]);
+    expect((await state(a.eventId)).job_state).toBe('completed');
+    expect(await state(b.eventId)).toMatchObject({ turn: 'started', job_state: 'active' });
     await db().execute(sql`update pgboss.job set retry_count = retry_count - 1 where id = ${b.eventId}`);
+  });
+
+  it('rolls the whole batch back when a job does not settle after its fence held', async () => {
+    const [a, b] = (await startTurns('unsettled', 2)).map(fromWire) as [Fence, Fence];
+    // pg-boss settles b's job between the fence check and the completion: a trigger on b's turn
+    // row (written after the check, before the completion) moves the job's attempt on.
+    await db().execute(sql.raw(`
+      create or replace function pg_temp_settle_b() returns trigger language plpgsql as $$
+      begin
+        update pgboss.job set retry_count = retry_count + 1 where id = '${b.eventId}';
+        return new;
+      end $$;
+      create trigger settle_b after update on corral.turns
+        for each row when (new.delivery_id = '${b.deliveryId}') execute function pg_temp_settle_b();`));
+    try {
+      await expect(t.daemon.store.commitMany([request(a), request(b)])).rejects.toThrow(/did not settle/);
+      expect((await state(a.eventId)).turn).toBe('started');
+      expect((await state(a.eventId)).job_state).toBe('active');
+    } finally {
+      await db().execute(sql`drop trigger settle_b on corral.turns; drop function pg_temp_settle_b()`);
+    }
   });
 
   it('commits a burst of results sent at once, answering each worker result', async () => {

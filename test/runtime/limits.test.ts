@@ -35,12 +35,12 @@ describe('dispatch past dead routes', () => {
       await p.sendJson({ v: 1, type: 'worker_ready', worker_id: `dead-${i}`, capacity: 1024 });
       peers.push(p);
     }
-    await waitFor(() => runtime.pool.list().length === DEAD, { what: 'dead peers registered' });
+    await waitFor(() => runtime.workers.size === DEAD, { what: 'dead peers registered' });
     for (const p of peers) p.close();
     await waitFor(() => broker.stats().connections === 0, { what: 'dead peers disconnected' });
     const alive: Worker = await runExampleWorker({ endpoint: broker.endpoint, workerId: 'alive', capacity: 1, logger: testLogger });
     cleanups.push(() => alive.stop());
-    await waitFor(() => runtime.pool.has('alive'), { what: 'live worker registered' });
+    await waitFor(() => runtime.workers.isReady('alive'), { what: 'live worker registered' });
 
     const { eventId } = await t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey('dead-routes', 's'), { text: 'x' });
     const committed = await waitFor(
@@ -72,7 +72,7 @@ describe('maximum turn duration', () => {
     });
     await w.start();
     cleanups.push(() => w.stop());
-    await waitFor(() => t.daemon.runtime.pool.has('slow'), { what: 'worker registered' });
+    await waitFor(() => t.daemon.runtime.workers.isReady('slow'), { what: 'worker registered' });
     const started = Date.now();
     const { eventId } = await t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey('slow', 's'), { delayMs: 60_000 });
     const failed = await waitFor(

@@ -18,7 +18,7 @@ describe('the durable actor loop, end to end', () => {
         await runExampleWorker({ endpoint: t.daemon.broker.endpoint, workerId: id, capacity: 2, logger: testLogger }),
       );
     }
-    await waitFor(() => t.daemon.runtime.pool.freeSlots() === 4, { what: 'workers registered' });
+    await waitFor(() => t.daemon.runtime.workers.freeSlots() === 4, { what: 'workers registered' });
   });
 
   afterAll(async () => {

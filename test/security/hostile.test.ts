@@ -46,7 +46,7 @@ describe('fabric security against hostile peers', () => {
       credentials: workerCredentials(key),
     });
     workers.set(id, w);
-    await waitFor(() => t.daemon.broker.isRegistered(id) && t.daemon.runtime.pool.has(id), { what: `${id} registered`, timeoutMs: 15_000 });
+    await waitFor(() => t.daemon.broker.isRegistered(id) && t.daemon.runtime.workers.isReady(id), { what: `${id} registered`, timeoutMs: 15_000 });
   }
 
   function peer(curve?: { serverKey: string; publicKey: string; secretKey: string }, routingId?: string): RawPeer {
@@ -179,16 +179,16 @@ describe('fabric security against hostile peers', () => {
     const busy = await Promise.all(
       ['legit-1', 'legit-2'].map((s) => daemon.events.enqueueActorEvent(daemon.database.db, actorKey('busy', s), { delayMs: 2_500 })),
     );
-    await waitFor(() => busy.every((b) => daemon.runtime.pool.workerOf(b.eventId) !== undefined), { what: 'legit workers busy' });
+    await waitFor(() => busy.every((b) => daemon.runtime.workers.workerOf(b.eventId) !== undefined), { what: 'legit workers busy' });
     await startLegit('rev-1');
     const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('revoke', 's'), { delayMs: 2_000, text: 'r' });
-    await waitFor(() => daemon.runtime.pool.workerOf(eventId) === 'rev-1', { what: 'turn on rev-1', timeoutMs: 10_000 });
+    await waitFor(() => daemon.runtime.workers.workerOf(eventId) === 'rev-1', { what: 'turn on rev-1', timeoutMs: 10_000 });
 
     const revokedAt = Date.now();
     expect(revokeWorkerKey(paths(), 'rev-1')).toBe(true);
     await waitFor(() => !daemon.broker.isRegistered('rev-1'), { what: 'rev-1 dropped', timeoutMs: 1_000, intervalMs: 10 });
     expect(Date.now() - revokedAt).toBeLessThan(1_000);
-    expect(daemon.runtime.pool.has('rev-1')).toBe(false);
+    expect(daemon.runtime.workers.isReady('rev-1')).toBe(false);
 
     const committedBy = await waitFor(
       async () =>

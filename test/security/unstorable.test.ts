@@ -30,7 +30,7 @@ describe('unstorable content', () => {
       },
     });
     await worker.start();
-    await waitFor(() => t.daemon.runtime.pool.freeSlots() === 1, { what: 'worker registered' });
+    await waitFor(() => t.daemon.runtime.workers.freeSlots() === 1, { what: 'worker registered' });
   });
 
   afterAll(async () => {

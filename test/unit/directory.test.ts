@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { actorKey } from '../../src/actor-key.ts';
 import { ManualClock } from '../../src/clock.ts';
-import { ActorDirectory } from '../../src/runtime/directory.ts';
+import { ActorDirectory, type InFlightTurn } from '../../src/runtime/directory.ts';
 
 describe('ActorDirectory', () => {
   it('starts one controller per actor key, idempotently, even for concurrent wakes', async () => {
@@ -36,7 +36,7 @@ describe('ActorDirectory', () => {
     const dir = new ActorDirectory({ clock, lingerMs: 1_000 });
     for (let i = 0; i < 100; i++) await dir.wake(actorKey('a', `s${i}`)).run(async () => undefined);
     const busy = dir.wake(actorKey('a', 'busy'));
-    busy.current = { eventId: 'e1' };
+    busy.hold({ fence: { eventId: 'e1' } } as InFlightTurn);
     await busy.run(async () => undefined);
     expect(dir.size).toBe(101);
     await clock.advance(999);

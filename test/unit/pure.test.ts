@@ -86,7 +86,7 @@ describe('checkFence', () => {
     revision: 1,
     deliveryId: 'd-1',
   };
-  const rows = (over: { d?: object; a?: object; leaseAlive?: boolean; counter?: number } = {}): FenceRows =>
+  const rows = (over: { d?: object; a?: object; leaseAlive?: boolean; counter?: number; jobActive?: boolean } = {}): FenceRows =>
     ({
       delivery: {
         deliveryId: 'd-1',
@@ -97,6 +97,7 @@ describe('checkFence', () => {
         eventId: 'ev-1',
         revision: 1,
         state: 'accepted',
+        workerId: 'w-1',
         ...over.d,
       },
       activation: {
@@ -112,6 +113,7 @@ describe('checkFence', () => {
       },
       leaseAlive: over.leaseAlive ?? true,
       actorEpochCounter: over.counter ?? 3,
+      jobActive: over.jobActive ?? true,
     }) as unknown as FenceRows;
 
   it('holds only when everything is equal and the lease is alive', () => {
@@ -125,6 +127,9 @@ describe('checkFence', () => {
     expect(checkFence({ ...fence, eventId: 'ev-0' }, rows())).toBe('stale_event');
     expect(checkFence({ ...fence, revision: 0 }, rows())).toBe('stale_revision');
     expect(checkFence(fence, rows({ leaseAlive: false }))).toBe('lease_expired');
+    expect(checkFence(fence, rows({ jobActive: false }))).toBe('job_not_active');
+    expect(checkFence(fence, rows(), 'w-1')).toBeNull();
+    expect(checkFence(fence, rows(), 'w-2')).toBe('wrong_worker');
     expect(checkFence(fence, rows({ d: { state: 'completed' } }))).toBe('already_committed');
     expect(checkFence(fence, rows({ d: { state: 'superseded' } }))).toBe('delivery_superseded');
     expect(checkFence(fence, rows({ a: { status: 'failed', endReason: 'lease_expired' }, counter: 4 }))).toBe('stale_epoch');

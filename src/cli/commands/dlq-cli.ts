@@ -3,18 +3,14 @@
  * (scripts/dlq-*.ts). Light on purpose: the work (dlq.ts, the database) loads only when a command
  * runs, so `--help` and argument errors answer at once.
  */
-import { Command, CommanderError, InvalidArgumentError } from 'commander';
+import { Command, CommanderError } from 'commander';
 import type { Config } from '../../config.ts';
 import { EXIT, exitCodeFor, messageFor } from '../exit.ts';
+import { intArg } from '../args.ts';
 import type { ActFlags, Io, ListFlags } from './dlq.ts';
 
-export function positiveInt(max: number) {
-  return (value: string): number => {
-    const n = Number(value);
-    if (!Number.isInteger(n) || n < 1 || n > max) throw new InvalidArgumentError(`expected an integer in 1..${max}`);
-    return n;
-  };
-}
+/** A positive integer up to `max`. */
+export const positiveInt = (max: number) => intArg(1, max);
 
 type ConfigFn = () => Config;
 type RunFn = (p: Promise<number>) => void;

@@ -22,7 +22,7 @@ import {
   type DeadLetter,
   type DeadLetterFilter,
 } from '../../ops/dead-letters.ts';
-import { queueRef } from '../../ops/status.ts';
+import { queuesOf } from '../../queue/boss.ts';
 import { openCommandContext } from '../context.ts';
 import { EXIT } from '../exit.ts';
 import { fmtTime, renderTable } from './status.ts';
@@ -79,7 +79,7 @@ export async function runDlqList(config: Config, flags: ListFlags, io: Io): Prom
   if (flags.after !== undefined) assertJobId(flags.after, '--after id');
   const ctx = await openCommandContext(config);
   try {
-    const list = await listDeadLetters(ctx.database.db, queueRef(config), filter, {
+    const list = await listDeadLetters(ctx.database.db, queuesOf(config), filter, {
       limit: flags.limit,
       ...(flags.after !== undefined ? { after: flags.after } : {}),
     });
@@ -107,7 +107,7 @@ export async function runDlqShow(config: Config, id: string, flags: { json?: boo
   assertJobId(id);
   const ctx = await openCommandContext(config);
   try {
-    const d = await showDeadLetter(ctx.database.db, queueRef(config), id);
+    const d = await showDeadLetter(ctx.database.db, queuesOf(config), id);
     if (flags.json) {
       io.out.write(`${JSON.stringify(d, null, 2)}\n`);
       return 0;
@@ -214,7 +214,7 @@ export async function runDlqAct(
   for (const id of ids) assertJobId(id);
   const ctx = await openCommandContext(config);
   try {
-    const q = queueRef(config);
+    const q = queuesOf(config);
     let targets = ids;
     if (bulk) {
       const selected = await selectDeadLetters(ctx.database.db, q, filter);

@@ -7,8 +7,9 @@
  */
 import { existsSync, rmSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { InvalidArgumentError, type Command } from 'commander';
+import type { Command } from 'commander';
 import type { Config } from '../../config.ts';
+import { intArg } from '../args.ts';
 import { CorralError } from '../../errors.ts';
 
 type ConfigFn = () => Config;
@@ -18,11 +19,7 @@ interface Io {
   err: NodeJS.WritableStream;
 }
 
-function capacityArg(value: string): number {
-  const n = Number(value);
-  if (!Number.isInteger(n) || n < 1 || n > 1024) throw new InvalidArgumentError('expected an integer in 1..1024');
-  return n;
-}
+const capacityArg = intArg(1, 1024);
 
 async function paths(config: Config) {
   const keys = await import('../../fabric/keys.ts');

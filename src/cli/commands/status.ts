@@ -8,7 +8,8 @@ import type { Config } from '../../config.ts';
 import { CorralError } from '../../errors.ts';
 import { errorLine } from '../../ops/dead-letters.ts';
 import { describeActivation } from '../../ops/actor-state.ts';
-import { actorStatus, queueRef, systemStatus } from '../../ops/status.ts';
+import { actorStatus, systemStatus } from '../../ops/status.ts';
+import { queuesOf } from '../../queue/boss.ts';
 import { openCommandContext } from '../context.ts';
 
 type Out = NodeJS.WritableStream;
@@ -52,7 +53,7 @@ export function oneLine(v: unknown, max = 60): string {
 export async function runStatusCommand(config: Config, opts: { json?: boolean }, out: Out): Promise<number> {
   const ctx = await openCommandContext(config);
   try {
-    const s = await systemStatus(ctx.database.db, queueRef(config));
+    const s = await systemStatus(ctx.database.db, queuesOf(config));
     if (opts.json) {
       out.write(`${JSON.stringify({ ...s, deadLetterMode: config.deadLetterMode }, null, 2)}\n`);
       return 0;
@@ -99,7 +100,7 @@ export async function runActorCommand(config: Config, actor: string, opts: { jso
   const key = parseActorKey(actor);
   const ctx = await openCommandContext(config);
   try {
-    const s = await actorStatus(ctx.database.db, queueRef(config), key);
+    const s = await actorStatus(ctx.database.db, queuesOf(config), key);
     if (!s.known) throw new CorralError('not_found', `actor ${s.actor} is unknown (no events, turns or dead letters)`);
     if (opts.json) {
       out.write(`${JSON.stringify(s, null, 2)}\n`);

@@ -1,9 +1,10 @@
 /**
- * A FIFO of async operations that run strictly one at a time.
+ * A FIFO of async operations that run strictly one at a time; a failed operation does not stop
+ * the ones after it.
  *
- * Why: a zeromq.js socket allows only one `send()` in flight; a second concurrent call throws
- * "Socket is busy writing" synchronously (zeromq.js 6 with libzmq 4.3). Every send on a
- * socket goes through one of these, so callers may call `send` from anywhere, concurrently.
+ * Used where two operations must never interleave: sends on one ZeroMQ socket (zeromq.js 6
+ * allows one `send()` in flight; a second concurrent call throws "Socket is busy writing"), and
+ * the operations of one actor on its SessionController.
  */
 export class SerialQueue {
   private tail: Promise<void> = Promise.resolve();

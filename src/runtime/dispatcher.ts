@@ -1,0 +1,361 @@
+/**
+ * The dispatcher: takes fetched jobs to workers. It reserves a worker slot per job, begins the
+ * jobs' turns in groups (one transaction for the turns begun meanwhile), hands each turn to its
+ * actor's SessionController (which owns it until the attempt settles), sends `turn_start`,
+ * parks turns while no worker is free, and redirects a turn whose worker cannot be reached or
+ * handed it back.
+ *
+ * Invariants:
+ *  1. A turn holds at most one worker slot; it is released when the attempt settles here.
+ *  2. Per actor, its operations run one at a time on its SessionController.
+ *  3. A redirect is fenced: a delivery the watchdog already failed is not redirected.
+ *  4. It never touches the socket: it sends through `Transport`, the broker's send queue.
+ */
+import type { ActorKey } from '../actor-key.ts';
+import type { Clock, TimerHandle } from '../clock.ts';
+import type { ControlMessage } from '../db/control.ts';
+import { FenceRejected, errorMessage, toError } from '../errors.ts';
+import type { DaemonMessage } from '../fabric/protocol.ts';
+import type { Logger } from '../logger.ts';
+import type { BackgroundWork } from './background.ts';
+import type { Transport } from './transport.ts';
+import type { DatabaseRetry } from './db-retry.ts';
+import type { ActorDirectory, InFlightTurn, SessionController } from './directory.ts';
+import { attemptFields, fenceFields, toWire, type AttemptRef } from './fence.ts';
+import { GroupWriter } from './group-writer.ts';
+import type { RuntimeMetrics } from './metrics.ts';
+import type { FailOutcome, FetchedJob, StartedTurn, TurnStore } from './turns.ts';
+import type { WorkerRegistry } from './worker-registry.ts';
+import { contextToWire, withContext, type ContextLimits } from './context.ts';
+import type { Db } from '../db/client.ts';
+
+/** A turn is never offered to more than this many routes that turn out dead in one dispatch. */
+const MAX_DEAD_ROUTES_PER_DISPATCH = 3;
+/** After a dispatch gave up on dead routes, the parked turn is tried again this soon. */
+const PARKED_RETRY_MS = 100;
+
+export interface DispatcherOptions {
+  store: TurnStore;
+  transport: Transport;
+  workers: WorkerRegistry;
+  directory: ActorDirectory;
+  background: BackgroundWork;
+  retry: DatabaseRetry;
+  clock: Clock;
+  logger: Logger;
+  metrics: RuntimeMetrics;
+  /** Called whenever capacity may have freed up (the consumer fetches again). */
+  onCapacity?: () => void;
+  /** Conversation context in turn_start (read from `db`); absent = none. */
+  context?: { db: Db; limits: ContextLimits };
+}
+
+export class Dispatcher {
+  private readonly opts: DispatcherOptions;
+  private readonly log: Logger;
+  /** The controllers holding a turn in flight here, by event id. */
+  private readonly holders = new Map<string, SessionController>();
+  /** Turns begun while no worker was free; dispatched when one frees up or registers. */
+  private readonly parked: string[] = [];
+  private parkedRetry: TimerHandle | null = null;
+  private stopping = false;
+  /** Fetched jobs begin in groups: one transaction for the turns begun meanwhile. */
+  private readonly begins: GroupWriter<{ job: FetchedJob; workerId: string | null }, StartedTurn>;
+
+  constructor(opts: DispatcherOptions) {
+    this.opts = opts;
+    this.log = opts.logger.child({ component: 'dispatcher' });
+    // context hook: one query per begin batch, after it committed; it never throws
+    const withCtx = (turns: StartedTurn[]) =>
+      opts.context
+        ? withContext(opts.context.db, turns, opts.context.limits, (e) =>
+            this.log.warn({ err: errorMessage(e) }, 'turn context not loaded; turns start without it'),
+          )
+        : Promise.resolve(turns);
+    this.begins = new GroupWriter({
+      many: async (requests) => (await withCtx(await opts.store.beginMany(requests))).map((value) => ({ ok: true as const, value })),
+      one: async (r) => (await withCtx([await opts.store.begin(r.job, r.workerId)]))[0]!,
+      onBatch: (size, fellBack) => this.log.debug({ size, fellBack }, fellBack ? 'begin batch failed; begun one by one' : 'begin batch'),
+    });
+  }
+
+  /** Free worker slots minus turns waiting for a worker: how many jobs the consumer may fetch. */
+  fetchCapacity(): number {
+    return Math.max(0, this.opts.workers.freeSlots() - this.parked.length);
+  }
+
+  inFlightCount(): number {
+    return this.holders.size;
+  }
+
+  /** The turn in flight here for `eventId`, if any. */
+  turnOf(eventId: string): InFlightTurn | undefined {
+    const turn = this.holders.get(eventId)?.turn;
+    return turn?.fence.eventId === eventId ? turn : undefined;
+  }
+
+  /** The pg-boss attempts of the turns this process is running (the job keeper touches them). */
+  inFlightAttempts(): { id: string; retryCount: number }[] {
+    const out: { id: string; retryCount: number }[] = [];
+    for (const [eventId, c] of this.holders) if (c.turn) out.push({ id: eventId, retryCount: c.turn.started.attempt - 1 });
+    return out;
+  }
+
+  /** Dispatches fetched jobs; each begins on its actor's controller. Never throws. */
+  dispatchJobs(jobs: FetchedJob[]): void {
+    for (const job of jobs) {
+      const key: ActorKey = { agentUid: job.data.agentUid, sessionId: job.data.sessionId };
+      const controller = this.opts.directory.wake(key);
+      // Reserve the slot now, not when the controller gets to it, so the next fetch sees it taken.
+      const workerId = this.opts.workers.acquire(job.id) ?? null;
+      this.opts.background.track(controller.run(() => this.startTurn(controller, job, workerId)), {
+        actor: controller.name,
+        eventId: job.id,
+      });
+    }
+  }
+
+  private async startTurn(controller: SessionController, job: FetchedJob, workerId: string | null): Promise<void> {
+    let started: StartedTurn;
+    try {
+      started = await this.opts.retry(() => this.begins.submit({ job, workerId }), { actor: controller.name, eventId: job.id });
+    } catch (e) {
+      if (workerId) this.opts.workers.release(job.id);
+      throw e;
+    }
+    controller.hold({ fence: started.fence, workerId, started, startedAtMs: this.opts.clock.nowMs() });
+    this.holders.set(job.id, controller);
+    this.log.info({ ...fenceFields(started.fence), workerId, attempt: started.attempt }, 'turn started');
+    if (workerId === null) {
+      this.parked.push(job.id);
+      return;
+    }
+    await this.send(job.id);
+  }
+
+  /** Sends the turn of `eventId` to its worker, redirecting to another worker if the send fails. */
+  private async send(eventId: string): Promise<void> {
+    const tried = new Set<string>();
+    for (;;) {
+      const f = this.turnOf(eventId);
+      if (!f || f.workerId === null) return;
+      const res = await this.opts.transport.send(f.workerId, turnStart(f));
+      if (res.ok) {
+        this.opts.metrics.dispatched();
+        if (f.sentAtMs === undefined) {
+          f.sentAtMs = this.opts.clock.nowMs();
+          const enqueuedMs = Date.parse(f.started.enqueuedAt);
+          if (f.started.attempt === 1 && Number.isFinite(enqueuedMs)) {
+            this.opts.metrics.dispatchLatency?.((f.sentAtMs - enqueuedMs) / 1000);
+          }
+        }
+        return;
+      }
+      this.log.warn({ ...fenceFields(f.fence), workerId: f.workerId, reason: res.reason }, 'turn_start send failed');
+      tried.add(f.workerId);
+      // Its route is gone: out of dispatch until it registers again. Its other turns keep their
+      // deliveries; a reconnect of the same run can still finish them.
+      if (res.reason === 'unknown_route' || res.reason === 'closed') this.opts.workers.forget(f.workerId);
+      const capped = tried.size >= MAX_DEAD_ROUTES_PER_DISPATCH;
+      const next = capped ? undefined : this.opts.workers.acquire(eventId, tried);
+      if (next === undefined) {
+        this.park(eventId, f);
+        // The dead routes tried are forgotten; try again shortly rather than wait for the next
+        // worker event, so a turn gets past many dead routes a few at a time.
+        if (capped) this.retryParkedSoon();
+        return;
+      }
+      await this.redirect(eventId, next, `send failed: ${res.reason}`);
+    }
+  }
+
+  private park(eventId: string, f: InFlightTurn): void {
+    this.opts.workers.release(eventId);
+    f.workerId = null;
+    if (!this.parked.includes(eventId)) this.parked.push(eventId);
+  }
+
+  private async redirect(
+    eventId: string,
+    workerId: string,
+    reason: string,
+    endState: 'send_failed' | 'superseded' = 'send_failed',
+  ): Promise<void> {
+    const f = this.turnOf(eventId);
+    if (!f) return;
+    try {
+      f.fence = await this.opts.store.redirect(f.fence, workerId, reason, endState);
+      f.workerId = workerId;
+    } catch (e) {
+      if (e instanceof FenceRejected) {
+        // The attempt is over (the watchdog failed it); its retry comes back through the queue.
+        this.settle(f.fence);
+        return;
+      }
+      throw e;
+    }
+  }
+
+  private retryParkedSoon(): void {
+    if (this.parkedRetry || this.stopping) return;
+    this.parkedRetry = this.opts.clock.setTimeout(() => {
+      this.parkedRetry = null;
+      try {
+        this.dispatchParked();
+      } catch (e) {
+        this.log.error({ err: toError(e) }, 'dispatching parked turns failed');
+      }
+    }, PARKED_RETRY_MS);
+  }
+
+  /** Gives free slots to parked turns, oldest first. */
+  dispatchParked(): void {
+    while (this.parked.length > 0) {
+      const eventId = this.parked[0]!;
+      const f = this.turnOf(eventId);
+      if (!f) {
+        this.parked.shift();
+        continue;
+      }
+      const workerId = this.opts.workers.acquire(eventId);
+      if (workerId === undefined) return;
+      this.parked.shift();
+      this.opts.background.track(
+        this.opts.directory.wake(f.fence).run(async () => {
+          await this.redirect(eventId, workerId, 'dispatched after waiting for a worker');
+          await this.send(eventId);
+        }),
+        fenceFields(f.fence),
+      );
+    }
+  }
+
+  /**
+   * Sends the turn of `eventId` to another worker (its worker was lost before running it, or
+   * handed it back). `fromWorker`, when given, must be the worker currently holding the turn.
+   */
+  reassign(eventId: string, reason: string, fromWorker?: string, mayReturn = false): void {
+    const f = this.turnOf(eventId);
+    if (!f || (fromWorker !== undefined && f.workerId !== fromWorker)) return;
+    this.opts.background.track(
+      this.opts.directory.wake(f.fence).run(async () => {
+        const current = this.turnOf(eventId);
+        if (!current) return;
+        const next = this.opts.workers.acquire(eventId, new Set(current.workerId && !mayReturn ? [current.workerId] : []));
+        if (next === undefined) {
+          this.park(eventId, current);
+          return;
+        }
+        await this.redirect(eventId, next, reason, 'superseded');
+        await this.send(eventId);
+      }),
+      fenceFields(f.fence),
+    );
+  }
+
+  /** A worker registered: the turns its previous run lost go elsewhere; parked turns get slots. */
+  workerReady(lostEvents: readonly string[]): void {
+    // The restarted worker itself may take them again (it may be the only worker).
+    for (const eventId of lostEvents) this.reassign(eventId, 'worker restarted', undefined, true);
+    this.dispatchParked();
+    this.opts.onCapacity?.();
+  }
+
+  /**
+   * Turns running longer than `maxTurnMs` (since this process began them) are failed and their
+   * workers told to cancel. Called by the watchdog. Returns how many were failed.
+   */
+  async failOverdueTurns(maxTurnMs: number): Promise<number> {
+    const now = this.opts.clock.nowMs();
+    let failed = 0;
+    for (const c of [...this.holders.values()]) {
+      const f = c.turn;
+      if (!f || now - f.startedAtMs < maxTurnMs) continue;
+      const fence = f.fence;
+      const workerId = f.workerId;
+      const outcome = await c.run(() => this.opts.store.failOverdue(fence, maxTurnMs));
+      if (!outcome) continue;
+      failed++;
+      if (workerId) await this.tell(workerId, { v: 1, type: 'turn_cancel', turn_ref: toWire(fence), reason: 'turn_timeout' });
+      this.attemptFailed(fence, outcome, `turn ran longer than ${maxTurnMs} ms`);
+    }
+    return failed;
+  }
+
+  /** An attempt failed (a worker error, its lease, the maximum duration): settles it here. */
+  attemptFailed(attempt: AttemptRef, outcome: FailOutcome, why: string): void {
+    this.opts.metrics.failed(outcome.deadLettered);
+    const fields = { ...attemptFields(attempt), deadLettered: outcome.deadLettered };
+    if (outcome.deadLettered) this.log.warn(fields, `event dead-lettered after ${why}`);
+    else this.log.warn(fields, `attempt failed (${why}); the event will be retried`);
+    this.settle(attempt);
+  }
+
+  /**
+   * The attempt is over in this process, whatever happened to it: its controller lets go of it
+   * and its slot goes to a parked turn first, then to the queue. An older attempt of the same
+   * event (another activation) changes nothing.
+   */
+  settle(attempt: Pick<AttemptRef, 'eventId' | 'activationUid'>): void {
+    const holder = this.holders.get(attempt.eventId);
+    if (holder?.turn && holder.turn.fence.activationUid === attempt.activationUid) {
+      this.holders.delete(attempt.eventId);
+      holder.letGo(attempt.eventId);
+      this.opts.workers.release(attempt.eventId);
+      const i = this.parked.indexOf(attempt.eventId);
+      if (i >= 0) this.parked.splice(i, 1);
+    }
+    this.dispatchParked();
+    this.opts.onCapacity?.();
+  }
+
+  /**
+   * A committed control change (steer or cancel) for a turn. Only the daemon that dispatched the
+   * turn holds its worker connection; the others ignore it.
+   */
+  applyControl(msg: ControlMessage): void {
+    const f = this.turnOf(msg.fence.eventId);
+    if (!f || f.fence.deliveryId !== msg.fence.deliveryId) return;
+    this.opts.background.track(
+      this.opts.directory.wake(msg.fence).run(async () => {
+        const current = this.turnOf(msg.fence.eventId);
+        if (!current || current.fence.deliveryId !== msg.fence.deliveryId) return;
+        const workerId = current.workerId;
+        if (msg.kind === 'steer') {
+          if (msg.fence.revision > current.fence.revision) current.fence = msg.fence;
+          if (workerId) await this.tell(workerId, { v: 1, type: 'turn_steer', turn_ref: toWire(current.fence), input: msg.input as never });
+          this.log.info({ ...fenceFields(current.fence), workerId }, 'turn steered');
+        } else {
+          if (workerId) await this.tell(workerId, { v: 1, type: 'turn_cancel', turn_ref: toWire(current.fence), reason: msg.reason });
+          this.log.info({ ...fenceFields(current.fence), workerId }, 'turn cancelled');
+          this.settle(current.fence);
+        }
+      }),
+      fenceFields(msg.fence),
+    );
+  }
+
+  /** Stops retrying parked turns (shutdown). */
+  stop(): void {
+    this.stopping = true;
+    this.parkedRetry?.cancel();
+    this.parkedRetry = null;
+  }
+
+  private async tell(workerId: string, msg: DaemonMessage): Promise<void> {
+    const res = await this.opts.transport.send(workerId, msg);
+    if (!res.ok) this.log.debug({ workerId, type: msg.type, reason: res.reason }, 'message not delivered');
+  }
+}
+
+function turnStart(f: InFlightTurn): DaemonMessage {
+  return {
+    v: 1,
+    type: 'turn_start',
+    turn_ref: toWire(f.fence),
+    event: { id: f.fence.eventId, data: (f.started.payload ?? null) as never, enqueued_at: f.started.enqueuedAt },
+    attempt: f.started.attempt,
+    lease_expires_at: f.started.leaseExpiresAt.toISOString(),
+    ...(f.started.context ? { context: contextToWire(f.started.context) } : {}),
+  };
+}

@@ -1,0 +1,229 @@
+/**
+ * The reply pipeline: what workers say about their turns (accepted, progress, result, error),
+ * judged by the fence and written by group commit (see group-writer.ts): replies that arrive
+ * while a reply transaction runs go together in the next one. Each worker gets its own answer:
+ * `turn_committed`, or `turn_rejected` with the reason its reply failed the fence.
+ *
+ * Invariants:
+ *  1. A reply that fails the fence changes nothing and is answered `turn_rejected{reason}`.
+ *  2. Results, errors and progress of one actor run one at a time on its SessionController.
+ *  3. A reply about a delivery this process is not running costs a transaction only within the
+ *     worker's budget; beyond it, it is refused at once (`unknown_delivery`).
+ */
+import { FenceRejected } from '../errors.ts';
+import type { BrokerEvent } from '../fabric/broker.ts';
+import type { DaemonMessage } from '../fabric/protocol.ts';
+import { storableText, unstorableReason } from '../json-safety.ts';
+import type { Logger } from '../logger.ts';
+import type { BackgroundWork } from './background.ts';
+import type { DatabaseRetry } from './db-retry.ts';
+import type { ActorDirectory } from './directory.ts';
+import type { Dispatcher } from './dispatcher.ts';
+import { fenceFields, fromWire, type Fence, type WireTurnRef } from './fence.ts';
+import { GroupWriter } from './group-writer.ts';
+import type { RuntimeMetrics } from './metrics.ts';
+import type { Transport } from './transport.ts';
+import type { ReplyOutcome, ReplyRequest, TurnStore } from './turns.ts';
+import type { WorkerRegistry } from './worker-registry.ts';
+import type { Clock } from '../clock.ts';
+import { checkEmits } from '../queue/effects.ts';
+
+/** turn_error codes meaning "the worker did not run this turn": it goes elsewhere, no retry is spent. */
+const HANDED_BACK = new Set(['over_capacity', 'worker_stopping']);
+
+type ResultEvent = Extract<BrokerEvent, { kind: 'turn_result' }>;
+type ErrorEvent = Extract<BrokerEvent, { kind: 'turn_error' }>;
+
+export interface ReplyPipelineOptions {
+  store: TurnStore;
+  transport: Transport;
+  dispatcher: Dispatcher;
+  workers: WorkerRegistry;
+  directory: ActorDirectory;
+  background: BackgroundWork;
+  retry: DatabaseRetry;
+  clock: Clock;
+  logger: Logger;
+  metrics: RuntimeMetrics;
+  /** Largest emitted event payload (CORRAL_MAX_EVENT_BYTES). */
+  maxEventBytes?: number;
+}
+
+export class ReplyPipeline {
+  private readonly opts: ReplyPipelineOptions;
+  private readonly log: Logger;
+  /** Worker replies (results, accepts, progress) are written in groups. */
+  private readonly writer: GroupWriter<ReplyRequest, ReplyOutcome>;
+  /** turn_accepted messages not yet handed to the writer (see `accepted`). */
+  private readonly pendingAccepts = new Map<string, { workerId: string; ref: WireTurnRef }>();
+  private acceptsScheduled = false;
+
+  constructor(opts: ReplyPipelineOptions) {
+    this.opts = opts;
+    this.log = opts.logger.child({ component: 'replies' });
+    this.writer = new GroupWriter<ReplyRequest, ReplyOutcome>({
+      many: async (requests) =>
+        (await opts.store.replyMany(requests)).map((o) =>
+          o.outcome === 'rejected' ? { ok: false as const, error: new FenceRejected(o.reason) } : { ok: true as const, value: o },
+        ),
+      one: (r) => opts.store.replyOne(r),
+      onBatch: (size, fellBack) => this.log.debug({ size, fellBack }, fellBack ? 'reply batch failed; applied one by one' : 'reply batch'),
+    });
+  }
+
+  /**
+   * turn_accepted is written lazily: it waits until the end of this round of socket reads, and
+   * is dropped when its turn's result (or error) arrives first, since the delivery then goes
+   * straight to its end state. An accept changes no decision (every check treats the live
+   * delivery states alike), so it does not queue on the actor's controller ahead of the result.
+   */
+  accepted(workerId: string, ref: WireTurnRef): void {
+    if (!this.admit(workerId, ref)) return;
+    this.pendingAccepts.set(ref.delivery_id, { workerId, ref });
+    if (this.acceptsScheduled) return;
+    this.acceptsScheduled = true;
+    setImmediate(() => this.writeAccepts());
+  }
+
+  progress(workerId: string, ref: WireTurnRef): void {
+    this.opts.workers.seen(workerId);
+    this.fenced(workerId, ref, 'progress', (fence) => this.writer.submit({ kind: 'progress', fence, workerId }));
+  }
+
+  result(e: ResultEvent): void {
+    const unstorable = unstorableReason({ messages: e.messages, output: e.output ?? null });
+    if (unstorable) {
+      this.refuseUnstorable(e.workerId, e.turnRef, unstorable);
+      return;
+    }
+    // effects hook: a result whose `emit` breaks the limits is refused before any transaction
+    const effects = checkEmits(e.emit, this.opts.maxEventBytes ?? 256 * 1024);
+    if (!effects.ok) {
+      this.refuseUnstorable(e.workerId, e.turnRef, effects.detail, 'emit_limit');
+      return;
+    }
+    this.dropAccept(e.turnRef.delivery_id);
+    this.fenced(e.workerId, e.turnRef, 'commit', async (fence) => {
+      const outcome = await this.writer.submit({
+        kind: 'commit',
+        fence,
+        workerId: e.workerId,
+        messages: e.messages,
+        ...(e.output === undefined ? {} : { output: e.output }),
+        ...(effects.emits.length > 0 ? { emit: effects.emits } : {}),
+      });
+      if (outcome.outcome === 'committed') {
+        this.opts.metrics.committed();
+        const sentAtMs = this.opts.dispatcher.turnOf(fence.eventId)?.sentAtMs;
+        if (sentAtMs !== undefined) this.opts.metrics.commitLatency?.((this.opts.clock.nowMs() - sentAtMs) / 1000);
+        this.log.info({ ...fenceFields(fence), workerId: e.workerId }, 'turn committed');
+      } else {
+        this.opts.metrics.duplicate();
+        this.log.info({ ...fenceFields(fence), workerId: e.workerId }, 'duplicate result: already committed');
+      }
+      this.opts.dispatcher.settle(fence);
+      await this.answer(e.workerId, { v: 1, type: 'turn_committed', turn_ref: e.turnRef });
+    });
+  }
+
+  error(e: ErrorEvent): void {
+    if (HANDED_BACK.has(e.error.code)) {
+      this.log.info({ ...fenceFields(fromWire(e.turnRef)), workerId: e.workerId, code: e.error.code }, 'turn handed back');
+      this.opts.dispatcher.reassign(e.turnRef.event_id, `handed back by ${e.workerId}: ${e.error.code}`, e.workerId);
+      this.opts.background.track(
+        this.answer(e.workerId, { v: 1, type: 'turn_failed', turn_ref: e.turnRef, retry: true, dead_lettered: false, handed_back: true }),
+        { workerId: e.workerId },
+      );
+      return;
+    }
+    this.dropAccept(e.turnRef.delivery_id);
+    this.fenced(e.workerId, e.turnRef, 'fail', async (fence) => {
+      // an error text is diagnostic: make it storable rather than lose the failure
+      const outcome = await this.opts.store.fail(fence, e.workerId, {
+        ...e.error,
+        code: storableText(e.error.code),
+        message: storableText(e.error.message),
+      });
+      this.opts.dispatcher.attemptFailed(fence, outcome, `turn_error: ${e.error.code}: ${e.error.message}`);
+      // answered, so the worker knows it may stop re-sending the error
+      await this.answer(e.workerId, { v: 1, type: 'turn_failed', turn_ref: e.turnRef, retry: !outcome.deadLettered, dead_lettered: outcome.deadLettered });
+    });
+  }
+
+  private writeAccepts(): void {
+    this.acceptsScheduled = false;
+    const accepts = [...this.pendingAccepts.values()];
+    this.pendingAccepts.clear();
+    for (const { workerId, ref } of accepts) {
+      const fence = fromWire(ref);
+      this.opts.background.track(
+        this.judged(workerId, ref, 'accept', () => this.writer.submit({ kind: 'accept', fence, workerId })),
+        { ...fenceFields(fence), workerId, op: 'accept' },
+      );
+    }
+  }
+
+  /** The turn's result or error arrived: its accept, if not yet written, need not be. */
+  private dropAccept(deliveryId: string): void {
+    this.pendingAccepts.delete(deliveryId);
+    this.writer.withdraw((r) => r.kind === 'accept' && r.fence.deliveryId === deliveryId, { outcome: 'accepted' });
+  }
+
+  /**
+   * A result PostgreSQL cannot store: answered `turn_rejected{unstorable}` at once, and the
+   * attempt is failed (retried per the retry policy) instead of waiting for its lease.
+   */
+  private refuseUnstorable(workerId: string, ref: WireTurnRef, why: string, reason: 'unstorable' | 'emit_limit' = 'unstorable'): void {
+    this.opts.metrics.rejected(reason);
+    this.log.warn({ ...fenceFields(fromWire(ref)), workerId, why: why.slice(0, 200) }, 'result cannot be stored');
+    this.opts.background.track(
+      this.answer(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason, detail: why.slice(0, 500) }),
+      { workerId },
+    );
+    this.fenced(workerId, ref, 'fail', async (fence) => {
+      const code = reason === 'unstorable' ? 'unstorable_result' : 'emit_limit';
+      const outcome = await this.opts.store.fail(fence, workerId, { code, message: storableText(why.slice(0, 1000)) });
+      this.opts.dispatcher.attemptFailed(fence, outcome, `unstorable result: ${why.slice(0, 200)}`);
+    });
+  }
+
+  /** Invariant 3: false when the reply was refused at once. */
+  private admit(workerId: string, ref: WireTurnRef): boolean {
+    const known = this.opts.dispatcher.turnOf(ref.event_id);
+    if ((known && known.fence.deliveryId === ref.delivery_id) || this.opts.workers.takeUnknownReplyToken(workerId)) return true;
+    this.opts.metrics.rejected('unknown_delivery');
+    this.opts.background.track(
+      this.answer(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason: 'unknown_delivery', detail: 'not dispatched by this daemon' }),
+      { workerId },
+    );
+    return false;
+  }
+
+  /** Runs a fenced operation on the actor's controller (invariant 2). */
+  private fenced(workerId: string, ref: WireTurnRef, op: string, fn: (fence: Fence) => Promise<unknown>): void {
+    if (!this.admit(workerId, ref)) return;
+    const fence = fromWire(ref);
+    this.opts.background.track(
+      this.opts.directory.wake(fence).run(() => this.judged(workerId, ref, op, () => fn(fence))),
+      { ...fenceFields(fence), workerId, op },
+    );
+  }
+
+  /** Runs `fn` with the database retry; a fence rejection is answered to the worker (invariant 1). */
+  private async judged(workerId: string, ref: WireTurnRef, op: string, fn: () => Promise<unknown>): Promise<void> {
+    const fence = fromWire(ref);
+    try {
+      await this.opts.retry(fn, { ...fenceFields(fence), workerId, op });
+    } catch (e) {
+      if (!(e instanceof FenceRejected)) throw e;
+      this.opts.metrics.rejected(e.reason);
+      this.log.warn({ ...fenceFields(fence), workerId, op, reason: e.reason }, 'fence rejected');
+      await this.answer(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason: e.reason });
+    }
+  }
+
+  private async answer(workerId: string, msg: DaemonMessage): Promise<void> {
+    const res = await this.opts.transport.send(workerId, msg);
+    if (!res.ok) this.log.debug({ workerId, type: msg.type, reason: res.reason }, 'reply not delivered');
+  }
+}

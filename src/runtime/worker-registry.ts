@@ -1,0 +1,134 @@
+/**
+ * The worker registry: the workers connected to this daemon's broker, their free slots, their
+ * heartbeats and staleness, and their durable rows in `corral.workers` (for operators: the
+ * dispatch decisions use the in-memory pool, a projection rebuilt from `worker_ready`).
+ */
+import type { Clock } from '../clock.ts';
+import type { Db } from '../db/client.ts';
+import * as workersDb from '../db/workers.ts';
+import type { Logger } from '../logger.ts';
+import type { BackgroundWork } from './background.ts';
+import { WorkerPool } from './worker-pool.ts';
+
+/**
+ * Replies about deliveries this process did not dispatch (or no longer holds) cost a database
+ * transaction to judge. They are legitimate after a daemon restart (a worker re-sends its
+ * unanswered results), so they are not refused outright: each worker gets this budget, and
+ * beyond it they are rejected at once, before any transaction.
+ */
+const UNKNOWN_REPLY_BURST = 20;
+const UNKNOWN_REPLY_PER_SECOND = 10;
+/** The durable heartbeat is for operators: at most one write per worker per this many ms. */
+const HEARTBEAT_WRITE_MS = 1_000;
+
+export interface WorkerRegistryOptions {
+  db: Db;
+  ownerId: string;
+  clock: Clock;
+  logger: Logger;
+  background: BackgroundWork;
+  /** A worker not heard from for this long is stale: out of dispatch until it registers again. */
+  staleMs: number;
+  /** Drops a worker's broker session, so it must register again (a stale or removed worker). */
+  forgetSession?: (workerId: string) => void;
+}
+
+export class WorkerRegistry {
+  private readonly pool = new WorkerPool();
+  private readonly opts: WorkerRegistryOptions;
+  private readonly lastHeartbeatWrite = new Map<string, number>();
+  private readonly unknownReplyBudget = new Map<string, { tokens: number; atMs: number }>();
+
+  constructor(opts: WorkerRegistryOptions) {
+    this.opts = opts;
+  }
+
+  /**
+   * A worker said `worker_ready`. Returns the events a previous run of it held (a new process
+   * run lost them; a reconnect of the same run keeps them).
+   */
+  async register(workerId: string, capacity: number, instance?: string): Promise<{ restarted: boolean; lostEvents: string[] }> {
+    const registered = this.pool.register(workerId, capacity, this.opts.clock.nowMs(), instance);
+    await workersDb.upsertWorker(this.opts.db, { workerId, ownerId: this.opts.ownerId, capacity });
+    return registered;
+  }
+
+  /** Any message from a registered worker counts as a sign of life. False: not registered. */
+  seen(workerId: string): boolean {
+    return this.pool.seen(workerId, this.opts.clock.nowMs());
+  }
+
+  heartbeat(workerId: string, inFlight: number): void {
+    const now = this.opts.clock.nowMs();
+    if (!this.pool.seen(workerId, now)) return;
+    if (now - (this.lastHeartbeatWrite.get(workerId) ?? 0) < HEARTBEAT_WRITE_MS) return;
+    this.lastHeartbeatWrite.set(workerId, now);
+    this.opts.background.track(workersDb.recordHeartbeat(this.opts.db, workerId, inFlight), { workerId });
+  }
+
+  /** Takes one token from `workerId`'s unknown-reply budget; false when it is spent. */
+  takeUnknownReplyToken(workerId: string): boolean {
+    const now = this.opts.clock.nowMs();
+    const b = this.unknownReplyBudget.get(workerId) ?? { tokens: UNKNOWN_REPLY_BURST, atMs: now };
+    b.tokens = Math.min(UNKNOWN_REPLY_BURST, b.tokens + ((now - b.atMs) / 1000) * UNKNOWN_REPLY_PER_SECOND);
+    b.atMs = now;
+    this.unknownReplyBudget.set(workerId, b);
+    if (b.tokens < 1) return false;
+    b.tokens -= 1;
+    return true;
+  }
+
+  /** Reserves a slot for `eventId` on the least loaded ready worker, avoiding `exclude`. */
+  acquire(eventId: string, exclude?: ReadonlySet<string>): string | undefined {
+    return this.pool.acquire(eventId, exclude);
+  }
+
+  release(eventId: string): void {
+    this.pool.release(eventId);
+  }
+
+  freeSlots(): number {
+    return this.pool.freeSlots();
+  }
+
+  workerOf(eventId: string): string | undefined {
+    return this.pool.workerOf(eventId);
+  }
+
+  /** Registered and not stale. */
+  isReady(workerId: string): boolean {
+    return this.pool.isReady(workerId);
+  }
+
+  get size(): number {
+    return this.pool.size;
+  }
+
+  /** Out of dispatch for good (gone, send failed, restarted elsewhere). Returns the events it held. */
+  forget(workerId: string): string[] {
+    const events = this.pool.remove(workerId);
+    this.lastHeartbeatWrite.delete(workerId);
+    this.unknownReplyBudget.delete(workerId);
+    this.opts.background.track(workersDb.setWorkerStatus(this.opts.db, workerId, 'gone'), { workerId });
+    return events;
+  }
+
+  /**
+   * Workers not heard from for `staleMs`: taken out of dispatch and their broker sessions
+   * dropped (a frozen process that wakes up finds itself unknown and registers again), marked
+   * `stale` in the database. Long-stale workers are forgotten, so memory stays bounded.
+   */
+  async takeStale(): Promise<{ id: string; events: string[] }[]> {
+    const now = this.opts.clock.nowMs();
+    const stale = this.pool.takeStale(now, this.opts.staleMs);
+    for (const id of this.pool.pruneStale(now, Math.max(60_000, this.opts.staleMs * 6))) {
+      this.lastHeartbeatWrite.delete(id);
+      this.unknownReplyBudget.delete(id);
+    }
+    for (const w of stale) {
+      this.opts.forgetSession?.(w.id);
+      await workersDb.setWorkerStatus(this.opts.db, w.id, 'stale');
+    }
+    return stale;
+  }
+}
