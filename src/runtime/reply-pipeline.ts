@@ -27,6 +27,7 @@ import type { ReplyOutcome, ReplyRequest, TurnStore } from './turns.ts';
 import type { WorkerRegistry } from './worker-registry.ts';
 import type { Clock } from '../clock.ts';
 import { checkEmits } from '../queue/effects.ts';
+import { DEFAULT_MAX_EVENT_BYTES } from '../queue/event-job.ts';
 
 /** turn_error codes meaning "the worker did not run this turn": it goes elsewhere, no retry is spent. */
 const HANDED_BACK = new Set(['over_capacity', 'worker_stopping']);
@@ -97,7 +98,7 @@ export class ReplyPipeline {
       return;
     }
     // effects hook: a result whose `emit` breaks the limits is refused before any transaction
-    const effects = checkEmits(e.emit, this.opts.maxEventBytes ?? 256 * 1024);
+    const effects = checkEmits(e.emit, this.opts.maxEventBytes ?? DEFAULT_MAX_EVENT_BYTES);
     if (!effects.ok) {
       this.refuseUnstorable(e.workerId, e.turnRef, effects.detail, 'emit_limit');
       return;

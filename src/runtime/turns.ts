@@ -27,6 +27,7 @@ import { unstorableReason } from '../json-safety.ts';
 import { MAX_NOTIFY_BYTES, notifyControl } from '../db/control.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
 import { enqueueEffects, type EmitRequest, type TurnEffects } from '../queue/effects.ts';
+import { DEFAULT_MAX_EVENT_BYTES } from '../queue/event-job.ts';
 import type { ActivationRow } from '../db/activations.ts';
 import type { ConversationContext } from '../db/history.ts';
 import { DELIVERY_LIVE } from '../db/schema.ts';
@@ -348,7 +349,7 @@ export class TurnStore {
       const missing = commits.filter((c) => !written.has(c.deliveryId));
       if (missing.length > 0) throw new BatchNotSettled(missing.map((c) => c.deliveryId));
       // effects hook: emitted events enqueued in this transaction (none for most turns)
-      if (effects.length > 0) await enqueueEffects(tx, this.boss, this.queueName, effects, this.config.maxEventBytes ?? 256 * 1024);
+      if (effects.length > 0) await enqueueEffects(tx, this.boss, this.queueName, effects, this.config.maxEventBytes ?? DEFAULT_MAX_EVENT_BYTES);
       if (completions.length > 0) {
         const res = (await this.boss.complete(this.queueName, completions, null, { db: fromDrizzle(tx, sql) })) as {
           affected?: number;
