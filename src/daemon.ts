@@ -21,6 +21,8 @@ import type { TimerHandle } from './clock.ts';
 import type { Logger } from './logger.ts';
 import { createBoss, ensureQueues, queuesOf, type Queues } from './queue/boss.ts';
 import { QueueConsumer } from './queue/consumer.ts';
+import type { ActorEventJobData } from './queue/events.ts';
+import { keyHeadFetch, queueTable, type KeyHeadFetch } from './db/boss-fetch.ts';
 import { createEventQueue, type EventQueue } from './queue/events.ts';
 import { Recovery } from './runtime/recovery.ts';
 import { Runtime } from './runtime/runtime.ts';
@@ -67,6 +69,8 @@ export class Daemon {
   readonly rpc: RpcServer;
   readonly store: TurnStore;
   readonly consumer: QueueConsumer;
+  /** The actor queue's fetch, once pg-boss's queue exists (prepare). */
+  private fetchHeads: KeyHeadFetch | undefined;
   readonly watchdog: Watchdog;
   readonly recovery: Recovery;
   readonly jobKeeper: JobKeeper;
@@ -169,6 +173,10 @@ export class Daemon {
     });
     consumer = this.consumer = new QueueConsumer({
       boss: this.boss,
+      fetch: (limit) => {
+        if (!this.fetchHeads) throw new CorralError('internal', 'the daemon is not prepared');
+        return this.fetchHeads<ActorEventJobData>(limit);
+      },
       queueName: this.queues.events,
       bossSchema: config.bossSchema,
       clock,
@@ -231,6 +239,7 @@ export class Daemon {
     if (!this.deps.skipMigrations) await migrateDatabase(this.deps.databaseUrl);
     await this.boss.start();
     await ensureQueues(this.boss, this.config);
+    this.fetchHeads = keyHeadFetch(this.database.pool, this.queues, await queueTable(this.database.pool, this.queues));
     await this.broker.start();
     if (this.security) {
       this.security.start((workerId, reason) => void this.broker.revoke(workerId, reason));

@@ -3,6 +3,8 @@
  * which routes each to its actor's controller. No polling loop per actor.
  *
  * It fetches only as many jobs as there are free worker slots (backpressure stays in the queue),
+ * with corral's claim of key heads (src/db/boss-fetch.ts: pg-boss's key_strict_fifo claim at a
+ * cost that follows the batch, not the backlog),
  * wakes on LISTEN/NOTIFY when an event is enqueued (pg-boss notifies for queues created with
  * `notify: true`), when capacity frees up, and otherwise polls slowly for delayed retries.
  */
@@ -24,7 +26,10 @@ export interface ConsumedJob {
 }
 
 export interface ConsumerOptions {
+  /** For LISTEN on pg-boss's channel. */
   boss: PgBoss;
+  /** Claims up to `limit` key heads of the actor queue (src/db/boss-fetch.ts). */
+  fetch: (limit: number) => Promise<ConsumedJob[]>;
   queueName: string;
   bossSchema: string;
   clock: Clock;
@@ -81,10 +86,10 @@ export class QueueConsumer {
   async tick(): Promise<number> {
     const capacity = Math.min(this.opts.capacity(), this.opts.batchSize);
     if (capacity <= 0) return 0;
-    const jobs = await this.opts.boss.fetch<ActorEventJobData>(this.opts.queueName, { batchSize: capacity });
+    const jobs = await this.opts.fetch(capacity);
     if (jobs.length > 0) {
       this.fetched += jobs.length;
-      this.opts.onJobs(jobs.map((j) => ({ id: j.id, retryCount: j.retryCount, data: j.data })));
+      this.opts.onJobs(jobs);
     }
     return jobs.length;
   }
