@@ -21,7 +21,6 @@ declare module 'vitest' {
   }
 }
 
-
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
   let home: string | undefined;
   let server: EmbeddedServer | undefined;
@@ -53,8 +52,14 @@ export default async function setup(project: TestProject): Promise<() => Promise
     const c = new pg.Client({ connectionString: serverUrl });
     await c.connect();
     await c.query(`drop database if exists ${template} with (force)`).catch(() => undefined);
+    // Databases of failed tests are kept (helpers/db.ts): so is the embedded server's folder.
+    const kept = (await c.query<{ datname: string }>(`select datname from pg_database where datname like 'corral\\_t\\_%'`)).rows;
     await c.end();
     await server?.stop();
-    if (home) await rm(home, { recursive: true, force: true });
+    if (home && kept.length > 0) {
+      console.error(`kept ${kept.length} database(s) of failed tests in the embedded PostgreSQL at ${home} (start it with ensureEmbeddedPostgres({ homeDir }))`);
+    } else if (home) {
+      await rm(home, { recursive: true, force: true });
+    }
   };
 }

@@ -1,0 +1,68 @@
+/**
+ * A registry of what a test file must not leave behind: started brokers (every daemon owns one),
+ * ZeroMQ sockets (workers, raw peers) and child processes (test/helpers/processes.ts). The setup
+ * file test/setup.ts installs the hooks and fails a file that leaves any of them behind.
+ *
+ * The hooks wrap prototype methods (`Broker.start/stop`, the sockets' `bind/connect`) so that
+ * nothing in `src` needs a test-only option.
+ */
+import { Dealer, Router, type Socket } from 'zeromq';
+import { Broker } from '../../src/fabric/broker.ts';
+import { liveChildren, killAll } from './processes.ts';
+
+const brokers = new Set<Broker>();
+const sockets = new Set<Socket>();
+let installed = false;
+
+function wrap<T extends object>(proto: T, name: string, before: (self: T) => void, after?: (self: T, result: unknown) => unknown): void {
+  const orig = (proto as Record<string, unknown>)[name] as (...a: unknown[]) => unknown;
+  // zeromq's native methods are read-only on the base class: define own properties on the subclass.
+  Object.defineProperty(proto, name, {
+    configurable: true,
+    writable: true,
+    value(this: T, ...args: unknown[]) {
+      before(this);
+      const r = orig.apply(this, args);
+      return after ? after(this, r) : r;
+    },
+  });
+}
+
+export function installLeakTracking(): void {
+  if (installed) return;
+  installed = true;
+  wrap(
+    Broker.prototype,
+    'start',
+    (b) => brokers.add(b),
+    (b, r) => (r as Promise<string>).catch((e: unknown) => {
+      brokers.delete(b); // never bound (or already stopped): nothing to leak
+      throw e;
+    }),
+  );
+  wrap(Broker.prototype, 'stop', () => undefined, (b, r) => (r as Promise<void>).finally(() => brokers.delete(b)));
+  for (const C of [Dealer, Router]) {
+    for (const m of ['bind', 'connect']) wrap(C.prototype as Socket, m, (s) => sockets.add(s));
+  }
+}
+
+/** What is still alive, one line each (empty: nothing leaked). */
+export function leaks(): string[] {
+  const out: string[] = [];
+  for (const b of brokers) out.push(`broker ${b.endpoint || '(binding)'} not stopped (a daemon not stopped?)`);
+  for (const s of sockets) {
+    if (s.closed) sockets.delete(s);
+    else out.push(`ZeroMQ ${s.constructor.name} socket not closed${s.lastEndpoint ? ` (${s.lastEndpoint})` : ''}`);
+  }
+  for (const c of liveChildren()) out.push(`child process ${c.pid} still running: ${c.spawnargs.slice(1).join(' ')}`);
+  return out;
+}
+
+/** Closes and kills whatever `leaks()` reported, so one leaking file does not hang the run. */
+export async function releaseLeaks(): Promise<void> {
+  for (const s of sockets) if (!s.closed) s.close();
+  sockets.clear();
+  await Promise.all([...brokers].map((b) => b.stop().catch(() => undefined)));
+  brokers.clear();
+  killAll();
+}
