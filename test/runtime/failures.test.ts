@@ -5,13 +5,13 @@ import { actorKey } from '../../src/actor-key.ts';
 import { retryWindowSeconds } from '../../src/backoff.ts';
 import { readTranscript } from '../../src/db/transcript.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
-import { RawWorker, type Msg } from '../helpers/raw-worker.ts';
+import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; actor_epoch: number; revision: number };
 
 let t: TestDaemon | undefined;
-const workers: RawWorker[] = [];
+const workers: RawPeer[] = [];
 afterEach(async () => {
   for (const w of workers.splice(0)) await w.close();
   await t?.stop();
@@ -20,7 +20,7 @@ afterEach(async () => {
 
 async function setup(overrides: Parameters<typeof startTestDaemon>[0] = {}) {
   t = await startTestDaemon(overrides);
-  const w = new RawWorker(`raw-${workers.length}`, t.daemon.broker.endpoint);
+  const w = new RawPeer(t.daemon.broker.endpoint, `raw-${workers.length}`);
   workers.push(w);
   await w.register(8);
   return { t, w, db: t.daemon.database.db };
@@ -301,7 +301,7 @@ describe('recovery', () => {
 describe('dispatch', () => {
   it('a failed send marks the delivery send_failed and dispatches the event to another worker', async () => {
     const { t, w: gone, db } = await setup();
-    const other = new RawWorker('raw-other', t.daemon.broker.endpoint);
+    const other = new RawPeer(t.daemon.broker.endpoint, 'raw-other');
     workers.push(other);
     await other.register(1);
     await waitFor(() => t.daemon.runtime.pool.freeSlots() === 9, { what: 'both workers registered' });

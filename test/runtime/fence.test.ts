@@ -4,13 +4,13 @@ import { actorKey } from '../../src/actor-key.ts';
 import { insertActivationsMany } from '../../src/db/activations.ts';
 import { isUniqueViolation } from '../../src/errors.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
-import { RawWorker, type Msg } from '../helpers/raw-worker.ts';
+import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; revision: number; actor_epoch: number };
 
 describe('fenced commit', () => {
   let t: TestDaemon;
-  let worker: RawWorker;
+  let worker: RawPeer;
   const db = () => t.daemon.database.db;
 
   async function counts(eventId: string) {
@@ -37,7 +37,7 @@ describe('fenced commit', () => {
 
   beforeAll(async () => {
     t = await startTestDaemon();
-    worker = new RawWorker('raw-1', t.daemon.broker.endpoint);
+    worker = new RawPeer(t.daemon.broker.endpoint, 'raw-1');
     await worker.register(4);
   });
 
@@ -106,7 +106,7 @@ describe('fenced commit', () => {
     expect(['wrong_actor', 'unknown_activation']).toContain((await worker.next('turn_rejected')).reason);
     await worker.send(result({ ...a.ref, delivery_id: '00000000-0000-4000-8000-000000000000' }));
     expect((await worker.next('turn_rejected')).reason).toBe('unknown_delivery');
-    const other = new RawWorker('raw-2', t.daemon.broker.endpoint);
+    const other = new RawPeer(t.daemon.broker.endpoint, 'raw-2');
     try {
       await other.register(1);
       await other.send(result(a.ref));
