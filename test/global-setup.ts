@@ -12,7 +12,7 @@ import { ensureEmbeddedPostgres, type EmbeddedServer } from '../src/db/embedded.
 import { migrateDatabase } from '../src/db/migrate.ts';
 import { createBoss, ensureQueues } from '../src/queue/boss.ts';
 import { DEFAULTS } from '../src/config.ts';
-import { withDatabase } from './helpers/databases.ts';
+import { KEPT_COMMENT, withDatabase } from './helpers/databases.ts';
 
 declare module 'vitest' {
   export interface ProvidedContext {
@@ -53,7 +53,9 @@ export default async function setup(project: TestProject): Promise<() => Promise
     await c.connect();
     await c.query(`drop database if exists ${template} with (force)`).catch(() => undefined);
     // Databases of failed tests are kept (helpers/db.ts): so is the embedded server's folder.
-    const kept = (await c.query<{ datname: string }>(`select datname from pg_database where datname like 'corral\\_t\\_%'`)).rows;
+    const kept = (
+      await c.query<{ datname: string }>(`select datname from pg_database where shobj_description(oid, 'pg_database') = $1`, [KEPT_COMMENT])
+    ).rows;
     await c.end();
     await server?.stop();
     if (home && kept.length > 0) {

@@ -10,16 +10,20 @@
  */
 import { rm } from 'node:fs/promises';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { createTestDatabase } from '../helpers/db.ts';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { killAll } from '../helpers/processes.ts';
 import type { ChaosEnvironment } from './environment.ts';
 import { describeFailure, makeLogRoot, runScenario, type Scenario } from './runner.ts';
 import { daemonKill, duplicateResults, workerKill, workerStop } from './scenarios.ts';
 
+/** The scenario databases; a passed scenario drops its own, a failed one's is kept (see afterEach). */
+const databases: TestDatabase[] = [];
 const env: ChaosEnvironment = {
   describe: "the test run's shared PostgreSQL (not restarted by tests)",
   async createDatabase() {
-    return { ...(await createTestDatabase()), migrated: true };
+    const db = await createTestDatabase();
+    databases.push(db);
+    return { ...db, migrated: true };
   },
 };
 
@@ -49,8 +53,10 @@ async function run(scenario: Scenario, seedOffset: number) {
 
 describe('crash tests (real processes, real PostgreSQL, real ZeroMQ)', () => {
   let failures = 0;
-  afterEach(() => {
+  afterEach(async () => {
     if (keepLogs) failures++;
+    // drops what is left, or keeps and names the database of a failed scenario
+    for (const db of databases.splice(0)) await db.drop();
   });
   afterAll(async () => {
     killAll();

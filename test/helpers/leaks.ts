@@ -1,6 +1,7 @@
 /**
  * A registry of what a test file must not leave behind: started brokers (every daemon owns one),
- * ZeroMQ sockets (workers, raw peers) and child processes (test/helpers/processes.ts). The setup
+ * ZeroMQ sockets (workers, raw peers), child processes (test/helpers/processes.ts) and test
+ * databases (test/helpers/db.ts). The setup
  * file test/setup.ts installs the hooks and fails a file that leaves any of them behind.
  *
  * The hooks wrap prototype methods (`Broker.start/stop`, the sockets' `bind/connect`) so that
@@ -8,6 +9,7 @@
  */
 import { Dealer, Router, type Socket } from 'zeromq';
 import { Broker } from '../../src/fabric/broker.ts';
+import { undroppedDatabases } from './db.ts';
 import { liveChildren, killAll } from './processes.ts';
 
 const brokers = new Set<Broker>();
@@ -54,6 +56,7 @@ export function leaks(): string[] {
     if (s.closed) sockets.delete(s);
     else out.push(`ZeroMQ ${s.constructor.name} socket not closed${s.lastEndpoint ? ` (${s.lastEndpoint})` : ''}`);
   }
+  for (const name of undroppedDatabases()) out.push(`test database ${name} neither dropped nor kept`);
   for (const c of liveChildren()) out.push(`child process ${c.pid} still running: ${c.spawnargs.slice(1).join(' ')}`);
   return out;
 }
