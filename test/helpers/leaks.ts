@@ -57,7 +57,11 @@ export function leaks(): string[] {
     else out.push(`ZeroMQ ${s.constructor.name} socket not closed${s.lastEndpoint ? ` (${s.lastEndpoint})` : ''}`);
   }
   for (const name of undroppedDatabases()) out.push(`test database ${name} neither dropped nor kept`);
-  for (const c of liveChildren()) out.push(`child process ${c.pid} still running: ${c.spawnargs.slice(1).join(' ')}`);
+  const tracked = liveChildren();
+  for (const c of tracked) out.push(`child process ${c.pid} still running: ${c.spawnargs.slice(1).join(' ')}`);
+  // Children spawned elsewhere (src, or a test's own spawn) show up as process handles.
+  const handles = process.getActiveResourcesInfo().filter((r) => r === 'ProcessWrap').length;
+  if (handles > tracked.length) out.push(`${handles - tracked.length} other child process(es) still running`);
   return out;
 }
 
