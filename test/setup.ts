@@ -15,7 +15,7 @@ afterEach((ctx) => {
 });
 
 afterAll(async () => {
-  const left = leaks();
+  const left = await leaks();
   if (left.length === 0) return;
   await releaseLeaks();
   throw new Error(`this test file left ${left.length} resource(s) behind:\n  ${left.join('\n  ')}`);

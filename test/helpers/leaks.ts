@@ -11,6 +11,7 @@ import { Dealer, Router, type Socket } from 'zeromq';
 import { Broker } from '../../src/fabric/broker.ts';
 import { undroppedDatabases } from './db.ts';
 import { liveChildren, killAll } from './processes.ts';
+import { waitFor } from './wait.ts';
 
 const brokers = new Set<Broker>();
 const sockets = new Set<Socket>();
@@ -49,7 +50,7 @@ export function installLeakTracking(): void {
 }
 
 /** What is still alive, one line each (empty: nothing leaked). */
-export function leaks(): string[] {
+export async function leaks(): Promise<string[]> {
   const out: string[] = [];
   for (const b of brokers) out.push(`broker ${b.endpoint || '(binding)'} not stopped (a daemon not stopped?)`);
   for (const s of sockets) {
@@ -59,9 +60,15 @@ export function leaks(): string[] {
   for (const name of undroppedDatabases()) out.push(`test database ${name} neither dropped nor kept`);
   const tracked = liveChildren();
   for (const c of tracked) out.push(`child process ${c.pid} still running: ${c.spawnargs.slice(1).join(' ')}`);
-  // Children spawned elsewhere (src, or a test's own spawn) show up as process handles.
-  const handles = process.getActiveResourcesInfo().filter((r) => r === 'ProcessWrap').length;
-  if (handles > tracked.length) out.push(`${handles - tracked.length} other child process(es) still running`);
+  // Children spawned elsewhere (src, or a test's own spawn) show up as process handles. The
+  // handle of a child that just exited is released on a later turn of the event loop: give it
+  // that time before counting it.
+  const others = () => process.getActiveResourcesInfo().filter((r) => r === 'ProcessWrap').length - tracked.length;
+  const left = await waitFor(() => others() <= 0, { timeoutMs: 2_000, intervalMs: 20, what: 'child process handles released' }).then(
+    () => 0,
+    () => others(),
+  );
+  if (left > 0) out.push(`${left} other child process(es) still running`);
   return out;
 }
 
