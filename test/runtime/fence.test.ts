@@ -5,6 +5,7 @@ import { insertActivationsMany } from '../../src/db/activations.ts';
 import { isUniqueViolation } from '../../src/errors.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
+import { waitFor } from '../helpers/wait.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; revision: number; actor_epoch: number };
 
@@ -78,6 +79,11 @@ describe('fenced commit', () => {
 
   it('rejects a result after the lease expired and changes nothing', async () => {
     const { ref } = await startTurn('lease');
+    // the accept lands first (else it too is answered lease_expired, late, during another test)
+    await waitFor(async () => {
+      const r = await db().execute<{ state: string }>(sql`select state from corral.deliveries where delivery_id = ${ref.delivery_id}`);
+      return r.rows[0]?.state === 'accepted';
+    });
     // move time instead of sleeping: the lease ran out a second ago by PostgreSQL's clock
     await db().execute(
       sql`update corral.activations set lease_expires_at = now() - interval '1 second' where activation_uid = ${ref.activation_uid}`,
@@ -94,7 +100,6 @@ describe('fenced commit', () => {
     await worker.send(result(ref));
     for (let i = 0; i < 3; i++) await worker.next('turn_committed');
     expect(await counts(ref.event_id)).toEqual({ succeeded: 1, messages: 2, job_state: 'completed' });
-    // (a late answer to an earlier test's turn may still arrive: only this event's count)
     const rejected = worker.inbox.filter((m) => m.type === 'turn_rejected' && (m.turn_ref as Ref).event_id === ref.event_id);
     expect(rejected.map((m) => m.reason)).toEqual([]);
   });
