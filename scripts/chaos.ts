@@ -27,15 +27,9 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/embedded.ts';
 import { maskUrl } from '../src/config.ts';
-import {
-  describeFailure,
-  makeLogRoot,
-  runScenario,
-  serverEnvironment,
-  sleep,
-  type ChaosEnvironment,
-  type ScenarioResult,
-} from '../test/chaos/harness.ts';
+import { serverEnvironment, type ChaosEnvironment } from '../test/chaos/environment.ts';
+import { describeFailure, makeLogRoot, runScenario, type ScenarioResult } from '../test/chaos/runner.ts';
+import { sleep } from '../test/helpers/wait.ts';
 import { SCENARIOS, findScenario } from '../test/chaos/scenarios.ts';
 
 const { values } = parseArgs({

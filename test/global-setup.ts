@@ -12,7 +12,7 @@ import { ensureEmbeddedPostgres, type EmbeddedServer } from '../src/db/embedded.
 import { migrateDatabase } from '../src/db/migrate.ts';
 import { createBoss, ensureQueues } from '../src/queue/boss.ts';
 import { DEFAULTS } from '../src/config.ts';
-import { withDatabase } from './helpers/databases.ts';
+import { KEPT_COMMENT, withDatabase } from './helpers/databases.ts';
 
 declare module 'vitest' {
   export interface ProvidedContext {
@@ -20,7 +20,6 @@ declare module 'vitest' {
     pgTemplate: string;
   }
 }
-
 
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
   let home: string | undefined;
@@ -53,8 +52,16 @@ export default async function setup(project: TestProject): Promise<() => Promise
     const c = new pg.Client({ connectionString: serverUrl });
     await c.connect();
     await c.query(`drop database if exists ${template} with (force)`).catch(() => undefined);
+    // Databases of failed tests are kept (helpers/db.ts): so is the embedded server's folder.
+    const kept = (
+      await c.query<{ datname: string }>(`select datname from pg_database where shobj_description(oid, 'pg_database') = $1`, [KEPT_COMMENT])
+    ).rows;
     await c.end();
     await server?.stop();
-    if (home) await rm(home, { recursive: true, force: true });
+    if (home && kept.length > 0) {
+      console.error(`kept ${kept.length} database(s) of failed tests in the embedded PostgreSQL at ${home} (start it with ensureEmbeddedPostgres({ homeDir }))`);
+    } else if (home) {
+      await rm(home, { recursive: true, force: true });
+    }
   };
 }

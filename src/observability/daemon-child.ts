@@ -1,9 +1,10 @@
 /**
  * The observability HTTP server as a supervised child of the daemon (`extraChildren`): it binds the
  * metrics' scrape-time gauges to the daemon's database, serves until the supervisor aborts it,
- * then closes. Readiness = the daemon is `running` and the database answers `select 1`.
+ * then closes. Readiness = the daemon is `running` and the database answers a ping (`ping` in db/health.ts).
  */
 import type { Daemon } from '../daemon.ts';
+import { ping } from '../db/health.ts';
 import type { Logger } from '../logger.ts';
 import { queuesOf } from '../queue/boss.ts';
 import type { ChildSpec } from '../supervisor/index.ts';
@@ -22,7 +23,7 @@ export interface ObservabilityChildOptions {
 export async function daemonReadiness(daemon: Daemon, logger?: Logger): Promise<Readiness> {
   if (daemon.state !== 'running') return { ready: false, reason: `daemon is ${daemon.state}` };
   try {
-    await daemon.database.pool.query('select 1');
+    await ping(daemon.database.pool);
     return { ready: true };
   } catch (e) {
     // The endpoint may be reachable by anyone who reaches the port: the driver's text (host

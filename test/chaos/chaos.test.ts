@@ -2,29 +2,28 @@
  * Reduced crash tests for CI: real `corral daemon` / `corral worker` processes on the test run's
  * PostgreSQL (a fresh database per scenario, cloned from the template), real ZeroMQ, real faults.
  * The full runs (300 events, every scenario including the PostgreSQL restart) are
- * `npm run test:chaos`. The scenarios and the invariant checks are shared: see harness.ts and
- * scenarios.ts. On failure the message names the violations, the seed and the log folder.
+ * `npm run test:chaos`. The scenarios and the invariant checks are shared: see runner.ts, invariants.ts
+ * and scenarios.ts. On failure the message names the violations, the seed and the log folder.
  *
  * Knobs: CORRAL_CHAOS_SEED (plan seed), CORRAL_CHAOS_EVENTS (events per scenario),
  * CORRAL_TEST_LOG=1 (progress lines).
  */
 import { rm } from 'node:fs/promises';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { createTestDatabase } from '../helpers/db.ts';
-import {
-  describeFailure,
-  killAllChildren,
-  makeLogRoot,
-  runScenario,
-  type ChaosEnvironment,
-  type Scenario,
-} from './harness.ts';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { killAll } from '../helpers/processes.ts';
+import type { ChaosEnvironment } from './environment.ts';
+import { describeFailure, makeLogRoot, runScenario, type Scenario } from './runner.ts';
 import { daemonKill, duplicateResults, workerKill, workerStop } from './scenarios.ts';
 
+/** The scenario databases; a passed scenario drops its own, a failed one's is kept (see afterEach). */
+const databases: TestDatabase[] = [];
 const env: ChaosEnvironment = {
   describe: "the test run's shared PostgreSQL (not restarted by tests)",
   async createDatabase() {
-    return { ...(await createTestDatabase()), migrated: true };
+    const db = await createTestDatabase();
+    databases.push(db);
+    return { ...db, migrated: true };
   },
 };
 
@@ -42,7 +41,7 @@ async function run(scenario: Scenario, seedOffset: number) {
     failures: 2,
     seed: SEED + seedOffset,
     quiescenceTimeoutMs: 110_000,
-    settleMs: 1_000,
+    settleTimeoutMs: 10_000,
     logRoot: await logRoot,
     ...(process.env.CORRAL_TEST_LOG ? { log: (m: string) => console.log(m) } : {}),
   });
@@ -54,11 +53,13 @@ async function run(scenario: Scenario, seedOffset: number) {
 
 describe('crash tests (real processes, real PostgreSQL, real ZeroMQ)', () => {
   let failures = 0;
-  afterEach(() => {
+  afterEach(async () => {
     if (keepLogs) failures++;
+    // drops what is left, or keeps and names the database of a failed scenario
+    for (const db of databases.splice(0)) await db.drop();
   });
   afterAll(async () => {
-    killAllChildren();
+    killAll();
     if (failures === 0) await rm(await logRoot, { recursive: true, force: true });
   });
 

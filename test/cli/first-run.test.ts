@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { CORRAL, ROOT, run } from './helpers.ts';
-import { createTestDatabase } from '../helpers/db.ts';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { childPids, freePort, killAll, safeKill, spawnCorral, type Proc } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
@@ -56,7 +56,18 @@ const alive = (pid: number) => {
   }
 };
 
-afterEach(() => killAll());
+/** Databases the tests below create on the run's server (dropped after each test). */
+const databases: TestDatabase[] = [];
+async function testDatabase(): Promise<TestDatabase> {
+  const db = await createTestDatabase();
+  databases.push(db);
+  return db;
+}
+
+afterEach(async () => {
+  killAll();
+  for (const db of databases.splice(0)) await db.drop();
+});
 afterAll(async () => {
   for (const home of homes) {
     await run([CORRAL, 'db', 'stop'], { CORRAL_HOME: home, DATABASE_URL: '' }).catch(() => undefined);
@@ -127,7 +138,7 @@ describe('a fresh CORRAL_HOME', () => {
 
 describe('SIGTERM to the process the user started', () => {
   async function startUnder(command: string, args: string[]): Promise<{ launcher: ChildProcess; log: () => string }> {
-    const db = await createTestDatabase();
+    const db = await testDatabase();
     const port = await freePort();
     let log = '';
     const launcher = spawn(command, args, {
@@ -170,7 +181,7 @@ describe('SIGTERM to the process the user started', () => {
   }, 120_000);
 
   it('a daemon killed with -9 takes its local workers with it', async () => {
-    const db = await createTestDatabase();
+    const db = await testDatabase();
     const daemon = spawnCorral(['daemon', '--workers', '1'], {
       DATABASE_URL: db.url,
       CORRAL_HOME: await freshHome(),

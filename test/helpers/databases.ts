@@ -7,6 +7,9 @@ export interface TestDatabase {
   drop(): Promise<void>;
 }
 
+/** The comment that marks the kept database of a failed test (see helpers/db.ts, global-setup.ts). */
+export const KEPT_COMMENT = 'corral: kept, a test failed';
+
 export function withDatabase(url: string, database: string): string {
   const u = new URL(url);
   u.pathname = `/${database}`;

@@ -1,4 +1,10 @@
-/** Real OS processes for crash tests: spawn the CLI, find children, kill by signal, always clean up. */
+/**
+ * Real OS processes for crash tests: spawn the CLI, find children, kill by signal, always clean up.
+ *
+ * Every child a test starts (here or in the chaos cluster) is registered with `trackChild`, so
+ * that `killAll()` and the exit hook kill it whatever happens, and the leak check after each test
+ * file (test/helpers/leak-check.ts) sees one still running.
+ */
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -16,6 +22,26 @@ export interface Proc {
 }
 
 const spawned = new Set<ChildProcess>();
+let exitHookInstalled = false;
+
+const alive = (c: ChildProcess) => c.pid !== undefined && c.exitCode === null && c.signalCode === null;
+
+/** Registers `child`: killed by `killAll()` and when this process exits; seen by the leak check. */
+export function trackChild(child: ChildProcess): void {
+  spawned.add(child);
+  child.once('exit', () => spawned.delete(child));
+  if (exitHookInstalled) return;
+  exitHookInstalled = true;
+  // A test runner or script that dies must not leave daemons behind.
+  process.on('exit', () => {
+    for (const c of spawned) if (alive(c)) safeKill(c.pid!, 'SIGKILL');
+  });
+}
+
+/** Tracked children still running. */
+export function liveChildren(): ChildProcess[] {
+  return [...spawned].filter(alive);
+}
 
 export function spawnCorral(args: string[], env: Record<string, string>, name = args[0] ?? 'corral'): Proc {
   const dir = mkdtempSync(join(tmpdir(), 'corral-proc-'));
@@ -27,9 +53,8 @@ export function spawnCorral(args: string[], env: Record<string, string>, name = 
   });
   child.stdout!.pipe(out);
   child.stderr!.pipe(out);
-  spawned.add(child);
+  trackChild(child);
   const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
-  void exited.then(() => spawned.delete(child));
   return { child, logPath, log: () => readFileSync(logPath, 'utf8'), exited };
 }
 
@@ -47,13 +72,15 @@ export function childPids(ppid: number, match: string): number[] {
   }
 }
 
-/** Kills every process spawned here that is still alive (and its children). */
-export function killAll(): void {
-  for (const child of spawned) {
-    if (child.pid) for (const pid of childPids(child.pid, '')) safeKill(pid, 'SIGKILL');
-    child.kill('SIGKILL');
+/** SIGKILLs every tracked process that is still alive (and its children); returns how many. */
+export function killAll(): number {
+  let n = 0;
+  for (const child of liveChildren()) {
+    for (const pid of childPids(child.pid!, '')) safeKill(pid, 'SIGKILL');
+    safeKill(child.pid!, 'SIGKILL');
+    n++;
   }
-  spawned.clear();
+  return n;
 }
 
 export function safeKill(pid: number, sig: NodeJS.Signals): void {

@@ -18,3 +18,10 @@ export async function waitFor<T>(
     await new Promise((r) => setTimeout(r, opts.intervalMs ?? 25));
   }
 }
+
+/**
+ * Waits `ms` of wall-clock time. Only for durations that are the point of a test step (how long a
+ * fault lasts: a process stays stopped, a server stays down), never to let something happen:
+ * wait for that state with `waitFor` instead.
+ */
+export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));

@@ -8,23 +8,23 @@ import { sql } from 'drizzle-orm';
 import pg from 'pg';
 import { actorKey } from '../../src/actor-key.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
-import { RawWorker, type Msg } from '../helpers/raw-worker.ts';
+import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; revision: number; session_id: string };
 type Ctx = { conversation_id: string; messages: { seq: number; role: string; content: unknown }[]; first_seq?: number; has_more: boolean; current_seq: number };
 
 describe('turn context and worker RPC', () => {
   let t: TestDaemon;
-  let w: RawWorker;
-  let other: RawWorker;
+  let w: RawPeer;
+  let other: RawPeer;
   const db = () => t.daemon.database.db;
   let rpcSeq = 0;
 
   beforeAll(async () => {
     t = await startTestDaemon({ contextMessages: 50, contextBytes: 64 * 1024, rpcConcurrency: 2, rpcTimeoutMs: 500, drainMs: 0 });
-    w = new RawWorker('ctx-1', t.daemon.broker.endpoint);
+    w = new RawPeer(t.daemon.broker.endpoint, 'ctx-1');
     await w.register(4);
-    other = new RawWorker('ctx-2', t.daemon.broker.endpoint);
+    other = new RawPeer(t.daemon.broker.endpoint, 'ctx-2');
     await other.send({ type: 'worker_ready', worker_id: 'ctx-2', capacity: 1 });
     await other.next('worker_welcome');
   });
@@ -47,7 +47,7 @@ describe('turn context and worker RPC', () => {
     await w.next('turn_committed', (m) => (m.turn_ref as Ref).delivery_id === (s.turn_ref as Ref).delivery_id);
   }
 
-  async function rpc(from: RawWorker, ref: unknown, method: string, params?: unknown): Promise<Msg> {
+  async function rpc(from: RawPeer, ref: unknown, method: string, params?: unknown): Promise<Msg> {
     const id = `r${++rpcSeq}`;
     await from.send({ type: 'rpc_request', id, method, ...(params === undefined ? {} : { params }), turn_ref: ref });
     return from.next('rpc_response', (m) => m.id === id);

@@ -7,7 +7,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { freePort, killAll, spawnCorral, type Proc } from '../helpers/processes.ts';
-import { RawWorker, type Msg } from '../helpers/raw-worker.ts';
+import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; session_id: string };
@@ -17,7 +17,7 @@ describe('durable effects survive kill -9 of the daemon between result and commi
   let daemon: Proc | undefined;
   let client: pg.Client | undefined;
   let blocker: pg.Client | undefined;
-  let worker: RawWorker | undefined;
+  let worker: RawPeer | undefined;
   let serving = true;
 
   afterAll(async () => {
@@ -57,7 +57,7 @@ describe('durable effects survive kill -9 of the daemon between result and commi
     await client.connect();
     const c = client;
 
-    const w = (worker = new RawWorker('crash-fx', endpoint, `crash-fx-${Date.now()}`));
+    const w = (worker = new RawPeer(endpoint, `crash-fx-${Date.now()}`, undefined, 'crash-fx'));
     const register = async () => {
       await w.send({ type: 'worker_ready', worker_id: 'crash-fx', capacity: 4 });
       await w.next('worker_welcome', () => true, 30_000);

@@ -6,19 +6,19 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sql } from 'drizzle-orm';
 import { actorKey } from '../../src/actor-key.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
-import { RawWorker, type Msg } from '../helpers/raw-worker.ts';
+import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { corral } from '../cli/helpers.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; session_id: string; activation_uid: string };
 
 describe('durable effects', () => {
   let t: TestDaemon;
-  let w: RawWorker;
+  let w: RawPeer;
   const db = () => t.daemon.database.db;
 
   beforeAll(async () => {
     t = await startTestDaemon({ drainMs: 0, maxEventBytes: 1024 });
-    w = new RawWorker('fx-1', t.daemon.broker.endpoint);
+    w = new RawPeer(t.daemon.broker.endpoint, 'fx-1');
     await w.register(8);
   });
 

@@ -5,13 +5,13 @@ import { actorKey } from '../../src/actor-key.ts';
 import { retryWindowSeconds } from '../../src/backoff.ts';
 import { readTranscript } from '../../src/db/transcript.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
-import { RawWorker, type Msg } from '../helpers/raw-worker.ts';
+import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; actor_epoch: number; revision: number };
 
 let t: TestDaemon | undefined;
-const workers: RawWorker[] = [];
+const workers: RawPeer[] = [];
 afterEach(async () => {
   for (const w of workers.splice(0)) await w.close();
   await t?.stop();
@@ -20,7 +20,7 @@ afterEach(async () => {
 
 async function setup(overrides: Parameters<typeof startTestDaemon>[0] = {}) {
   t = await startTestDaemon(overrides);
-  const w = new RawWorker(`raw-${workers.length}`, t.daemon.broker.endpoint);
+  const w = new RawPeer(t.daemon.broker.endpoint, `raw-${workers.length}`);
   workers.push(w);
   await w.register(8);
   return { t, w, db: t.daemon.database.db };
@@ -139,9 +139,13 @@ describe('retries and dead letters', () => {
     const so = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === o.eventId);
     await w.send(ok(so.turn_ref as Ref));
     await w.next('turn_committed');
-    // the held event was never dispatched
+    // the held event is never dispatched: an event enqueued after it (another actor) is, so the
+    // consumer has passed over the held one
+    const later = await t.daemon.events.enqueueActorEvent(db, other, { n: 4 });
     t.daemon.consumer.wake();
-    await new Promise((r) => setTimeout(r, 300));
+    const sl = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === later.eventId);
+    await w.send(ok(sl.turn_ref as Ref));
+    await w.next('turn_committed');
     expect(w.inbox.some((m: Msg) => m.type === 'turn_start' && (m.turn_ref as Ref).event_id === held!.eventId)).toBe(false);
     const states = await db.execute<{ id: string; state: string }>(
       sql`select id, state from pgboss.job where name = ${t.daemon.queues.events} and singleton_key = 'dl/block' order by id`,
@@ -207,22 +211,23 @@ describe('leases and the watchdog', () => {
           sql`select (extract(epoch from lease_expires_at) * 1000)::float as ms from corral.activations where activation_uid = ${ref.activation_uid}`,
         )
       ).rows[0]!.ms;
-    // each progress message pushes the lease forward: past the initial lease, the turn is alive
+    const pgNow = async () => (await db.execute<{ ms: number }>(sql`select (extract(epoch from now()) * 1000)::float as ms`)).rows[0]!.ms;
+    // each progress message pushes the lease a full lease past PostgreSQL's now; move time
+    // instead of sleeping: before each one, the lease is all but run out (200 ms left)
     let lease = await leaseOf();
-    const initial = lease;
     for (let i = 0; i < 4; i++) {
-      await new Promise((r) => setTimeout(r, 700));
+      await db.execute(
+        sql`update corral.activations set lease_expires_at = now() + interval '200 milliseconds' where activation_uid = ${ref.activation_uid}`,
+      );
+      const nearlyOut = await leaseOf();
       await w.send({ type: 'turn_progress', turn_ref: ref });
-      const before = lease;
       lease = await waitFor(async () => {
         const l = await leaseOf();
-        return l > before ? l : undefined;
+        return l > nearlyOut ? l : undefined;
       });
+      expect(lease - (await pgNow())).toBeGreaterThan(1_000);
     }
-    // PostgreSQL's clock is past the initial lease, and the lease is still alive
-    const now = (await db.execute<{ ms: number }>(sql`select (extract(epoch from now()) * 1000)::float as ms`)).rows[0]!.ms;
-    expect(now).toBeGreaterThan(initial);
-    expect(lease).toBeGreaterThan(now);
+    // the lease is still alive
     expect((await t.daemon.watchdog.tick()).expired).toBe(0);
     await w.send(ok(ref));
     await w.next('turn_committed');
@@ -296,7 +301,7 @@ describe('recovery', () => {
 describe('dispatch', () => {
   it('a failed send marks the delivery send_failed and dispatches the event to another worker', async () => {
     const { t, w: gone, db } = await setup();
-    const other = new RawWorker('raw-other', t.daemon.broker.endpoint);
+    const other = new RawPeer(t.daemon.broker.endpoint, 'raw-other');
     workers.push(other);
     await other.register(1);
     await waitFor(() => t.daemon.runtime.workers.freeSlots() === 9, { what: 'both workers registered' });
@@ -331,7 +336,9 @@ describe('graceful stop', () => {
     ]);
     const start = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === first!.eventId);
     const stopped = daemon.daemon.stop({ drainMs: 5_000 });
-    await new Promise((r) => setTimeout(r, 300));
+    expect(daemon.daemon.state).toBe('stopping');
+    // the consumer is gone before the first turn ends, so nothing can fetch the second event
+    await waitFor(() => !daemon.daemon.supervisor!.children().some((c) => c.name === 'queue-consumer'), { what: 'consumer removed' });
     await w.send(ok(start.turn_ref as Ref));
     await stopped;
     // the daemon's pool is closed now: read with a client of our own
@@ -353,13 +360,14 @@ describe('job heartbeats', () => {
       (await db.execute<{ hb: Date | null; hs: number | null }>(
         sql`select heartbeat_on as hb, heartbeat_seconds as hs from pgboss.job where id = ${eventId}`,
       )).rows[0]!;
+    expect((await heartbeat()).hs).toBe(t.config.jobHeartbeatSeconds);
+    // move time instead of sleeping: the job was last touched a minute ago
+    await db.execute(sql`update pgboss.job set heartbeat_on = now() - interval '1 minute' where id = ${eventId}`);
     const before = await heartbeat();
-    expect(before.hs).toBe(t.config.jobHeartbeatSeconds);
-    await new Promise((r) => setTimeout(r, 20));
     expect(await t.daemon.jobKeeper.tick()).toBe(1);
     const after = await heartbeat();
     expect(after.hb).not.toBeNull();
-    expect(new Date(after.hb!).getTime()).toBeGreaterThan(before.hb ? new Date(before.hb).getTime() : 0);
+    expect(new Date(after.hb!).getTime()).toBeGreaterThan(new Date(before.hb!).getTime());
   });
 });
 

@@ -12,13 +12,13 @@ import type { Fence } from '../../src/db/fence.ts';
 import { fromWire } from '../../src/runtime/fence.ts';
 import type { CommitRequest } from '../../src/runtime/turns.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
-import { RawWorker, type Msg } from '../helpers/raw-worker.ts';
+import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 
 type Ref = Parameters<typeof fromWire>[0];
 
 describe('group commit', () => {
   let t: TestDaemon;
-  let worker: RawWorker;
+  let worker: RawPeer;
   const db = () => t.daemon.database.db;
 
   async function state(eventId: string) {
@@ -52,7 +52,7 @@ describe('group commit', () => {
 
   beforeAll(async () => {
     t = await startTestDaemon();
-    worker = new RawWorker('raw-gc', t.daemon.broker.endpoint);
+    worker = new RawPeer(t.daemon.broker.endpoint, 'raw-gc');
     await worker.register(64); // turns committed straight through the store keep their runtime slots
   });
 

@@ -11,7 +11,7 @@ import { createWorker, type Worker } from '../../src/worker/sdk.ts';
 import { createExampleHandler } from '../../src/worker/example.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
 import { waitFor } from '../helpers/wait.ts';
-import { RawPeer } from '../fabric/helpers.ts';
+import { RawPeer } from '../helpers/raw-peer.ts';
 
 const cleanups: Array<() => Promise<unknown> | unknown> = [];
 afterAll(async () => {
@@ -36,7 +36,7 @@ describe('dispatch past dead routes', () => {
       peers.push(p);
     }
     await waitFor(() => runtime.workers.size === DEAD, { what: 'dead peers registered' });
-    for (const p of peers) p.close();
+    await Promise.all(peers.map((p) => p.close()));
     await waitFor(() => broker.stats().connections === 0, { what: 'dead peers disconnected' });
     const alive: Worker = await runExampleWorker({ endpoint: broker.endpoint, workerId: 'alive', capacity: 1, logger: testLogger });
     cleanups.push(() => alive.stop());

@@ -4,6 +4,7 @@ import { actorKey, formatActorKey } from '../../src/actor-key.ts';
 import { readTranscript } from '../../src/db/transcript.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';
+import { checkInvariants } from '../chaos/invariants.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
 import { waitFor } from '../helpers/wait.ts';
 
@@ -83,5 +84,13 @@ describe('the durable actor loop, end to end', () => {
       sql`select state, count(*)::int as n from pgboss.job where name = ${daemon.queues.events} group by state`,
     );
     expect(jobs.rows).toEqual([{ state: 'completed', n: 18 }]);
+
+    // and the crash tests' invariant checks (I1–I4, from the database) hold too
+    const events = actors.flatMap((a) =>
+      ids.get(formatActorKey(a))!.map((id, ordinal) => ({ id, actor: a, ordinal, payload: { text: `${formatActorKey(a)}#${ordinal}` } })),
+    );
+    const check = await checkInvariants(db, events, { queues: daemon.queues });
+    expect(check.violations).toEqual([]);
+    expect(check.summary).toMatchObject({ events: 18, committed: 18, deadLettered: 0 });
   });
 });

@@ -6,7 +6,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { sql } from 'drizzle-orm';
 import { actorKey } from '../../src/actor-key.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
-import { RawWorker } from '../helpers/raw-worker.ts';
+import { RawPeer } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
 import type { Config } from '../../src/config.ts';
 
@@ -14,7 +14,7 @@ type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; re
 
 describe('worker protocol', () => {
   let t: TestDaemon | undefined;
-  const workers: RawWorker[] = [];
+  const workers: RawPeer[] = [];
 
   afterEach(async () => {
     for (const w of workers.splice(0)) await w.close();
@@ -24,7 +24,7 @@ describe('worker protocol', () => {
 
   async function setup(overrides: Partial<Config> = {}) {
     t = await startTestDaemon({ leaseMs: 60_000, drainMs: 0, ...overrides });
-    const w = new RawWorker('wp-1', t.daemon.broker.endpoint, 'wp-1-a');
+    const w = new RawPeer(t.daemon.broker.endpoint, 'wp-1-a', undefined, 'wp-1');
     workers.push(w);
     return { t, w, db: t.daemon.database.db };
   }
@@ -50,7 +50,7 @@ describe('worker protocol', () => {
     await w.send({ type: 'turn_accepted', turn_ref: first.turn_ref });
     await w.close();
     // the process restarted: a new connection, same worker id, a new instance
-    const again = new RawWorker('wp-1', t.daemon.broker.endpoint, 'wp-1-b');
+    const again = new RawPeer(t.daemon.broker.endpoint, 'wp-1-b', undefined, 'wp-1');
     workers.push(again);
     const startedAt = Date.now();
     await again.register(1, { instance: 'run-2' });
@@ -91,7 +91,7 @@ describe('worker protocol', () => {
     expect(await w.next('turn_failed')).toMatchObject({ turn_ref: sc.turn_ref, retry: true, dead_lettered: false, handed_back: true });
     // handed back without spending an attempt: it is dispatched again (here once a worker
     // registers) as attempt 1
-    const other = new RawWorker('wp-2', t.daemon.broker.endpoint);
+    const other = new RawPeer(t.daemon.broker.endpoint, 'wp-2');
     workers.push(other);
     await other.register(1);
     const again = await waitFor(() => [w, other].flatMap((x) => x.inbox).find((m) => m.type === 'turn_start' && (m.turn_ref as Ref).event_id === c.eventId));

@@ -19,7 +19,8 @@ import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
 import { waitFor } from '../helpers/wait.ts';
-import { RawPeer, makeTurnRef } from '../fabric/helpers.ts';
+import { makeTurnRef } from '../fabric/helpers.ts';
+import { RawPeer } from '../helpers/raw-peer.ts';
 
 const MAX_MESSAGE_BYTES = 64 * 1024;
 const MAX_EVENT_BYTES = 16 * 1024;
@@ -100,7 +101,7 @@ describe('fabric security against hostile peers', () => {
   });
 
   afterAll(async () => {
-    for (const p of peers) p.close();
+    await Promise.all(peers.map((p) => p.close()));
     for (const w of workers.values()) await w.stop();
     await t?.stop();
     rmSync(home, { recursive: true, force: true });
@@ -235,15 +236,15 @@ describe('fabric security against hostile peers', () => {
 
     // 1. an admitted but unregistered connection sends garbage, oversized frames and overlong refs
     const noisy = peer(intruderCurve());
-    for (let i = 0; i < 200; i++) await noisy.send(Buffer.from([0xff, 0x00, i & 0xff]));
-    await noisy.send(Buffer.alloc(MAX_MESSAGE_BYTES + 10, 0x61)); // refused and counted
+    for (let i = 0; i < 200; i++) await noisy.sendRaw(Buffer.from([0xff, 0x00, i & 0xff]));
+    await noisy.sendRaw(Buffer.alloc(MAX_MESSAGE_BYTES + 10, 0x61)); // refused and counted
     const longRef = { ...makeTurnRef(), agent_uid: 'a'.repeat(40_000) };
     await noisy.sendJson({ v: 1, type: 'turn_result', turn_ref: longRef, messages: [] });
     const paddedRef = { ...makeTurnRef(), padding: 'p'.repeat(30_000) };
     await noisy.sendJson({ v: 1, type: 'turn_progress', turn_ref: paddedRef });
     // ~24 MB of overlong turn_refs: refused by the schema, logged truncated and rate-limited
     const bigRef = JSON.stringify({ v: 1, type: 'turn_result', turn_ref: { ...makeTurnRef(), agent_uid: 'a'.repeat(60_000) }, messages: [] });
-    for (let i = 0; i < 400; i++) await noisy.send(bigRef);
+    for (let i = 0; i < 400; i++) await noisy.sendRaw(bigRef);
     // 2. a flood of registrations with distinct ids (none allow-listed)
     for (let i = 0; i < 1_000; i++) {
       await noisy.sendJson({ v: 1, type: 'worker_ready', worker_id: `flood-${i}`, capacity: 1024, auth: { scheme: 'token', credential: 'x' } });
@@ -258,7 +259,7 @@ describe('fabric security against hostile peers', () => {
 
     // 3. a frame over twice the limit: libzmq drops that connection; the broker keeps serving
     const huge = peer(intruderCurve());
-    await huge.send(Buffer.alloc(MAX_MESSAGE_BYTES * 3, 0x62));
+    await huge.sendRaw(Buffer.alloc(MAX_MESSAGE_BYTES * 3, 0x62));
 
     // 4. a registered insider floods forged replies for deliveries this daemon never made
     const insider = peer(intruderCurve());
@@ -285,7 +286,7 @@ describe('fabric security against hostile peers', () => {
     expect((await commits()) - xactBefore).toBeLessThan(1_500);
     // corral.workers holds only allow-listed ids
     expect(await workerRows()).toBeLessThanOrEqual(4);
-    for (const p of idle) p.close();
+    await Promise.all(idle.map((p) => p.close()));
     const rssGrowthMb = (process.memoryUsage().rss - rssBefore) / 1024 / 1024;
     console.info(`hostile flood: rss growth ${rssGrowthMb.toFixed(1)} MB, forged-reply transactions ${(await commits()) - xactBefore}`);
     expect(rssGrowthMb).toBeLessThan(300);

@@ -10,17 +10,21 @@ describe('ActorDirectory', () => {
     const [c1, c2] = await Promise.all([Promise.resolve().then(() => dir.wake(key)), Promise.resolve().then(() => dir.wake(actorKey('a', 's')))]);
     expect(c1).toBe(c2);
     expect(dir.size).toBe(1);
-    // both callers' work runs, one after the other
+    // both callers' work runs, one after the other: the second waits while the first is held
     const order: string[] = [];
-    await Promise.all([
-      c1.run(async () => {
-        await new Promise((r) => setTimeout(r, 20));
-        order.push('first');
-      }),
-      c2.run(async () => {
-        order.push('second');
-      }),
-    ]);
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    const first = c1.run(async () => {
+      await held;
+      order.push('first');
+    });
+    const second = c2.run(async () => {
+      order.push('second');
+    });
+    for (let i = 0; i < 10; i++) await Promise.resolve();
+    expect(order).toEqual([]);
+    release();
+    await Promise.all([first, second]);
     expect(order).toEqual(['first', 'second']);
   });
 

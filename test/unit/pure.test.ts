@@ -6,7 +6,6 @@ import { DEFAULT_PROGRESS_INTERVAL_MS } from '../../src/fabric/protocol.ts';
 import { checkFence, type Fence, type FenceRows } from '../../src/db/fence.ts';
 import { CorralError } from '../../src/errors.ts';
 import { WorkerPool } from '../../src/runtime/worker-pool.ts';
-import { bossNotifyChannel } from '../../src/queue/consumer.ts';
 
 describe('actor keys', () => {
   it('round-trips and rejects malformed keys with invalid_actor_key', () => {
@@ -173,14 +172,6 @@ describe('WorkerPool', () => {
     expect(pool.freeSlots()).toBe(1);
     expect(pool.register('w1', 2, 20, 'run-b')).toEqual({ restarted: true, lostEvents: ['e1'] });
     expect(pool.workerOf('e1')).toBeUndefined();
-  });
-});
-
-describe('pg-boss notify channel', () => {
-  it('matches the channel pg-boss computes for a schema', () => {
-    // pg-boss: 'pgboss_' || left(encode(sha224(schema), 'hex'), 24)
-    expect(bossNotifyChannel('pgboss')).toMatch(/^pgboss_[0-9a-f]{24}$/);
-    expect(bossNotifyChannel('"pgboss"')).toBe(bossNotifyChannel('pgboss'));
   });
 });
 
