@@ -184,9 +184,10 @@ async function main(): Promise<number> {
     out(`  V8 heap                ${perActor(before.heap, warmIdle.heap).toFixed(0)} B idle, ${perActor(before.heap, afterTimeout.heap).toFixed(0)} B after the idle timeout`);
     out(`wake an old actor        p50 ${wake.p50.toFixed(1)} ms  p95 ${wake.p95.toFixed(1)} ms  max ${wake.max.toFixed(1)} ms  (${wake.n} events, enqueue → succeeded turn seen, 2 ms polls)`);
     if (growth) {
-      out('\nheap objects that grew with the actors (V8 heap snapshots before and after seeding):');
+      out(`\nV8 live heap (heap snapshots, after a full GC): ${growth.totalPerActor.toFixed(0)} B per idle actor`);
+      out('heap objects that grew with the actors (snapshots before and after seeding):');
       out('  per actor   bytes/actor   constructor');
-      for (const g of growth) out(`  ${g.perActor.toFixed(2).padStart(9)}   ${g.bytesPerActor.toFixed(0).padStart(11)}   ${g.name}`);
+      for (const g of growth.rows) out(`  ${g.perActor.toFixed(2).padStart(9)}   ${g.bytesPerActor.toFixed(0).padStart(11)}   ${g.name}`);
     }
     out(`bench duration           ${((performance.now() - t0) / 1000).toFixed(0)} s`);
     return 0;
@@ -223,12 +224,13 @@ async function snapshot(d: DaemonProcess, dir: string): Promise<Map<string, { co
 
 function diffCounts(a: Map<string, { count: number; bytes: number }>, b: Map<string, { count: number; bytes: number }>, actors: number) {
   const rows: { name: string; perActor: number; bytesPerActor: number }[] = [];
+  const total = (m: Map<string, { bytes: number }>) => [...m.values()].reduce((x, v) => x + v.bytes, 0);
   for (const [name, v] of b) {
     const w = a.get(name) ?? { count: 0, bytes: 0 };
     const bytes = v.bytes - w.bytes;
     if (bytes / actors >= 4) rows.push({ name, perActor: (v.count - w.count) / actors, bytesPerActor: bytes / actors });
   }
-  return rows.sort((x, y) => y.bytesPerActor - x.bytesPerActor).slice(0, 15);
+  return { totalPerActor: (total(b) - total(a)) / actors, rows: rows.sort((x, y) => y.bytesPerActor - x.bytesPerActor).slice(0, 15) };
 }
 
 process.exitCode = await main();

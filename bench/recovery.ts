@@ -89,6 +89,7 @@ async function main(): Promise<number> {
     const committedBefore = await client.succeeded();
     await first.kill9();
     const tKill = performance.now();
+    const killedAt = new Date();
     progress(`killed daemon ${first.pid} (kill -9) with ${running} turns in flight, ${committedBefore} committed`);
 
     const second = await startDaemonProcess(
@@ -97,7 +98,13 @@ async function main(): Promise<number> {
     );
     let tReady = Number.NaN;
     let tFirstCommit = Number.NaN;
-    void waitForWorkers(probe, opts.workers, 90_000, second.proc)
+    // Ready: its workers registered (rows registered after the kill; the dead ones stay 'ready').
+    void until(
+      async () => (await scalar(probe.pool, `select count(*)::int as n from corral.workers where status = 'ready' and last_heartbeat_at > $1`, [killedAt])) >= opts.workers,
+      performance.now() + 90_000,
+      "the second daemon's workers",
+      50,
+    )
       .then(() => (tReady = performance.now()))
       .catch(() => undefined);
     let last = 0;
