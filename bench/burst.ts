@@ -16,7 +16,7 @@ import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { actorKey } from '../src/actor-key.ts';
 import { openDatabase } from '../src/db/client.ts';
-import { Cleanup, progress, sleep } from './lib/common.ts';
+import { Cleanup, progress, runBench, sleep } from './lib/common.ts';
 import { openBenchDatabase, type ServerCpu } from './lib/database.ts';
 import {
   daemonCpuMs,
@@ -301,9 +301,7 @@ function print(steadyRate: Bucket, results: BurstResult[], opts: Options): void 
 
 async function main(): Promise<number> {
   const opts = options();
-  const cleanup = new Cleanup();
-  process.once('SIGINT', () => void cleanup.run().finally(() => process.exit(130)));
-  try {
+  return runBench(async (cleanup) => {
     const server = await openBenchDatabase(cleanup);
     const steadyRate = await steady(server.url, opts, server.serverCpuMs);
     const results: BurstResult[] = [];
@@ -315,12 +313,7 @@ async function main(): Promise<number> {
     if (opts.json) process.stdout.write(`${JSON.stringify({ steady: steadyRate, bursts: results }, null, 2)}\n`);
     else print(steadyRate, results, opts);
     return 0;
-  } catch (e) {
-    progress(`failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}`);
-    return 1;
-  } finally {
-    await cleanup.run();
-  }
+  });
 }
 
 process.exitCode = await main();

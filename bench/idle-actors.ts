@@ -21,7 +21,7 @@ import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { actorKey } from '../src/actor-key.ts';
 import { freePort } from '../src/net.ts';
-import { Cleanup, progress, sleep, summarise, until } from './lib/common.ts';
+import { progress, runBench, sleep, summarise, until } from './lib/common.ts';
 import { openBenchDatabase } from './lib/database.ts';
 import { freshDatabase, openBenchClient, rssBytes, scalar, startDaemonProcess, waitForWorkers, type BenchClient, type DaemonProcess } from './lib/daemon-process.ts';
 import { heapCounts } from './lib/heap-snapshot.ts';
@@ -108,9 +108,7 @@ async function seed(client: BenchClient, prefix: string, n: number, window = 2_0
 
 async function main(): Promise<number> {
   const opts = options();
-  const cleanup = new Cleanup();
-  process.once('SIGINT', () => void cleanup.run().finally(() => process.exit(130)));
-  try {
+  return runBench(async (cleanup) => {
     const server = await openBenchDatabase(cleanup);
     const db = await freshDatabase(server.url, cleanup, 'corral_idle');
     const metricsPort = await freePort();
@@ -191,12 +189,7 @@ async function main(): Promise<number> {
     }
     out(`bench duration           ${((performance.now() - t0) / 1000).toFixed(0)} s`);
     return 0;
-  } catch (e) {
-    progress(`failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}`);
-    return 1;
-  } finally {
-    await cleanup.run();
-  }
+  });
 }
 
 /** Makes the daemon write a heap snapshot (SIGUSR2) and counts its objects by constructor. */

@@ -17,7 +17,7 @@ import { parseArgs } from 'node:util';
 import { actorKey } from '../src/actor-key.ts';
 import { DEFAULTS } from '../src/config.ts';
 import { openDatabase } from '../src/db/client.ts';
-import { Cleanup, progress, sleep, until } from './lib/common.ts';
+import { progress, runBench, sleep, until } from './lib/common.ts';
 import { openBenchDatabase } from './lib/database.ts';
 import { freshDatabase, openBenchClient, scalar, startDaemonProcess, waitForWorkers } from './lib/daemon-process.ts';
 
@@ -58,9 +58,7 @@ function options() {
 
 async function main(): Promise<number> {
   const opts = options();
-  const cleanup = new Cleanup();
-  process.once('SIGINT', () => void cleanup.run().finally(() => process.exit(130)));
-  try {
+  return runBench(async (cleanup) => {
     const server = await openBenchDatabase(cleanup);
     const db = await freshDatabase(server.url, cleanup, 'corral_recovery');
     const env = {
@@ -155,12 +153,7 @@ async function main(): Promise<number> {
     out(`kill → every event committed  ${s(recoveryMs)}  (target lease + 10 s = ${s(target)}: ${recoveryMs <= target ? 'met' : 'MISSED'}; includes re-running the turns, ${s(opts.delayMs)} each)`);
     out(`exactly once               ${check.once}/${check.events} events with one succeeded turn; ${check.twice} with more; ${check.missing} with none; ${check.messages_off} without exactly 2 transcript messages; ${check.failed} failed attempts (the killed ones)`);
     return check.twice === 0 && check.missing === 0 && check.messages_off === 0 ? 0 : 1;
-  } catch (e) {
-    progress(`failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}`);
-    return 1;
-  } finally {
-    await cleanup.run();
-  }
+  });
 }
 
 process.exitCode = await main();

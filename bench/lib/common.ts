@@ -105,3 +105,20 @@ export class Cleanup {
     return this.running;
   }
 }
+
+/**
+ * The process benchmarks' main: `fn` gets a cleanup stack that runs at the end, on errors (exit 1,
+ * the error on stderr) and on Ctrl-C (exit 130). Returns the exit code.
+ */
+export async function runBench(fn: (cleanup: Cleanup) => Promise<number>): Promise<number> {
+  const cleanup = new Cleanup();
+  process.once('SIGINT', () => void cleanup.run().finally(() => process.exit(130)));
+  try {
+    return await fn(cleanup);
+  } catch (e) {
+    progress(`failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}`);
+    return 1;
+  } finally {
+    await cleanup.run();
+  }
+}

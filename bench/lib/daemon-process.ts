@@ -6,7 +6,7 @@
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type pg from 'pg';
 import type { PgBoss } from 'pg-boss';
@@ -64,6 +64,7 @@ export async function startDaemonProcess(opts: DaemonOptions, cleanup: Cleanup):
     },
     opts.name ?? 'daemon',
   );
+  cleanup.defer('remove daemon log', () => rm(dirname(proc.logPath), { recursive: true, force: true }));
   const pid = proc.child.pid!;
   const workerPids = () => childPids(pid, '');
   const d: DaemonProcess = {
