@@ -10,7 +10,9 @@
  *   npm run bench:idle -- [--actors 10000] [--workers 2] [--capacity 32] [--samples 30]
  *                         [--idle-timeout-ms 20000] [--heap-snapshot]
  *
- * `--actors 100000` is the issue's size (several minutes of real turns). `--heap-snapshot` makes
+ * `--actors 100000` is the issue's size (several minutes of real turns). `--control` runs as many
+ * turns on the warm-up's actors instead (no new actor): the memory the same throughput leaves
+ * behind without any actor to remember, to tell per-actor state from allocator retention. `--heap-snapshot` makes
  * the daemon write a V8 heap snapshot (`--heapsnapshot-signal`) after the seeding and lists the
  * constructors whose object counts grew with the actors. Embedded PostgreSQL unless DATABASE_URL.
  */
@@ -35,6 +37,7 @@ function options() {
       samples: { type: 'string', default: '30' },
       'idle-timeout-ms': { type: 'string', default: '20000' },
       'heap-snapshot': { type: 'boolean', default: false },
+      control: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
   });
@@ -49,6 +52,7 @@ function options() {
     samples: Number(values.samples),
     idleTimeoutMs: Number(values['idle-timeout-ms']),
     heapSnapshot: values['heap-snapshot'],
+    control: values.control,
   };
   if (![o.actors, o.workers, o.capacity, o.idleTimeoutMs].every((n) => Number.isInteger(n) && n > 0) || !(o.samples >= 0)) {
     process.stderr.write('bench:idle: positive integers expected\n');
@@ -57,37 +61,48 @@ function options() {
   return o;
 }
 
-/** The daemon's V8 heap in use (its Prometheus endpoint, prom-client's default metrics). */
-async function heapUsed(metricsPort: number): Promise<number | undefined> {
+/** The daemon's memory gauges from its Prometheus endpoint (prom-client's default metrics). */
+async function gauges(metricsPort: number): Promise<{ heap?: number; heapTotal?: number; external?: number }> {
   try {
     const text = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text();
-    const m = /^corral_nodejs_heap_size_used_bytes (\S+)/m.exec(text) ?? /^\w*nodejs_heap_size_used_bytes (\S+)/m.exec(text);
-    return m ? Number(m[1]) : undefined;
+    const read = (name: string) => {
+      const m = new RegExp(`^corral_${name} (\\S+)`, 'm').exec(text);
+      return m ? Number(m[1]) : undefined;
+    };
+    const heap = read('nodejs_heap_size_used_bytes');
+    const heapTotal = read('nodejs_heap_size_total_bytes');
+    const external = read('nodejs_external_memory_bytes');
+    return { ...(heap !== undefined ? { heap } : {}), ...(heapTotal !== undefined ? { heapTotal } : {}), ...(external !== undefined ? { external } : {}) };
   } catch {
-    return undefined;
+    return {};
   }
 }
 
 interface Memory {
   rss: number;
+  /** V8 heap in use, V8 heap committed (pages it holds), memory outside the heap held by JS objects (Buffers …). */
   heap: number | undefined;
+  heapTotal: number | undefined;
+  external: number | undefined;
 }
 
-/** Memory once settled: the lowest of a few reads a second apart (a GC may run in between). */
+/** Memory once settled: each figure the lowest of five reads a second apart (a GC may run in between). */
 async function settledMemory(d: DaemonProcess, metricsPort: number): Promise<Memory> {
-  let best: Memory | undefined;
+  const reads: Memory[] = [];
   for (let i = 0; i < 5; i++) {
     await sleep(1_000);
-    const rss = (await rssBytes(d.pid)) ?? Number.NaN;
-    const heap = await heapUsed(metricsPort);
-    if (!best || rss < best.rss) best = { rss, heap: best?.heap !== undefined && heap !== undefined ? Math.min(best.heap, heap) : heap };
-    else if (heap !== undefined && (best.heap === undefined || heap < best.heap)) best.heap = heap;
+    const g = await gauges(metricsPort);
+    reads.push({ rss: (await rssBytes(d.pid)) ?? Number.NaN, heap: g.heap, heapTotal: g.heapTotal, external: g.external });
   }
-  return best!;
+  const low = (k: keyof Memory) => {
+    const xs = reads.map((r) => r[k]).filter((x): x is number => x !== undefined);
+    return xs.length ? Math.min(...xs) : undefined;
+  };
+  return { rss: low('rss')!, heap: low('heap'), heapTotal: low('heapTotal'), external: low('external') };
 }
 
 /** Runs one turn for each of `keys`, keeping at most `window` events queued. */
-async function seed(client: BenchClient, prefix: string, n: number, window = 2_000): Promise<void> {
+async function seed(client: BenchClient, prefix: string, n: number, window = 2_000, actors = n): Promise<void> {
   const base = await client.succeeded();
   let enqueued = 0;
   let lastLog = performance.now();
@@ -95,7 +110,7 @@ async function seed(client: BenchClient, prefix: string, n: number, window = 2_0
     const done = (await client.succeeded()) - base;
     const room = Math.min(n - enqueued, done + window - enqueued);
     if (room >= Math.min(500, n - enqueued)) {
-      await client.enqueue(Array.from({ length: room }, (_, i) => ({ key: actorKey(`${prefix}-${enqueued + i}`, 's'), event: { text: 'hello' } })));
+      await client.enqueue(Array.from({ length: room }, (_, i) => ({ key: actorKey(`${prefix}-${(enqueued + i) % actors}`, 's'), event: { text: 'hello' } })));
       enqueued += room;
     } else await sleep(100);
     if (performance.now() - lastLog > 10_000) {
@@ -142,7 +157,10 @@ async function main(): Promise<number> {
     const snapshotsBefore = opts.heapSnapshot ? await snapshot(daemon, snapDir) : undefined;
     progress(`baseline after ${warm} warm-up actors: RSS ${(before.rss / 2 ** 20).toFixed(1)} MiB, heap ${((before.heap ?? Number.NaN) / 2 ** 20).toFixed(1)} MiB`);
     const tSeed = performance.now();
-    await seed(probe, 'idle', opts.actors);
+    // --control: as many turns, on the warm-up's actors again (no new actor): what the same
+    // throughput leaves in the process without any new actor to remember.
+    if (opts.control) await seed(probe, 'warm', opts.actors, 2_000, warm);
+    else await seed(probe, 'idle', opts.actors);
     const seedSeconds = (performance.now() - tSeed) / 1000;
     progress(`${opts.actors} actors seeded in ${seedSeconds.toFixed(0)} s (${(opts.actors / seedSeconds).toFixed(0)} turns/s)`);
     await sleep(7_000);
@@ -158,7 +176,9 @@ async function main(): Promise<number> {
     // Old actors still wake: one event at a time, to actors chosen across the seeded range.
     const latencies: number[] = [];
     for (let i = 0; i < opts.samples; i++) {
-      const key = actorKey(`idle-${Math.floor(((i + 0.5) * opts.actors) / opts.samples)}`, 's');
+      const key = opts.control
+          ? actorKey(`warm-${i % warm}`, 's')
+          : actorKey(`idle-${Math.floor(((i + 0.5) * opts.actors) / opts.samples)}`, 's');
       await sleep(50);
       const t = performance.now();
       const [ev] = await probe.queue.enqueueActorEvents(probe.db.db, [{ key, event: { text: 'wake' } }]);
@@ -174,12 +194,20 @@ async function main(): Promise<number> {
     const perActor = (a: number | undefined, b: number | undefined) => (a !== undefined && b !== undefined ? (b - a) / opts.actors : Number.NaN);
     const mib = (x: number | undefined) => (x === undefined ? '?' : `${(x / 2 ** 20).toFixed(1)} MiB`);
     const out = (x: string) => process.stdout.write(`${x}\n`);
-    out(`\nidle actors: ${opts.actors} actors with one committed turn each, daemon process (${opts.workers} worker processes × ${opts.capacity})`);
+    out(
+      opts.control
+        ? `\ncontrol: ${opts.actors} turns on the ${warm} warm-up actors again (no new actor), daemon process (${opts.workers} worker processes × ${opts.capacity}); "per actor" = per turn`
+        : `\nidle actors: ${opts.actors} actors with one committed turn each, daemon process (${opts.workers} worker processes × ${opts.capacity})`,
+    );
     out(`seeding                  ${seedSeconds.toFixed(0)} s, ${(opts.actors / seedSeconds).toFixed(0)} turns/s (at most 2,000 queued)`);
     out(`daemon RSS               before ${mib(before.rss)} → idle ${mib(warmIdle.rss)} → after idle timeout ${mib(afterTimeout.rss)}`);
     out(`daemon V8 heap used      before ${mib(before.heap)} → idle ${mib(warmIdle.heap)} → after idle timeout ${mib(afterTimeout.heap)}`);
     out(`bytes per idle actor     RSS ${perActor(before.rss, warmIdle.rss).toFixed(0)} B (activations live: ${liveWarm}), ${perActor(before.rss, afterTimeout.rss).toFixed(0)} B after the idle timeout (live: ${liveAfter}); target ≤ 500 B`);
-    out(`  V8 heap                ${perActor(before.heap, warmIdle.heap).toFixed(0)} B idle, ${perActor(before.heap, afterTimeout.heap).toFixed(0)} B after the idle timeout`);
+    out(`  V8 heap in use         ${perActor(before.heap, warmIdle.heap).toFixed(0)} B idle, ${perActor(before.heap, afterTimeout.heap).toFixed(0)} B after the idle timeout`);
+    out(`  V8 heap committed      ${mib(before.heapTotal)} → ${mib(warmIdle.heapTotal)} → ${mib(afterTimeout.heapTotal)}: ${perActor(before.heapTotal, afterTimeout.heapTotal).toFixed(0)} B per actor after the idle timeout`);
+    out(`  external (Buffers …)   ${mib(before.external)} → ${mib(warmIdle.external)} → ${mib(afterTimeout.external)}`);
+    const rest = (m: Memory) => (m.heapTotal !== undefined && m.external !== undefined ? m.rss - m.heapTotal - m.external : undefined);
+    out(`  RSS outside V8 heap and external (code, malloc arenas, libzmq, pg) ${mib(rest(before))} → ${mib(rest(afterTimeout))}: ${perActor(rest(before), rest(afterTimeout)).toFixed(0)} B per actor`);
     out(`wake an old actor        p50 ${wake.p50.toFixed(1)} ms  p95 ${wake.p95.toFixed(1)} ms  max ${wake.max.toFixed(1)} ms  (${wake.n} events, enqueue → succeeded turn seen, 2 ms polls)`);
     if (growth) {
       out(`\nV8 live heap (heap snapshots, after a full GC): ${growth.totalPerActor.toFixed(0)} B per idle actor`);
