@@ -235,6 +235,10 @@ async function initialise(layout: Layout, statePath: string, ids: Ids, opts: Emb
     "listen_addresses = '127.0.0.1'",
     "unix_socket_directories = ''",
     'max_connections = 300',
+    // Autovacuum visits each database once per naptime (default 60 s): a burst into pg-boss's job
+    // table planned on no statistics (never analyzed) stays on a quadratic fetch plan until then
+    // (docs/benchmarks.md, backlog and burst). 10 s bounds that window.
+    'autovacuum_naptime = 10s',
     ...(opts.ephemeral ? ['fsync = off', 'synchronous_commit = off', 'full_page_writes = off'] : []),
     '',
   ].join('\n');

@@ -104,6 +104,9 @@ export async function ensureQueues(
   };
   await upsertQueue(boss, names.deadLetter, dlq, update);
   await upsertQueue(boss, names.events, events, update);
+  // Fresh planner statistics for the actor queue's job table (drizzle/0002_boss_job_autovacuum.sql):
+  // pg-boss creates its tables after corral's migrations ran, so the settings are applied here.
+  if (update) await boss.getDb().executeSql('select corral.tune_boss_job_tables($1)', [config.bossSchema]);
   return names;
 }
 
