@@ -211,6 +211,7 @@ async function main(): Promise<number> {
         actors: opts.actors,
         workers: opts.workers,
         capacity: opts.capacity,
+        processWorkers: opts.processWorkers,
         slots: opts.workers * opts.capacity,
         rounds: opts.rounds,
         rawReps: opts.rawReps,

@@ -9,7 +9,7 @@ import { actorKey, type ActorKey } from '../../src/actor-key.ts';
 import { loadConfig } from '../../src/config.ts';
 import { Daemon } from '../../src/daemon.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
-import { addWorkerKey, workerCredentials } from '../../src/fabric/keys.ts';
+import { addWorkerKey, ensureLocalWorkerKey, workerCredentials } from '../../src/fabric/keys.ts';
 import { silentLogger } from '../../src/logger.ts';
 import { noopMetrics, type RuntimeMetrics } from '../../src/runtime/metrics.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';
@@ -18,6 +18,8 @@ import { sampleActivity, type ActivitySummary } from './activity.ts';
 import { Cleanup, PhaseTimeout, progress, sleep, summarise, until, type Percentiles } from './common.ts';
 import { withCpu, type ServerCpu } from './database.ts';
 import type { Options } from './e2e-options.ts';
+import { processCpuMs } from './daemon-process.ts';
+import { safeKill, spawnCorral, type Proc } from '../../test/helpers/processes.ts';
 
 export interface RoundResult {
   events: number;
@@ -172,6 +174,7 @@ export class CorralSession {
   private busyMs = 0;
   private elu: ReturnType<typeof performance.eventLoopUtilization> | undefined;
   private cpuMs = 0;
+  private readonly workerProcs: Proc[] = [];
   private serverMs: number | undefined = 0;
   private sampler: { on: boolean; stop(): Promise<ActivitySummary> } | undefined;
 
@@ -190,6 +193,28 @@ export class CorralSession {
     this.home = home;
     this.opts = opts;
     this.keys = Array.from({ length: opts.actors }, (_, i) => actorKey('bench', `s${i}`));
+  }
+
+  /** `corral worker` as an OS process (--process-workers), stopped with the session. */
+  private spawnWorker(workerId: string, endpoint: string, capacity: number, keyFile: string | undefined): Proc {
+    const args = ['worker', '--id', workerId, '--endpoint', endpoint, '--capacity', String(capacity)];
+    args.push(...(keyFile ? ['--key-file', keyFile] : ['--insecure']));
+    const proc = spawnCorral(args, { CORRAL_HOME: this.home, CORRAL_LOG_LEVEL: 'warn' }, workerId);
+    const pid = proc.child.pid;
+    this.cleanup.defer(`stop worker ${workerId}`, async () => {
+      if (pid === undefined) return;
+      safeKill(pid, 'SIGTERM');
+      await Promise.race([proc.exited, sleep(5_000)]);
+      safeKill(pid, 'SIGKILL');
+    });
+    return proc;
+  }
+
+  /** CPU of the worker processes so far (--process-workers), ms. */
+  private async workerCpuMs(): Promise<number> {
+    let ms = 0;
+    for (const p of this.workerProcs) if (p.child.pid !== undefined) ms += await processCpuMs(p.child.pid);
+    return ms;
   }
 
   /** Stops workers, daemon and connections (idempotent). */
@@ -232,6 +257,10 @@ export class CorralSession {
     for (let i = 0; i < w; i++) {
       const workerId = `bench-w${i}`;
       const security = daemon.security;
+      if (this.opts.processWorkers) {
+        this.workerProcs.push(this.spawnWorker(workerId, daemon.broker.endpoint, capacity, security ? ensureLocalWorkerKey(security.paths, workerId) : undefined));
+        continue;
+      }
       const credentials = security ? workerCredentials(addWorkerKey(security.paths, security.keys.publicKey, workerId)) : undefined;
       workers.push(
         await runExampleWorker({
@@ -267,11 +296,13 @@ export class CorralSession {
     });
     const elu0 = performance.eventLoopUtilization();
     if (this.sampler) this.sampler.on = true;
+    const workers0 = await this.workerCpuMs();
     const measured = await withCpu(this.serverCpu, () =>
       pushAndWait(this.client, this.daemon, this.counter, events, performance.now() + this.opts.phaseTimeoutMs, label),
     ).finally(() => {
       if (this.sampler) this.sampler.on = false;
     });
+    measured.processMs += (await this.workerCpuMs()) - workers0;
     const run = measured.value;
     const elu = performance.eventLoopUtilization(elu0);
     this.elu = this.elu ? { idle: this.elu.idle + elu.idle, active: this.elu.active + elu.active, utilization: 0 } : elu;

@@ -1,5 +1,6 @@
 /** Command-line options of the end-to-end bench (bench/e2e.ts). */
 import { parseArgs } from 'node:util';
+import { DEFAULT_WORKER_CAPACITY } from '../../src/worker/defaults.ts';
 
 export interface Options {
   events: number;
@@ -14,13 +15,17 @@ export interface Options {
   phaseTimeoutMs: number;
   sampleActivity: boolean;
   statements: boolean;
+  /** Workers as OS processes (`corral worker`), as deployed, instead of in this process. */
+  processWorkers: boolean;
 }
 
 export const USAGE = `usage: npm run bench -- [options]
   --events N          events (and raw jobs per slice)                   (default 1500, quick 400)
   --actors A          distinct actor keys the events are spread over   (default 150, quick 40)
-  --workers W         in-process example workers                       (default 2)
-  --capacity C        concurrent turns per worker                      (default 25)
+  --workers W         example workers                                  (default 2)
+  --process-workers   run the workers as OS processes (\`corral worker\`, as deployed) instead of
+                      in the bench's process; their CPU is counted with the daemon's
+  --capacity C        concurrent turns per worker             (default: corral's, 32)
   --samples S         single events in the wake-latency phase          (default 50, quick 15)
   --rounds R          corral rounds of N/R events, each between two raw slices of N jobs
                       (default 3, quick 2)
@@ -48,6 +53,7 @@ export function parseOptions(argv: string[]): Options {
       quick: { type: 'boolean', default: false },
       'sample-activity': { type: 'boolean', default: false },
       statements: { type: 'boolean', default: false },
+      'process-workers': { type: 'boolean', default: false },
       json: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
@@ -69,7 +75,7 @@ export function parseOptions(argv: string[]): Options {
     events: int('events', values.events, quick ? 400 : 1500, 1, 1_000_000),
     actors: int('actors', values.actors, quick ? 40 : 150, 1, 100_000),
     workers: int('workers', values.workers, 2, 1, 64),
-    capacity: int('capacity', values.capacity, 25, 1, 1024),
+    capacity: int('capacity', values.capacity, DEFAULT_WORKER_CAPACITY, 1, 1024),
     samples: int('samples', values.samples, quick ? 15 : 50, 0, 10_000),
     rounds: int('rounds', values.rounds, quick ? 2 : 3, 1, 100),
     rawReps: int('raw-reps', values['raw-reps'], 3, 1, 100),
@@ -78,6 +84,7 @@ export function parseOptions(argv: string[]): Options {
     quick,
     sampleActivity: values['sample-activity'],
     statements: values.statements,
+    processWorkers: values['process-workers'],
   };
   if (opts.rounds > opts.events) throw new UsageError('--rounds must not exceed --events');
   return opts;

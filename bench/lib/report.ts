@@ -34,6 +34,8 @@ export interface Report {
     events: number;
     actors: number;
     workers: number;
+    /** Workers as OS processes (--process-workers) or in the bench's process. */
+    processWorkers: boolean;
     capacity: number;
     slots: number;
     rounds: number;
@@ -79,7 +81,7 @@ export function printTable(r: Report): void {
       `${f0(r.raw.jobsPerSec)} jobs/s  (slices ${r.raw.slices.map((x) => f0(x.jobsPerSec)).join(' / ')}; spread ${f0(r.raw.spreadPct)} %)`,
     ],
     ['  without the insert', `${r.raw.slices.map((x) => f0(x.drainJobsPerSec)).join(' / ')} jobs/s`],
-    ['corral process', `event loop ${f0(c.eventLoopUtilization * 100)} % busy during the rounds`],
+    ['corral process', `event loop ${f0(c.eventLoopUtilization * 100)} % busy during the rounds (daemon${r.params.processWorkers ? '' : ' + workers'} + bench)`],
     [
       'CPU per turn / per raw job',
       `corral ${f2(c.processCpuMsPerTurn)} ms node + ${c.serverCpuMsPerTurn !== undefined ? `${f2(c.serverCpuMsPerTurn)} ms` : '?'} postgres; ` +
@@ -101,7 +103,10 @@ export function printTable(r: Report): void {
         ] as [string, string][])
       : []),
     ['N events / A actors', `${r.params.events} / ${r.params.actors} in ${r.params.rounds} rounds`],
-    ['W workers × capacity', `${r.params.workers} × ${r.params.capacity} = ${r.params.slots} slots (fetch batch ${r.params.fetchBatch})`],
+    [
+      'W workers × capacity',
+      `${r.params.workers} × ${r.params.capacity} = ${r.params.slots} slots (fetch batch ${r.params.fetchBatch}); workers ${r.params.processWorkers ? 'as OS processes' : 'in the bench process'}`,
+    ],
     ['Node', r.env.node],
     ['PostgreSQL', `${r.env.postgres} (${r.env.database}${r.env.ephemeralDatabase ? ', fsync off' : ''})`],
     ['machine', `${r.env.cpus} CPUs (${r.env.cpuModel}), ${r.env.memGiB} GiB, ${r.env.platform}, load ${r.env.loadAvg1m.toFixed(1)} at start`],

@@ -13,14 +13,7 @@ import { exitCodeFor, messageFor, EXIT } from './exit.ts';
 import { registerDlqCommands } from './commands/dlq-cli.ts';
 import { registerKeysCommands } from './commands/keys.ts';
 import { intArg } from './args.ts';
-
-
-/**
- * Turns one worker process runs at once. An agent's turn mostly waits on a model or a tool; 32
- * is within noise of the best rate for instant turns and 25× capacity 1 for 0.5 s turns
- * (`npm run bench:capacity`, docs/benchmarks.md#worker-capacity).
- */
-export const DEFAULT_WORKER_CAPACITY = 32;
+import { DEFAULT_WORKER_CAPACITY } from '../worker/defaults.ts';
 
 interface Globals {
   logLevel?: Config['logLevel'];

@@ -112,19 +112,25 @@ export async function listExpiredInFlight(db: DbOrTx, limit = 100): Promise<Acti
     .limit(limit);
 }
 
-/** Warm activations (no current event) idle for at least `idleMs`. */
-export async function listIdle(db: DbOrTx, idleMs: number, limit = 100): Promise<ActivationRow[]> {
-  return db
-    .select()
+/**
+ * Stops up to `limit` warm activations (no current event) idle for at least `idleMs`, in one
+ * statement. Rows another transaction holds are skipped (a begin may be reusing one right now);
+ * the next pass gets them. Returns how many were stopped.
+ */
+export async function stopIdleActivations(db: DbOrTx, idleMs: number, limit: number): Promise<number> {
+  const idle = and(live, isNull(activations.currentEventId), lte(activations.updatedAt, sql`now() - ${idleMs} * interval '1 millisecond'`));
+  const candidates = db
+    .select({ uid: activations.activationUid })
     .from(activations)
-    .where(
-      and(
-        live,
-        isNull(activations.currentEventId),
-        lte(activations.updatedAt, sql`now() - ${idleMs} * interval '1 millisecond'`),
-      ),
-    )
-    .limit(limit);
+    .where(idle)
+    .limit(limit)
+    .for('update', { skipLocked: true });
+  const rows = await db
+    .update(activations)
+    .set({ status: 'stopped', endReason: 'idle', endedAt: sql`now()`, updatedAt: sql`now()` })
+    .where(and(inArray(activations.activationUid, candidates), idle))
+    .returning({ uid: activations.activationUid });
+  return rows.length;
 }
 
 export type LockCondition = 'expired_in_flight' | 'live' | 'idle';

@@ -420,14 +420,6 @@ export class TurnStore {
     });
   }
 
-  /** Stops a warm activation idle past its timeout. */
-  async stopIdle(activationUid: string): Promise<boolean> {
-    return inTransaction(this.db, async (tx) => {
-      if (!(await activations.lockActivationIf(tx, activationUid, 'idle'))) return false;
-      return activations.endActivation(tx, activationUid, 'stopped', 'idle');
-    });
-  }
-
   /**
    * Recovery: a turn left `started` whose delivery is no longer live (or is gone). The turn is
    * failed; if its job attempt is still active, the attempt is failed so the event is retried

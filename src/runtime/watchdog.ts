@@ -17,6 +17,9 @@ import type { TurnStore } from './turns.ts';
 import type { WorkerRegistry } from './worker-registry.ts';
 import { Periodic } from './periodic.ts';
 
+/** Idle activations stopped per statement, and statements per watchdog pass. */
+const IDLE_STOP_BATCH = 2_000;
+const IDLE_STOP_ROUNDS = 10;
 /** How often old rows are deleted from `corral.workers`. */
 const WORKER_PRUNE_INTERVAL_MS = 60_000;
 
@@ -100,8 +103,12 @@ export class Watchdog {
       if (pruned > 0) this.log.info({ pruned }, 'pruned old worker rows');
     }
 
-    for (const a of await activations.listIdle(db, this.opts.idleTimeoutMs)) {
-      if (await store.stopIdle(a.activationUid)) report.stoppedIdle++;
+    // Set-based: an idle timeout reached by many actors at once is a few statements, not one
+    // transaction per actor; bounded per pass so a pass stays short.
+    for (let i = 0; i < IDLE_STOP_ROUNDS; i++) {
+      const stopped = await activations.stopIdleActivations(db, this.opts.idleTimeoutMs, IDLE_STOP_BATCH);
+      report.stoppedIdle += stopped;
+      if (stopped < IDLE_STOP_BATCH) break;
     }
     return report;
   }
