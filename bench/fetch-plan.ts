@@ -8,8 +8,9 @@
  *   npm run bench:fetch-plan -- [--backlogs 1000,10000,100000] [--plans] [--alternative]
  *                               [--events-per-actor K]
  *
- * `--alternative` also runs a prototype of a fetch whose cost does not grow with the backlog (see
- * `walkingFetch`) on the same rows, and checks it claims as many jobs.
+ * `--alternative` also runs corral's own fetch (src/db/boss-fetch.ts: the same claim, walking the
+ * queue in fetch order instead of taking every key's head first) on the same rows, and checks it
+ * claims as many jobs.
  */
 import { parseArgs } from 'node:util';
 import pg from 'pg';
@@ -22,6 +23,7 @@ import { createEventQueue } from '../src/queue/events.ts';
 import { Cleanup, progress } from './lib/common.ts';
 import { openBenchDatabase } from './lib/database.ts';
 import { freshDatabase } from './lib/daemon-process.ts';
+import { claimStatement } from '../src/db/boss-fetch.ts';
 
 const { values } = parseArgs({
   options: {
@@ -68,34 +70,6 @@ async function claimed(pool: pg.Pool, text: string, params: unknown[] | undefine
   }
 }
 
-/**
- * A prototype, not used by corral: pg-boss's fetch with the materialized `strict_fifo_heads` CTE
- * (the head of every key with queued jobs, computed before the LIMIT) replaced by a correlated
- * "no earlier fetchable sibling" probe on job_i10. The outer query already walks the queued jobs
- * in fetch order (job_i11) and stops after LIMIT claimable ones, so the work is proportional to
- * the jobs it looks at, not to the backlog: with one queued event per actor, LIMIT jobs. (An actor
- * with a deep queue still makes the walk skip its non-head events.) "Earlier" is the heads CTE's
- * own order: state DESC, created_on, id.
- */
-function walkingFetch(text: string): string {
-  const table = /strict_fifo_heads AS MATERIALIZED \(\s*SELECT DISTINCT ON \(h\.singleton_key\) h\.id\s*FROM (\S+) h/.exec(text)?.[1];
-  const cte = /strict_fifo_heads AS MATERIALIZED \([\s\S]*?ORDER BY h\.singleton_key, h\.state DESC, h\.created_on, h\.id\s*\),\s*/;
-  const filter = /(\S+\.job_now\(\))/.exec(text)?.[1];
-  if (!table || !filter || !cte.test(text) || !text.includes('j.id IN (SELECT id FROM strict_fifo_heads)')) {
-    throw new Error('pg-boss fetch statement not in the expected shape; --alternative needs updating');
-  }
-  return text.replace(cte, '').replace(
-    'j.id IN (SELECT id FROM strict_fifo_heads)',
-    `NOT EXISTS (
-            SELECT 1 FROM ${table} h
-            WHERE h.name = j.name AND h.singleton_key = j.singleton_key
-              AND h.state < 'active' AND NOT h.blocked AND h.policy = 'key_strict_fifo'
-              AND h.start_after <= ${filter}
-              AND (h.state > j.state OR (h.state = j.state AND (h.created_on, h.id) < (j.created_on, j.id)))
-          )`,
-  );
-}
-
 async function main(): Promise<void> {
   const cleanup = new Cleanup();
   try {
@@ -128,9 +102,10 @@ async function main(): Promise<void> {
     const queue = createEventQueue(boss, DEFAULTS.queueName);
     let queued = 0;
     process.stdout.write(`key_strict_fifo fetch (batch ${DEFAULTS.fetchBatchSize}) on ${table}, ${perActor} queued event(s) per actor, EXPLAIN ANALYZE, rolled back\n`);
-    const alt = values.alternative ? walkingFetch(fetchSql.text) : undefined;
+    const alt = values.alternative ? claimStatement('pgboss', rows[0]!.t) : undefined;
+    const altValues = [DEFAULTS.queueName, DEFAULTS.fetchBatchSize];
     process.stdout.write(
-      `backlog   reltuples before   stale stats ms   after ANALYZE ms${alt ? '   walking fetch: stale ms   after ANALYZE ms' : ''}\n`,
+      `backlog   reltuples before   stale stats ms   after ANALYZE ms${alt ? '   corral fetch: stale ms   after ANALYZE ms' : ''}\n`,
     );
     for (const target of backlogs) {
       while (queued < target) {
@@ -143,20 +118,20 @@ async function main(): Promise<void> {
       }
       const rel = (await pool.query<{ n: number }>(`select reltuples::float8 as n from pg_class where oid = $1::regclass`, [table])).rows[0]!.n;
       const stale = await explain(pool, fetchSql.text, fetchSql.values);
-      const altStale = alt ? await explain(pool, alt, fetchSql.values) : undefined;
+      const altStale = alt ? await explain(pool, alt, altValues) : undefined;
       await pool.query(`analyze ${table}`);
       const fresh = await explain(pool, fetchSql.text, fetchSql.values);
-      const altFresh = alt ? await explain(pool, alt, fetchSql.values) : undefined;
+      const altFresh = alt ? await explain(pool, alt, altValues) : undefined;
       if (alt) {
         // Both statements claim the same number of jobs (each in a rolled-back transaction).
-        const [a, b] = [await claimed(pool, fetchSql.text, fetchSql.values), await claimed(pool, alt, fetchSql.values)];
-        if (a !== b) throw new Error(`walking fetch claimed ${b} jobs, pg-boss's ${a}`);
+        const [a, b] = [await claimed(pool, fetchSql.text, fetchSql.values), await claimed(pool, alt, altValues)];
+        if (a !== b) throw new Error(`corral's fetch claimed ${b} jobs, pg-boss's ${a}`);
       }
       process.stdout.write(
         `${String(target).padStart(7)}   ${String(rel).padStart(16)}   ${stale.ms.toFixed(1).padStart(14)}   ${fresh.ms.toFixed(1).padStart(16)}` +
           `${altStale && altFresh ? `   ${altStale.ms.toFixed(1).padStart(22)}   ${altFresh.ms.toFixed(1).padStart(16)}` : ''}\n`,
       );
-      if (values.plans && altFresh) process.stdout.write(`\n-- ${target} queued, walking fetch, after ANALYZE:\n${altFresh.plan.join('\n')}\n\n`);
+      if (values.plans && altFresh) process.stdout.write(`\n-- ${target} queued, corral's fetch, after ANALYZE:\n${altFresh.plan.join('\n')}\n\n`);
       if (values.plans) {
         process.stdout.write(`\n-- ${target} queued, stale statistics:\n${stale.plan.join('\n')}\n`);
         process.stdout.write(`\n-- ${target} queued, after ANALYZE:\n${fresh.plan.join('\n')}\n\n`);

@@ -48,7 +48,8 @@ export async function queueTable(db: pg.Pool | pg.Client, q: Pick<Queues, 'schem
   return table;
 }
 
-function claimStatement(schema: string, table: string): string {
+/** The claim's text: `$1` the queue's name, `$2` the limit. */
+export function claimStatement(schema: string, table: string): string {
   const s = pg.escapeIdentifier(schema);
   const t = `${s}.${pg.escapeIdentifier(table)}`;
   return `
