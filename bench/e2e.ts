@@ -36,7 +36,7 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import pg from 'pg';
 import { randomBytes } from 'node:crypto';
-import { loadConfig } from '../src/config.ts';
+import { DEFAULTS, loadConfig } from '../src/config.ts';
 import { migrateDatabase } from '../src/db/migrate.ts';
 import { createBoss } from '../src/queue/boss.ts';
 import { HAND_CONCURRENCY, handwrittenSlice, setupHandwritten } from './handwritten.ts';
@@ -212,6 +212,7 @@ async function main(): Promise<number> {
         workers: opts.workers,
         capacity: opts.capacity,
         processWorkers: opts.processWorkers,
+        contextMessages: opts.contextMessages ?? DEFAULTS.contextMessages,
         slots: opts.workers * opts.capacity,
         rounds: opts.rounds,
         rawReps: opts.rawReps,

@@ -230,6 +230,7 @@ export class CorralSession {
         queueName: `bench-events-${randomBytes(4).toString('hex')}`,
         logLevel: 'silent',
         insecure: !this.curve,
+        ...(this.opts.contextMessages === undefined ? {} : { contextMessages: this.opts.contextMessages }),
       },
       {},
     );

@@ -17,6 +17,8 @@ export interface Options {
   statements: boolean;
   /** Workers as OS processes (`corral worker`), as deployed, instead of in this process. */
   processWorkers: boolean;
+  /** `turn_start` context size (messages); corral's default when absent. */
+  contextMessages: number | undefined;
 }
 
 export const USAGE = `usage: npm run bench -- [options]
@@ -25,6 +27,7 @@ export const USAGE = `usage: npm run bench -- [options]
   --workers W         example workers                                  (default 2)
   --process-workers   run the workers as OS processes (\`corral worker\`, as deployed) instead of
                       in the bench's process; their CPU is counted with the daemon's
+  --context-messages N  turn_start context, latest messages (default: corral's, 50; 0 = none)
   --capacity C        concurrent turns per worker             (default: corral's, 32)
   --samples S         single events in the wake-latency phase          (default 50, quick 15)
   --rounds R          corral rounds of N/R events, each between two raw slices of N jobs
@@ -54,6 +57,7 @@ export function parseOptions(argv: string[]): Options {
       'sample-activity': { type: 'boolean', default: false },
       statements: { type: 'boolean', default: false },
       'process-workers': { type: 'boolean', default: false },
+      'context-messages': { type: 'string' },
       json: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
@@ -85,6 +89,7 @@ export function parseOptions(argv: string[]): Options {
     sampleActivity: values['sample-activity'],
     statements: values.statements,
     processWorkers: values['process-workers'],
+    contextMessages: values['context-messages'] === undefined ? undefined : int('context-messages', values['context-messages'], 0, 0, 1000),
   };
   if (opts.rounds > opts.events) throw new UsageError('--rounds must not exceed --events');
   return opts;

@@ -36,6 +36,8 @@ export interface Report {
     workers: number;
     /** Workers as OS processes (--process-workers) or in the bench's process. */
     processWorkers: boolean;
+    /** turn_start context, latest messages. */
+    contextMessages: number;
     capacity: number;
     slots: number;
     rounds: number;
@@ -105,7 +107,7 @@ export function printTable(r: Report): void {
     ['N events / A actors', `${r.params.events} / ${r.params.actors} in ${r.params.rounds} rounds`],
     [
       'W workers × capacity',
-      `${r.params.workers} × ${r.params.capacity} = ${r.params.slots} slots (fetch batch ${r.params.fetchBatch}); workers ${r.params.processWorkers ? 'as OS processes' : 'in the bench process'}`,
+      `${r.params.workers} × ${r.params.capacity} = ${r.params.slots} slots (fetch batch ${r.params.fetchBatch}); workers ${r.params.processWorkers ? 'as OS processes' : 'in the bench process'}; context ${r.params.contextMessages} messages`,
     ],
     ['Node', r.env.node],
     ['PostgreSQL', `${r.env.postgres} (${r.env.database}${r.env.ephemeralDatabase ? ', fsync off' : ''})`],

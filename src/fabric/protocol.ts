@@ -60,12 +60,38 @@ export type ProtocolErrorCode = (typeof PROTOCOL_ERROR_CODES)[number];
 const v = z.literal(PROTOCOL_VERSION);
 const workerId = z.string().regex(WORKER_ID_PATTERN, 'worker id must be 1..64 chars of [A-Za-z0-9._:-]');
 const isoTime = z.iso.datetime({ offset: true });
-const json = z.json();
+/**
+ * Any JSON value. A plain check instead of zod's recursive `z.json()` union: it runs on every
+ * message content and context entry, where the union cost more than the rest of the message.
+ */
+const json = z.custom<JsonValue>((value) => isJsonValue(value), { message: 'expected a JSON value' });
 /** Same alphabet and length as src/actor-key.ts: a longer or stranger part can match no actor. */
 const actorPart = z.string().regex(/^[A-Za-z0-9._:@-]{1,128}$/, 'expected 1-128 characters of A-Z a-z 0-9 . _ : @ -');
 
 /** Any JSON value (what `JSON.parse` can return). */
 export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+
+/** True when `value` is a JSON value: null, a string, a boolean, a finite number, or arrays and plain objects of those. */
+export function isJsonValue(value: unknown): value is JsonValue {
+  const stack: unknown[] = [value];
+  while (stack.length > 0) {
+    const v = stack.pop();
+    if (v === null || typeof v === 'string' || typeof v === 'boolean') continue;
+    if (typeof v === 'number') {
+      if (!Number.isFinite(v)) return false;
+      continue;
+    }
+    if (Array.isArray(v)) {
+      for (const item of v) stack.push(item);
+      continue;
+    }
+    if (typeof v !== 'object') return false;
+    const proto = Object.getPrototypeOf(v) as unknown;
+    if (proto !== Object.prototype && proto !== null) return false;
+    for (const key in v) stack.push((v as Record<string, unknown>)[key]);
+  }
+  return true;
+}
 
 /**
  * The fence of one delivery. The daemon mints it; the worker echoes it verbatim on every

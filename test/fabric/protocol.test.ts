@@ -5,6 +5,7 @@ import {
   WORKER_MESSAGE_TYPES,
   daemonMessageSchema,
   encodeMessage,
+  isJsonValue,
   parseDaemonMessage,
   parseWorkerMessage,
   type DaemonMessage,
@@ -196,5 +197,15 @@ describe('turn_rejected reasons', () => {
     const rows = table.split('\n').slice(2);
     const documented = rows.slice(0, rows.findIndex((l) => !l.startsWith('|'))).map((l) => /^\| `([a-z_]+)` \|/.exec(l)?.[1]);
     expect(documented.sort()).toEqual([...TURN_REJECTED_REASONS].sort());
+  });
+});
+
+describe('isJsonValue', () => {
+  it('accepts what JSON.parse returns and refuses what JSON cannot carry', () => {
+    expect(isJsonValue(JSON.parse('{"a":[1,"x",null,true,{"b":[[]]}],"c":-0.5}'))).toBe(true);
+    expect(isJsonValue(Object.create(null) as object)).toBe(true);
+    for (const bad of [undefined, () => 1, new Date(0), NaN, Infinity, 1n, Symbol('s'), { a: [1, undefined] }, [{ d: new Map() }]]) {
+      expect(isJsonValue(bad)).toBe(false);
+    }
   });
 });
