@@ -4,7 +4,7 @@
  *
  *   npm run bench -- [--events N] [--actors A] [--workers W] [--capacity C] [--rounds R]
  *                    [--raw-reps K] [--samples S] [--quick] [--json] [--phase-timeout S]
- *                    [--sample-activity] [--statements]
+ *                    [--sample-activity] [--statements] [--in-process-workers] [--context-messages N]
  *
  * Interleaved (raw 0, corral 1, raw 1, …, corral R, raw R) so that every corral round sits
  * between two raw slices measured minutes apart at most: a noisy machine slows both alike.
@@ -12,7 +12,8 @@
  *    (batchSize 50) and completes each batch (fenced by attempt), from insert until drained;
  *    repeated K times (--raw-reps), the slice counts its median repetition.
  *  - corral round: N/R events over the same A actors through a started Daemon (real pg-boss,
- *    real ZeroMQ on tcp://127.0.0.1:0) and W in-process example echo workers, from enqueue until
+ *    real ZeroMQ on tcp://127.0.0.1:0) and W example echo workers (`corral worker` processes, as
+ *    deployed; in the bench's process with --in-process-workers), from enqueue until
  *    every event's turn is committed (`corral.turns.status = 'succeeded'`, checked in the database).
  *  - wake latency: S single events, one at a time, each on an idle (warm) actor: from the enqueue
  *    call until the commit transaction returned (the LISTEN/NOTIFY path; the consumer's fallback

@@ -195,7 +195,7 @@ export class CorralSession {
     this.keys = Array.from({ length: opts.actors }, (_, i) => actorKey('bench', `s${i}`));
   }
 
-  /** `corral worker` as an OS process (--process-workers), stopped with the session. */
+  /** `corral worker` as an OS process (the default), stopped with the session. */
   private spawnWorker(workerId: string, endpoint: string, capacity: number, keyFile: string | undefined): Proc {
     const args = ['worker', '--id', workerId, '--endpoint', endpoint, '--capacity', String(capacity)];
     args.push(...(keyFile ? ['--key-file', keyFile] : ['--insecure']));
@@ -210,7 +210,7 @@ export class CorralSession {
     return proc;
   }
 
-  /** CPU of the worker processes so far (--process-workers), ms. */
+  /** CPU of the worker processes so far (when they run as processes), ms. */
   private async workerCpuMs(): Promise<number> {
     let ms = 0;
     for (const p of this.workerProcs) if (p.child.pid !== undefined) ms += await processCpuMs(p.child.pid);

@@ -15,7 +15,7 @@ export interface Options {
   phaseTimeoutMs: number;
   sampleActivity: boolean;
   statements: boolean;
-  /** Workers as OS processes (`corral worker`), as deployed, instead of in this process. */
+  /** Workers as OS processes (`corral worker`), as deployed (default), or in this process. */
   processWorkers: boolean;
   /** `turn_start` context size (messages); corral's default when absent. */
   contextMessages: number | undefined;
@@ -25,8 +25,8 @@ export const USAGE = `usage: npm run bench -- [options]
   --events N          events (and raw jobs per slice)                   (default 1500, quick 400)
   --actors A          distinct actor keys the events are spread over   (default 150, quick 40)
   --workers W         example workers                                  (default 2)
-  --process-workers   run the workers as OS processes (\`corral worker\`, as deployed) instead of
-                      in the bench's process; their CPU is counted with the daemon's
+  --in-process-workers  run the workers in the bench's process instead of as OS processes
+                      (\`corral worker\`, as deployed: the default; their CPU is counted with the daemon's)
   --context-messages N  turn_start context, latest messages (default: corral's, 50; 0 = none)
   --capacity C        concurrent turns per worker             (default: corral's, 32)
   --samples S         single events in the wake-latency phase          (default 50, quick 15)
@@ -56,7 +56,7 @@ export function parseOptions(argv: string[]): Options {
       quick: { type: 'boolean', default: false },
       'sample-activity': { type: 'boolean', default: false },
       statements: { type: 'boolean', default: false },
-      'process-workers': { type: 'boolean', default: false },
+      'in-process-workers': { type: 'boolean', default: false },
       'context-messages': { type: 'string' },
       json: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
@@ -88,7 +88,7 @@ export function parseOptions(argv: string[]): Options {
     quick,
     sampleActivity: values['sample-activity'],
     statements: values.statements,
-    processWorkers: values['process-workers'],
+    processWorkers: !values['in-process-workers'],
     contextMessages: values['context-messages'] === undefined ? undefined : int('context-messages', values['context-messages'], 0, 0, 1000),
   };
   if (opts.rounds > opts.events) throw new UsageError('--rounds must not exceed --events');

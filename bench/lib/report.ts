@@ -34,7 +34,7 @@ export interface Report {
     events: number;
     actors: number;
     workers: number;
-    /** Workers as OS processes (--process-workers) or in the bench's process. */
+    /** Workers as OS processes (the default) or in the bench's process (--in-process-workers). */
     processWorkers: boolean;
     /** turn_start context, latest messages. */
     contextMessages: number;
