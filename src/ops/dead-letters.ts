@@ -242,19 +242,8 @@ async function replayOne(boss: PgBoss, tx: Tx, q: Queues, d: DeadLetter): Promis
   } else {
     outcome = original === 'completed' || original === 'cancelled' ? 'already_done' : 'already_queued';
   }
-  await boss.deleteJob(q.deadLetter, d.id, { db });
-  const unblocked = await clearBlockIf(tx, d, d.eventId);
   const replayed = outcome === 'retried' || outcome === 'reinserted';
-  await recordDeadLetterAction(tx, {
-    action: 'replay',
-    deadLetterId: d.id,
-    eventId: d.eventId,
-    agentUid: d.agentUid,
-    sessionId: d.sessionId,
-    payload: d.payload,
-    outcome,
-    replayed,
-  });
+  const unblocked = await closeDeadLetter(boss, tx, q, d, 'replay', outcome, replayed);
   return {
     id: d.id,
     status: replayed ? 'replayed' : 'already_replayed',
@@ -263,6 +252,31 @@ async function replayOne(boss: PgBoss, tx: Tx, q: Queues, d: DeadLetter): Promis
     actor: d.actor,
     unblocked,
   };
+}
+
+/** The dead letter is done with: its copy goes, its actor is unblocked if it held it, the action is recorded. Returns whether it unblocked. */
+async function closeDeadLetter(
+  boss: PgBoss,
+  tx: Tx,
+  q: Queues,
+  d: DeadLetter,
+  action: 'replay' | 'discard',
+  outcome: ActionOutcome,
+  replayed: boolean,
+): Promise<boolean> {
+  await boss.deleteJob(q.deadLetter, d.id, { db: fromDrizzle(tx, sql) });
+  const unblocked = await clearBlockIf(tx, d, d.eventId);
+  await recordDeadLetterAction(tx, {
+    action,
+    deadLetterId: d.id,
+    eventId: d.eventId,
+    agentUid: d.agentUid,
+    sessionId: d.sessionId,
+    payload: d.payload,
+    outcome,
+    replayed,
+  });
+  return unblocked;
 }
 
 async function discardOne(boss: PgBoss, tx: Tx, q: Queues, d: DeadLetter): Promise<ActionResult> {
@@ -274,17 +288,6 @@ async function discardOne(boss: PgBoss, tx: Tx, q: Queues, d: DeadLetter): Promi
     await boss.deleteJob(q.events, d.eventId, { db });
     outcome = 'discarded_with_original';
   }
-  await boss.deleteJob(q.deadLetter, d.id, { db });
-  const unblocked = await clearBlockIf(tx, d, d.eventId);
-  await recordDeadLetterAction(tx, {
-    action: 'discard',
-    deadLetterId: d.id,
-    eventId: d.eventId,
-    agentUid: d.agentUid,
-    sessionId: d.sessionId,
-    payload: d.payload,
-    outcome,
-    replayed: false,
-  });
+  const unblocked = await closeDeadLetter(boss, tx, q, d, 'discard', outcome, false);
   return { id: d.id, status: 'discarded', outcome, eventId: d.eventId, actor: d.actor, unblocked };
 }

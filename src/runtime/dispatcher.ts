@@ -12,20 +12,16 @@
  *  4. It never touches the socket: it sends through `Transport`, the broker's send queue.
  */
 import type { ActorKey } from '../actor-key.ts';
-import type { Clock, TimerHandle } from '../clock.ts';
+import type { TimerHandle } from '../clock.ts';
 import type { ControlMessage } from '../db/control.ts';
 import { FenceRejected, errorMessage, toError } from '../errors.ts';
 import type { DaemonMessage } from '../fabric/protocol.ts';
 import type { Logger } from '../logger.ts';
-import type { BackgroundWork } from './background.ts';
-import type { Transport } from './transport.ts';
-import type { DatabaseRetry } from './db-retry.ts';
-import type { ActorDirectory, InFlightTurn, SessionController } from './directory.ts';
+import type { RuntimeParts } from './transport.ts';
+import type { InFlightTurn, SessionController } from './directory.ts';
 import { attemptFields, fenceFields, toWire, type AttemptRef } from './fence.ts';
 import { GroupWriter } from './group-writer.ts';
-import type { RuntimeMetrics } from './metrics.ts';
-import type { FailOutcome, FetchedJob, StartedTurn, TurnStore } from './turns.ts';
-import type { WorkerRegistry } from './worker-registry.ts';
+import type { FailOutcome, FetchedJob, StartedTurn } from './turns.ts';
 import { contextToWire, withContext, type ContextLimits } from './context.ts';
 import type { Db } from '../db/client.ts';
 
@@ -34,16 +30,7 @@ const MAX_DEAD_ROUTES_PER_DISPATCH = 3;
 /** After a dispatch gave up on dead routes, the parked turn is tried again this soon. */
 const PARKED_RETRY_MS = 100;
 
-export interface DispatcherOptions {
-  store: TurnStore;
-  transport: Transport;
-  workers: WorkerRegistry;
-  directory: ActorDirectory;
-  background: BackgroundWork;
-  retry: DatabaseRetry;
-  clock: Clock;
-  logger: Logger;
-  metrics: RuntimeMetrics;
+export interface DispatcherOptions extends RuntimeParts {
   /** Called whenever capacity may have freed up (the consumer fetches again). */
   onCapacity?: () => void;
   /** Conversation context in turn_start (read from `db`); absent = none. */

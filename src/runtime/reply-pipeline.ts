@@ -15,17 +15,11 @@ import type { BrokerEvent } from '../fabric/broker.ts';
 import type { DaemonMessage } from '../fabric/protocol.ts';
 import { storableText, unstorableReason } from '../json-safety.ts';
 import type { Logger } from '../logger.ts';
-import type { BackgroundWork } from './background.ts';
-import type { DatabaseRetry } from './db-retry.ts';
-import type { ActorDirectory } from './directory.ts';
 import type { Dispatcher } from './dispatcher.ts';
 import { fenceFields, fromWire, type Fence, type WireTurnRef } from './fence.ts';
 import { GroupWriter } from './group-writer.ts';
-import type { RuntimeMetrics } from './metrics.ts';
-import type { Transport } from './transport.ts';
-import type { ReplyOutcome, ReplyRequest, TurnStore } from './turns.ts';
-import type { WorkerRegistry } from './worker-registry.ts';
-import type { Clock } from '../clock.ts';
+import type { RuntimeParts } from './transport.ts';
+import type { ReplyOutcome, ReplyRequest } from './turns.ts';
 import { checkEmits } from '../queue/effects.ts';
 import { DEFAULT_MAX_EVENT_BYTES } from '../queue/event-job.ts';
 
@@ -35,17 +29,8 @@ const HANDED_BACK = new Set(['over_capacity', 'worker_stopping']);
 type ResultEvent = Extract<BrokerEvent, { kind: 'turn_result' }>;
 type ErrorEvent = Extract<BrokerEvent, { kind: 'turn_error' }>;
 
-export interface ReplyPipelineOptions {
-  store: TurnStore;
-  transport: Transport;
+export interface ReplyPipelineOptions extends RuntimeParts {
   dispatcher: Dispatcher;
-  workers: WorkerRegistry;
-  directory: ActorDirectory;
-  background: BackgroundWork;
-  retry: DatabaseRetry;
-  clock: Clock;
-  logger: Logger;
-  metrics: RuntimeMetrics;
   /** Largest emitted event payload (CORRAL_MAX_EVENT_BYTES). */
   maxEventBytes?: number;
 }

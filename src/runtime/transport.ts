@@ -1,9 +1,33 @@
-/** How the runtime reaches workers: the broker's serial send queue (it never touches the socket). */
+/**
+ * How the runtime reaches workers (the broker's serial send queue: it never touches the socket),
+ * and the parts the steps of the event path share.
+ */
+import type { Clock } from '../clock.ts';
 import type { SendResult } from '../fabric/broker.ts';
 import type { DaemonMessage } from '../fabric/protocol.ts';
+import type { Logger } from '../logger.ts';
+import type { BackgroundWork } from './background.ts';
+import type { DatabaseRetry } from './db-retry.ts';
+import type { ActorDirectory } from './directory.ts';
+import type { RuntimeMetrics } from './metrics.ts';
+import type { TurnStore } from './turns.ts';
+import type { WorkerRegistry } from './worker-registry.ts';
 
 export interface Transport {
   send(workerId: string, msg: DaemonMessage): Promise<SendResult>;
   /** Drops a worker's session: it must register again before it is used. */
   forget?(workerId: string): void;
+}
+
+/** What the dispatcher and the reply pipeline both work with (wired by the Runtime). */
+export interface RuntimeParts {
+  store: TurnStore;
+  transport: Transport;
+  workers: WorkerRegistry;
+  directory: ActorDirectory;
+  background: BackgroundWork;
+  retry: DatabaseRetry;
+  clock: Clock;
+  logger: Logger;
+  metrics: RuntimeMetrics;
 }
