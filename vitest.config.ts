@@ -28,7 +28,12 @@ export default defineConfig({
       },
       {
         extends: true,
-        test: { name: 'fabric', include: ['test/fabric/**/*.test.ts', 'test/worker/**/*.test.ts'], testTimeout: 30_000, hookTimeout: 30_000 },
+        test: {
+          name: 'fabric',
+          include: ['test/fabric/**/*.test.ts', 'test/worker/**/*.test.ts'],
+          testTimeout: 30_000,
+          hookTimeout: 30_000,
+        },
       },
       {
         extends: true,

@@ -124,7 +124,9 @@ interface BurstResult {
 
 /** The actor queue's job table (job_common unless the queue has its own partition). */
 async function jobTable(client: BenchClient): Promise<string> {
-  const { rows } = await client.db.pool.query<{ t: string }>(`select table_name as t from pgboss.queue where name = $1`, [client.queue.queueName]);
+  const { rows } = await client.db.pool.query<{ t: string }>(`select table_name as t from pgboss.queue where name = $1`, [
+    client.queue.queueName,
+  ]);
   return rows[0]?.t ?? 'job_common';
 }
 
@@ -138,11 +140,7 @@ async function sample(client: BenchClient, daemon: DaemonProcess, serverCpu: Ser
   return { t: (performance.now() - t0) / 1000, committed, daemonMs: cpu.daemon, workersMs: cpu.workers, pgMs: pg ?? 0, autoanalyzes };
 }
 
-async function withDaemon<T>(
-  serverUrl: string,
-  opts: Options,
-  fn: (client: BenchClient, daemon: DaemonProcess) => Promise<T>,
-): Promise<T> {
+async function withDaemon<T>(serverUrl: string, opts: Options, fn: (client: BenchClient, daemon: DaemonProcess) => Promise<T>): Promise<T> {
   const cleanup = new Cleanup();
   try {
     const db = await freshDatabase(serverUrl, cleanup, 'corral_burst');
@@ -265,7 +263,9 @@ async function burst(serverUrl: string, n: number, opts: Options, serverCpu: Ser
       workersMsPerTurn: all.workersMsPerTurn,
       pgMsPerTurn: all.pgMsPerTurn,
     };
-    progress(`burst ${n}: ${r.turnsPerSec.toFixed(0)} turns/s in ${r.seconds.toFixed(1)} s, first minute ${r.firstMinuteTurnsPerSec.toFixed(0)} turns/s`);
+    progress(
+      `burst ${n}: ${r.turnsPerSec.toFixed(0)} turns/s in ${r.seconds.toFixed(1)} s, first minute ${r.firstMinuteTurnsPerSec.toFixed(0)} turns/s`,
+    );
     return r;
   });
 }
@@ -278,7 +278,9 @@ function print(steadyRate: Bucket, results: BurstResult[], opts: Options): void 
     `steady at a 1k backlog: ${f(steadyRate.turnsPerSec)} turns/s; CPU per turn ${f(steadyRate.daemonMsPerTurn, 2)} ms daemon + ` +
       `${f(steadyRate.workersMsPerTurn, 2)} ms workers + ${f(steadyRate.pgMsPerTurn, 2)} ms postgres`,
   );
-  out('\n      N   total s   turns/s   first minute   ratio to steady   first second   first autoanalyze   CPU/turn daemon + workers + pg (ms)');
+  out(
+    '\n      N   total s   turns/s   first minute   ratio to steady   first second   first autoanalyze   CPU/turn daemon + workers + pg (ms)',
+  );
   for (const r of results) {
     out(
       `${String(r.events).padStart(7)}   ${(f(r.seconds, 1) + (r.drained ? '' : '*')).padStart(7)}   ${f(r.turnsPerSec).padStart(7)}   ${f(r.firstMinuteTurnsPerSec).padStart(12)}   ` +

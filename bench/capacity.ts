@@ -77,7 +77,9 @@ async function runOne(serverUrl: string, capacity: number, opts: ReturnType<type
     const database = openDatabase(url, { max: 2 });
     // Wait until the workers are registered, so the clock measures turns, not start-up.
     for (;;) {
-      const { rows } = await database.pool.query<{ n: number }>("select count(*)::int as n from corral.workers where status <> 'gone'").catch(() => ({ rows: [{ n: 0 }] }));
+      const { rows } = await database.pool
+        .query<{ n: number }>("select count(*)::int as n from corral.workers where status <> 'gone'")
+        .catch(() => ({ rows: [{ n: 0 }] }));
       if ((rows[0]?.n ?? 0) >= opts.workers) break;
       await new Promise((r) => setTimeout(r, 100));
     }
@@ -120,13 +122,18 @@ async function main(): Promise<void> {
   try {
     const results: { capacity: number; turnsPerSecond: number }[] = [];
     for (const capacity of opts.capacities) {
-      process.stderr.write(`bench:capacity: ${opts.workers} workers × capacity ${capacity}, ${opts.events} events (delay ${opts.delayMs} ms)…\n`);
+      process.stderr.write(
+        `bench:capacity: ${opts.workers} workers × capacity ${capacity}, ${opts.events} events (delay ${opts.delayMs} ms)…\n`,
+      );
       results.push({ capacity, turnsPerSecond: await runOne(serverUrl, capacity, opts) });
     }
     const base = results[0]!.turnsPerSecond;
     console.log(`${opts.events} events to new actors, ${opts.workers} local workers, turn delay ${opts.delayMs} ms`);
     console.log('capacity   turns/s   ratio to capacity ' + results[0]!.capacity);
-    for (const r of results) console.log(`${String(r.capacity).padStart(8)}   ${r.turnsPerSecond.toFixed(0).padStart(7)}   ${(r.turnsPerSecond / base).toFixed(2)}×`);
+    for (const r of results)
+      console.log(
+        `${String(r.capacity).padStart(8)}   ${r.turnsPerSecond.toFixed(0).padStart(7)}   ${(r.turnsPerSecond / base).toFixed(2)}×`,
+      );
   } finally {
     if (home) {
       await stopEmbeddedPostgres(home).catch(() => false);

@@ -30,7 +30,12 @@ interface Sample {
 
 function parse() {
   const { values } = parseArgs({
-    options: { runs: { type: 'string', default: '15' }, bin: { type: 'string' }, json: { type: 'boolean', default: false }, help: { type: 'boolean', default: false } },
+    options: {
+      runs: { type: 'string', default: '15' },
+      bin: { type: 'string' },
+      json: { type: 'boolean', default: false },
+      help: { type: 'boolean', default: false },
+    },
   });
   if (values.help) {
     console.log(HELP);

@@ -204,9 +204,7 @@ async function main(): Promise<number> {
       corral,
       raw: { slices, jobsPerSec: rawRate, spreadPct: ((Math.max(...rates) - Math.min(...rates)) / rawRate) * 100 },
       wake,
-      ...(statements
-        ? { statements: statements.summary(corral.events), statementTotals: statements.totalsPerTurn(corral.events) }
-        : {}),
+      ...(statements ? { statements: statements.summary(corral.events), statementTotals: statements.totalsPerTurn(corral.events) } : {}),
       params: {
         events: opts.events,
         actors: opts.actors,

@@ -101,7 +101,9 @@ async function main(): Promise<void> {
     cleanup.defer('close client', () => client.close());
     const queue = createEventQueue(boss, DEFAULTS.queueName);
     let queued = 0;
-    process.stdout.write(`key_strict_fifo fetch (batch ${DEFAULTS.fetchBatchSize}) on ${table}, ${perActor} queued event(s) per actor, EXPLAIN ANALYZE, rolled back\n`);
+    process.stdout.write(
+      `key_strict_fifo fetch (batch ${DEFAULTS.fetchBatchSize}) on ${table}, ${perActor} queued event(s) per actor, EXPLAIN ANALYZE, rolled back\n`,
+    );
     const alt = values.alternative ? claimStatement('pgboss', rows[0]!.t) : undefined;
     const altValues = [DEFAULTS.queueName, DEFAULTS.fetchBatchSize];
     process.stdout.write(
@@ -112,11 +114,15 @@ async function main(): Promise<void> {
         const n = Math.min(5_000, target - queued);
         await queue.enqueueActorEvents(
           client.db,
-          Array.from({ length: n }, (_, i) => ({ key: actorKey(`plan-${Math.floor((queued + i) / perActor)}`, 's'), event: { text: 'x' } })),
+          Array.from({ length: n }, (_, i) => ({
+            key: actorKey(`plan-${Math.floor((queued + i) / perActor)}`, 's'),
+            event: { text: 'x' },
+          })),
         );
         queued += n;
       }
-      const rel = (await pool.query<{ n: number }>(`select reltuples::float8 as n from pg_class where oid = $1::regclass`, [table])).rows[0]!.n;
+      const rel = (await pool.query<{ n: number }>(`select reltuples::float8 as n from pg_class where oid = $1::regclass`, [table]))
+        .rows[0]!.n;
       const stale = await explain(pool, fetchSql.text, fetchSql.values);
       const altStale = alt ? await explain(pool, alt, altValues) : undefined;
       await pool.query(`analyze ${table}`);
@@ -131,7 +137,8 @@ async function main(): Promise<void> {
         `${String(target).padStart(7)}   ${String(rel).padStart(16)}   ${stale.ms.toFixed(1).padStart(14)}   ${fresh.ms.toFixed(1).padStart(16)}` +
           `${altStale && altFresh ? `   ${altStale.ms.toFixed(1).padStart(22)}   ${altFresh.ms.toFixed(1).padStart(16)}` : ''}\n`,
       );
-      if (values.plans && altFresh) process.stdout.write(`\n-- ${target} queued, corral's fetch, after ANALYZE:\n${altFresh.plan.join('\n')}\n\n`);
+      if (values.plans && altFresh)
+        process.stdout.write(`\n-- ${target} queued, corral's fetch, after ANALYZE:\n${altFresh.plan.join('\n')}\n\n`);
       if (values.plans) {
         process.stdout.write(`\n-- ${target} queued, stale statistics:\n${stale.plan.join('\n')}\n`);
         process.stdout.write(`\n-- ${target} queued, after ANALYZE:\n${fresh.plan.join('\n')}\n\n`);

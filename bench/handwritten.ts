@@ -52,12 +52,23 @@ const WRITE_TURN = `
   select t.conversation_id, c.first + x.ord, t.id, x.role, x.content
     from t, c, (values (0, 'user', $4::jsonb), (1, 'assistant', $5::jsonb)) as x(ord, role, content)`;
 
-async function runJob(pool: pg.Pool, boss: PgBoss, queue: string, job: { id: string; retryCount: number; data: { agentUid: string; sessionId: string; payload: unknown } }): Promise<void> {
+async function runJob(
+  pool: pg.Pool,
+  boss: PgBoss,
+  queue: string,
+  job: { id: string; retryCount: number; data: { agentUid: string; sessionId: string; payload: unknown } },
+): Promise<void> {
   const client = await pool.connect();
   try {
     await client.query('begin');
     const reply = { text: `echo: ${JSON.stringify(job.data.payload)}` };
-    await client.query(WRITE_TURN, [job.data.agentUid, job.data.sessionId, job.id, JSON.stringify(job.data.payload), JSON.stringify(reply)]);
+    await client.query(WRITE_TURN, [
+      job.data.agentUid,
+      job.data.sessionId,
+      job.id,
+      JSON.stringify(job.data.payload),
+      JSON.stringify(reply),
+    ]);
     const res = (await boss.complete(queue, { id: job.id, retryCount: job.retryCount }, null, {
       db: { executeSql: (text: string, values?: unknown[]) => client.query(text, values) },
     })) as { affected?: number };
@@ -72,7 +83,14 @@ async function runJob(pool: pg.Pool, boss: PgBoss, queue: string, job: { id: str
 }
 
 /** Inserts `n` jobs over `actors` keys, then consumes them as above until drained. */
-export async function handwrittenSlice(pool: pg.Pool, boss: PgBoss, queue: string, n: number, actors: number, deadline: number): Promise<HandResult> {
+export async function handwrittenSlice(
+  pool: pg.Pool,
+  boss: PgBoss,
+  queue: string,
+  n: number,
+  actors: number,
+  deadline: number,
+): Promise<HandResult> {
   const run = uuidv7().slice(-8);
   const jobs = Array.from({ length: n }, (_, i) => {
     const s = `s${i % actors}`;

@@ -25,7 +25,16 @@ import { actorKey } from '../src/actor-key.ts';
 import { freePort } from '../src/net.ts';
 import { progress, runBench, sleep, summarise, until } from './lib/common.ts';
 import { openBenchDatabase } from './lib/database.ts';
-import { freshDatabase, openBenchClient, rssBytes, scalar, startDaemonProcess, waitForWorkers, type BenchClient, type DaemonProcess } from './lib/daemon-process.ts';
+import {
+  freshDatabase,
+  openBenchClient,
+  rssBytes,
+  scalar,
+  startDaemonProcess,
+  waitForWorkers,
+  type BenchClient,
+  type DaemonProcess,
+} from './lib/daemon-process.ts';
 import { heapCounts } from './lib/heap-snapshot.ts';
 
 function options() {
@@ -42,7 +51,9 @@ function options() {
     },
   });
   if (values.help) {
-    process.stdout.write('usage: npm run bench:idle -- [--actors N] [--workers W] [--capacity C] [--samples S] [--idle-timeout-ms T] [--heap-snapshot]\n');
+    process.stdout.write(
+      'usage: npm run bench:idle -- [--actors N] [--workers W] [--capacity C] [--samples S] [--idle-timeout-ms T] [--heap-snapshot]\n',
+    );
     process.exit(0);
   }
   const o = {
@@ -72,7 +83,11 @@ async function gauges(metricsPort: number): Promise<{ heap?: number; heapTotal?:
     const heap = read('nodejs_heap_size_used_bytes');
     const heapTotal = read('nodejs_heap_size_total_bytes');
     const external = read('nodejs_external_memory_bytes');
-    return { ...(heap !== undefined ? { heap } : {}), ...(heapTotal !== undefined ? { heapTotal } : {}), ...(external !== undefined ? { external } : {}) };
+    return {
+      ...(heap !== undefined ? { heap } : {}),
+      ...(heapTotal !== undefined ? { heapTotal } : {}),
+      ...(external !== undefined ? { external } : {}),
+    };
   } catch {
     return {};
   }
@@ -110,7 +125,9 @@ async function seed(client: BenchClient, prefix: string, n: number, window = 2_0
     const done = (await client.succeeded()) - base;
     const room = Math.min(n - enqueued, done + window - enqueued);
     if (room >= Math.min(500, n - enqueued)) {
-      await client.enqueue(Array.from({ length: room }, (_, i) => ({ key: actorKey(`${prefix}-${(enqueued + i) % actors}`, 's'), event: { text: 'hello' } })));
+      await client.enqueue(
+        Array.from({ length: room }, (_, i) => ({ key: actorKey(`${prefix}-${(enqueued + i) % actors}`, 's'), event: { text: 'hello' } })),
+      );
       enqueued += room;
     } else await sleep(100);
     if (performance.now() - lastLog > 10_000) {
@@ -155,7 +172,9 @@ async function main(): Promise<number> {
     await sleep(7_000); // the warm-up's controllers linger 5 s
     const before = await settledMemory(daemon, metricsPort);
     const snapshotsBefore = opts.heapSnapshot ? await snapshot(daemon, snapDir) : undefined;
-    progress(`baseline after ${warm} warm-up actors: RSS ${(before.rss / 2 ** 20).toFixed(1)} MiB, heap ${((before.heap ?? Number.NaN) / 2 ** 20).toFixed(1)} MiB`);
+    progress(
+      `baseline after ${warm} warm-up actors: RSS ${(before.rss / 2 ** 20).toFixed(1)} MiB, heap ${((before.heap ?? Number.NaN) / 2 ** 20).toFixed(1)} MiB`,
+    );
     const tSeed = performance.now();
     // --control: as many turns, on the warm-up's actors again (no new actor): what the same
     // throughput leaves in the process without any new actor to remember.
@@ -165,8 +184,13 @@ async function main(): Promise<number> {
     progress(`${opts.actors} actors seeded in ${seedSeconds.toFixed(0)} s (${(opts.actors / seedSeconds).toFixed(0)} turns/s)`);
     await sleep(7_000);
     const warmIdle = await settledMemory(daemon, metricsPort);
-    const growth = opts.heapSnapshot && snapshotsBefore ? diffCounts(snapshotsBefore, await snapshot(daemon, snapDir), opts.actors) : undefined;
-    const liveActivations = () => scalar(probe.db.pool, `select count(*)::int as n from corral.activations where status in ('starting', 'active', 'idle', 'running')`).catch(() => Number.NaN);
+    const growth =
+      opts.heapSnapshot && snapshotsBefore ? diffCounts(snapshotsBefore, await snapshot(daemon, snapDir), opts.actors) : undefined;
+    const liveActivations = () =>
+      scalar(
+        probe.db.pool,
+        `select count(*)::int as n from corral.activations where status in ('starting', 'active', 'idle', 'running')`,
+      ).catch(() => Number.NaN);
     const liveWarm = await liveActivations();
     // After the idle timeout the activations are stopped (the watchdog): what is left per actor.
     await sleep(opts.idleTimeoutMs + 3_000);
@@ -177,13 +201,16 @@ async function main(): Promise<number> {
     const latencies: number[] = [];
     for (let i = 0; i < opts.samples; i++) {
       const key = opts.control
-          ? actorKey(`warm-${i % warm}`, 's')
-          : actorKey(`idle-${Math.floor(((i + 0.5) * opts.actors) / opts.samples)}`, 's');
+        ? actorKey(`warm-${i % warm}`, 's')
+        : actorKey(`idle-${Math.floor(((i + 0.5) * opts.actors) / opts.samples)}`, 's');
       await sleep(50);
       const t = performance.now();
       const [ev] = await probe.queue.enqueueActorEvents(probe.db.db, [{ key, event: { text: 'wake' } }]);
       await until(
-        async () => (await scalar(probe.db.pool, `select count(*)::int as n from corral.turns where event_id = $1 and status = 'succeeded'`, [ev!.eventId])) === 1,
+        async () =>
+          (await scalar(probe.db.pool, `select count(*)::int as n from corral.turns where event_id = $1 and status = 'succeeded'`, [
+            ev!.eventId,
+          ])) === 1,
         performance.now() + 30_000,
         `old actor ${key.sessionId} woken`,
         2,
@@ -191,7 +218,8 @@ async function main(): Promise<number> {
       latencies.push(performance.now() - t);
     }
     const wake = summarise(latencies);
-    const perActor = (a: number | undefined, b: number | undefined) => (a !== undefined && b !== undefined ? (b - a) / opts.actors : Number.NaN);
+    const perActor = (a: number | undefined, b: number | undefined) =>
+      a !== undefined && b !== undefined ? (b - a) / opts.actors : Number.NaN;
     const mib = (x: number | undefined) => (x === undefined ? '?' : `${(x / 2 ** 20).toFixed(1)} MiB`);
     const out = (x: string) => process.stdout.write(`${x}\n`);
     out(
@@ -202,13 +230,23 @@ async function main(): Promise<number> {
     out(`seeding                  ${seedSeconds.toFixed(0)} s, ${(opts.actors / seedSeconds).toFixed(0)} turns/s (at most 2,000 queued)`);
     out(`daemon RSS               before ${mib(before.rss)} → idle ${mib(warmIdle.rss)} → after idle timeout ${mib(afterTimeout.rss)}`);
     out(`daemon V8 heap used      before ${mib(before.heap)} → idle ${mib(warmIdle.heap)} → after idle timeout ${mib(afterTimeout.heap)}`);
-    out(`bytes per idle actor     RSS ${perActor(before.rss, warmIdle.rss).toFixed(0)} B (activations live: ${liveWarm}), ${perActor(before.rss, afterTimeout.rss).toFixed(0)} B after the idle timeout (live: ${liveAfter}); target ≤ 500 B`);
-    out(`  V8 heap in use         ${perActor(before.heap, warmIdle.heap).toFixed(0)} B idle, ${perActor(before.heap, afterTimeout.heap).toFixed(0)} B after the idle timeout`);
-    out(`  V8 heap committed      ${mib(before.heapTotal)} → ${mib(warmIdle.heapTotal)} → ${mib(afterTimeout.heapTotal)}: ${perActor(before.heapTotal, afterTimeout.heapTotal).toFixed(0)} B per actor after the idle timeout`);
+    out(
+      `bytes per idle actor     RSS ${perActor(before.rss, warmIdle.rss).toFixed(0)} B (activations live: ${liveWarm}), ${perActor(before.rss, afterTimeout.rss).toFixed(0)} B after the idle timeout (live: ${liveAfter}); target ≤ 500 B`,
+    );
+    out(
+      `  V8 heap in use         ${perActor(before.heap, warmIdle.heap).toFixed(0)} B idle, ${perActor(before.heap, afterTimeout.heap).toFixed(0)} B after the idle timeout`,
+    );
+    out(
+      `  V8 heap committed      ${mib(before.heapTotal)} → ${mib(warmIdle.heapTotal)} → ${mib(afterTimeout.heapTotal)}: ${perActor(before.heapTotal, afterTimeout.heapTotal).toFixed(0)} B per actor after the idle timeout`,
+    );
     out(`  external (Buffers …)   ${mib(before.external)} → ${mib(warmIdle.external)} → ${mib(afterTimeout.external)}`);
     const rest = (m: Memory) => (m.heapTotal !== undefined && m.external !== undefined ? m.rss - m.heapTotal - m.external : undefined);
-    out(`  RSS outside V8 heap and external (code, malloc arenas, libzmq, pg) ${mib(rest(before))} → ${mib(rest(afterTimeout))}: ${perActor(rest(before), rest(afterTimeout)).toFixed(0)} B per actor`);
-    out(`wake an old actor        p50 ${wake.p50.toFixed(1)} ms  p95 ${wake.p95.toFixed(1)} ms  max ${wake.max.toFixed(1)} ms  (${wake.n} events, enqueue → succeeded turn seen, 2 ms polls)`);
+    out(
+      `  RSS outside V8 heap and external (code, malloc arenas, libzmq, pg) ${mib(rest(before))} → ${mib(rest(afterTimeout))}: ${perActor(rest(before), rest(afterTimeout)).toFixed(0)} B per actor`,
+    );
+    out(
+      `wake an old actor        p50 ${wake.p50.toFixed(1)} ms  p95 ${wake.p95.toFixed(1)} ms  max ${wake.max.toFixed(1)} ms  (${wake.n} events, enqueue → succeeded turn seen, 2 ms polls)`,
+    );
     if (growth) {
       out(`\nV8 live heap (heap snapshots, after a full GC): ${growth.totalPerActor.toFixed(0)} B per idle actor`);
       out('heap objects that grew with the actors (snapshots before and after seeding):');

@@ -72,7 +72,10 @@ async function main(): Promise<number> {
     await waitForWorkers(probe, opts.workers, 90_000, first.proc);
     const client = await openBenchClient(db.url, cleanup);
     const ids = await client.enqueue(
-      Array.from({ length: opts.events }, (_, i) => ({ key: actorKey(`recover-${i}`, 's'), event: { text: `e${i}`, delayMs: opts.delayMs } })),
+      Array.from({ length: opts.events }, (_, i) => ({
+        key: actorKey(`recover-${i}`, 's'),
+        event: { text: `e${i}`, delayMs: opts.delayMs },
+      })),
     );
     const inFlight = () => scalar(probe.pool, `select count(*)::int as n from corral.turns where status = 'started'`);
     const running = await until(
@@ -98,7 +101,10 @@ async function main(): Promise<number> {
     let tFirstCommit = Number.NaN;
     // Ready: its workers registered (rows registered after the kill; the dead ones stay 'ready').
     void until(
-      async () => (await scalar(probe.pool, `select count(*)::int as n from corral.workers where status = 'ready' and last_heartbeat_at > $1`, [killedAt])) >= opts.workers,
+      async () =>
+        (await scalar(probe.pool, `select count(*)::int as n from corral.workers where status = 'ready' and last_heartbeat_at > $1`, [
+          killedAt,
+        ])) >= opts.workers,
       performance.now() + 90_000,
       "the second daemon's workers",
       50,
@@ -145,13 +151,21 @@ async function main(): Promise<number> {
     const target = opts.leaseMs + 10_000;
     const out = (x: string) => process.stdout.write(`${x}\n`);
     out('\nrecovery after kill -9');
-    out(`events                     ${opts.events} to ${opts.events} actors, turns of ${opts.delayMs} ms, ${opts.workers} worker processes × ${opts.capacity} slots`);
+    out(
+      `events                     ${opts.events} to ${opts.events} actors, turns of ${opts.delayMs} ms, ${opts.workers} worker processes × ${opts.capacity} slots`,
+    );
     out(`at the kill                ${running} turns in flight, ${committedBefore} committed`);
-    out(`lease                      ${s(opts.leaseMs)} (CORRAL_LEASE_MS); job heartbeat ${DEFAULTS.jobHeartbeatSeconds} s, recovery pass every ${s(DEFAULTS.recoveryIntervalMs)}`);
+    out(
+      `lease                      ${s(opts.leaseMs)} (CORRAL_LEASE_MS); job heartbeat ${DEFAULTS.jobHeartbeatSeconds} s, recovery pass every ${s(DEFAULTS.recoveryIntervalMs)}`,
+    );
     out(`kill → second daemon ready ${Number.isNaN(tReady) ? '?' : s(tReady - tKill)}`);
     out(`kill → first new commit    ${Number.isNaN(tFirstCommit) ? '?' : s(tFirstCommit - tKill)}`);
-    out(`kill → every event committed  ${s(recoveryMs)}  (target lease + 10 s = ${s(target)}: ${recoveryMs <= target ? 'met' : 'MISSED'}; includes re-running the turns, ${s(opts.delayMs)} each)`);
-    out(`exactly once               ${check.once}/${check.events} events with one succeeded turn; ${check.twice} with more; ${check.missing} with none; ${check.messages_off} without exactly 2 transcript messages; ${check.failed} failed attempts (the killed ones)`);
+    out(
+      `kill → every event committed  ${s(recoveryMs)}  (target lease + 10 s = ${s(target)}: ${recoveryMs <= target ? 'met' : 'MISSED'}; includes re-running the turns, ${s(opts.delayMs)} each)`,
+    );
+    out(
+      `exactly once               ${check.once}/${check.events} events with one succeeded turn; ${check.twice} with more; ${check.missing} with none; ${check.messages_off} without exactly 2 transcript messages; ${check.failed} failed attempts (the killed ones)`,
+    );
     return check.twice === 0 && check.missing === 0 && check.messages_off === 0 ? 0 : 1;
   });
 }

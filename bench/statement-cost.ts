@@ -55,7 +55,10 @@ try {
       await measure('drizzle: select row by pk', concurrency, () => d.db.select().from(deliveries).where(eq(deliveries.deliveryId, ID)));
       await measure('drizzle: same, prepared', concurrency, () => prepared.execute({ id: ID }));
       await measure('drizzle: update by pk', concurrency, () =>
-        d.db.update(deliveries).set({ state: 'sent', updatedAt: sql`now()` }).where(eq(deliveries.deliveryId, ID)),
+        d.db
+          .update(deliveries)
+          .set({ state: 'sent', updatedAt: sql`now()` })
+          .where(eq(deliveries.deliveryId, ID)),
       );
       await measure('drizzle: tx (begin, select, commit)', concurrency, () =>
         d.db.transaction(async (tx) => {

@@ -49,7 +49,9 @@ const { values } = parseArgs({
 });
 
 if (values.help) {
-  console.log('usage: npm run test:chaos -- [--scenario a,c] [--events 300] [--actors 30] [--failures 5] [--seed N] [--repeat N] [--timeout ms] [--keep] [--json path]');
+  console.log(
+    'usage: npm run test:chaos -- [--scenario a,c] [--events 300] [--actors 30] [--failures 5] [--seed N] [--repeat N] [--timeout ms] [--keep] [--json path]',
+  );
   console.log(`scenarios: ${SCENARIOS.map((s) => `${s.id} (${s.title})`).join('\n           ')}`);
   process.exit(0);
 }
@@ -64,14 +66,17 @@ const int = (name: string, v: string | undefined): number => {
 };
 
 const selected = (values.scenario ?? []).flatMap((s) => s.split(',')).filter(Boolean);
-const scenarios = selected.length === 0 ? SCENARIOS : selected.map((id) => {
-  const s = findScenario(id);
-  if (!s) {
-    console.error(`chaos: unknown scenario ${id}; known: ${SCENARIOS.map((x) => x.id).join(', ')}`);
-    process.exit(2);
-  }
-  return s;
-});
+const scenarios =
+  selected.length === 0
+    ? SCENARIOS
+    : selected.map((id) => {
+        const s = findScenario(id);
+        if (!s) {
+          console.error(`chaos: unknown scenario ${id}; known: ${SCENARIOS.map((x) => x.id).join(', ')}`);
+          process.exit(2);
+        }
+        return s;
+      });
 const events = int('events', values.events);
 const actors = Math.max(1, int('actors', values.actors));
 const failures = int('failures', values.failures);
@@ -126,7 +131,9 @@ process.on('SIGTERM', onSignal);
 // ---- run ------------------------------------------------------------------------------------
 
 const logRoot = await makeLogRoot();
-console.log(`chaos: ${scenarios.length} scenario(s) × ${repeat}, ${events} events over ${actors} actors (${failures} failing), seed ${baseSeed}; logs in ${logRoot}`);
+console.log(
+  `chaos: ${scenarios.length} scenario(s) × ${repeat}, ${events} events over ${actors} actors (${failures} failing), seed ${baseSeed}; logs in ${logRoot}`,
+);
 const results: ScenarioResult[] = [];
 const started = Date.now();
 for (let r = 0; r < repeat; r++) {
@@ -188,10 +195,13 @@ for (const r of results) {
   for (const n of extra) console.log(`${r.scenario}: ${n}`);
 }
 const failed = results.filter((r) => !r.ok);
-console.log(`\nchaos: ${results.length - failed.length}/${results.length} ok in ${((Date.now() - started) / 1000).toFixed(1)} s; logs in ${logRoot}`);
+console.log(
+  `\nchaos: ${results.length - failed.length}/${results.length} ok in ${((Date.now() - started) / 1000).toFixed(1)} s; logs in ${logRoot}`,
+);
 if (values.json) await writeFile(values.json, JSON.stringify(results, null, 2));
 
 await shutdownServer(values.keep || failed.length > 0);
 if (failed.length === 0 && !values.keep) await rm(logRoot, { recursive: true, force: true }).catch(() => undefined);
-else if (embeddedHome) console.log(`chaos: embedded PostgreSQL data kept in ${embeddedHome} (start it with ensureEmbeddedPostgres({ homeDir }))`);
+else if (embeddedHome)
+  console.log(`chaos: embedded PostgreSQL data kept in ${embeddedHome} (start it with ensureEmbeddedPostgres({ homeDir }))`);
 process.exit(failed.length > 0 ? 1 : 0);

@@ -35,10 +35,7 @@ export function actorKey(agentUid: string, sessionId: string): ActorKey {
 export function parseActorKey(text: string): ActorKey {
   const parts = typeof text === 'string' ? text.split('/') : [];
   if (parts.length !== 2) {
-    throw new CorralError(
-      'invalid_actor_key',
-      `invalid actor key ${JSON.stringify(text)}: expected <agent_uid>/<session_id>`,
-    );
+    throw new CorralError('invalid_actor_key', `invalid actor key ${JSON.stringify(text)}: expected <agent_uid>/<session_id>`);
   }
   return actorKey(parts[0]!, parts[1]!);
 }

@@ -132,9 +132,7 @@ export class ManualClock implements Clock {
     const target = this.current + ms;
     await flushMicrotasks();
     for (;;) {
-      const due = [...this.timers.values()]
-        .filter((t) => t.at <= target)
-        .sort((a, b) => a.at - b.at || a.id - b.id)[0];
+      const due = [...this.timers.values()].filter((t) => t.at <= target).sort((a, b) => a.at - b.at || a.id - b.id)[0];
       if (!due) break;
       this.current = Math.max(this.current, due.at);
       if (due.every === null) this.timers.delete(due.id);

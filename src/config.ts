@@ -215,11 +215,7 @@ const BOOLEAN_KEYS = new Set(['logPretty', 'insecure', 'insecureRemote']);
  * Resolves the configuration: `overrides` (flags) win over `env`, which wins over defaults.
  * Throws `CorralError('invalid_config')` naming the variable at fault.
  */
-export function loadConfig(
-  overrides: Partial<Config> = {},
-  env: Record<string, string | undefined> = {},
-  cwd = process.cwd(),
-): Config {
+export function loadConfig(overrides: Partial<Config> = {}, env: Record<string, string | undefined> = {}, cwd = process.cwd()): Config {
   const fromEnv: Record<string, unknown> = {};
   for (const [key, name] of Object.entries(ENV_NAMES)) {
     const raw = name ? env[name] : undefined;

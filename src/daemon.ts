@@ -109,7 +109,12 @@ export class Daemon {
       boss: this.boss,
       queueName: this.queues.events,
       ownerId: this.ownerId,
-      config: { leaseMs: config.leaseMs, deadLetterMode: config.deadLetterMode, bossSchema: config.bossSchema, maxEventBytes: config.maxEventBytes },
+      config: {
+        leaseMs: config.leaseMs,
+        deadLetterMode: config.deadLetterMode,
+        bossSchema: config.bossSchema,
+        maxEventBytes: config.maxEventBytes,
+      },
     });
     let consumer: QueueConsumer | undefined;
     this.runtime = new Runtime({

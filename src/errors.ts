@@ -28,11 +28,7 @@ export class CorralError extends Error {
   readonly retryable: boolean;
   readonly details: Record<string, unknown>;
 
-  constructor(
-    code: ErrorCode,
-    message: string,
-    opts: { retryable?: boolean; cause?: unknown; details?: Record<string, unknown> } = {},
-  ) {
+  constructor(code: ErrorCode, message: string, opts: { retryable?: boolean; cause?: unknown; details?: Record<string, unknown> } = {}) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.name = 'CorralError';
     this.code = code;

@@ -59,7 +59,9 @@ export default async function setup(project: TestProject): Promise<() => Promise
     await c.end();
     await server?.stop();
     if (home && kept.length > 0) {
-      console.error(`kept ${kept.length} database(s) of failed tests in the embedded PostgreSQL at ${home} (start it with ensureEmbeddedPostgres({ homeDir }))`);
+      console.error(
+        `kept ${kept.length} database(s) of failed tests in the embedded PostgreSQL at ${home} (start it with ensureEmbeddedPostgres({ homeDir }))`,
+      );
     } else if (home) {
       await rm(home, { recursive: true, force: true });
     }

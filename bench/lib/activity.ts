@@ -85,7 +85,6 @@ export function sampleActivity(url: string, pool: pg.Pool, everyMs = 25): { on: 
   return handle;
 }
 
-
 export interface StatementRow {
   query: string;
   callsPerTurn: number;
@@ -117,9 +116,7 @@ export class StatementTracker {
       `select queryid::text as id, query, calls, total_exec_time as ms, total_plan_time as plan_ms
          from pg_stat_statements where dbid = (select oid from pg_database where datname = current_database())`,
     );
-    return new Map(
-      res.rows.map((r) => [r.id, { query: r.query, calls: Number(r.calls), ms: Number(r.ms), planMs: Number(r.plan_ms) }]),
-    );
+    return new Map(res.rows.map((r) => [r.id, { query: r.query, calls: Number(r.calls), ms: Number(r.ms), planMs: Number(r.plan_ms) }]));
   }
 
   async begin(): Promise<void> {

@@ -61,7 +61,8 @@ export const median = (xs: number[]): number => {
 };
 
 /** Splits n into k near-equal positive parts. */
-export const split = (n: number, k: number): number[] => Array.from({ length: k }, (_, i) => Math.floor((n * (i + 1)) / k) - Math.floor((n * i) / k));
+export const split = (n: number, k: number): number[] =>
+  Array.from({ length: k }, (_, i) => Math.floor((n * (i + 1)) / k) - Math.floor((n * i) / k));
 
 /** Rounds every number in `v` for the JSON output: 2 decimals, or 4 significant digits below 1. */
 export function roundDeep(v: unknown): unknown {

@@ -259,7 +259,14 @@ export class CorralSession {
       const workerId = `bench-w${i}`;
       const security = daemon.security;
       if (this.opts.processWorkers) {
-        this.workerProcs.push(this.spawnWorker(workerId, daemon.broker.endpoint, capacity, security ? ensureLocalWorkerKey(security.paths, workerId) : undefined));
+        this.workerProcs.push(
+          this.spawnWorker(
+            workerId,
+            daemon.broker.endpoint,
+            capacity,
+            security ? ensureLocalWorkerKey(security.paths, workerId) : undefined,
+          ),
+        );
         continue;
       }
       const credentials = security ? workerCredentials(addWorkerKey(security.paths, security.keys.publicKey, workerId)) : undefined;
@@ -380,7 +387,9 @@ export class CorralSession {
       latencyMs: summarise(latencies),
       stagesMs: { queued: summarise(lat.queued), fetchToBegin: summarise(lat.fetchToBegin), beginToCommit: summarise(lat.beginToCommit) },
     };
-    progress(`wake latency: p50 ${wake.latencyMs.p50.toFixed(1)} ms, p95 ${wake.latencyMs.p95.toFixed(1)} ms over ${latencies.length} events`);
+    progress(
+      `wake latency: p50 ${wake.latencyMs.p50.toFixed(1)} ms, p95 ${wake.latencyMs.p95.toFixed(1)} ms over ${latencies.length} events`,
+    );
     return wake;
   }
 }

@@ -52,7 +52,6 @@ export async function postgresCpuMs(dataDir: string): Promise<number | undefined
   }
 }
 
-
 export async function openBenchDatabase(cleanup: Cleanup, opts: { statements?: boolean } = {}): Promise<BenchDatabase> {
   const external = process.env.DATABASE_URL;
   if (!external) {
@@ -108,7 +107,10 @@ export async function openBenchDatabase(cleanup: Cleanup, opts: { statements?: b
 export type ServerCpu = (() => Promise<number | undefined>) | undefined;
 
 /** Runs `fn` and returns the CPU this process and (when measurable) the local server used. */
-export async function withCpu<T>(serverCpu: ServerCpu, fn: () => Promise<T>): Promise<{ value: T; processMs: number; serverMs: number | undefined }> {
+export async function withCpu<T>(
+  serverCpu: ServerCpu,
+  fn: () => Promise<T>,
+): Promise<{ value: T; processMs: number; serverMs: number | undefined }> {
   const s0 = await serverCpu?.();
   const c0 = process.cpuUsage();
   const value = await fn();

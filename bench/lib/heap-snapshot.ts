@@ -17,7 +17,10 @@ export function heapCounts(json: string): Map<string, { count: number; bytes: nu
   const out = new Map<string, { count: number; bytes: number }>();
   for (let i = 0; i < snap.nodes.length; i += width) {
     const type = types[snap.nodes[i + typeAt]!] ?? '?';
-    const name = type === 'object' || type === 'closure' ? `${snap.strings[snap.nodes[i + nameAt]!]}${type === 'closure' ? ' (closure)' : ''}` : `(${type})`;
+    const name =
+      type === 'object' || type === 'closure'
+        ? `${snap.strings[snap.nodes[i + nameAt]!]}${type === 'closure' ? ' (closure)' : ''}`
+        : `(${type})`;
     const e = out.get(name) ?? { count: 0, bytes: 0 };
     e.count++;
     e.bytes += snap.nodes[i + sizeAt]!;

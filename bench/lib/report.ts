@@ -68,7 +68,10 @@ export function printTable(r: Report): void {
   const pct = (p: Percentiles) => `p50 ${f1(p.p50)} ms  p95 ${f1(p.p95)} ms  max ${f1(p.max)} ms`;
   const c = r.corral;
   const rows: [string, string][] = [
-    ['ratio corral / raw', `${r.ratio.toFixed(4)}  (median of ${r.roundRatios.length} rounds: ${r.roundRatios.map((x) => x.toFixed(4)).join(', ')}; pooled ${r.pooledRatio.toFixed(4)})`],
+    [
+      'ratio corral / raw',
+      `${r.ratio.toFixed(4)}  (median of ${r.roundRatios.length} rounds: ${r.roundRatios.map((x) => x.toFixed(4)).join(', ')}; pooled ${r.pooledRatio.toFixed(4)})`,
+    ],
     [
       'ratio corral / hand-written',
       `${r.ratioHandwritten.toFixed(3)}  (median of ${r.roundRatiosHandwritten.map((x) => x.toFixed(3)).join(', ')}; hand-written ${f0(r.handwrittenJobsPerSec)} jobs/s: one transaction per job, ${HAND_CONCURRENCY} at a time)`,
@@ -77,13 +80,19 @@ export function printTable(r: Report): void {
       'ratio without CURVE',
       `${r.ratioWithoutCurve.toFixed(4)}  (median of ${r.roundRatiosWithoutCurve.map((x) => x.toFixed(4)).join(', ')}; ${f0(r.turnsPerSecWithoutCurve)} turns/s; CURVE costs ${f1((1 - r.ratio / r.ratioWithoutCurve) * 100)} %)`,
     ],
-    ['corral end to end', `${f0(c.turnsPerSec)} turns/s  (${c.events} turns in ${f0(c.totalMs)} ms; rounds ${c.rounds.map((x) => f0(x.turnsPerSec)).join(' / ')})`],
+    [
+      'corral end to end',
+      `${f0(c.turnsPerSec)} turns/s  (${c.events} turns in ${f0(c.totalMs)} ms; rounds ${c.rounds.map((x) => f0(x.turnsPerSec)).join(' / ')})`,
+    ],
     [
       'raw pg-boss fetch+complete',
       `${f0(r.raw.jobsPerSec)} jobs/s  (slices ${r.raw.slices.map((x) => f0(x.jobsPerSec)).join(' / ')}; spread ${f0(r.raw.spreadPct)} %)`,
     ],
     ['  without the insert', `${r.raw.slices.map((x) => f0(x.drainJobsPerSec)).join(' / ')} jobs/s`],
-    ['corral process', `event loop ${f0(c.eventLoopUtilization * 100)} % busy during the rounds (daemon${r.params.processWorkers ? '' : ' + workers'} + bench)`],
+    [
+      'corral process',
+      `event loop ${f0(c.eventLoopUtilization * 100)} % busy during the rounds (daemon${r.params.processWorkers ? '' : ' + workers'} + bench)`,
+    ],
     [
       'CPU per turn / per raw job',
       `corral ${f2(c.processCpuMsPerTurn)} ms node + ${c.serverCpuMsPerTurn !== undefined ? `${f2(c.serverCpuMsPerTurn)} ms` : '?'} postgres; ` +
@@ -91,7 +100,9 @@ export function printTable(r: Report): void {
           r.cpuRatio !== undefined ? `${f2(mean(r.raw.slices.map((x) => x.serverCpuMsPerJob!)))} ms` : '?'
         } postgres`,
     ],
-    ...(r.cpuRatio !== undefined ? [['CPU cost ratio raw / corral', `${r.cpuRatio.toFixed(4)}  (CPU time instead of wall time)`] as [string, string]] : []),
+    ...(r.cpuRatio !== undefined
+      ? [['CPU cost ratio raw / corral', `${r.cpuRatio.toFixed(4)}  (CPU time instead of wall time)`] as [string, string]]
+      : []),
     ['enqueue→commit, burst', `${pct(c.enqueueToCommitMs)}  (queueing included)`],
     ['  queued (insert→fetch)', pct(c.stagesMs.queued)],
     ['  fetch→begin tx', pct(c.stagesMs.fetchToBegin)],
@@ -111,7 +122,10 @@ export function printTable(r: Report): void {
     ],
     ['Node', r.env.node],
     ['PostgreSQL', `${r.env.postgres} (${r.env.database}${r.env.ephemeralDatabase ? ', fsync off' : ''})`],
-    ['machine', `${r.env.cpus} CPUs (${r.env.cpuModel}), ${r.env.memGiB} GiB, ${r.env.platform}, load ${r.env.loadAvg1m.toFixed(1)} at start`],
+    [
+      'machine',
+      `${r.env.cpus} CPUs (${r.env.cpuModel}), ${r.env.memGiB} GiB, ${r.env.platform}, load ${r.env.loadAvg1m.toFixed(1)} at start`,
+    ],
     ['bench duration', `${(r.durationMs / 1000).toFixed(1)} s`],
   ];
   const w = Math.max(...rows.map(([k]) => k.length));
@@ -135,7 +149,9 @@ export function printTable(r: Report): void {
   const a = c.activity;
   if (a) {
     const p = a.daemonPool;
-    process.stdout.write(`\ndaemon pool (max ${p.max}): mean ${p.meanInUse} checked out, mean ${p.meanWaiting} callers waiting (max ${p.maxWaiting})\n`);
+    process.stdout.write(
+      `\ndaemon pool (max ${p.max}): mean ${p.meanInUse} checked out, mean ${p.meanWaiting} callers waiting (max ${p.maxWaiting})\n`,
+    );
     process.stdout.write(`pg_stat_activity during the rounds (${a.samples} samples; mean backends per state/wait):\n`);
     for (const [k, n] of Object.entries(a.meanBackends)) process.stdout.write(`  ${n.toFixed(2).padStart(6)}  ${k}\n`);
     process.stdout.write('busy backends by statement (share of busy samples):\n');

@@ -26,7 +26,8 @@ export async function resolveDatabase(config: Config, logger: Logger): Promise<R
     const embedded = await ensureEmbeddedPostgres({
       homeDir: config.homeDir,
       rootDir: config.embeddedRootDir,
-      onWait: (pid) => logger.info({ home: config.homeDir, holder: pid }, 'waiting for another corral process to start the embedded PostgreSQL'),
+      onWait: (pid) =>
+        logger.info({ home: config.homeDir, holder: pid }, 'waiting for another corral process to start the embedded PostgreSQL'),
     });
     logger.info(
       {

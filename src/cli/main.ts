@@ -23,9 +23,7 @@ interface Globals {
 export function buildProgram(run: (p: Promise<number>) => void): Command {
   const program = new Command('corral')
     .description('corral: a durable actor runtime for long-lived AI-agent sessions (PostgreSQL + ZeroMQ)')
-    .addOption(
-      new Option('--log-level <level>', 'log level').choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
-    )
+    .addOption(new Option('--log-level <level>', 'log level').choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']))
     .option('--pretty', 'human-readable logs instead of JSON lines')
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride();
@@ -53,25 +51,38 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .option('--workers <n>', 'also run N local example workers as supervised processes', intArg(0, 64), 0)
     .option('--worker-capacity <n>', 'concurrent turns per local worker', intArg(1, 1024), DEFAULT_WORKER_CAPACITY)
     .option('--endpoint <url>', 'ZeroMQ endpoint to bind (default CORRAL_ENDPOINT or tcp://127.0.0.1:5555)')
-    .option('--metrics-port <port>', 'serve /metrics, /healthz, /readyz on this port (default CORRAL_METRICS_PORT; off when unset)', intArg(0, 65_535))
+    .option(
+      '--metrics-port <port>',
+      'serve /metrics, /healthz, /readyz on this port (default CORRAL_METRICS_PORT; off when unset)',
+      intArg(0, 65_535),
+    )
     .option('--metrics-host <host>', 'address for the metrics server (default CORRAL_METRICS_HOST or 127.0.0.1)')
     .option('--insecure', 'turn CURVE off: any process that reaches the endpoint may register as a worker (CORRAL_INSECURE=1)')
     .option('--insecure-remote', 'with --insecure, allow binding a non-loopback address (CORRAL_INSECURE_REMOTE=1)')
-    .action((o: { workers: number; workerCapacity: number; endpoint?: string; metricsPort?: number; metricsHost?: string; insecure?: boolean; insecureRemote?: boolean }) =>
-      run(
-        import('./commands/daemon.ts').then((m) =>
-          m.runDaemonCommand(
-            config({
-              ...(o.insecure ? { insecure: true } : {}),
-              ...(o.insecureRemote ? { insecureRemote: true } : {}),
-              ...(o.endpoint ? { endpoint: o.endpoint } : {}),
-              ...(o.metricsPort !== undefined ? { metricsPort: o.metricsPort } : {}),
-              ...(o.metricsHost ? { metricsHost: o.metricsHost } : {}),
-            }),
-            o,
+    .action(
+      (o: {
+        workers: number;
+        workerCapacity: number;
+        endpoint?: string;
+        metricsPort?: number;
+        metricsHost?: string;
+        insecure?: boolean;
+        insecureRemote?: boolean;
+      }) =>
+        run(
+          import('./commands/daemon.ts').then((m) =>
+            m.runDaemonCommand(
+              config({
+                ...(o.insecure ? { insecure: true } : {}),
+                ...(o.insecureRemote ? { insecureRemote: true } : {}),
+                ...(o.endpoint ? { endpoint: o.endpoint } : {}),
+                ...(o.metricsPort !== undefined ? { metricsPort: o.metricsPort } : {}),
+                ...(o.metricsHost ? { metricsHost: o.metricsHost } : {}),
+              }),
+              o,
+            ),
           ),
         ),
-      ),
     );
 
   program
@@ -79,24 +90,38 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .description('run the bundled example worker ({"text"}: echo, {"delayMs"}: wait, {"fail": true}: turn_error)')
     .option('--id <id>', 'worker id (default: <host>-<pid>)')
     .option('--endpoint <url>', "the daemon's endpoint (default CORRAL_ENDPOINT or tcp://127.0.0.1:5555)")
-    .option('--capacity <n>', 'concurrent turns (size by turn length × turns/s wanted; see docs/benchmarks.md)', intArg(1, 1024), DEFAULT_WORKER_CAPACITY)
+    .option(
+      '--capacity <n>',
+      'concurrent turns (size by turn length × turns/s wanted; see docs/benchmarks.md)',
+      intArg(1, 1024),
+      DEFAULT_WORKER_CAPACITY,
+    )
     .option('--key-file <file>', 'key file from `corral keys add-worker` (CORRAL_WORKER_KEY_FILE; default: issued under CORRAL_HOME)')
     .option('--server-key <z85>', "the daemon's public key, overriding the key file's (CORRAL_SERVER_KEY)")
     .option('--insecure', 'connect without CURVE (only to a daemon started with --insecure)')
     .addOption(new Option('--duplicate-results', 'send every result twice (fault injection)').hideHelp())
-    .action((o: { id?: string; endpoint?: string; capacity: number; duplicateResults?: boolean; keyFile?: string; serverKey?: string; insecure?: boolean }) =>
-      run(
-        import('./commands/worker.ts').then((m) =>
-          m.runWorkerCommand(
-            config({
-              ...(o.keyFile ? { workerKeyFile: o.keyFile } : {}),
-              ...(o.serverKey ? { serverKey: o.serverKey } : {}),
-              ...(o.insecure ? { insecure: true } : {}),
-            }),
-            o,
+    .action(
+      (o: {
+        id?: string;
+        endpoint?: string;
+        capacity: number;
+        duplicateResults?: boolean;
+        keyFile?: string;
+        serverKey?: string;
+        insecure?: boolean;
+      }) =>
+        run(
+          import('./commands/worker.ts').then((m) =>
+            m.runWorkerCommand(
+              config({
+                ...(o.keyFile ? { workerKeyFile: o.keyFile } : {}),
+                ...(o.serverKey ? { serverKey: o.serverKey } : {}),
+                ...(o.insecure ? { insecure: true } : {}),
+              }),
+              o,
+            ),
           ),
         ),
-      ),
     );
 
   program
@@ -104,28 +129,36 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .description('enqueue an event for an actor and print its id')
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .argument('<json>', 'the event payload, JSON (e.g. \'{"text":"hi"}\')')
-    .action((actor: string, json: string) => run(import('./commands/send.ts').then((m) => m.runSendCommand(config(), actor, json, process.stdout))));
+    .action((actor: string, json: string) =>
+      run(import('./commands/send.ts').then((m) => m.runSendCommand(config(), actor, json, process.stdout))),
+    );
 
   program
     .command('transcript')
     .description("print an actor's committed transcript")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .option('--json', 'JSON output')
-    .action((actor: string, o: { json?: boolean }) => run(import('./commands/transcript.ts').then((m) => m.runTranscriptCommand(config(), actor, o, process.stdout))));
+    .action((actor: string, o: { json?: boolean }) =>
+      run(import('./commands/transcript.ts').then((m) => m.runTranscriptCommand(config(), actor, o, process.stdout))),
+    );
 
   program
     .command('steer')
     .description("steer an actor's live turn in place: the worker gets the input and a new revision")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .argument('<json>', 'the steering input, JSON')
-    .action((actor: string, json: string) => run(import('./commands/steer.ts').then((m) => m.runSteerCommand(config(), actor, json, process.stdout))));
+    .action((actor: string, json: string) =>
+      run(import('./commands/steer.ts').then((m) => m.runSteerCommand(config(), actor, json, process.stdout))),
+    );
 
   program
     .command('cancel')
     .description("cancel an actor's live turn: the worker is told to stop, the turn is recorded as cancelled")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .option('--reason <text>', 'why (recorded on the turn)')
-    .action((actor: string, o: { reason?: string }) => run(import('./commands/steer.ts').then((m) => m.runCancelCommand(config(), actor, o, process.stdout))));
+    .action((actor: string, o: { reason?: string }) =>
+      run(import('./commands/steer.ts').then((m) => m.runCancelCommand(config(), actor, o, process.stdout))),
+    );
 
   program
     .command('status')
@@ -135,10 +168,12 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
 
   program
     .command('actor')
-    .description("one actor: its activation, pending events, recent turns and dead letters")
+    .description('one actor: its activation, pending events, recent turns and dead letters')
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
     .option('--json', 'JSON output')
-    .action((actor: string, o: { json?: boolean }) => run(import('./commands/status.ts').then((m) => m.runActorCommand(config(), actor, o, process.stdout))));
+    .action((actor: string, o: { json?: boolean }) =>
+      run(import('./commands/status.ts').then((m) => m.runActorCommand(config(), actor, o, process.stdout))),
+    );
 
   registerDlqCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerKeysCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });

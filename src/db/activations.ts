@@ -16,7 +16,10 @@ const leaseFrom = (leaseMs: number) => sql`now() + ${leaseMs} * interval '1 mill
 /** The live activations of any of `keys`, row-locked (one statement). */
 export async function lockLiveActivationsMany(tx: DbOrTx, keys: readonly ActorKey[]): Promise<ActivationRow[]> {
   if (keys.length === 0) return [];
-  const pairs = sql.join(keys.map((k) => sql`(${k.agentUid}, ${k.sessionId})`), sql`, `);
+  const pairs = sql.join(
+    keys.map((k) => sql`(${k.agentUid}, ${k.sessionId})`),
+    sql`, `,
+  );
   return tx
     .select()
     .from(activations)
@@ -26,10 +29,7 @@ export async function lockLiveActivationsMany(tx: DbOrTx, keys: readonly ActorKe
 }
 
 /** The live activation of `key`, row-locked, with whether its lease is still alive. */
-export async function lockLiveActivation(
-  tx: DbOrTx,
-  key: ActorKey,
-): Promise<(ActivationRow & { leaseAlive: boolean }) | undefined> {
+export async function lockLiveActivation(tx: DbOrTx, key: ActorKey): Promise<(ActivationRow & { leaseAlive: boolean }) | undefined> {
   const rows = await tx
     .select({ a: activations, leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()` })
     .from(activations)
@@ -66,11 +66,7 @@ export async function insertActivationsMany(
 }
 
 /** Extends the lease of a live activation that is still running `eventId` at `revision`. */
-export async function extendLease(
-  tx: DbOrTx,
-  activationUid: string,
-  leaseMs: number,
-): Promise<Date | undefined> {
+export async function extendLease(tx: DbOrTx, activationUid: string, leaseMs: number): Promise<Date | undefined> {
   const rows = await tx
     .update(activations)
     .set({ leaseExpiresAt: sql`greatest(${activations.leaseExpiresAt}, ${leaseFrom(leaseMs)})`, updatedAt: sql`now()` })
@@ -139,11 +135,7 @@ export type LockCondition = 'expired_in_flight' | 'live' | 'idle';
  * Row-locks a live activation if it is (still) in the given condition: the watchdog and recovery
  * re-check under the lock, because a heartbeat or a new event may have changed it since listing.
  */
-export async function lockActivationIf(
-  tx: DbOrTx,
-  activationUid: string,
-  condition: LockCondition,
-): Promise<ActivationRow | undefined> {
+export async function lockActivationIf(tx: DbOrTx, activationUid: string, condition: LockCondition): Promise<ActivationRow | undefined> {
   const extra =
     condition === 'expired_in_flight'
       ? and(isNotNull(activations.currentEventId), lte(activations.leaseExpiresAt, sql`now()`))

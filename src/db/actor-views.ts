@@ -43,11 +43,7 @@ export async function latestActivation(db: DbOrTx, key: ActorKey): Promise<Activ
     .select({ a: activations, leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()` })
     .from(activations)
     .where(and(eq(activations.agentUid, key.agentUid), eq(activations.sessionId, key.sessionId)))
-    .orderBy(
-      desc(sql`${inArray(activations.status, [...ACTIVATION_LIVE])}`),
-      desc(activations.actorEpoch),
-      desc(activations.createdAt),
-    )
+    .orderBy(desc(sql`${inArray(activations.status, [...ACTIVATION_LIVE])}`), desc(activations.actorEpoch), desc(activations.createdAt))
     .limit(1);
   const r = rows[0];
   if (!r) return undefined;

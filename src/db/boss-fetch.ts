@@ -39,10 +39,9 @@ export interface NamedQueryable {
 
 /** The table pg-boss keeps the queue's jobs in (`job_common` unless the queue is partitioned). */
 export async function queueTable(db: pg.Pool | pg.Client, q: Pick<Queues, 'schema' | 'events'>): Promise<string> {
-  const res = await db.query<{ table_name: string }>(
-    `select table_name from ${pg.escapeIdentifier(q.schema)}.queue where name = $1`,
-    [q.events],
-  );
+  const res = await db.query<{ table_name: string }>(`select table_name from ${pg.escapeIdentifier(q.schema)}.queue where name = $1`, [
+    q.events,
+  ]);
   const table = res.rows[0]?.table_name;
   if (!table) throw new Error(`pg-boss queue ${q.events} does not exist`);
   return table;

@@ -74,9 +74,7 @@ interface DeadLetterRow {
   source_output: unknown;
 }
 
-const DEAD_LETTER_COLUMNS = sql.raw(
-  'id, source_id, singleton_key, data, source_created_on, created_on, source_retry_count, source_output',
-);
+const DEAD_LETTER_COLUMNS = sql.raw('id, source_id, singleton_key, data, source_created_on, created_on, source_retry_count, source_output');
 
 /**
  * The text `--error` matches, lower-cased: the error's code and message (corral's
@@ -153,11 +151,7 @@ export async function countDeadLetters(
 }
 
 /** One dead letter by its id. */
-export async function getDeadLetter(
-  db: DbOrTx,
-  q: Pick<Queues, 'schema' | 'deadLetter'>,
-  id: string,
-): Promise<DeadLetter | undefined> {
+export async function getDeadLetter(db: DbOrTx, q: Pick<Queues, 'schema' | 'deadLetter'>, id: string): Promise<DeadLetter | undefined> {
   const res = await db.execute<DeadLetterRow & Record<string, unknown>>(sql`
     select ${DEAD_LETTER_COLUMNS} from ${job(q.schema)}
     where name = ${q.deadLetter} and id = ${id}::uuid`);
@@ -169,11 +163,7 @@ export async function getDeadLetter(
  * Row-locks the dead letters among `ids` that still exist (replay and discard serialise on these
  * locks), taken in id order so two bulk actions cannot deadlock each other.
  */
-export async function lockDeadLetters(
-  db: DbOrTx,
-  q: Pick<Queues, 'schema' | 'deadLetter'>,
-  ids: readonly string[],
-): Promise<DeadLetter[]> {
+export async function lockDeadLetters(db: DbOrTx, q: Pick<Queues, 'schema' | 'deadLetter'>, ids: readonly string[]): Promise<DeadLetter[]> {
   if (ids.length === 0) return [];
   const res = await db.execute<DeadLetterRow & Record<string, unknown>>(sql`
     select ${DEAD_LETTER_COLUMNS} from ${job(q.schema)}
@@ -206,13 +196,7 @@ export interface PendingJob {
 }
 
 /** The not-yet-finished jobs (created, retry, active, failed) of one actor, in queue order. */
-export async function pendingJobsOf(
-  db: DbOrTx,
-  schema: string,
-  queue: string,
-  key: ActorKey,
-  limit = 100,
-): Promise<PendingJob[]> {
+export async function pendingJobsOf(db: DbOrTx, schema: string, queue: string, key: ActorKey, limit = 100): Promise<PendingJob[]> {
   const res = await db.execute<{
     id: string;
     state: JobState;
@@ -300,7 +284,13 @@ export async function queueDepth(db: DbOrTx, q: Queues): Promise<QueueDepth> {
 }
 
 /** Completed jobs of `queue` finished before `olderThanSeconds` ago, at most `limit` (the retention sweep). */
-export async function completedJobsOlderThan(db: DbOrTx, schema: string, queue: string, olderThanSeconds: number, limit: number): Promise<string[]> {
+export async function completedJobsOlderThan(
+  db: DbOrTx,
+  schema: string,
+  queue: string,
+  olderThanSeconds: number,
+  limit: number,
+): Promise<string[]> {
   const res = await db.execute<{ id: string }>(sql`
     select id from ${sql.identifier(schema)}.job
      where name = ${queue} and state = 'completed'

@@ -9,9 +9,7 @@ import type { Fence } from './fence.ts';
 
 export const CONTROL_CHANNEL = 'corral_control';
 
-export type ControlMessage =
-  | { kind: 'steer'; fence: Fence; input: unknown }
-  | { kind: 'cancel'; fence: Fence; reason: string };
+export type ControlMessage = { kind: 'steer'; fence: Fence; input: unknown } | { kind: 'cancel'; fence: Fence; reason: string };
 
 /** NOTIFY payloads are limited to 8000 bytes; larger steering input travels by reference. */
 export const MAX_NOTIFY_BYTES = 7_900;

@@ -32,11 +32,7 @@ export async function lastActionsOn(db: DbOrTx, deadLetterIds: readonly string[]
 
 /** Recorded actions on the dead letters of one event, newest first. */
 export async function actionsOnEvent(db: DbOrTx, eventId: string): Promise<DeadLetterActionRow[]> {
-  return db
-    .select()
-    .from(deadLetterActions)
-    .where(eq(deadLetterActions.eventId, eventId))
-    .orderBy(desc(deadLetterActions.id));
+  return db.select().from(deadLetterActions).where(eq(deadLetterActions.eventId, eventId)).orderBy(desc(deadLetterActions.id));
 }
 
 /**
@@ -47,9 +43,7 @@ export async function clearBlockIf(tx: DbOrTx, key: { agentUid: string; sessionI
   const rows = await tx
     .update(actors)
     .set({ blockedByEventId: null, updatedAt: sql`now()` })
-    .where(
-      and(eq(actors.agentUid, key.agentUid), eq(actors.sessionId, key.sessionId), eq(actors.blockedByEventId, eventId)),
-    )
+    .where(and(eq(actors.agentUid, key.agentUid), eq(actors.sessionId, key.sessionId), eq(actors.blockedByEventId, eventId)))
     .returning({ agentUid: actors.agentUid });
   return rows.length > 0;
 }

@@ -7,7 +7,6 @@ export type DeliveryRow = typeof deliveries.$inferSelect;
 
 const liveState = inArray(deliveries.state, [...DELIVERY_LIVE]);
 
-
 /** Moves a live delivery to `to` if it is currently in one of `from`. Returns whether it moved. */
 export async function transitionDelivery(
   tx: DbOrTx,
@@ -50,7 +49,10 @@ export async function unacceptedDeliveriesOf(db: DbOrTx, workerId: string): Prom
 }
 
 export async function liveDeliveryOfEvent(db: DbOrTx, eventId: string): Promise<DeliveryRow | undefined> {
-  const rows = await db.select().from(deliveries).where(and(eq(deliveries.eventId, eventId), liveState));
+  const rows = await db
+    .select()
+    .from(deliveries)
+    .where(and(eq(deliveries.eventId, eventId), liveState));
   return rows[0];
 }
 
@@ -60,11 +62,7 @@ export async function getDelivery(db: DbOrTx, deliveryId: string): Promise<Deliv
 }
 
 /** The pg-boss attempt (retryCount) the latest delivery of `eventId` under `activationUid` carries. */
-export async function latestJobRetryCount(
-  db: DbOrTx,
-  activationUid: string,
-  eventId: string,
-): Promise<number | undefined> {
+export async function latestJobRetryCount(db: DbOrTx, activationUid: string, eventId: string): Promise<number | undefined> {
   const rows = await db
     .select({ n: deliveries.jobRetryCount })
     .from(deliveries)

@@ -27,7 +27,10 @@ export async function recordEmittedMany(tx: DbOrTx, rows: readonly { deliveryId:
 }
 
 /** The steering inputs recorded on the turns of `deliveryIds` (`[{ revision, input }]`), in ONE statement. */
-export async function steersOfMany(tx: DbOrTx, deliveryIds: readonly string[]): Promise<Map<string, { revision: number; input: unknown }[]>> {
+export async function steersOfMany(
+  tx: DbOrTx,
+  deliveryIds: readonly string[],
+): Promise<Map<string, { revision: number; input: unknown }[]>> {
   if (deliveryIds.length === 0) return new Map();
   const rows = await tx.execute<{ delivery_id: string; steers: { revision: number; input: unknown }[] | null }>(sql`
     select delivery_id, steers from corral.turns

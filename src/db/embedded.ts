@@ -156,8 +156,13 @@ async function reachablePgDir(homeDir: string, ids: Ids, rootDir: string): Promi
   await chmod(homeDir, 0o755).catch(() => undefined);
   await ownedBy(inHome, ids);
   if (await passesTest(ids, '-w', inHome, '-a', '-x', inHome)) return inHome;
-  const hash = createHash('sha256').update(await realpath(homeDir)).digest('hex').slice(0, 12);
-  const name = `${basename(homeDir).replace(/[^A-Za-z0-9._-]/g, '_').slice(0, 40)}-${hash}`;
+  const hash = createHash('sha256')
+    .update(await realpath(homeDir))
+    .digest('hex')
+    .slice(0, 12);
+  const name = `${basename(homeDir)
+    .replace(/[^A-Za-z0-9._-]/g, '_')
+    .slice(0, 40)}-${hash}`;
   await mkdir(rootDir, { recursive: true, mode: 0o755 });
   await chmod(rootDir, 0o755);
   const outside = join(rootDir, `home-${name}`);
@@ -352,40 +357,57 @@ export async function ensureEmbeddedPostgres(opts: EmbeddedOptions): Promise<Emb
     return { url: embeddedUrl(attached, database), startedHere: false, dataDir, stop: stopper(opts.homeDir, opts) };
   }
 
-  return withFileLock(lockPath, async () => {
-    const ids = await runAsIds();
-    let state = await readState(statePath);
-    const layout = await layoutFor(opts, state, ids);
-    if (!state || !existsSync(join(layout.dataDir, 'PG_VERSION'))) state = await initialise(layout, statePath, ids, opts);
+  return withFileLock(
+    lockPath,
+    async () => {
+      const ids = await runAsIds();
+      let state = await readState(statePath);
+      const layout = await layoutFor(opts, state, ids);
+      if (!state || !existsSync(join(layout.dataDir, 'PG_VERSION'))) state = await initialise(layout, statePath, ids, opts);
 
-    let startedHere = false;
-    if (!(await isRunning(layout.binDir, layout.dataDir, ids))) {
-      if (!(await portFree(state.port))) state = await setPort(layout.dataDir, statePath, state, await freePort());
-      const res = await pgCtl(layout.binDir, ['start', '-D', layout.dataDir, '-l', layout.logPath, '-w', '-t', '60'], ids);
-      if (res.code === 0) startedHere = true;
-      else if (!(await isRunning(layout.binDir, layout.dataDir, ids))) {
-        throw new CorralError(
-          'database_unavailable',
-          `could not start the embedded PostgreSQL in ${layout.dataDir}: ${res.out.trim()} (see ${layout.logPath})`,
-        );
+      let startedHere = false;
+      if (!(await isRunning(layout.binDir, layout.dataDir, ids))) {
+        if (!(await portFree(state.port))) state = await setPort(layout.dataDir, statePath, state, await freePort());
+        const res = await pgCtl(layout.binDir, ['start', '-D', layout.dataDir, '-l', layout.logPath, '-w', '-t', '60'], ids);
+        if (res.code === 0) startedHere = true;
+        else if (!(await isRunning(layout.binDir, layout.dataDir, ids))) {
+          throw new CorralError(
+            'database_unavailable',
+            `could not start the embedded PostgreSQL in ${layout.dataDir}: ${res.out.trim()} (see ${layout.logPath})`,
+          );
+        }
       }
-    }
-    await ensureDatabase(state, database);
-    return { url: embeddedUrl(state, database), startedHere, dataDir: layout.dataDir, binDir: layout.binDir, stop: stopper(opts.homeDir, opts) };
-  }, lockOptions(opts));
+      await ensureDatabase(state, database);
+      return {
+        url: embeddedUrl(state, database),
+        startedHere,
+        dataDir: layout.dataDir,
+        binDir: layout.binDir,
+        stop: stopper(opts.homeDir, opts),
+      };
+    },
+    lockOptions(opts),
+  );
 }
 
 /** Stops the embedded server under `homeDir` if it runs. Returns whether it was running. */
-export async function stopEmbeddedPostgres(homeDir: string, opts: Pick<EmbeddedOptions, 'rootDir' | 'onWait' | 'lockStaleMs'> = {}): Promise<boolean> {
+export async function stopEmbeddedPostgres(
+  homeDir: string,
+  opts: Pick<EmbeddedOptions, 'rootDir' | 'onWait' | 'lockStaleMs'> = {},
+): Promise<boolean> {
   const { statePath, lockPath } = paths(homeDir);
   const state = await readState(statePath);
   const dataDir = state?.dataDir ?? join(homeDir, 'pg', 'data');
   if (!existsSync(join(dataDir, 'PG_VERSION'))) return false;
-  return withFileLock(lockPath, async () => {
-    const ids = await runAsIds();
-    const binDir = await reachableBinDir(ids, opts.rootDir ?? DEFAULT_EMBEDDED_ROOT);
-    if (!(await isRunning(binDir, dataDir, ids))) return false;
-    const res = await pgCtl(binDir, ['stop', '-D', dataDir, '-m', 'fast', '-w', '-t', '60'], ids);
-    return res.code === 0;
-  }, lockOptions(opts));
+  return withFileLock(
+    lockPath,
+    async () => {
+      const ids = await runAsIds();
+      const binDir = await reachableBinDir(ids, opts.rootDir ?? DEFAULT_EMBEDDED_ROOT);
+      if (!(await isRunning(binDir, dataDir, ids))) return false;
+      const res = await pgCtl(binDir, ['stop', '-D', dataDir, '-m', 'fast', '-w', '-t', '60'], ids);
+      return res.code === 0;
+    },
+    lockOptions(opts),
+  );
 }

@@ -100,14 +100,22 @@ function fenceColumns(jobs: JobTable) {
     d: deliveries,
     a: activations,
     leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()`,
-    epochCounter: sql<number | null>`(select ${actors.epochCounter} from ${actors} where ${actors.agentUid} = ${deliveries.agentUid} and ${actors.sessionId} = ${deliveries.sessionId})`,
+    epochCounter: sql<
+      number | null
+    >`(select ${actors.epochCounter} from ${actors} where ${actors.agentUid} = ${deliveries.agentUid} and ${actors.sessionId} = ${deliveries.sessionId})`,
     jobActive: sql<boolean>`exists (select 1 from ${sql.identifier(jobs.schema)}.job j
       where j.name = ${jobs.queue} and j.id = ${deliveries.eventId}
         and j.state = 'active' and j.retry_count = ${deliveries.jobRetryCount})`,
   };
 }
 
-function toFenceRows(row: { d: DeliveryRow; a: ActivationRow; leaseAlive: boolean; epochCounter: number | null; jobActive: boolean }): FenceRows {
+function toFenceRows(row: {
+  d: DeliveryRow;
+  a: ActivationRow;
+  leaseAlive: boolean;
+  epochCounter: number | null;
+  jobActive: boolean;
+}): FenceRows {
   return {
     delivery: row.d,
     activation: row.a,

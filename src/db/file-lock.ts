@@ -136,10 +136,13 @@ export async function withFileLock<T>(path: string, fn: () => Promise<T>, opts: 
     pollMs = Math.min(100, pollMs * 2);
   }
   // L2: keep the mtime fresh while `fn` runs; unref so a stuck lock never keeps the process alive.
-  const touch = setInterval(() => {
-    const now = new Date();
-    utimes(path, now, now).catch(() => undefined);
-  }, Math.max(50, Math.floor(staleMs / 4)));
+  const touch = setInterval(
+    () => {
+      const now = new Date();
+      utimes(path, now, now).catch(() => undefined);
+    },
+    Math.max(50, Math.floor(staleMs / 4)),
+  );
   touch.unref();
   try {
     return await fn();

@@ -61,7 +61,10 @@ export async function loadContextMany(
   if (keys.length === 0) return new Map();
   const input = JSON.stringify(keys.map((k) => ({ agent_uid: k.agentUid, session_id: k.sessionId })));
   // named: prepared once per connection (this runs for every begin batch)
-  const rows = await executeNamed<RawContextRow>(db, 'corral_context_many', sql`
+  const rows = await executeNamed<RawContextRow>(
+    db,
+    'corral_context_many',
+    sql`
     with i as (
       select * from jsonb_to_recordset(${input}::jsonb) as x(agent_uid text, session_id text)
     )
@@ -72,7 +75,8 @@ export async function loadContextMany(
           from (select m.seq, m.role, m.content from corral.messages m
                  where m.conversation_id = c.id
                  order by m.seq desc limit ${limits.maxMessages}) l
-      ) w on w.bytes <= ${limits.maxBytes}`);
+      ) w on w.bytes <= ${limits.maxBytes}`,
+  );
   const out = new Map<string, ConversationContext>();
   for (const r of rows) {
     const key = `${r.agent_uid}/${r.session_id}`;
@@ -184,7 +188,14 @@ export interface ActorStatus {
   blockedByEventId: string | null;
   /** Committed messages in the conversation. */
   messages: number;
-  activation: { activationUid: string; epoch: number; status: string; revision: number; currentEventId: string | null; leaseExpiresAt: string };
+  activation: {
+    activationUid: string;
+    epoch: number;
+    status: string;
+    revision: number;
+    currentEventId: string | null;
+    leaseExpiresAt: string;
+  };
 }
 
 /** `actor.status`: the state of the actor whose live turn `fence` names; undefined when it is not live (H1). */

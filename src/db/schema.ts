@@ -119,9 +119,13 @@ export const turns = corral.table(
   },
   (t) => [
     uniqueIndex('turns_delivery').on(t.deliveryId),
-    uniqueIndex('turns_one_success_per_event').on(t.eventId).where(sql`status = 'succeeded'`),
+    uniqueIndex('turns_one_success_per_event')
+      .on(t.eventId)
+      .where(sql`status = 'succeeded'`),
     index('turns_conversation').on(t.conversationId, t.startedAt),
-    index('turns_started').on(t.startedAt).where(sql`status = 'started'`),
+    index('turns_started')
+      .on(t.startedAt)
+      .where(sql`status = 'started'`),
     check('turns_status', inList('status', TURN_STATUSES)),
   ],
 );
@@ -169,9 +173,7 @@ export const activations = corral.table(
     endedAt: tz('ended_at'),
   },
   (t) => [
-    uniqueIndex('activations_one_live')
-      .on(t.agentUid, t.sessionId)
-      .where(inList('status', ACTIVATION_LIVE)),
+    uniqueIndex('activations_one_live').on(t.agentUid, t.sessionId).where(inList('status', ACTIVATION_LIVE)),
     index('activations_live_lease').on(t.leaseExpiresAt).where(inList('status', ACTIVATION_LIVE)),
     index('activations_actor_epoch').on(t.agentUid, t.sessionId, t.actorEpoch),
     check('activations_status', inList('status', ACTIVATION_STATUSES)),

@@ -10,8 +10,6 @@ import { conversations, DELIVERY_LIVE, messages, sqlList, turns, type MessageRol
 export type TurnRow = typeof turns.$inferSelect;
 export type MessageRow = typeof messages.$inferSelect;
 
-
-
 /** Moves a `started` turn to a terminal status. Returns the turn id, or undefined if it was not started. */
 export async function finishTurn(
   tx: DbOrTx,
@@ -38,10 +36,12 @@ export async function finishTurn(
 export async function setTurnRevision(tx: DbOrTx, deliveryId: string, revision: number, input: unknown = null): Promise<void> {
   await tx
     .update(turns)
-    .set({ revision, steers: sql`coalesce(${turns.steers}, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('revision', ${revision}::int, 'input', ${JSON.stringify(input)}::jsonb))` })
+    .set({
+      revision,
+      steers: sql`coalesce(${turns.steers}, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('revision', ${revision}::int, 'input', ${JSON.stringify(input)}::jsonb))`,
+    })
     .where(and(eq(turns.deliveryId, deliveryId), eq(turns.status, 'started')));
 }
-
 
 export interface TranscriptEntry {
   turnId: string;
@@ -104,7 +104,10 @@ export async function orphanedStartedTurns(db: DbOrTx, limit = 100): Promise<Tur
     limit ${limit}`);
   if (rows.rows.length === 0) return [];
   const ids = rows.rows.map((r) => r.id);
-  return db.select().from(turns).where(sql`${turns.id} = any(${sql.param(ids)}::uuid[])`);
+  return db
+    .select()
+    .from(turns)
+    .where(sql`${turns.id} = any(${sql.param(ids)}::uuid[])`);
 }
 
 /** The event payload recorded on the turn of `deliveryId`. */

@@ -32,7 +32,10 @@ export async function assignWarmActivationsMany(
 ): Promise<Map<string, ActivationRow>> {
   if (jobs.length === 0) return new Map();
   const input = jobs.map((j) => ({ agent_uid: j.key.agentUid, session_id: j.key.sessionId, event_id: j.eventId }));
-  const rows = await executeNamed<Record<string, unknown> & { agent_uid: string; session_id: string }>(tx, 'corral_assign_warm_activations_many', sql`
+  const rows = await executeNamed<Record<string, unknown> & { agent_uid: string; session_id: string }>(
+    tx,
+    'corral_assign_warm_activations_many',
+    sql`
     with i as (
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(agent_uid text, session_id text, event_id uuid)
     )
@@ -42,7 +45,8 @@ export async function assignWarmActivationsMany(
       from i
      where a.agent_uid = i.agent_uid and a.session_id = i.session_id
        and a.status in ${LIVE} and a.current_event_id is null
-    returning a.*`);
+    returning a.*`,
+  );
   return new Map(rows.map((r) => [`${r.agent_uid}/${r.session_id}`, fromRawRow(activations, r)]));
 }
 
@@ -77,7 +81,10 @@ export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInpu
     // wrapped, so that a JSON null stays a JSON null (a recordset turns it into SQL NULL)
     input: { v: r.input ?? null },
   }));
-  const written = await executeNamed<{ delivery_id: string }>(tx, 'corral_insert_turn_rows_many', sql`
+  const written = await executeNamed<{ delivery_id: string }>(
+    tx,
+    'corral_insert_turn_rows_many',
+    sql`
     with i as (
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
         delivery_id uuid, turn_id uuid, conv_id uuid, activation_uid uuid, agent_uid text, session_id text,
@@ -104,8 +111,10 @@ export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInpu
     select i.turn_id, conv.id, i.event_id, d.delivery_id, 'started', i.activation_uid, i.actor_epoch, i.revision,
            i.job_retry_count + 1, i.worker_id, i.input->'v'
       from i join conv using (agent_uid, session_id) join d using (delivery_id)
-    returning delivery_id`);
-  if (written.length !== rows.length) throw new Error(`turn rows for ${rows.length - written.length} of ${rows.length} events were not written`);
+    returning delivery_id`,
+  );
+  if (written.length !== rows.length)
+    throw new Error(`turn rows for ${rows.length - written.length} of ${rows.length} events were not written`);
   return input.map((r) => r.delivery_id);
 }
 
@@ -139,7 +148,10 @@ export async function commitTurnRowsMany(tx: DbOrTx, rows: readonly CommitRowsIn
     output: r.output === undefined ? null : { v: r.output },
     messages: r.messages,
   }));
-  const written = await executeNamed<{ delivery_id: string; messages: number; expected: number }>(tx, 'corral_commit_turn_rows_many', sql`
+  const written = await executeNamed<{ delivery_id: string; messages: number; expected: number }>(
+    tx,
+    'corral_commit_turn_rows_many',
+    sql`
     with i as (
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb)
         as x(delivery_id uuid, activation_uid uuid, revision int, worker_id text, output jsonb, messages jsonb)
@@ -179,7 +191,8 @@ export async function commitTurnRowsMany(tx: DbOrTx, rows: readonly CommitRowsIn
        where av.activation_uid = t.activation_uid and av.status in ${LIVE}
       returning 1
     )
-    select t.delivery_id, (select count(*) from m where m.turn_id = t.id)::int as messages, t.count::int as expected from t`);
+    select t.delivery_id, (select count(*) from m where m.turn_id = t.id)::int as messages, t.count::int as expected from t`,
+  );
   return new Set(written.filter((w) => w.messages === w.expected).map((w) => w.delivery_id));
 }
 
@@ -193,7 +206,10 @@ export async function acceptDeliveryRowsMany(
   leaseMs: number,
 ): Promise<void> {
   if (rows.length === 0) return;
-  await executeNamed(tx, 'corral_accept_delivery_many', sql`
+  await executeNamed(
+    tx,
+    'corral_accept_delivery_many',
+    sql`
     with i as (
       select * from jsonb_to_recordset(${JSON.stringify(rows.map((r) => ({ delivery_id: r.deliveryId, activation_uid: r.activationUid })))}::jsonb)
         as x(delivery_id uuid, activation_uid uuid)
@@ -206,18 +222,22 @@ export async function acceptDeliveryRowsMany(
     update corral.activations av
        set lease_expires_at = greatest(av.lease_expires_at, now() + ${leaseMs} * interval '1 millisecond'), updated_at = now()
       from (select distinct activation_uid from i) ia
-     where av.activation_uid = ia.activation_uid and av.status in ${LIVE}`);
+     where av.activation_uid = ia.activation_uid and av.status in ${LIVE}`,
+  );
 }
 
 /** turn_progress's write for a batch, in ONE statement: the leases extended. Returns them by activation. */
 export async function extendLeasesMany(tx: DbOrTx, activationUids: readonly string[], leaseMs: number): Promise<Map<string, Date>> {
   if (activationUids.length === 0) return new Map();
-  const rows = await executeNamed<{ activation_uid: string; lease_expires_at: Date | string }>(tx, 'corral_extend_leases_many', sql`
+  const rows = await executeNamed<{ activation_uid: string; lease_expires_at: Date | string }>(
+    tx,
+    'corral_extend_leases_many',
+    sql`
     update corral.activations
        set lease_expires_at = greatest(lease_expires_at, now() + ${leaseMs} * interval '1 millisecond'), updated_at = now()
      where activation_uid in (select jsonb_array_elements_text(${JSON.stringify([...new Set(activationUids)])}::jsonb)::uuid)
        and status in ${LIVE}
-    returning activation_uid, lease_expires_at`);
+    returning activation_uid, lease_expires_at`,
+  );
   return new Map(rows.map((r) => [r.activation_uid, toDate(r.lease_expires_at)!]));
 }
-

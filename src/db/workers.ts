@@ -5,10 +5,7 @@ import { workers, type WorkerStatus } from './schema.ts';
 
 export type WorkerRow = typeof workers.$inferSelect;
 
-export async function upsertWorker(
-  db: DbOrTx,
-  w: { workerId: string; ownerId: string; capacity: number },
-): Promise<void> {
+export async function upsertWorker(db: DbOrTx, w: { workerId: string; ownerId: string; capacity: number }): Promise<void> {
   await db
     .insert(workers)
     .values({ ...w, status: 'ready', inFlight: 0 })

@@ -476,10 +476,7 @@ export class Broker {
       rid,
       'worker_welcome',
     );
-    this.log.info(
-      { workerId: msg.worker_id, capacity, sdk: msg.sdk?.slice(0, 64), reconnect: prev !== undefined },
-      'worker registered',
-    );
+    this.log.info({ workerId: msg.worker_id, capacity, sdk: msg.sdk?.slice(0, 64), reconnect: prev !== undefined }, 'worker registered');
     this.emit({
       kind: 'worker_ready',
       workerId: msg.worker_id,
@@ -501,7 +498,11 @@ export class Broker {
     if (!curve) return { ok: true };
     if (req.mechanism !== 'CURVE' || !req.publicKey || !curve.isKeyAllowed(req.publicKey)) {
       this.counters.keysRefused++;
-      this.logLimited('zap', { address: req.address.slice(0, 64), mechanism: req.mechanism.slice(0, 16) }, 'connection refused: key not on the allow-list');
+      this.logLimited(
+        'zap',
+        { address: req.address.slice(0, 64), mechanism: req.mechanism.slice(0, 16) },
+        'connection refused: key not on the allow-list',
+      );
       return { ok: false, status: 400, reason: 'key not allowed' };
     }
     return { ok: true };

@@ -12,7 +12,19 @@
  * 4. Nothing here logs; callers must never log a secret key or a token.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import { chmodSync, closeSync, existsSync, linkSync, mkdirSync, openSync, readFileSync, renameSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  closeSync,
+  existsSync,
+  linkSync,
+  mkdirSync,
+  openSync,
+  readFileSync,
+  renameSync,
+  statSync,
+  unlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { dirname, join } from 'node:path';
 import { curveKeyPair } from 'zeromq';
 import { z } from 'zod';
@@ -168,9 +180,13 @@ export function ensureDaemonKey(paths: KeyPaths): { keys: KeyPair; created: bool
   ensurePrivateDir(paths.dir);
   const keys = newKeyPair();
   const tmp = `${paths.daemonKey}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`;
-  writeFileSync(tmp, `${JSON.stringify({ format: DAEMON_KEY_FORMAT, public_key: keys.publicKey, secret_key: keys.secretKey }, null, 2)}\n`, {
-    mode: 0o600,
-  });
+  writeFileSync(
+    tmp,
+    `${JSON.stringify({ format: DAEMON_KEY_FORMAT, public_key: keys.publicKey, secret_key: keys.secretKey }, null, 2)}\n`,
+    {
+      mode: 0o600,
+    },
+  );
   try {
     // link() fails if the file exists: a daemon and a worker starting together agree on one key
     linkSync(tmp, paths.daemonKey);
@@ -298,7 +314,12 @@ export function ensureLocalWorkerKey(paths: KeyPaths, workerId: string, opts: { 
   if (existsSync(file)) {
     const existing = readWorkerKeyFile(file);
     const listed = readAllowlist(paths.allowlist).find((e) => e.worker_id === workerId);
-    if (existing.server_key === keys.publicKey && listed && listed.public_key === existing.public_key && tokenMatches(existing.token, listed.token_sha256)) {
+    if (
+      existing.server_key === keys.publicKey &&
+      listed &&
+      listed.public_key === existing.public_key &&
+      tokenMatches(existing.token, listed.token_sha256)
+    ) {
       return file;
     }
   }
@@ -308,7 +329,10 @@ export function ensureLocalWorkerKey(paths: KeyPaths, workerId: string, opts: { 
 }
 
 /** What the worker SDK needs from a key file: CURVE keys and the registration proof. */
-export function workerCredentials(k: WorkerKeyFile, serverKey?: string): {
+export function workerCredentials(
+  k: WorkerKeyFile,
+  serverKey?: string,
+): {
   curve: { serverKey: string; publicKey: string; secretKey: string };
   auth: { scheme: string; credential: string };
 } {

@@ -190,14 +190,7 @@ export const RPC_METHODS = ['history.read', 'actor.status'] as const;
 export type RpcMethod = (typeof RPC_METHODS)[number];
 
 /** Codes of `rpc_response.error`. */
-export const RPC_ERROR_CODES = [
-  'not_live',
-  'unknown_method',
-  'invalid_params',
-  'busy',
-  'timeout',
-  'internal',
-] as const;
+export const RPC_ERROR_CODES = ['not_live', 'unknown_method', 'invalid_params', 'busy', 'timeout', 'internal'] as const;
 export type RpcErrorCode = (typeof RPC_ERROR_CODES)[number];
 
 /** A request from a worker, answered by one `rpc_response` with the same `id` on the same socket. */

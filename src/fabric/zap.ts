@@ -77,7 +77,16 @@ export class ZapHandler {
     const status = decision.ok ? '200' : String(decision.status);
     const text = decision.ok ? 'OK' : decision.reason.slice(0, 200);
     const userId = decision.ok ? (decision.userId ?? '') : '';
-    const reply = [routing, Buffer.alloc(0), Buffer.from('1.0'), requestId, Buffer.from(status), Buffer.from(text), Buffer.from(userId), Buffer.alloc(0)];
+    const reply = [
+      routing,
+      Buffer.alloc(0),
+      Buffer.from('1.0'),
+      requestId,
+      Buffer.from(status),
+      Buffer.from(text),
+      Buffer.from(userId),
+      Buffer.alloc(0),
+    ];
     this.sendChain = this.sendChain.then(async () => {
       try {
         if (this.socket && !this.socket.closed) await this.socket.send(reply);

@@ -163,9 +163,7 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
   });
   gauge('corral_dead_letters', 'Dead letters waiting in the dead-letter queue', [], (g, s) => g.set(s.queue.deadLettered));
   gauge('corral_live_activations', 'Live activations (actors with a lease)', [], (g, s) => g.set(s.liveActivations));
-  gauge('corral_blocked_actors', 'Actors held by a dead-lettered event (dead-letter mode block)', [], (g, s) =>
-    g.set(s.blockedActors),
-  );
+  gauge('corral_blocked_actors', 'Actors held by a dead-lettered event (dead-letter mode block)', [], (g, s) => g.set(s.blockedActors));
   gauge('corral_workers', 'Workers known to the database, by status (ready = connected)', ['status'] as const, (g, s) => {
     for (const [status, n] of Object.entries(s.workers)) g.set({ status }, n);
   });

@@ -14,4 +14,3 @@ export function describeActivation(a: ActivationView, fmt: (d: Date) => string):
     : `ended${a.endReason ? ` (${a.endReason})` : ''}`;
   return `${a.activationUid} epoch ${a.epoch}, ${a.status}, revision ${a.revision}, ${lease}`;
 }
-

@@ -25,14 +25,19 @@ import type { Db, DbOrTx, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
 import { CorralError } from '../errors.ts';
 import { findDeadLetters, getDeadLetter, jobState, lockDeadLetters, type DeadLetter, type DeadLetterFilter } from '../db/boss-jobs.ts';
-import { actionsOnEvent, clearBlockIf, lastActionsOn, recordDeadLetterAction, type DeadLetterActionRow } from '../db/dead-letter-actions.ts';
+import {
+  actionsOnEvent,
+  clearBlockIf,
+  lastActionsOn,
+  recordDeadLetterAction,
+  type DeadLetterActionRow,
+} from '../db/dead-letter-actions.ts';
 import { actorStatus, type ActorStatus } from './status.ts';
 import type { Queues } from '../db/boss-jobs.ts';
 import { attemptsOfEvent, type TurnView } from '../db/actor-views.ts';
 import { isUuid } from '../uuid.ts';
 
 export type { DeadLetter, DeadLetterFilter } from '../db/boss-jobs.ts';
-
 
 /** Throws `invalid_argument` unless `id` looks like a job id (a UUID). */
 export function assertJobId(id: string, what = 'dead letter id'): string {
@@ -58,12 +63,7 @@ export interface ListOptions {
 }
 
 /** A page of dead letters matching `filter`, oldest first. */
-export async function listDeadLetters(
-  db: DbOrTx,
-  q: Queues,
-  filter: DeadLetterFilter,
-  opts: ListOptions = {},
-): Promise<DeadLetter[]> {
+export async function listDeadLetters(db: DbOrTx, q: Queues, filter: DeadLetterFilter, opts: ListOptions = {}): Promise<DeadLetter[]> {
   if (opts.after !== undefined) {
     const after = assertJobId(opts.after, '--after id');
     if (!(await getDeadLetter(db, q, after))) {
@@ -114,13 +114,7 @@ export type ResultStatus = 'replayed' | 'already_replayed' | 'discarded' | 'alre
  * - `already_done`: the event completed meanwhile (nothing re-sent; the copy was removed);
  * - `discarded`, `discarded_with_original`: the copy (and the failed original holding the actor) deleted.
  */
-export type ActionOutcome =
-  | 'retried'
-  | 'reinserted'
-  | 'already_queued'
-  | 'already_done'
-  | 'discarded'
-  | 'discarded_with_original';
+export type ActionOutcome = 'retried' | 'reinserted' | 'already_queued' | 'already_done' | 'discarded' | 'discarded_with_original';
 
 export interface ActionResult {
   id: string;
@@ -161,12 +155,7 @@ export function discardDeadLetters(deps: OpsDeps, ids: readonly string[], opts: 
   return actOn(deps, 'discard', ids, opts);
 }
 
-async function actOn(
-  deps: OpsDeps,
-  action: 'replay' | 'discard',
-  rawIds: readonly string[],
-  opts: BulkOptions,
-): Promise<ActionResult[]> {
+async function actOn(deps: OpsDeps, action: 'replay' | 'discard', rawIds: readonly string[], opts: BulkOptions): Promise<ActionResult[]> {
   const ids = [...new Set(rawIds.map((id) => assertJobId(id)))];
   const { db, queues: q } = deps;
   const found = await findDeadLetters(db, q, { ids });

@@ -26,13 +26,7 @@ export function queuesOf(config: Pick<Config, 'queueName' | 'bossSchema'>): Queu
 
 export type QueueConfig = Pick<
   Config,
-  | 'queueName'
-  | 'bossSchema'
-  | 'retryLimit'
-  | 'retryDelaySeconds'
-  | 'retryDelayMaxSeconds'
-  | 'jobExpireSeconds'
-  | 'jobHeartbeatSeconds'
+  'queueName' | 'bossSchema' | 'retryLimit' | 'retryDelaySeconds' | 'retryDelayMaxSeconds' | 'jobExpireSeconds' | 'jobHeartbeatSeconds'
 >;
 
 export interface BossOptions {
@@ -76,11 +70,7 @@ export function createBoss(url: string, config: QueueConfig, opts: BossOptions =
  * Creates (or updates) the actor queue and its dead-letter queue. Idempotent. Short commands pass
  * `updateExisting: false` so they never overwrite the settings a daemon configured.
  */
-export async function ensureQueues(
-  boss: PgBoss,
-  config: QueueConfig,
-  opts: { updateExisting?: boolean } = {},
-): Promise<Queues> {
+export async function ensureQueues(boss: PgBoss, config: QueueConfig, opts: { updateExisting?: boolean } = {}): Promise<Queues> {
   const update = opts.updateExisting ?? true;
   const names = queuesOf(config);
   const dlq = {

@@ -28,7 +28,16 @@ function bossSchemaVersion(): Promise<number | undefined> {
 
 /** The fields pg-boss's `send` puts in a job's insert payload; absent ones take the queue's settings. */
 function insertPayload(queue: string, job: ActorEventJob): Record<string, unknown> {
-  return { id: job.id, name: queue, data: job.data, singletonKey: job.singletonKey, singletonOffset: 0, groupId: null, groupTier: null, deadLetter: null };
+  return {
+    id: job.id,
+    name: queue,
+    data: job.data,
+    singletonKey: job.singletonKey,
+    singletonOffset: 0,
+    groupId: null,
+    groupTier: null,
+    deadLetter: null,
+  };
 }
 
 /**

@@ -33,13 +33,20 @@ export interface EmitRequest {
  * Checks a result's `emit` (E3). Returns the effects, or why the result must be rejected
  * (`emit_limit`). `maxEventBytes` is the enqueue limit of every event.
  */
-export function checkEmits(raw: unknown[] | undefined, maxEventBytes: number): { ok: true; emits: EmitRequest[] } | { ok: false; detail: string } {
+export function checkEmits(
+  raw: unknown[] | undefined,
+  maxEventBytes: number,
+): { ok: true; emits: EmitRequest[] } | { ok: false; detail: string } {
   if (raw === undefined) return { ok: true, emits: [] };
   if (raw.length > MAX_EMITS) return { ok: false, detail: `${raw.length} emits; at most ${MAX_EMITS}` };
   const emits: EmitRequest[] = [];
   for (const [i, e] of raw.entries()) {
     const parsed = emitSchema.safeParse(e);
-    if (!parsed.success) return { ok: false, detail: `emit[${i}]: ${parsed.error.issues[0]?.path.join('.') ?? ''} ${parsed.error.issues[0]?.message ?? 'invalid'}` };
+    if (!parsed.success)
+      return {
+        ok: false,
+        detail: `emit[${i}]: ${parsed.error.issues[0]?.path.join('.') ?? ''} ${parsed.error.issues[0]?.message ?? 'invalid'}`,
+      };
     let key: ActorKey;
     try {
       key = parseActorKey(parsed.data.actor);
@@ -81,7 +88,10 @@ export async function enqueueEffects(
 ): Promise<void> {
   if (turns.length === 0) return;
   const late = turns.filter((t) => t.lateSteerAfter !== undefined);
-  const steers = await steersOfMany(tx, late.map((t) => t.deliveryId));
+  const steers = await steersOfMany(
+    tx,
+    late.map((t) => t.deliveryId),
+  );
   const jobs: { id: string; data: object; singletonKey: string; startAfter?: string }[] = [];
   const records: { deliveryId: string; emitted: EmittedRecord[] }[] = [];
   for (const t of turns) {
@@ -111,6 +121,7 @@ export async function enqueueEffects(
   }
   if (jobs.length === 0) return;
   const ids = await boss.insert(queueName, jobs, { db: fromDrizzle(tx, sql) });
-  if (ids !== null && ids.length !== jobs.length) throw new CorralError('internal', `pg-boss inserted ${ids.length} of ${jobs.length} emitted events`);
+  if (ids !== null && ids.length !== jobs.length)
+    throw new CorralError('internal', `pg-boss inserted ${ids.length} of ${jobs.length} emitted events`);
   await recordEmittedMany(tx, records);
 }

@@ -20,11 +20,7 @@ export interface EventQueue {
   enqueueActorEvents(dbOrTx: DbOrTx, events: { key: ActorKey; event: unknown }[]): Promise<EnqueuedEvent[]>;
 }
 
-export function createEventQueue(
-  boss: PgBoss,
-  queueName: string,
-  opts: { maxEventBytes?: number } = {},
-): EventQueue {
+export function createEventQueue(boss: PgBoss, queueName: string, opts: { maxEventBytes?: number } = {}): EventQueue {
   const maxBytes = opts.maxEventBytes ?? DEFAULT_MAX_EVENT_BYTES;
   const jobOf = (key: ActorKey, event: unknown) => actorEventJob(key, event, maxBytes);
   return {

@@ -28,7 +28,11 @@ export async function withContext(
 ): Promise<StartedTurn[]> {
   if (!limits || limits.maxMessages <= 0 || turns.length === 0) return turns;
   try {
-    const found = await loadContextMany(db, turns.map((t) => t.fence), limits);
+    const found = await loadContextMany(
+      db,
+      turns.map((t) => t.fence),
+      limits,
+    );
     for (const t of turns) t.context = found.get(`${t.fence.agentUid}/${t.fence.sessionId}`);
   } catch (e) {
     onError(e);

@@ -95,10 +95,13 @@ export class Dispatcher {
       const controller = this.opts.directory.wake(key);
       // Reserve the slot now, not when the controller gets to it, so the next fetch sees it taken.
       const workerId = this.opts.workers.acquire(job.id) ?? null;
-      this.opts.background.track(controller.run(() => this.startTurn(controller, job, workerId)), {
-        actor: controller.name,
-        eventId: job.id,
-      });
+      this.opts.background.track(
+        controller.run(() => this.startTurn(controller, job, workerId)),
+        {
+          actor: controller.name,
+          eventId: job.id,
+        },
+      );
     }
   }
 

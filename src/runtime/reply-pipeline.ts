@@ -132,7 +132,13 @@ export class ReplyPipeline {
       });
       this.opts.dispatcher.attemptFailed(fence, outcome, `turn_error: ${e.error.code}: ${e.error.message}`);
       // answered, so the worker knows it may stop re-sending the error
-      await this.answer(e.workerId, { v: 1, type: 'turn_failed', turn_ref: e.turnRef, retry: !outcome.deadLettered, dead_lettered: outcome.deadLettered });
+      await this.answer(e.workerId, {
+        v: 1,
+        type: 'turn_failed',
+        turn_ref: e.turnRef,
+        retry: !outcome.deadLettered,
+        dead_lettered: outcome.deadLettered,
+      });
     });
   }
 
@@ -162,10 +168,9 @@ export class ReplyPipeline {
   private refuseUnstorable(workerId: string, ref: WireTurnRef, why: string, reason: 'unstorable' | 'emit_limit' = 'unstorable'): void {
     this.opts.metrics.rejected(reason);
     this.log.warn({ ...fenceFields(fromWire(ref)), workerId, why: why.slice(0, 200) }, 'result cannot be stored');
-    this.opts.background.track(
-      this.answer(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason, detail: why.slice(0, 500) }),
-      { workerId },
-    );
+    this.opts.background.track(this.answer(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason, detail: why.slice(0, 500) }), {
+      workerId,
+    });
     this.fenced(workerId, ref, 'fail', async (fence) => {
       const code = reason === 'unstorable' ? 'unstorable_result' : 'emit_limit';
       const outcome = await this.opts.store.fail(fence, workerId, { code, message: storableText(why.slice(0, 1000)) });
@@ -179,7 +184,13 @@ export class ReplyPipeline {
     if ((known && known.fence.deliveryId === ref.delivery_id) || this.opts.workers.takeUnknownReplyToken(workerId)) return true;
     this.opts.metrics.rejected('unknown_delivery');
     this.opts.background.track(
-      this.answer(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason: 'unknown_delivery', detail: 'not dispatched by this daemon' }),
+      this.answer(workerId, {
+        v: 1,
+        type: 'turn_rejected',
+        turn_ref: ref,
+        reason: 'unknown_delivery',
+        detail: 'not dispatched by this daemon',
+      }),
       { workerId },
     );
     return false;

@@ -98,7 +98,8 @@ export class RpcServer {
           () => undefined,
         ),
       ]);
-      outcome = r === timedOut ? { error: { code: 'timeout', message: `not served within ${this.opts.timeoutMs} ms` } } : { result: r ?? null };
+      outcome =
+        r === timedOut ? { error: { code: 'timeout', message: `not served within ${this.opts.timeoutMs} ms` } } : { result: r ?? null };
     } catch (err) {
       if (err instanceof RpcError) outcome = { error: { code: err.code, message: err.message } };
       else {
@@ -115,7 +116,10 @@ export class RpcServer {
 
   private async serve(e: RpcRequestEvent): Promise<unknown> {
     const fence = fromWire(e.turnRef);
-    const params = (e.params !== null && typeof e.params === 'object' && !Array.isArray(e.params) ? e.params : {}) as Record<string, unknown>;
+    const params = (e.params !== null && typeof e.params === 'object' && !Array.isArray(e.params) ? e.params : {}) as Record<
+      string,
+      unknown
+    >;
     switch (e.method) {
       case 'history.read': {
         const beforeSeq = optionalInt(params, 'before_seq', 1, 2_147_483_647);
@@ -158,7 +162,12 @@ export class RpcServer {
     const msg: DaemonMessage = { v: 1, type: 'rpc_response', id: e.id, ...(outcome as object) } as DaemonMessage;
     let res = await this.opts.transport.send(e.workerId, msg);
     if (!res.ok && res.reason === 'too_large') {
-      res = await this.opts.transport.send(e.workerId, { v: 1, type: 'rpc_response', id: e.id, error: { code: 'internal', message: 'the response exceeds the message size limit; ask for less' } });
+      res = await this.opts.transport.send(e.workerId, {
+        v: 1,
+        type: 'rpc_response',
+        id: e.id,
+        error: { code: 'internal', message: 'the response exceeds the message size limit; ask for less' },
+      });
     }
     if (!res.ok) this.log.debug({ workerId: e.workerId, reason: res.reason }, 'rpc response not delivered');
   }
@@ -171,7 +180,10 @@ export class RpcServer {
 }
 
 function notLive(): RpcError {
-  return new RpcError('not_live', 'turn_ref does not name a live turn of this worker (lease expired, steered, settled or another worker\'s)');
+  return new RpcError(
+    'not_live',
+    "turn_ref does not name a live turn of this worker (lease expired, steered, settled or another worker's)",
+  );
 }
 
 function optionalInt(params: Record<string, unknown>, name: string, min: number, max: number): number | undefined {

@@ -134,7 +134,6 @@ export class TurnStore {
     return (await this.beginMany([{ job, workerId }]))[0]!;
   }
 
-
   /**
    * T2 for a batch of fetched jobs (group begin), in one transaction and a constant number of
    * statements: warm activations assigned in one; for the other actors, live activations locked
@@ -291,7 +290,11 @@ export class TurnStore {
    */
   async replyMany(requests: readonly ReplyRequest[]): Promise<ReplyOutcome[]> {
     return inTransaction(this.db, async (tx) => {
-      const rows = await loadFenceRowsMany(tx, this.jobs, requests.map((r) => r.fence.deliveryId));
+      const rows = await loadFenceRowsMany(
+        tx,
+        this.jobs,
+        requests.map((r) => r.fence.deliveryId),
+      );
       const outcomes: ReplyOutcome[] = [];
       const completions: { id: string; retryCount: number }[] = [];
       const commits: turnRows.CommitRowsInput[] = [];
@@ -334,14 +337,23 @@ export class TurnStore {
           });
           completions.push({ id: r.fence.eventId, retryCount: delivery.jobRetryCount });
           if (r.emit?.length || lateSteer) {
-            effects.push({ deliveryId: delivery.deliveryId, key: r.fence, emits: r.emit ?? [], ...(lateSteer ? { lateSteerAfter: r.fence.revision } : {}) });
+            effects.push({
+              deliveryId: delivery.deliveryId,
+              key: r.fence,
+              emits: r.emit ?? [],
+              ...(lateSteer ? { lateSteerAfter: r.fence.revision } : {}),
+            });
           }
           outcomes.push({ outcome: 'committed' });
         }
       }
       // One statement per kind, in causal order (a turn's accept comes before its result).
       await turnRows.acceptDeliveryRowsMany(tx, accepts, this.config.leaseMs);
-      const leases = await turnRows.extendLeasesMany(tx, progress.map((p) => p.activationUid), this.config.leaseMs);
+      const leases = await turnRows.extendLeasesMany(
+        tx,
+        progress.map((p) => p.activationUid),
+        this.config.leaseMs,
+      );
       for (const p of progress) outcomes[p.index] = { outcome: 'extended', leaseExpiresAt: leases.get(p.activationUid) };
       // Locked and checked above, so a turn that is not written here means the rows disagree:
       // roll everything back.
@@ -349,7 +361,8 @@ export class TurnStore {
       const missing = commits.filter((c) => !written.has(c.deliveryId));
       if (missing.length > 0) throw new BatchNotSettled(missing.map((c) => c.deliveryId));
       // effects hook: emitted events enqueued in this transaction (none for most turns)
-      if (effects.length > 0) await enqueueEffects(tx, this.boss, this.queueName, effects, this.config.maxEventBytes ?? DEFAULT_MAX_EVENT_BYTES);
+      if (effects.length > 0)
+        await enqueueEffects(tx, this.boss, this.queueName, effects, this.config.maxEventBytes ?? DEFAULT_MAX_EVENT_BYTES);
       if (completions.length > 0) {
         const res = (await this.boss.complete(this.queueName, completions, null, { db: fromDrizzle(tx, sql) })) as {
           affected?: number;
@@ -543,7 +556,6 @@ export class TurnStore {
     }
     return { deadLettered, jobFailed: true };
   }
-
 }
 
 function fenceOf(

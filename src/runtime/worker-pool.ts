@@ -22,12 +22,7 @@ export class WorkerPool {
    * none given) means the old run's turns are lost: they are returned, and their slots freed. A
    * reconnect of the same run keeps its turns.
    */
-  register(
-    id: string,
-    capacity: number,
-    nowMs: number,
-    instance?: string,
-  ): { restarted: boolean; lostEvents: string[] } {
+  register(id: string, capacity: number, nowMs: number, instance?: string): { restarted: boolean; lostEvents: string[] } {
     const previous = this.workers.get(id);
     const sameRun = previous !== undefined && instance !== undefined && previous.instance === instance;
     if (previous && sameRun) {

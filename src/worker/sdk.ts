@@ -195,7 +195,7 @@ class WorkerRuntime implements Worker {
       this.scheduleReconnect(socket);
     });
     socket.events.on('handshake:error:auth', (ev) => {
-      this.log.error({ status: ev.error.message }, 'the daemon refused this worker\'s key (not on its allow-list?)');
+      this.log.error({ status: ev.error.message }, "the daemon refused this worker's key (not on its allow-list?)");
     });
     socket.connect(this.opts.endpoint);
     this.loopDone = this.receiveLoop(socket);

@@ -99,14 +99,20 @@ export interface ChaosEnvironment {
   describe: string;
 }
 
-
 /** Databases created on `serverUrl` (an admin connection, e.g. the `postgres` database). */
-export function serverEnvironment(serverUrl: string, restartServer?: (downMs: number) => Promise<void>, describe = 'server'): ChaosEnvironment {
+export function serverEnvironment(
+  serverUrl: string,
+  restartServer?: (downMs: number) => Promise<void>,
+  describe = 'server',
+): ChaosEnvironment {
   return {
     describe,
     ...(restartServer ? { restartServer } : {}),
     async createDatabase(tag) {
-      const name = `corral_chaos_${tag.replace(/[^a-z0-9]/gi, '_').toLowerCase().slice(0, 20)}_${Math.random().toString(16).slice(2, 8)}`;
+      const name = `corral_chaos_${tag
+        .replace(/[^a-z0-9]/gi, '_')
+        .toLowerCase()
+        .slice(0, 20)}_${Math.random().toString(16).slice(2, 8)}`;
       return createDatabaseOn(serverUrl, name);
     },
   };

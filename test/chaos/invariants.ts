@@ -19,16 +19,7 @@ import { isDeepStrictEqual } from 'node:util';
 import type pg from 'pg';
 import { DEFAULTS } from '../../src/config.ts';
 import type { Db } from '../../src/db/client.ts';
-import {
-  ACTIVATION_LIVE,
-  DELIVERY_LIVE,
-  activations,
-  actors,
-  conversations,
-  deliveries,
-  messages,
-  turns,
-} from '../../src/db/schema.ts';
+import { ACTIVATION_LIVE, DELIVERY_LIVE, activations, actors, conversations, deliveries, messages, turns } from '../../src/db/schema.ts';
 import { queuesOf, type Queues } from '../../src/queue/boss.ts';
 import type { ChaosTimings } from './environment.ts';
 import type { ActorRef } from './plan.ts';
@@ -61,7 +52,8 @@ export interface CheckOptions {
 }
 
 /** The reply of `corral worker`'s echo handler. */
-const echoes = (payload: CheckedEvent['payload'], content: unknown) => (content as { text?: unknown } | null)?.text === `echo: ${String(payload.text)}`;
+const echoes = (payload: CheckedEvent['payload'], content: unknown) =>
+  (content as { text?: unknown } | null)?.text === `echo: ${String(payload.text)}`;
 
 export type InvariantId = 'I1' | 'I2' | 'I3' | 'I4' | 'quiescence' | 'process' | 'expectation' | 'harness';
 
@@ -126,10 +118,12 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
     `select id, state, retry_count, singleton_key from pgboss.job where name = $1`,
     [queue.events],
   );
-  const dlq = await q<{ id: string; source_id: string | null; data: { payload?: unknown; agentUid?: string; sessionId?: string } | null; singleton_key: string | null }>(
-    `select id, source_id, data, singleton_key from pgboss.job where name = $1`,
-    [queue.deadLetter],
-  );
+  const dlq = await q<{
+    id: string;
+    source_id: string | null;
+    data: { payload?: unknown; agentUid?: string; sessionId?: string } | null;
+    singleton_key: string | null;
+  }>(`select id, source_id, data, singleton_key from pgboss.job where name = $1`, [queue.deadLetter]);
   const indexes = await q<{ indexname: string; indexdef: string }>(
     `select indexname, indexdef from pg_indexes where schemaname = 'corral' and indexname = any($1::text[])`,
     [UNIQUE_INDEXES],
@@ -143,7 +137,10 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
   const activationById = new Map(activationRows.map((a) => [a.activationUid, a]));
   const conversationById = new Map(conversationRows.map((c) => [c.id, c]));
   const jobById = new Map(jobs.map((j) => [j.id, j]));
-  const dlqBySource = groupBy(dlq.filter((d) => d.source_id), (d) => d.source_id!);
+  const dlqBySource = groupBy(
+    dlq.filter((d) => d.source_id),
+    (d) => d.source_id!,
+  );
   const succeededByEvent = new Map<string, TurnRow>();
 
   // ---- I1: exactly once, or dead-lettered ---------------------------------------------------
@@ -160,7 +157,13 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
       add('I1', 'lost', `${where} is neither committed nor dead-lettered`, { job: jobById.get(id) ?? null });
       continue;
     }
-    if (ok.length > 1) add('I1', 'duplicate_commit', `${where} has ${ok.length} succeeded turns`, ok.map((t) => t.id));
+    if (ok.length > 1)
+      add(
+        'I1',
+        'duplicate_commit',
+        `${where} has ${ok.length} succeeded turns`,
+        ok.map((t) => t.id),
+      );
     if (dl.length > 1) add('I1', 'duplicate_dead_letter', `${where} was dead-lettered ${dl.length} times`);
     if (ok.length > 0 && dl.length > 0) add('I1', 'committed_and_dead_lettered', `${where} is both committed and dead-lettered`);
     if (ok.length > 0) {
@@ -186,13 +189,18 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
       if (!job) add('I1', 'job_missing', `${where} committed but its job is gone from ${queue.events}`);
       else if (job.state !== 'completed') add('I1', 'job_not_completed', `${where} committed but its job is ${job.state}`, job);
       else if (d && job.retry_count !== d.jobRetryCount) {
-        add('I1', 'job_attempt_mismatch', `${where} committed under job attempt ${d.jobRetryCount} but the job completed at retry_count ${job.retry_count}`);
+        add(
+          'I1',
+          'job_attempt_mismatch',
+          `${where} committed under job attempt ${d.jobRetryCount} but the job completed at retry_count ${job.retry_count}`,
+        );
       }
     }
     if (dl.length > 0) {
       deadLettered++;
       const copy = dl[0]!;
-      if (!isDeepStrictEqual(copy.data?.payload, e.payload)) add('I1', 'dead_letter_payload', `${where}: its dead letter carries another payload`, copy.data);
+      if (!isDeepStrictEqual(copy.data?.payload, e.payload))
+        add('I1', 'dead_letter_payload', `${where}: its dead letter carries another payload`, copy.data);
       if (!e.payload.fail && !opts.allowUnexpectedDeadLetters) {
         const attempts = ts.map((t) => ({ attempt: t.attempt, status: t.status, epoch: t.actorEpoch, worker: t.workerId }));
         add('I1', 'unexpected_dead_letter', `${where} exhausted its retries although its worker never fails it`, { attempts });
@@ -236,13 +244,23 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
         const p = plannedById.get(id);
         return p ? `#${p.ordinal}` : id;
       };
-      add('I2', 'order', `${actor}: transcript order differs from enqueue order at position ${at}: got ${label(actual[at])}, expected ${label(expected[at])}`, {
-        actual: actual.map(label),
-        expected: expected.map(label),
-      });
+      add(
+        'I2',
+        'order',
+        `${actor}: transcript order differs from enqueue order at position ${at}: got ${label(actual[at])}, expected ${label(expected[at])}`,
+        {
+          actual: actual.map(label),
+          expected: expected.map(label),
+        },
+      );
     }
     if (convMsgs.some((m, i) => m.seq !== i + 1)) {
-      add('I2', 'seq_gap', `${actor}: message seqs are not 1..${convMsgs.length}`, convMsgs.map((m) => m.seq));
+      add(
+        'I2',
+        'seq_gap',
+        `${actor}: message seqs are not 1..${convMsgs.length}`,
+        convMsgs.map((m) => m.seq),
+      );
     }
     if (conv && conv.nextSeq !== convMsgs.length + 1) {
       add('I2', 'next_seq', `${actor}: conversation next_seq ${conv.nextSeq} but ${convMsgs.length} messages`);
@@ -253,7 +271,8 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
   for (const t of turnRows) {
     const msgs = messagesByTurn.get(t.id) ?? [];
     if (t.status !== 'succeeded') {
-      if (msgs.length > 0) add('I3', 'messages_on_unsucceeded_turn', `turn ${t.id} (${t.status}) of event ${t.eventId} has ${msgs.length} messages`);
+      if (msgs.length > 0)
+        add('I3', 'messages_on_unsucceeded_turn', `turn ${t.id} (${t.status}) of event ${t.eventId} has ${msgs.length} messages`);
       continue;
     }
     const d = deliveryById.get(t.deliveryId);
@@ -281,20 +300,36 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
     const others = (turnsByEvent.get(t.eventId) ?? []).filter((o) => o.id !== t.id);
     const later = others.filter((o) => o.attempt > t.attempt);
     if (later.length > 0) {
-      add('I3', 'attempt_after_commit', `${where} committed at attempt ${t.attempt} but attempt(s) ${later.map((o) => o.attempt).join(', ')} exist`);
+      add(
+        'I3',
+        'attempt_after_commit',
+        `${where} committed at attempt ${t.attempt} but attempt(s) ${later.map((o) => o.attempt).join(', ')} exist`,
+      );
     }
     const newer = others.filter((o) => o.actorEpoch > t.actorEpoch);
     if (newer.length > 0) {
-      add('I3', 'commit_under_older_epoch', `${where} committed under epoch ${t.actorEpoch} but the event also ran under epoch(s) ${newer.map((o) => o.actorEpoch).join(', ')}`, {
-        committed: { attempt: t.attempt, epoch: t.actorEpoch, worker: t.workerId, finishedAt: t.finishedAt },
-        others: newer.map((o) => ({ attempt: o.attempt, epoch: o.actorEpoch, status: o.status, worker: o.workerId, startedAt: o.startedAt })),
-      });
+      add(
+        'I3',
+        'commit_under_older_epoch',
+        `${where} committed under epoch ${t.actorEpoch} but the event also ran under epoch(s) ${newer.map((o) => o.actorEpoch).join(', ')}`,
+        {
+          committed: { attempt: t.attempt, epoch: t.actorEpoch, worker: t.workerId, finishedAt: t.finishedAt },
+          others: newer.map((o) => ({
+            attempt: o.attempt,
+            epoch: o.actorEpoch,
+            status: o.status,
+            worker: o.workerId,
+            startedAt: o.startedAt,
+          })),
+        },
+      );
     }
   }
   for (const d of deliveryRows) {
     if (d.state !== 'completed') continue;
     const t = turnRows.find((x) => x.deliveryId === d.deliveryId);
-    if (!t || t.status !== 'succeeded') add('I3', 'completed_delivery_without_commit', `delivery ${d.deliveryId} is completed but its turn is ${t?.status ?? 'missing'}`);
+    if (!t || t.status !== 'succeeded')
+      add('I3', 'completed_delivery_without_commit', `delivery ${d.deliveryId} is completed but its turn is ${t?.status ?? 'missing'}`);
   }
 
   // ---- I4: one live activation per actor; epochs unique and increasing ---------------------
@@ -314,15 +349,30 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
       const prev = byTime[i - 1]!;
       const cur = byTime[i]!;
       if (prev.createdAt.getTime() === cur.createdAt.getTime()) {
-        add('I4', 'activations_same_instant', `${actor}: activations of epochs ${prev.actorEpoch} and ${cur.actorEpoch} were created at the same instant`);
+        add(
+          'I4',
+          'activations_same_instant',
+          `${actor}: activations of epochs ${prev.actorEpoch} and ${cur.actorEpoch} were created at the same instant`,
+        );
       } else if (cur.actorEpoch <= prev.actorEpoch) {
-        add('I4', 'epoch_not_increasing', `${actor}: activation created at ${cur.createdAt.toISOString()} has epoch ${cur.actorEpoch} <= ${prev.actorEpoch} of an earlier one`);
+        add(
+          'I4',
+          'epoch_not_increasing',
+          `${actor}: activation created at ${cur.createdAt.toISOString()} has epoch ${cur.actorEpoch} <= ${prev.actorEpoch} of an earlier one`,
+        );
       }
     }
     const live = acts.filter((a) => isLiveActivation(a));
-    if (live.length > 1) add('I4', 'two_live', `${actor}: ${live.length} live activations`, live.map((a) => a.activationUid));
+    if (live.length > 1)
+      add(
+        'I4',
+        'two_live',
+        `${actor}: ${live.length} live activations`,
+        live.map((a) => a.activationUid),
+      );
     const counter = counters.get(actor);
-    if (counter === undefined || counter < Math.max(...epochs)) add('I4', 'epoch_counter_behind', `${actor}: durable epoch counter ${counter} < max epoch ${Math.max(...epochs)}`);
+    if (counter === undefined || counter < Math.max(...epochs))
+      add('I4', 'epoch_counter_behind', `${actor}: durable epoch counter ${counter} < max epoch ${Math.max(...epochs)}`);
   }
   for (const [eventId, dels] of groupBy(deliveryRows, (d) => d.eventId)) {
     const live = dels.filter((d) => isLiveDelivery(d));

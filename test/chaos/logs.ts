@@ -22,7 +22,10 @@ export function readLogLines(path: string): Record<string, unknown>[] {
 
 export function tailFile(path: string, lines = 20): string {
   if (!existsSync(path)) return '(no log)';
-  return readFileSync(path, 'utf8').split('\n').slice(-lines - 1).join('\n');
+  return readFileSync(path, 'utf8')
+    .split('\n')
+    .slice(-lines - 1)
+    .join('\n');
 }
 
 export interface LogStats {
@@ -37,11 +40,21 @@ export interface LogStats {
   errorSamples: string[];
 }
 
-const CONNECTION_TEXT = /terminating connection|Connection terminated|connection error|ECONNREFUSED|ECONNRESET|database system is (starting up|shutting down)/i;
+const CONNECTION_TEXT =
+  /terminating connection|Connection terminated|connection error|ECONNREFUSED|ECONNRESET|database system is (starting up|shutting down)/i;
 
 /** What the daemons said: commits, duplicate results, fence rejections, error lines. */
 export function daemonLogStats(paths: string[]): LogStats {
-  const s: LogStats = { committed: 0, duplicates: 0, rejected: {}, rejectedTotal: 0, deadLettered: 0, errors: 0, connectionErrors: 0, errorSamples: [] };
+  const s: LogStats = {
+    committed: 0,
+    duplicates: 0,
+    rejected: {},
+    rejectedTotal: 0,
+    deadLettered: 0,
+    errors: 0,
+    connectionErrors: 0,
+    errorSamples: [],
+  };
   for (const p of paths) {
     for (const l of readLogLines(p)) {
       const msg = String(l.msg ?? '');

@@ -174,7 +174,11 @@ export async function runScenario(scenario: Scenario, env: ChaosEnvironment, o: 
     await producer;
     if (producerError) {
       runFailed = true;
-      result.violations.push({ invariant: 'harness', code: 'producer_error', message: `enqueueing failed: ${(producerError as Error).stack ?? String(producerError)}` });
+      result.violations.push({
+        invariant: 'harness',
+        code: 'producer_error',
+        message: `enqueueing failed: ${(producerError as Error).stack ?? String(producerError)}`,
+      });
     }
     let quiescent = false;
     if (!runFailed) {
@@ -193,7 +197,11 @@ export async function runScenario(scenario: Scenario, env: ChaosEnvironment, o: 
         log(`quiescent after ${(q.waitedMs / 1000).toFixed(1)} s: ${JSON.stringify(q.progress)}`);
       }
       const settleTimeoutMs = o.settleTimeoutMs ?? 10_000;
-      const settled = await waitFor(async () => (await dbRef.liveDeliveries()) === 0, { what: 'deliveries settled', timeoutMs: settleTimeoutMs, intervalMs: 100 }).then(
+      const settled = await waitFor(async () => (await dbRef.liveDeliveries()) === 0, {
+        what: 'deliveries settled',
+        timeoutMs: settleTimeoutMs,
+        intervalMs: 100,
+      }).then(
         () => true,
         () => false,
       );
@@ -238,7 +246,9 @@ export async function runScenario(scenario: Scenario, env: ChaosEnvironment, o: 
         message: `${u.name} exited on its own (code ${u.code}, signal ${u.signal}); log ${u.logPath}`,
         details: tail,
         // B1: an unheard 'error' on a checked-out pg client (PostgreSQL went away mid-transaction).
-        ...(/Unhandled 'error' event/.test(tail) && /57P0|terminating connection|Connection terminated/.test(tail) ? { knownIssue: 'B1' } : {}),
+        ...(/Unhandled 'error' event/.test(tail) && /57P0|terminating connection|Connection terminated/.test(tail)
+          ? { knownIssue: 'B1' }
+          : {}),
       });
     }
     result.notes.push(...cluster.notes);
@@ -252,7 +262,9 @@ export async function runScenario(scenario: Scenario, env: ChaosEnvironment, o: 
 
 /** A one-paragraph account of a failed scenario, for test output and the script. */
 export function describeFailure(r: ScenarioResult, maxViolations = 12): string {
-  const lines = [`scenario ${r.scenario} (${r.title}): ${r.violations.length} violation(s); seed ${r.seed}; logs in ${r.logDir}; database ${r.database ?? '-'}`];
+  const lines = [
+    `scenario ${r.scenario} (${r.title}): ${r.violations.length} violation(s); seed ${r.seed}; logs in ${r.logDir}; database ${r.database ?? '-'}`,
+  ];
   for (const x of r.violations.slice(0, maxViolations)) {
     lines.push(`  [${x.invariant}] ${x.code}${x.knownIssue ? ` (like bug ${x.knownIssue}, see test/chaos/README.md)` : ''}: ${x.message}`);
     if (x.details !== undefined) {

@@ -124,7 +124,10 @@ export class ScenarioDb {
 
   /** Deliveries in a live state (created, sent, accepted): turns not yet ended. */
   async liveDeliveries(): Promise<number> {
-    const { rows } = await this.pool.query<{ n: number }>(`select count(*)::int as n from corral.deliveries where state = any($1::text[])`, [DELIVERY_LIVE]);
+    const { rows } = await this.pool.query<{ n: number }>(
+      `select count(*)::int as n from corral.deliveries where state = any($1::text[])`,
+      [DELIVERY_LIVE],
+    );
     return rows[0]!.n;
   }
 
@@ -200,7 +203,14 @@ export class ScenarioDb {
           where j.name = $1 and j.id = $2`,
         [QUEUE.events, id],
       );
-      out.push({ eventId: id, job: job.rows[0] ?? null, blockers: blockers.rows, deliveries: dels.rows, turns: turns.rows, activations: acts.rows });
+      out.push({
+        eventId: id,
+        job: job.rows[0] ?? null,
+        blockers: blockers.rows,
+        deliveries: dels.rows,
+        turns: turns.rows,
+        activations: acts.rows,
+      });
     }
     return out;
   }

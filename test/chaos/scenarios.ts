@@ -22,7 +22,10 @@ async function daemonWithWorkers(ctx: ScenarioContext, ids = WORKERS, opts: { du
   const d = await c.startDaemon('daemon', undefined, { wait: false });
   const workers = new Map<string, ChildHandle>();
   for (const id of ids) {
-    workers.set(id, await c.startWorker({ id, capacity: opts.capacity ?? 4, duplicateResults: opts.duplicate?.includes(id) ?? false }, d.endpoint));
+    workers.set(
+      id,
+      await c.startWorker({ id, capacity: opts.capacity ?? 4, duplicateResults: opts.duplicate?.includes(id) ?? false }, d.endpoint),
+    );
   }
   await c.waitDaemonRunning(d);
   await Promise.all(ids.map((id) => c.waitWorkerReady(d, id)));
@@ -158,7 +161,11 @@ export const workerStop: Scenario = {
         where d.delivery_id = any($1::uuid[])`,
       [busy.map((s) => s.deliveryId)],
     );
-    ctx.expect(rows.length === busy.length, 'frozen_delivery_missing', `${busy.length - rows.length} delivery row(s) of the frozen worker are gone`);
+    ctx.expect(
+      rows.length === busy.length,
+      'frozen_delivery_missing',
+      `${busy.length - rows.length} delivery row(s) of the frozen worker are gone`,
+    );
     // The worker was frozen before these turns finished and stayed frozen past their lease: none
     // of them may commit (its late results are rejected by the fence, which the rows prove: the
     // delivery ended without completing, its turn did not succeed, and the event committed, if at
@@ -171,7 +178,12 @@ export const workerStop: Scenario = {
         `${where} committed at ${r.finished_at?.toISOString()} although it was mid-turn when frozen at ${new Date(stopAt).toISOString()} and its lease ran out before ${new Date(contAt).toISOString()}`,
         r,
       );
-      ctx.expect(!(DELIVERY_LIVE as readonly string[]).includes(r.state), 'frozen_delivery_live', `${where} is still ${r.state} after quiescence`, r);
+      ctx.expect(
+        !(DELIVERY_LIVE as readonly string[]).includes(r.state),
+        'frozen_delivery_live',
+        `${where} is still ${r.state} after quiescence`,
+        r,
+      );
       ctx.expect(r.committed_by !== r.delivery_id, 'late_result_accepted', `${where} is the one its event committed under`, r);
     }
     result.notes.push(
@@ -268,7 +280,9 @@ export const duplicateResults: Scenario = {
     const s = result.stats;
     const answered = (s?.duplicates ?? 0) + (s?.rejected.already_committed ?? 0);
     ctx.expect(answered > 0, 'no_duplicates_seen', 'the daemon logged no duplicate result although two workers send every result twice', s);
-    result.notes.push(`duplicate results answered with the committed outcome: ${s?.duplicates ?? 0}; rejected as already_committed: ${s?.rejected.already_committed ?? 0}`);
+    result.notes.push(
+      `duplicate results answered with the committed outcome: ${s?.duplicates ?? 0}; rejected as already_committed: ${s?.rejected.already_committed ?? 0}`,
+    );
   },
 };
 

@@ -79,7 +79,9 @@ describe('dead-letter mode block (CLI, daemon running)', { timeout: 180_000 }, (
     expect(actor.code, actor.stderr).toBe(0);
     expect(actor.stdout).toContain(`blocked: yes, by dead-lettered event ${a1}\n`);
     // pending events in queue order: the held failed original first, then the one waiting behind it
-    expect(actor.stdout).toMatch(new RegExp(`pending events: 2\\n.*\\n${a1}\\s+failed\\s+1\\s.*\\n${a2}\\s+created\\s+1\\s.*"text":"after"`));
+    expect(actor.stdout).toMatch(
+      new RegExp(`pending events: 2\\n.*\\n${a1}\\s+failed\\s+1\\s.*\\n${a2}\\s+created\\s+1\\s.*"text":"after"`),
+    );
     expect(actor.stdout).toMatch(/activation: \S+ epoch 1, failed, revision 0, ended \(turn_error\)/);
     expect(unknown.code).toBe(3);
     expect(unknown.stderr).toContain('actor nobody/none is unknown');
@@ -103,13 +105,18 @@ describe('dead-letter mode block (CLI, daemon running)', { timeout: 180_000 }, (
     const res = await cli('dlq', 'discard', '--all', '--actor', 'blk-a/s1', '--yes');
     expect(res.code, res.stderr).toBe(0);
     expect(res.stdout).toContain(`(discarded_with_original, actor unblocked)`);
-    const transcript = await waitFor(async () => {
-      const t = await readTranscript(db(), K);
-      return t.length === 1 ? t : undefined;
-    }, { what: 'the later event committed', timeoutMs: 30_000 });
+    const transcript = await waitFor(
+      async () => {
+        const t = await readTranscript(db(), K);
+        return t.length === 1 ? t : undefined;
+      },
+      { what: 'the later event committed', timeoutMs: 30_000 },
+    );
     expect(transcript[0]!.eventId).toBe(a2);
     expect(await blockedBy()).toBeNull();
-    const original = await db().execute<{ n: number }>(sql`select count(*)::int as n from pgboss.job where name = 'actor-events' and id = ${a1}`);
+    const original = await db().execute<{ n: number }>(
+      sql`select count(*)::int as n from pgboss.job where name = 'actor-events' and id = ${a1}`,
+    );
     expect(original.rows[0]!.n).toBe(0);
     const actions = await db().execute<{ action: string; outcome: string }>(
       sql`select action, outcome from corral.dead_letter_actions where event_id = ${a1} order by id`,

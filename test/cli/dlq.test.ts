@@ -86,7 +86,9 @@ describe('corral dlq (CLI)', { timeout: 180_000 }, () => {
     expect(r.stdout).toContain(`event        ${a[0]}\n`);
     expect(r.stdout).toContain('actor        cli-a/s1\n');
     expect(r.stdout).toContain('"n": 1');
-    expect(r.stdout).toMatch(/attempt errors \(1 turn\)\n\s+ATTEMPT\s+STATUS.*\n\s+1\s+failed\s.*handler_error: example worker asked to fail/);
+    expect(r.stdout).toMatch(
+      /attempt errors \(1 turn\)\n\s+ATTEMPT\s+STATUS.*\n\s+1\s+failed\s.*handler_error: example worker asked to fail/,
+    );
     expect(r.stdout).toContain('blocked      no\n');
     expect(r.stdout).toContain('queue depth  0 pending events\n');
   });

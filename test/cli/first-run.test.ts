@@ -120,20 +120,24 @@ describe('a fresh CORRAL_HOME', () => {
     expect(existsSync(lock)).toBe(false);
   }, 180_000);
 
-  it.runIf(process.getuid?.() === 0)('as root, moves the cluster out of a home the postgres user cannot reach', async () => {
-    const closed = await freshHome();
-    await chmod(closed, 0o700);
-    const home = join(closed, 'home');
-    const root = await freshHome();
-    const env = { ...embeddedEnv(home, await freePort()), CORRAL_EMBEDDED_ROOT: root };
-    const sent = await run([CORRAL, 'send', 'closed/s', '{"text":"x"}'], env, { timeoutMs: 90_000 });
-    expect(sent.code, sent.stderr).toBe(0);
-    const state = JSON.parse(readFileSync(join(home, 'embedded.json'), 'utf8')) as { dataDir: string };
-    expect(state.dataDir.startsWith(root)).toBe(true);
-    expect(existsSync(join(state.dataDir, 'PG_VERSION'))).toBe(true);
-    const stopped = await run([CORRAL, 'db', 'stop'], env);
-    expect(stopped.stdout).toMatch(/stopped/);
-  }, 180_000);
+  it.runIf(process.getuid?.() === 0)(
+    'as root, moves the cluster out of a home the postgres user cannot reach',
+    async () => {
+      const closed = await freshHome();
+      await chmod(closed, 0o700);
+      const home = join(closed, 'home');
+      const root = await freshHome();
+      const env = { ...embeddedEnv(home, await freePort()), CORRAL_EMBEDDED_ROOT: root };
+      const sent = await run([CORRAL, 'send', 'closed/s', '{"text":"x"}'], env, { timeoutMs: 90_000 });
+      expect(sent.code, sent.stderr).toBe(0);
+      const state = JSON.parse(readFileSync(join(home, 'embedded.json'), 'utf8')) as { dataDir: string };
+      expect(state.dataDir.startsWith(root)).toBe(true);
+      expect(existsSync(join(state.dataDir, 'PG_VERSION'))).toBe(true);
+      const stopped = await run([CORRAL, 'db', 'stop'], env);
+      expect(stopped.stdout).toMatch(/stopped/);
+    },
+    180_000,
+  );
 });
 
 describe('SIGTERM to the process the user started', () => {
@@ -143,7 +147,13 @@ describe('SIGTERM to the process the user started', () => {
     let log = '';
     const launcher = spawn(command, args, {
       cwd: ROOT,
-      env: { ...process.env, DATABASE_URL: db.url, CORRAL_HOME: await freshHome(), CORRAL_ENDPOINT: `tcp://127.0.0.1:${port}`, CORRAL_DRAIN_MS: '2000' },
+      env: {
+        ...process.env,
+        DATABASE_URL: db.url,
+        CORRAL_HOME: await freshHome(),
+        CORRAL_ENDPOINT: `tcp://127.0.0.1:${port}`,
+        CORRAL_DRAIN_MS: '2000',
+      },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     launcher.stdout!.setEncoding('utf8').on('data', (d: string) => (log += d));
@@ -152,7 +162,10 @@ describe('SIGTERM to the process the user started', () => {
   }
 
   async function expectAllGoneAfterSigterm(launcher: ChildProcess, log: () => string, workers: number): Promise<void> {
-    await waitFor(() => (log().match(/"worker ready"/g) ?? []).length >= workers, { timeoutMs: 60_000, what: `${workers} workers:\n${log()}` });
+    await waitFor(() => (log().match(/"worker ready"/g) ?? []).length >= workers, {
+      timeoutMs: 60_000,
+      what: `${workers} workers:\n${log()}`,
+    });
     const tree = descendants(launcher.pid!);
     const nodes = tree.filter((pid) => {
       try {
@@ -164,7 +177,11 @@ describe('SIGTERM to the process the user started', () => {
     expect(nodes.length).toBeGreaterThanOrEqual(1 + workers); // the daemon and its workers
     launcher.kill('SIGTERM');
     // Within the drain time (2 s here) plus the workers' own stop.
-    await waitFor(() => nodes.every((pid) => !alive(pid)), { timeoutMs: 15_000, intervalMs: 100, what: `the daemon and workers to exit:\n${log()}` });
+    await waitFor(() => nodes.every((pid) => !alive(pid)), {
+      timeoutMs: 15_000,
+      intervalMs: 100,
+      what: `the daemon and workers to exit:\n${log()}`,
+    });
     for (const pid of tree) safeKill(pid, 'SIGKILL');
   }
 

@@ -231,7 +231,11 @@ describe('Broker', () => {
     await other.waitFor('worker_welcome');
     await w.sendJson(ready('w-huge'));
     await w.waitFor('worker_welcome', 2);
-    expect(events.filter((e) => e.kind === 'worker_ready').map((e) => (e as { workerId: string }).workerId)).toEqual(['w-huge', 'w-ok', 'w-huge']);
+    expect(events.filter((e) => e.kind === 'worker_ready').map((e) => (e as { workerId: string }).workerId)).toEqual([
+      'w-huge',
+      'w-ok',
+      'w-huge',
+    ]);
   });
 
   it('keeps running when onEvent throws', async () => {

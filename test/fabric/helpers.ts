@@ -1,11 +1,7 @@
 /** Shared helpers for the fabric and worker tests: polling and turn refs (the raw DEALER peer is test/helpers/raw-peer.ts). */
 import { randomUUID } from 'node:crypto';
 import { waitFor as sharedWaitFor } from '../helpers/wait.ts';
-import {
-  PROTOCOL_VERSION,
-  type TurnRef,
-  type TurnStart,
-} from '../../src/fabric/protocol.ts';
+import { PROTOCOL_VERSION, type TurnRef, type TurnStart } from '../../src/fabric/protocol.ts';
 
 /** The shared `waitFor` (test/helpers/wait.ts) with the positional form these tests use. */
 export async function waitFor<T>(probe: () => T | undefined | null | false | 0 | '', what: string, timeoutMs = 5000): Promise<T> {

@@ -40,7 +40,10 @@ const validWorker: WorkerMessage[] = [
     type: 'turn_result',
     turn_ref: ref,
     messages: [],
-    emit: [{ actor: 'a/b', data: { x: 1 } }, { actor: 'a/c', data: null, delay_ms: 1000 }],
+    emit: [
+      { actor: 'a/b', data: { x: 1 } },
+      { actor: 'a/c', data: null, delay_ms: 1000 },
+    ],
   },
   { v: 1, type: 'rpc_request', id: 'r-1', method: 'history.read', params: { before_seq: 10, limit: 5 }, turn_ref: ref },
   { v: 1, type: 'rpc_request', id: 'r-2', method: 'actor.status', turn_ref: ref },
@@ -56,9 +59,7 @@ describe('parseWorkerMessage', () => {
   });
 
   it('ignores unknown fields but keeps unknown turn_ref fields (echoed verbatim)', () => {
-    const r = parseWorkerMessage(
-      buf({ v: 1, type: 'turn_accepted', future: 1, turn_ref: { ...ref, shard: 7 } }),
-    );
+    const r = parseWorkerMessage(buf({ v: 1, type: 'turn_accepted', future: 1, turn_ref: { ...ref, shard: 7 } }));
     expect(r.ok).toBe(true);
     if (!r.ok) return;
     expect(r.msg).not.toHaveProperty('future');
@@ -123,7 +124,9 @@ describe('parseWorkerMessage', () => {
   });
 
   it('does not let __proto__ keys change an object prototype', () => {
-    const r = parseWorkerMessage(Buffer.from(`{"v":1,"type":"turn_accepted","turn_ref":${JSON.stringify(ref).slice(0, -1)},"__proto__":{"polluted":1}}}`));
+    const r = parseWorkerMessage(
+      Buffer.from(`{"v":1,"type":"turn_accepted","turn_ref":${JSON.stringify(ref).slice(0, -1)},"__proto__":{"polluted":1}}}`),
+    );
     expect(r.ok).toBe(true);
     if (r.ok && r.msg.type === 'turn_accepted') expect(Object.getPrototypeOf(r.msg.turn_ref)).toBe(Object.prototype);
     expect(({} as Record<string, unknown>).polluted).toBeUndefined();
@@ -195,7 +198,12 @@ describe('turn_rejected reasons', () => {
     const doc = await readFile(new URL('../../docs/protocol.md', import.meta.url), 'utf8');
     const table = doc.slice(doc.indexOf('| reason | meaning | what the worker should do |'));
     const rows = table.split('\n').slice(2);
-    const documented = rows.slice(0, rows.findIndex((l) => !l.startsWith('|'))).map((l) => /^\| `([a-z_]+)` \|/.exec(l)?.[1]);
+    const documented = rows
+      .slice(
+        0,
+        rows.findIndex((l) => !l.startsWith('|')),
+      )
+      .map((l) => /^\| `([a-z_]+)` \|/.exec(l)?.[1]);
     expect(documented.sort()).toEqual([...TURN_REJECTED_REASONS].sort());
   });
 });

@@ -13,7 +13,10 @@ export interface TestDaemon {
   stop(): Promise<void>;
 }
 
-export async function startTestDaemon(overrides: Partial<Config> = {}, opts: { start?: boolean; db?: TestDatabase } = {}): Promise<TestDaemon> {
+export async function startTestDaemon(
+  overrides: Partial<Config> = {},
+  opts: { start?: boolean; db?: TestDatabase } = {},
+): Promise<TestDaemon> {
   const db = opts.db ?? (await createTestDatabase());
   const config = loadConfig({
     endpoint: 'tcp://127.0.0.1:0',

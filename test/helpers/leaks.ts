@@ -38,12 +38,18 @@ export function installLeakTracking(): void {
     Broker.prototype,
     'start',
     (b) => brokers.add(b),
-    (b, r) => (r as Promise<string>).catch((e: unknown) => {
-      brokers.delete(b); // never bound (or already stopped): nothing to leak
-      throw e;
-    }),
+    (b, r) =>
+      (r as Promise<string>).catch((e: unknown) => {
+        brokers.delete(b); // never bound (or already stopped): nothing to leak
+        throw e;
+      }),
   );
-  wrap(Broker.prototype, 'stop', () => undefined, (b, r) => (r as Promise<void>).finally(() => brokers.delete(b)));
+  wrap(
+    Broker.prototype,
+    'stop',
+    () => undefined,
+    (b, r) => (r as Promise<void>).finally(() => brokers.delete(b)),
+  );
   for (const C of [Dealer, Router]) {
     for (const m of ['bind', 'connect']) wrap(C.prototype as Socket, m, (s) => sockets.add(s));
   }

@@ -106,7 +106,11 @@ export class RawPeer {
 
   /** Waits until `n` messages of `type` were received (all of them, none consumed). */
   waitFor<K extends DaemonMessage['type']>(type: K, n = 1, timeoutMs = 5000): Promise<Extract<DaemonMessage, { type: K }>[]> {
-    return waitFor(() => (this.ofType(type).length >= n ? this.ofType(type) : undefined), { what: `${n} × ${type}`, timeoutMs, intervalMs: 5 });
+    return waitFor(() => (this.ofType(type).length >= n ? this.ofType(type) : undefined), {
+      what: `${n} × ${type}`,
+      timeoutMs,
+      intervalMs: 5,
+    });
   }
 
   /** Closes the socket (at once) and waits for the receive loop to end. Idempotent. */

@@ -33,7 +33,11 @@ describe('corral daemon --metrics-port', () => {
     child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));
     const exited = new Promise<number | null>((resolve) => child!.on('exit', (code) => resolve(code)));
     const base = `http://127.0.0.1:${port}`;
-    await waitFor(async () => (await fetch(`${base}/readyz`)).status === 200, { what: `readyz (stderr: ${stderr})`, timeoutMs: 45_000, intervalMs: 200 });
+    await waitFor(async () => (await fetch(`${base}/readyz`)).status === 200, {
+      what: `readyz (stderr: ${stderr})`,
+      timeoutMs: 45_000,
+      intervalMs: 200,
+    });
     expect((await fetch(`${base}/healthz`)).status).toBe(200);
     const text = await (await fetch(`${base}/metrics`)).text();
     expect(text).toContain('corral_turns_committed_total 0');

@@ -25,8 +25,22 @@ describe('operator helpers', () => {
     expect(errorLine({ error: { message: 'lease expired' }, kind: 'lease_expired' })).toBe('lease_expired: lease expired');
     expect(errorLine({ value: { message: 'job heartbeat timeout' } })).toBe('job heartbeat timeout');
     expect(errorLine(null)).toBe('');
-    expect([fmtAge(0.25), fmtAge(12.34), fmtAge(245), fmtAge(7380), fmtAge(273_600)]).toEqual(['250ms', '12.3s', '4m05s', '2h03m', '3d04h']);
-    expect(renderTable(['A', 'LONG'], [['xyz', '1'], ['q', '22']])).toBe('A    LONG\nxyz  1\nq    22\n');
+    expect([fmtAge(0.25), fmtAge(12.34), fmtAge(245), fmtAge(7380), fmtAge(273_600)]).toEqual([
+      '250ms',
+      '12.3s',
+      '4m05s',
+      '2h03m',
+      '3d04h',
+    ]);
+    expect(
+      renderTable(
+        ['A', 'LONG'],
+        [
+          ['xyz', '1'],
+          ['q', '22'],
+        ],
+      ),
+    ).toBe('A    LONG\nxyz  1\nq    22\n');
   });
 });
 

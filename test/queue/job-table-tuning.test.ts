@@ -30,7 +30,11 @@ describe('pg-boss job table tuning', () => {
     );
     expect(rows[0]?.t).toBe('job_common');
     expect(rows[0]?.opts).toEqual(
-      expect.arrayContaining(['autovacuum_analyze_scale_factor=0.01', 'autovacuum_analyze_threshold=500', 'autovacuum_vacuum_insert_scale_factor=0.02']),
+      expect.arrayContaining([
+        'autovacuum_analyze_scale_factor=0.01',
+        'autovacuum_analyze_threshold=500',
+        'autovacuum_vacuum_insert_scale_factor=0.02',
+      ]),
     );
   });
 

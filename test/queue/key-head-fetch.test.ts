@@ -38,7 +38,11 @@ async function send(key: ActorKey, n: number, startAfter?: Date): Promise<string
   const ids: string[] = [];
   for (let i = 0; i < n; i++) {
     const job = actorEventJob(key, { i });
-    await boss.send(q.events, job.data as unknown as object, { id: job.id, singletonKey: job.singletonKey, ...(startAfter ? { startAfter } : {}) });
+    await boss.send(q.events, job.data as unknown as object, {
+      id: job.id,
+      singletonKey: job.singletonKey,
+      ...(startAfter ? { startAfter } : {}),
+    });
     ids.push(job.id);
   }
   return ids;
@@ -76,13 +80,21 @@ describe('the key-head fetch', () => {
     const admin = new pg.Client({ connectionString: db.url });
     await admin.connect();
     await admin.query(`update pgboss.job set state = 'active', started_on = now() where id = $1`, [d[0]]);
-    await admin.query(`update pgboss.job set state = 'retry', started_on = now(), start_after = now() + interval '1 hour' where id = $1`, [e[0]]);
-    await admin.query(`update pgboss.job set state = 'retry', started_on = now() - interval '1 minute', start_after = now() - interval '1 second' where id = $1`, [f[0]]);
+    await admin.query(`update pgboss.job set state = 'retry', started_on = now(), start_after = now() + interval '1 hour' where id = $1`, [
+      e[0],
+    ]);
+    await admin.query(
+      `update pgboss.job set state = 'retry', started_on = now() - interval '1 minute', start_after = now() - interval '1 second' where id = $1`,
+      [f[0]],
+    );
     await admin.end();
     const all = [...a, ...b, ...c, ...d, ...e, ...f];
 
     const viaBoss = await rolledBack(async (cl) => {
-      const jobs = await boss.fetch(q.events, { batchSize: 20, db: { executeSql: (text: string, values?: unknown[]) => cl.query(text, values) } });
+      const jobs = await boss.fetch(q.events, {
+        batchSize: 20,
+        db: { executeSql: (text: string, values?: unknown[]) => cl.query(text, values) },
+      });
       return { ids: jobs.map((j) => j.id).sort(), rows: (await claimedRows(cl, all)).rows };
     });
     const viaCorral = await rolledBack(async (cl) => {

@@ -11,7 +11,13 @@ import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; revision: number; session_id: string };
-type Ctx = { conversation_id: string; messages: { seq: number; role: string; content: unknown }[]; first_seq?: number; has_more: boolean; current_seq: number };
+type Ctx = {
+  conversation_id: string;
+  messages: { seq: number; role: string; content: unknown }[];
+  first_seq?: number;
+  has_more: boolean;
+  current_seq: number;
+};
 
 describe('turn context and worker RPC', () => {
   let t: TestDaemon;
@@ -78,7 +84,10 @@ describe('turn context and worker RPC', () => {
   it('bounds the context by message count and by bytes, and says older messages exist', async () => {
     const s = await start('bounded', { n: 0 });
     const big = 'x'.repeat(20_000);
-    await commit(s, Array.from({ length: 99 }, (_, i) => ({ role: 'assistant', content: i >= 95 ? { big } : { i } })));
+    await commit(
+      s,
+      Array.from({ length: 99 }, (_, i) => ({ role: 'assistant', content: i >= 95 ? { big } : { i } })),
+    );
     const next = await start('bounded', { n: 1 });
     const c = next.context as Ctx;
     // 100 messages exist; 50 at most, and 64 KiB of content: the three 20 kB ones and a few small
@@ -94,7 +103,10 @@ describe('turn context and worker RPC', () => {
 
   it('history.read pages backwards through 1,000 messages', async () => {
     const s = await start('thousand', { n: 0 });
-    await commit(s, Array.from({ length: 999 }, (_, i) => ({ role: i % 2 ? 'tool' : 'assistant', content: { i } })));
+    await commit(
+      s,
+      Array.from({ length: 999 }, (_, i) => ({ role: i % 2 ? 'tool' : 'assistant', content: { i } })),
+    );
     const live = await start('thousand', { n: 1 });
     expect((live.context as Ctx).messages).toHaveLength(50);
     const seen: number[] = [];
@@ -113,7 +125,11 @@ describe('turn context and worker RPC', () => {
     expect(pages).toBe(10);
     expect(seen).toEqual(Array.from({ length: 1000 }, (_, i) => i + 1));
     const status = await rpc(w, live.turn_ref, 'actor.status');
-    expect(status.result).toMatchObject({ actor: 'ctx/thousand', messages: 1000, activation: { status: 'active', current_event_id: (live.turn_ref as Ref).event_id } });
+    expect(status.result).toMatchObject({
+      actor: 'ctx/thousand',
+      messages: 1000,
+      activation: { status: 'active', current_event_id: (live.turn_ref as Ref).event_id },
+    });
     await commit(live, []);
   });
 
@@ -127,14 +143,18 @@ describe('turn context and worker RPC', () => {
     expect((await rpc(other, live.turn_ref, 'history.read')).error).toMatchObject({ code: 'not_live' });
     expect((await rpc(other, live.turn_ref, 'actor.status')).error).toMatchObject({ code: 'not_live' });
     // a made-up delivery
-    expect((await rpc(w, { ...(live.turn_ref as Ref), delivery_id: '00000000-0000-4000-8000-000000000000' }, 'history.read')).error).toMatchObject({ code: 'not_live' });
+    expect(
+      (await rpc(w, { ...(live.turn_ref as Ref), delivery_id: '00000000-0000-4000-8000-000000000000' }, 'history.read')).error,
+    ).toMatchObject({ code: 'not_live' });
     // stale revision after a steer
     await t.daemon.steer(actorKey('ctx', 'fenced'), { more: true });
     const steer = await w.next('turn_steer');
     expect((await rpc(w, live.turn_ref, 'history.read')).error).toMatchObject({ code: 'not_live' });
     expect((await rpc(w, steer.turn_ref, 'history.read')).result).toMatchObject({ total: 2 });
     // lease expired
-    await db().execute(sql`update corral.activations set lease_expires_at = now() - interval '1 second' where activation_uid = ${(live.turn_ref as Ref).activation_uid as string}`);
+    await db().execute(
+      sql`update corral.activations set lease_expires_at = now() - interval '1 second' where activation_uid = ${(live.turn_ref as Ref).activation_uid as string}`,
+    );
     expect((await rpc(w, steer.turn_ref, 'history.read')).error).toMatchObject({ code: 'not_live' });
     expect((await rpc(w, steer.turn_ref, 'no.such')).error).toMatchObject({ code: 'unknown_method' });
   });

@@ -44,10 +44,10 @@ describe('corral daemon --workers 3', () => {
     client = new pg.Client({ connectionString: db.url });
     await client.connect();
     const c = client;
-    await waitFor(
-      async () => (await c.query(`select count(*)::int as n from corral.workers where status = 'ready'`)).rows[0].n === 3,
-      { timeoutMs: 30_000, what: `3 workers registered (log: ${daemon.logPath})` },
-    );
+    await waitFor(async () => (await c.query(`select count(*)::int as n from corral.workers where status = 'ready'`)).rows[0].n === 3, {
+      timeoutMs: 30_000,
+      what: `3 workers registered (log: ${daemon.logPath})`,
+    });
     const pidsBefore = new Map<string, number>();
     for (const i of [1, 2, 3]) {
       const [pid] = childPids(daemonPid, `-local-${i} `);
@@ -84,8 +84,8 @@ describe('corral daemon --workers 3', () => {
     // the event it was running is run again and committed exactly once
     await waitFor(
       async () =>
-        (await c.query(`select count(*)::int as n from corral.turns where event_id = $1 and status = 'succeeded'`, [eventId])).rows[0]
-          .n === 1,
+        (await c.query(`select count(*)::int as n from corral.turns where event_id = $1 and status = 'succeeded'`, [eventId])).rows[0].n ===
+        1,
       { timeoutMs: 40_000, what: `the event committed (log: ${daemon.logPath})` },
     );
     const turns = await c.query(`select status from corral.turns where event_id = $1 order by started_at`, [eventId]);

@@ -129,17 +129,23 @@ describe('durable effects survive kill -9 of the daemon between result and commi
     // nothing of the open transaction stands: no turn, no emitted event
     const dstJobs = `select count(*)::int as n from pgboss.job where singleton_key = 'crash/dst'`;
     expect((await c.query(dstJobs)).rows[0].n).toBe(0);
-    expect((await c.query(`select count(*)::int as n from corral.turns where event_id = $1 and status = 'succeeded'`, [eventId])).rows[0].n).toBe(0);
+    expect(
+      (await c.query(`select count(*)::int as n from corral.turns where event_id = $1 and status = 'succeeded'`, [eventId])).rows[0].n,
+    ).toBe(0);
 
     // restart: the turn is re-run (or its result re-sent) and commits once, with its event
     daemon = spawnCorral(['daemon'], env, 'daemon2');
     await waitFor(
       async () =>
-        (await c.query(`select count(*)::int as n from corral.turns t join corral.conversations cv on cv.id = t.conversation_id
-                         where cv.session_id = 'dst' and t.status = 'succeeded'`)).rows[0].n === 1,
+        (
+          await c.query(`select count(*)::int as n from corral.turns t join corral.conversations cv on cv.id = t.conversation_id
+                         where cv.session_id = 'dst' and t.status = 'succeeded'`)
+        ).rows[0].n === 1,
       { timeoutMs: 60_000, what: `the emitted event committed (log: ${daemon.logPath})` },
     );
-    expect((await c.query(`select count(*)::int as n from corral.turns where event_id = $1 and status = 'succeeded'`, [eventId])).rows[0].n).toBe(1);
+    expect(
+      (await c.query(`select count(*)::int as n from corral.turns where event_id = $1 and status = 'succeeded'`, [eventId])).rows[0].n,
+    ).toBe(1);
     expect((await c.query(dstJobs)).rows[0].n).toBe(1);
     const emitted = await c.query(`select emitted from corral.turns where event_id = $1 and status = 'succeeded'`, [eventId]);
     const dst = await c.query(`select id from pgboss.job where singleton_key = 'crash/dst'`);

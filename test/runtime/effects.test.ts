@@ -116,7 +116,9 @@ describe('durable effects', () => {
 
   it('a result that fails its fence enqueues nothing', async () => {
     const s = await start('fenced');
-    await db().execute(sql`update corral.activations set lease_expires_at = now() - interval '1 second' where activation_uid = ${(s.turn_ref as Ref).activation_uid}`);
+    await db().execute(
+      sql`update corral.activations set lease_expires_at = now() - interval '1 second' where activation_uid = ${(s.turn_ref as Ref).activation_uid}`,
+    );
     await w.send(result(s, [{ actor: 'fx/never', data: 1 }]));
     expect((await w.next('turn_rejected', (m) => (m.turn_ref as Ref).session_id === 'fenced')).reason).toBe('lease_expired');
     expect(await jobsFor('never')).toHaveLength(0);

@@ -27,10 +27,13 @@ describe('example worker on a real daemon', () => {
   });
 
   async function transcriptOf(key: ActorKey, turns: number): Promise<TranscriptEntry[]> {
-    return waitFor(async () => {
-      const tr = await readTranscript(db(), key);
-      return tr.length >= turns ? tr : undefined;
-    }, { what: `${turns} turns of ${key.agentUid}/${key.sessionId}` });
+    return waitFor(
+      async () => {
+        const tr = await readTranscript(db(), key);
+        return tr.length >= turns ? tr : undefined;
+      },
+      { what: `${turns} turns of ${key.agentUid}/${key.sessionId}` },
+    );
   }
 
   const reply = (e: TranscriptEntry) => e.messages.find((m) => m.role === 'assistant')!.content as Record<string, unknown>;

@@ -64,7 +64,12 @@ describe('retries and dead letters', () => {
     for (let i = 1; i < epochs.length; i++) expect(epochs[i]).toBeGreaterThan(epochs[i - 1]!);
 
     const dl = await waitFor(async () => {
-      const r = await db.execute<{ singleton_key: string; data: { payload: unknown }; source_retry_count: number; source_output: unknown }>(sql`
+      const r = await db.execute<{
+        singleton_key: string;
+        data: { payload: unknown };
+        source_retry_count: number;
+        source_output: unknown;
+      }>(sql`
         select singleton_key, data, source_retry_count, source_output from pgboss.job
         where name = ${t.daemon.queues.deadLetter} and source_id = ${eventId}`);
       return r.rows[0];
@@ -84,7 +89,11 @@ describe('retries and dead letters', () => {
     const key = actorKey('final', 's');
     const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'x' });
     const start = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
-    await w.send({ type: 'turn_error', turn_ref: start.turn_ref, error: { code: 'invalid_input', message: 'cannot do this', retryable: false } });
+    await w.send({
+      type: 'turn_error',
+      turn_ref: start.turn_ref,
+      error: { code: 'invalid_input', message: 'cannot do this', retryable: false },
+    });
     const dl = await waitFor(async () => {
       const r = await db.execute<{ source_retry_count: number; source_output: unknown }>(sql`
         select source_retry_count, source_output from pgboss.job where name = ${t.daemon.queues.deadLetter} and source_id = ${eventId}`);
@@ -307,9 +316,12 @@ describe('dispatch', () => {
     await waitFor(() => t.daemon.runtime.workers.freeSlots() === 9, { what: 'both workers registered' });
     // the first worker (8 free slots, so the preferred one) disappears without a word
     await gone.close();
-    await waitFor(async () => (await t.daemon.broker.send('raw-0', { v: 1, type: 'error', code: 'probe', message: 'probe' })).ok === false, {
-      what: 'route to the closed worker gone',
-    });
+    await waitFor(
+      async () => (await t.daemon.broker.send('raw-0', { v: 1, type: 'error', code: 'probe', message: 'probe' })).ok === false,
+      {
+        what: 'route to the closed worker gone',
+      },
+    );
     const key = actorKey('dispatch', 's');
     const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'x' });
     const start = await other.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
@@ -357,9 +369,11 @@ describe('job heartbeats', () => {
     const { eventId } = await t.daemon.events.enqueueActorEvent(db, actorKey('keeper', 's'), { text: 'x' });
     await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     const heartbeat = async () =>
-      (await db.execute<{ hb: Date | null; hs: number | null }>(
-        sql`select heartbeat_on as hb, heartbeat_seconds as hs from pgboss.job where id = ${eventId}`,
-      )).rows[0]!;
+      (
+        await db.execute<{ hb: Date | null; hs: number | null }>(
+          sql`select heartbeat_on as hb, heartbeat_seconds as hs from pgboss.job where id = ${eventId}`,
+        )
+      ).rows[0]!;
     expect((await heartbeat()).hs).toBe(t.config.jobHeartbeatSeconds);
     // move time instead of sleeping: the job was last touched a minute ago
     await db.execute(sql`update pgboss.job set heartbeat_on = now() - interval '1 minute' where id = ${eventId}`);

@@ -85,7 +85,8 @@ describe('group commit', () => {
       { outcome: 'rejected', reason: 'unknown_delivery' },
       { outcome: 'rejected', reason: 'stale_epoch' },
     ]);
-    for (const f of [a, b]) expect(await state(f.eventId)).toEqual({ turn: 'succeeded', messages: 2, job_state: 'completed', delivery: 'completed' });
+    for (const f of [a, b])
+      expect(await state(f.eventId)).toEqual({ turn: 'succeeded', messages: 2, job_state: 'completed', delivery: 'completed' });
     const transcript = await db().execute<{ seq: number; role: string; text: string }>(sql`
       select m.seq::int as seq, m.role, m.content->>'text' as text
         from corral.messages m join corral.turns t on t.id = m.turn_id where t.event_id = ${a.eventId} order by m.seq`);
@@ -100,12 +101,15 @@ describe('group commit', () => {
     // A later batch with the same results: duplicates for the committed, commits for the rest.
     const again = await t.daemon.store.commitMany([request(a), request(c), request(d), request(e)]);
     expect(again).toEqual([{ outcome: 'duplicate' }, { outcome: 'committed' }, { outcome: 'committed' }, { outcome: 'committed' }]);
-    for (const f of [c, d, e]) expect(await state(f.eventId)).toEqual({ turn: 'succeeded', messages: 2, job_state: 'completed', delivery: 'completed' });
+    for (const f of [c, d, e])
+      expect(await state(f.eventId)).toEqual({ turn: 'succeeded', messages: 2, job_state: 'completed', delivery: 'completed' });
   });
 
   it('applies accepts and progress in the same transaction, in arrival order', async () => {
     const [x, y] = (await startTurns('kinds', 2)).map(fromWire) as [Fence, Fence];
-    const before = await db().execute<{ lease: Date }>(sql`select lease_expires_at as lease from corral.activations where activation_uid = ${x.activationUid}`);
+    const before = await db().execute<{ lease: Date }>(
+      sql`select lease_expires_at as lease from corral.activations where activation_uid = ${x.activationUid}`,
+    );
     const outcomes = await t.daemon.store.replyMany([
       { kind: 'accept', fence: x, workerId: 'raw-gc' },
       { kind: 'progress', fence: x, workerId: 'raw-gc' },
@@ -140,10 +144,20 @@ describe('group commit', () => {
     expect(started[0]!.fence.actorEpoch).toBe(w.actorEpoch);
     expect(started[1]!.fence.actorEpoch).toBe(1);
     expect(started[2]!.fence.actorEpoch).toBe(stale.actorEpoch + 1); // the stale one superseded
-    const rows = await db().execute<{ event_id: string; state: string; status: string; input: unknown; input_type: string; epoch: number }>(sql`
+    const rows = await db().execute<{
+      event_id: string;
+      state: string;
+      status: string;
+      input: unknown;
+      input_type: string;
+      epoch: number;
+    }>(sql`
       select d.event_id, d.state, t.status, t.input, jsonb_typeof(t.input) as input_type, d.actor_epoch::int as epoch
         from corral.deliveries d join corral.turns t using (delivery_id)
-       where d.delivery_id in (${sql.join(started.map((s) => sql`${s.fence.deliveryId}::uuid`), sql`, `)})
+       where d.delivery_id in (${sql.join(
+         started.map((s) => sql`${s.fence.deliveryId}::uuid`),
+         sql`, `,
+       )})
        order by d.event_id`);
     const byEvent = new Map(rows.rows.map((r) => [r.event_id, r]));
     expect(started.map((s) => byEvent.get(s.fence.eventId))).toEqual([
@@ -175,14 +189,16 @@ describe('group commit', () => {
     const [a, b] = (await startTurns('unsettled', 2)).map(fromWire) as [Fence, Fence];
     // pg-boss settles b's job between the fence check and the completion: a trigger on b's turn
     // row (written after the check, before the completion) moves the job's attempt on.
-    await db().execute(sql.raw(`
+    await db().execute(
+      sql.raw(`
       create or replace function pg_temp_settle_b() returns trigger language plpgsql as $$
       begin
         update pgboss.job set retry_count = retry_count + 1 where id = '${b.eventId}';
         return new;
       end $$;
       create trigger settle_b after update on corral.turns
-        for each row when (new.delivery_id = '${b.deliveryId}') execute function pg_temp_settle_b();`));
+        for each row when (new.delivery_id = '${b.deliveryId}') execute function pg_temp_settle_b();`),
+    );
     try {
       await expect(t.daemon.store.commitMany([request(a), request(b)])).rejects.toThrow(/did not settle/);
       expect((await state(a.eventId)).turn).toBe('started');

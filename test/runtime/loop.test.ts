@@ -15,9 +15,7 @@ describe('the durable actor loop, end to end', () => {
   beforeAll(async () => {
     t = await startTestDaemon();
     for (const id of ['w1', 'w2']) {
-      workers.push(
-        await runExampleWorker({ endpoint: t.daemon.broker.endpoint, workerId: id, capacity: 2, logger: testLogger }),
-      );
+      workers.push(await runExampleWorker({ endpoint: t.daemon.broker.endpoint, workerId: id, capacity: 2, logger: testLogger }));
     }
     await waitFor(() => t.daemon.runtime.workers.freeSlots() === 4, { what: 'workers registered' });
   });

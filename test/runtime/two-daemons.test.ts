@@ -73,7 +73,11 @@ describe('two daemons on one database', () => {
       procs.push(spawnCorral(['daemon'], { ...env, CORRAL_HOME: home, CORRAL_ENDPOINT: endpoint }, `daemon-${d}`));
       for (let w = 1; w <= WORKERS_PER_DAEMON; w++) {
         procs.push(
-          spawnCorral(['worker', '--id', `two-${d}-${w}`, '--endpoint', endpoint, '--capacity', '16', '--insecure'], { ...env, CORRAL_HOME: home }, `worker-${d}-${w}`),
+          spawnCorral(
+            ['worker', '--id', `two-${d}-${w}`, '--endpoint', endpoint, '--capacity', '16', '--insecure'],
+            { ...env, CORRAL_HOME: home },
+            `worker-${d}-${w}`,
+          ),
         );
       }
     }
@@ -81,12 +85,15 @@ describe('two daemons on one database', () => {
     await client.connect();
     const c = client;
     await waitFor(
-      async () => (await c.query(`select count(*)::int as n from corral.workers where status = 'ready'`)).rows[0].n === 2 * WORKERS_PER_DAEMON,
+      async () =>
+        (await c.query(`select count(*)::int as n from corral.workers where status = 'ready'`)).rows[0].n === 2 * WORKERS_PER_DAEMON,
       { timeoutMs: 30_000, what: `4 workers registered (logs: ${procs.map((p) => p.logPath).join(', ')})` },
     );
 
     // The guarantee the sampler checks is also the schema's: one live activation per actor key.
-    const index = await c.query<{ def: string }>(`select indexdef as def from pg_indexes where schemaname = 'corral' and indexname = 'activations_one_live'`);
+    const index = await c.query<{ def: string }>(
+      `select indexdef as def from pg_indexes where schemaname = 'corral' and indexname = 'activations_one_live'`,
+    );
     expect(index.rows[0]?.def).toMatch(/UNIQUE INDEX .* \(agent_uid, session_id\) WHERE/);
 
     // Sample live activations while the load runs, on a connection of its own.

@@ -94,7 +94,9 @@ describe('worker protocol', () => {
     const other = new RawPeer(t.daemon.broker.endpoint, 'wp-2');
     workers.push(other);
     await other.register(1);
-    const again = await waitFor(() => [w, other].flatMap((x) => x.inbox).find((m) => m.type === 'turn_start' && (m.turn_ref as Ref).event_id === c.eventId));
+    const again = await waitFor(() =>
+      [w, other].flatMap((x) => x.inbox).find((m) => m.type === 'turn_start' && (m.turn_ref as Ref).event_id === c.eventId),
+    );
     expect(again.attempt).toBe(1);
   });
 });

@@ -47,7 +47,10 @@ describe('fabric security against hostile peers', () => {
       credentials: workerCredentials(key),
     });
     workers.set(id, w);
-    await waitFor(() => t.daemon.broker.isRegistered(id) && t.daemon.runtime.workers.isReady(id), { what: `${id} registered`, timeoutMs: 15_000 });
+    await waitFor(() => t.daemon.broker.isRegistered(id) && t.daemon.runtime.workers.isReady(id), {
+      what: `${id} registered`,
+      timeoutMs: 15_000,
+    });
   }
 
   function peer(curve?: { serverKey: string; publicKey: string; secretKey: string }, routingId?: string): RawPeer {
@@ -156,16 +159,33 @@ describe('fabric security against hostile peers', () => {
     await waitFor(() => failures.some((f) => plain.events.has(f)), { what: 'plain connection dropped', timeoutMs: 10_000 });
 
     for (const p of [stranger, plain]) expect(p.events.has('handshake')).toBe(false);
-    expect(t.daemon.broker.workers().map((w) => w.workerId).sort()).toEqual(['legit-1', 'legit-2']);
+    expect(
+      t.daemon.broker
+        .workers()
+        .map((w) => w.workerId)
+        .sort(),
+    ).toEqual(['legit-1', 'legit-2']);
   });
 
   it('refuses a valid key registering another worker id, and counts the takeover attempt', async () => {
     const before = t.daemon.broker.stats().takeoverRefused;
     const p = peer(intruderCurve());
     // the intruder's own token, claiming a live worker's id
-    await p.sendJson({ v: 1, type: 'worker_ready', worker_id: 'legit-1', capacity: 1024, auth: { scheme: 'token', credential: intruder.token } });
+    await p.sendJson({
+      v: 1,
+      type: 'worker_ready',
+      worker_id: 'legit-1',
+      capacity: 1024,
+      auth: { scheme: 'token', credential: intruder.token },
+    });
     // an id that is not on the allow-list at all
-    await p.sendJson({ v: 1, type: 'worker_ready', worker_id: 'ghost', capacity: 1024, auth: { scheme: 'token', credential: intruder.token } });
+    await p.sendJson({
+      v: 1,
+      type: 'worker_ready',
+      worker_id: 'ghost',
+      capacity: 1024,
+      auth: { scheme: 'token', credential: intruder.token },
+    });
     const errors = await p.waitFor('error', 2, 5_000);
     expect(errors.map((e) => e.code)).toEqual(['unauthorized', 'unauthorized']);
     expect(t.daemon.broker.stats().takeoverRefused).toBe(before + 1);
@@ -218,9 +238,11 @@ describe('fabric security against hostile peers', () => {
   it('refuses an oversized event at enqueue and writes nothing', async () => {
     const { daemon } = t;
     const key = actorKey('big', 's');
-    await expect(daemon.events.enqueueActorEvent(daemon.database.db, key, { text: 'x'.repeat(MAX_EVENT_BYTES + 1) })).rejects.toMatchObject({
-      code: 'payload_too_large',
-    });
+    await expect(daemon.events.enqueueActorEvent(daemon.database.db, key, { text: 'x'.repeat(MAX_EVENT_BYTES + 1) })).rejects.toMatchObject(
+      {
+        code: 'payload_too_large',
+      },
+    );
     await expect(daemon.events.enqueueActorEvent(daemon.database.db, key, { text: 'nul \u0000' })).rejects.toMatchObject({
       code: 'invalid_argument',
     });
@@ -243,11 +265,22 @@ describe('fabric security against hostile peers', () => {
     const paddedRef = { ...makeTurnRef(), padding: 'p'.repeat(30_000) };
     await noisy.sendJson({ v: 1, type: 'turn_progress', turn_ref: paddedRef });
     // ~24 MB of overlong turn_refs: refused by the schema, logged truncated and rate-limited
-    const bigRef = JSON.stringify({ v: 1, type: 'turn_result', turn_ref: { ...makeTurnRef(), agent_uid: 'a'.repeat(60_000) }, messages: [] });
+    const bigRef = JSON.stringify({
+      v: 1,
+      type: 'turn_result',
+      turn_ref: { ...makeTurnRef(), agent_uid: 'a'.repeat(60_000) },
+      messages: [],
+    });
     for (let i = 0; i < 400; i++) await noisy.sendRaw(bigRef);
     // 2. a flood of registrations with distinct ids (none allow-listed)
     for (let i = 0; i < 1_000; i++) {
-      await noisy.sendJson({ v: 1, type: 'worker_ready', worker_id: `flood-${i}`, capacity: 1024, auth: { scheme: 'token', credential: 'x' } });
+      await noisy.sendJson({
+        v: 1,
+        type: 'worker_ready',
+        worker_id: `flood-${i}`,
+        capacity: 1024,
+        auth: { scheme: 'token', credential: 'x' },
+      });
     }
     await waitFor(() => broker.stats().received >= before.received + 1_600, { what: 'flood received', timeoutMs: 30_000 });
     const afterNoise = broker.stats();
@@ -263,7 +296,13 @@ describe('fabric security against hostile peers', () => {
 
     // 4. a registered insider floods forged replies for deliveries this daemon never made
     const insider = peer(intruderCurve());
-    await insider.sendJson({ v: 1, type: 'worker_ready', worker_id: 'intruder', capacity: 1, auth: { scheme: 'token', credential: intruder.token } });
+    await insider.sendJson({
+      v: 1,
+      type: 'worker_ready',
+      worker_id: 'intruder',
+      capacity: 1,
+      auth: { scheme: 'token', credential: intruder.token },
+    });
     await insider.waitFor('worker_welcome', 1, 5_000);
     const xactBefore = await commits();
     for (let i = 0; i < 3_000; i++) {

@@ -43,10 +43,10 @@ describe('unstorable content', () => {
       const { daemon } = t;
       const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('unstorable', kind), { kind });
       const started = Date.now();
-      const rejected = await waitFor(
-        () => received.find((m) => m.type === 'turn_rejected' && m.turn_ref.event_id === eventId),
-        { what: 'turn_rejected', timeoutMs: 5_000 },
-      );
+      const rejected = await waitFor(() => received.find((m) => m.type === 'turn_rejected' && m.turn_ref.event_id === eventId), {
+        what: 'turn_rejected',
+        timeoutMs: 5_000,
+      });
       expect(rejected).toMatchObject({ reason: 'unstorable' });
       expect(rejected.type === 'turn_rejected' && rejected.detail).toMatch(/cannot store/);
       const turn = await waitFor(

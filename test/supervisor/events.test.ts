@@ -2,13 +2,7 @@
 import { describe, expect, it } from 'vitest';
 import { ManualClock } from '../../src/clock.ts';
 import { CorralError } from '../../src/errors.ts';
-import {
-  END_OF_EVENTS,
-  Supervisor,
-  SupervisorEventError,
-  type ChildRun,
-  type SupervisorEvent,
-} from '../../src/supervisor/index.ts';
+import { END_OF_EVENTS, Supervisor, SupervisorEventError, type ChildRun, type SupervisorEvent } from '../../src/supervisor/index.ts';
 import { brief, drain, settle, untilAbort } from './helpers.ts';
 
 describe('events', () => {

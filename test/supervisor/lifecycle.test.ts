@@ -53,12 +53,7 @@ describe('registration and run', () => {
     expect(t.settled).toBe(true);
     expect(cleaned).toBe(true);
     await expect(done).resolves.toBeUndefined();
-    expect(brief(drain(sup))).toEqual([
-      'started:quick#1',
-      'started:slow#1',
-      'stopped:quick#1',
-      'stopped:slow#1',
-    ]);
+    expect(brief(drain(sup))).toEqual(['started:quick#1', 'started:slow#1', 'stopped:quick#1', 'stopped:slow#1']);
   });
 
   it('rejects duplicate names and bad policies', () => {

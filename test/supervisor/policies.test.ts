@@ -60,12 +60,7 @@ describe('restart policies', () => {
     const events = brief(drain(handle).filter((e) => e.type !== 'lagged' && e.name === 'subject'));
     const failed = ending !== 'return';
     if (restarted) {
-      expect(events).toEqual([
-        'started:subject#1',
-        ...(failed ? ['failed:subject#1'] : []),
-        'restarted:subject#2',
-        'started:subject#2',
-      ]);
+      expect(events).toEqual(['started:subject#1', ...(failed ? ['failed:subject#1'] : []), 'restarted:subject#2', 'started:subject#2']);
     } else {
       expect(events).toEqual(['started:subject#1', ...(failed ? ['failed:subject#1'] : []), 'stopped:subject#1']);
     }

@@ -7,7 +7,10 @@ describe('ActorDirectory', () => {
   it('starts one controller per actor key, idempotently, even for concurrent wakes', async () => {
     const dir = new ActorDirectory({ clock: new ManualClock(), lingerMs: 1_000 });
     const key = actorKey('a', 's');
-    const [c1, c2] = await Promise.all([Promise.resolve().then(() => dir.wake(key)), Promise.resolve().then(() => dir.wake(actorKey('a', 's')))]);
+    const [c1, c2] = await Promise.all([
+      Promise.resolve().then(() => dir.wake(key)),
+      Promise.resolve().then(() => dir.wake(actorKey('a', 's'))),
+    ]);
     expect(c1).toBe(c2);
     expect(dir.size).toBe(1);
     // both callers' work runs, one after the other: the second waits while the first is held

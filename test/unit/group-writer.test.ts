@@ -36,7 +36,12 @@ describe('GroupWriter', () => {
   it('writes a lone request at once on the single path, and groups what arrives meanwhile', async () => {
     const { writer, calls, open } = recordingWriter();
     const first = writer.submit(1);
-    const rest = [2, 3, -4, 5].map((n) => writer.submit(n).then((v) => ({ v }), (e: Error) => ({ e: e.message })));
+    const rest = [2, 3, -4, 5].map((n) =>
+      writer.submit(n).then(
+        (v) => ({ v }),
+        (e: Error) => ({ e: e.message }),
+      ),
+    );
     expect(writer.pending).toBe(4);
     open();
     expect(await first).toBe(10);
@@ -50,7 +55,12 @@ describe('GroupWriter', () => {
   it('applies the members of a failed batch one by one, so only the poison fails', async () => {
     const { writer, calls, open } = recordingWriter({ poison: 3 });
     const first = writer.submit(1);
-    const rest = [2, 3, 4].map((n) => writer.submit(n).then((v) => ({ v }), (e: Error) => ({ e: e.message })));
+    const rest = [2, 3, 4].map((n) =>
+      writer.submit(n).then(
+        (v) => ({ v }),
+        (e: Error) => ({ e: e.message }),
+      ),
+    );
     open();
     await first;
     expect(await Promise.all(rest)).toEqual([{ v: 20 }, { e: 'poison' }, { v: 40 }]);
@@ -60,7 +70,12 @@ describe('GroupWriter', () => {
   it('fails every member with a lost connection, for the callers to retry', async () => {
     const { writer, calls, open } = recordingWriter({ connectionLost: true });
     const first = writer.submit(1);
-    const rest = [2, 3].map((n) => writer.submit(n).then(() => 'ok', (e: Error) => e.message));
+    const rest = [2, 3].map((n) =>
+      writer.submit(n).then(
+        () => 'ok',
+        (e: Error) => e.message,
+      ),
+    );
     open();
     await first;
     expect(await Promise.all(rest)).toEqual(['connection terminated', 'connection terminated']);

@@ -32,7 +32,10 @@ const SQL_PATTERNS: { what: string; re: RegExp; keyword?: boolean }[] = [
   { what: 'drizzle sql`…` template', re: /\bsql\s*`/g },
   { what: 'sql.raw(…)', re: /\bsql\.raw\s*\(/g },
   { what: '.query/.execute with SQL text', re: /\.(query|execute)\s*(<[^>()]*>)?\s*\(\s*[`'"][^`'"]*/g, keyword: true },
-  { what: 'SQL statement in a string', re: /[`'"][^`'"]*?\b(select\s[^`'"]*?\sfrom\s|insert\s+into\s|delete\s+from\s|update\s+[\w."]+\s+set\s)/gi },
+  {
+    what: 'SQL statement in a string',
+    re: /[`'"][^`'"]*?\b(select\s[^`'"]*?\sfrom\s|insert\s+into\s|delete\s+from\s|update\s+[\w."]+\s+set\s)/gi,
+  },
 ];
 
 /** `path:line: what` for each SQL text found in `text`. */
@@ -82,6 +85,9 @@ describe('layout', () => {
       .flatMap(filesUnder)
       .map((f) => ({ f, n: lines(f) }))
       .filter(({ f, n }) => n > 600 && !OVER_600_ALLOWED.has(f));
-    expect(over.map(({ f, n }) => `${f}: ${n} lines`), 'split these files by concern').toEqual([]);
+    expect(
+      over.map(({ f, n }) => `${f}: ${n} lines`),
+      'split these files by concern',
+    ).toEqual([]);
   });
 });

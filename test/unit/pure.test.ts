@@ -67,7 +67,10 @@ describe('config', () => {
     expect([c.rpcConcurrency, c.rpcTimeoutMs]).toEqual([8, 10_000]);
     // one progress default for daemon, protocol and SDK
     expect(c.progressIntervalMs).toBe(DEFAULT_PROGRESS_INTERVAL_MS);
-    const e = loadConfig({}, { CORRAL_CONTEXT_MESSAGES: '0', CORRAL_CONTEXT_BYTES: '1000', CORRAL_RPC_CONCURRENCY: '2', CORRAL_RPC_TIMEOUT_MS: '500' });
+    const e = loadConfig(
+      {},
+      { CORRAL_CONTEXT_MESSAGES: '0', CORRAL_CONTEXT_BYTES: '1000', CORRAL_RPC_CONCURRENCY: '2', CORRAL_RPC_TIMEOUT_MS: '500' },
+    );
     expect(contextLimits(e)).toEqual({ maxMessages: 0, maxBytes: 1000 });
     expect([e.rpcConcurrency, e.rpcTimeoutMs]).toEqual([2, 500]);
     expect(contextLimits(loadConfig({ maxMessageBytes: 64 * 1024, maxEventBytes: 16 * 1024 }, {})).maxBytes).toBe(16 * 1024);
@@ -182,7 +185,9 @@ describe('isConnectionError', () => {
     expect(isConnectionError(terminated)).toBe(true);
     expect(isConnectionError(Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:5432'), { code: 'ECONNREFUSED' }))).toBe(true);
     expect(isConnectionError(new Error('Failed query: select 1', { cause: terminated }))).toBe(true);
-    expect(isConnectionError(new Error('Failed query: select 1', { cause: Object.assign(new Error('dup'), { code: '23505' }) }))).toBe(false);
+    expect(isConnectionError(new Error('Failed query: select 1', { cause: Object.assign(new Error('dup'), { code: '23505' }) }))).toBe(
+      false,
+    );
     expect(isConnectionError(new Error('anything else'))).toBe(false);
   });
 });

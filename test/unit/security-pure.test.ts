@@ -25,8 +25,10 @@ describe('registration tokens', () => {
 
 describe('security configuration', () => {
   it('knows loopback endpoints', () => {
-    for (const e of ['tcp://127.0.0.1:5555', 'tcp://localhost:1', 'tcp://[::1]:5', 'ipc:///tmp/x', 'inproc://a']) expect(isLocalEndpoint(e)).toBe(true);
-    for (const e of ['tcp://0.0.0.0:5555', 'tcp://*:5555', 'tcp://10.0.0.1:5', 'tcp://host.example:5']) expect(isLocalEndpoint(e)).toBe(false);
+    for (const e of ['tcp://127.0.0.1:5555', 'tcp://localhost:1', 'tcp://[::1]:5', 'ipc:///tmp/x', 'inproc://a'])
+      expect(isLocalEndpoint(e)).toBe(true);
+    for (const e of ['tcp://0.0.0.0:5555', 'tcp://*:5555', 'tcp://10.0.0.1:5', 'tcp://host.example:5'])
+      expect(isLocalEndpoint(e)).toBe(false);
   });
   it('refuses --insecure on a remote endpoint unless --insecure-remote', () => {
     expect(() => loadConfig({ insecure: true, endpoint: 'tcp://0.0.0.0:5555' })).toThrow(/insecure-remote/);

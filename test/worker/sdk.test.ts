@@ -155,7 +155,10 @@ describe('worker SDK end to end', () => {
     const worker = await startWorker(h, { capacity: 2 });
     const refs = [makeTurnRef(), makeTurnRef(), makeTurnRef()];
     for (const ref of refs) await dispatch(h, { delayMs: 300, text: 'c' }, ref);
-    const [refused] = await waitFor(() => h.of('turn_error', refs[2]!.delivery_id).length && h.of('turn_error', refs[2]!.delivery_id), 'refusal');
+    const [refused] = await waitFor(
+      () => h.of('turn_error', refs[2]!.delivery_id).length && h.of('turn_error', refs[2]!.delivery_id),
+      'refusal',
+    );
     expect(refused?.error).toMatchObject({ code: 'over_capacity', retryable: true });
     expect(worker.inFlight()).toBe(2);
     await waitFor(() => h.of('worker_heartbeat').some((e) => e.inFlight === 2), 'heartbeat in_flight 2');
@@ -246,7 +249,14 @@ describe('worker SDK end to end', () => {
         expect(e.turnRef.delivery_id).toBeDefined();
         const reply =
           e.method === 'history.read'
-            ? { result: { conversation_id: 'c', messages: [], has_more: false, total: e.params && (e.params as { before_seq?: number }).before_seq === 5 ? 4 : -1 } }
+            ? {
+                result: {
+                  conversation_id: 'c',
+                  messages: [],
+                  has_more: false,
+                  total: e.params && (e.params as { before_seq?: number }).before_seq === 5 ? 4 : -1,
+                },
+              }
             : { error: { code: 'not_live', message: 'no' } };
         void h.broker.send(e.workerId, { v: 1, type: 'rpc_response', id: e.id, ...reply } as never);
       }
@@ -260,11 +270,20 @@ describe('worker SDK end to end', () => {
 
   it('duplicateResults sends every result twice', async () => {
     const h = await startBroker();
-    const worker = await runExampleWorker({ endpoint: h.broker.endpoint, workerId: 'w-dup', capacity: 1, logger: silentLogger, duplicateResults: true });
+    const worker = await runExampleWorker({
+      endpoint: h.broker.endpoint,
+      workerId: 'w-dup',
+      capacity: 1,
+      logger: silentLogger,
+      duplicateResults: true,
+    });
     cleanups.push(() => worker.stop());
     await waitFor(() => h.broker.isRegistered('w-dup'), 'registration');
     const ref = await dispatch(h, { text: 'twice' }, makeTurnRef(), 'w-dup');
-    const results = await waitFor(() => h.of('turn_result', ref.delivery_id).length === 2 && h.of('turn_result', ref.delivery_id), 'two results');
+    const results = await waitFor(
+      () => h.of('turn_result', ref.delivery_id).length === 2 && h.of('turn_result', ref.delivery_id),
+      'two results',
+    );
     expect(results[0]).toEqual(results[1]);
   });
 

@@ -29,7 +29,9 @@ export interface DaemonCommandOptions {
  * set-up step and still runs CURVE with a per-worker key.
  */
 function localWorkers(count: number, capacity: number, config: Config): (endpoint: string) => ChildSpec<Daemon>[] {
-  const host = hostname().replace(/[^A-Za-z0-9._:-]/g, '-').slice(0, 40);
+  const host = hostname()
+    .replace(/[^A-Za-z0-9._:-]/g, '-')
+    .slice(0, 40);
   return (endpoint) =>
     Array.from({ length: count }, (_, i) => {
       const id = `${host}-local-${i + 1}`;

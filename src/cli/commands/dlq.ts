@@ -91,9 +91,7 @@ export async function runDlqList(config: Config, flags: ListFlags, io: Io): Prom
       io.out.write(nothing ? 'no dead letters match\n' : 'no dead letters\n');
     } else {
       io.out.write(renderTable(DL_HEADERS, deadLetterRows(list), 80));
-      io.out.write(
-        `${list.length} dead letter${list.length === 1 ? '' : 's'}${next ? `; more with --after ${next}` : ''}\n`,
-      );
+      io.out.write(`${list.length} dead letter${list.length === 1 ? '' : 's'}${next ? `; more with --after ${next}` : ''}\n`);
     }
     return nothing ? EXIT.nothingMatched : EXIT.ok;
   } finally {
@@ -196,20 +194,17 @@ const VERB = {
 /** How many plan lines to print before "… and N more". */
 const PLAN_LINES = 50;
 
-export async function runDlqAct(
-  config: Config,
-  action: 'replay' | 'discard',
-  ids: string[],
-  flags: ActFlags,
-  io: Io,
-): Promise<number> {
+export async function runDlqAct(config: Config, action: 'replay' | 'discard', ids: string[], flags: ActFlags, io: Io): Promise<number> {
   const filter = parseFilter(flags);
   const bulk = flags.all === true || hasFilter(filter);
   if (ids.length > 0 && bulk) {
     throw new CorralError('invalid_argument', `give dead letter ids or --all/filters, not both`);
   }
   if (ids.length === 0 && !bulk) {
-    throw new CorralError('invalid_argument', `nothing to ${action}: give dead letter ids, or --all (optionally with --actor/--since/--error)`);
+    throw new CorralError(
+      'invalid_argument',
+      `nothing to ${action}: give dead letter ids, or --all (optionally with --actor/--since/--error)`,
+    );
   }
   for (const id of ids) assertJobId(id);
   const ctx = await openCommandContext(config);
@@ -281,10 +276,7 @@ function printResults(io: Io, action: 'replay' | 'discard', results: ActionResul
  * A progress bar on a TTY (redrawn in place, at most every 100 ms), plain lines otherwise (logs,
  * CI): one per tenth of the way and the last one.
  */
-export function progressReporter(
-  err: Io['err'],
-  label: string,
-): { update: (done: number, total: number) => void; finish: () => void } {
+export function progressReporter(err: Io['err'], label: string): { update: (done: number, total: number) => void; finish: () => void } {
   const tty = err.isTTY === true;
   let lastDone = -1;
   let lastDrawMs = 0;

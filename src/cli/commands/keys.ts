@@ -33,9 +33,7 @@ async function paths(config: Config) {
 }
 
 export function registerKeysCommands(program: Command, config: ConfigFn, run: RunFn, io: Io): void {
-  const cmd = program
-    .command('keys')
-    .description("CURVE keys: the daemon's keypair and the worker allow-list (under CORRAL_HOME/keys)");
+  const cmd = program.command('keys').description("CURVE keys: the daemon's keypair and the worker allow-list (under CORRAL_HOME/keys)");
 
   cmd
     .command('init')
@@ -45,7 +43,9 @@ export function registerKeysCommands(program: Command, config: ConfigFn, run: Ru
         (async () => {
           const { keys, paths: p } = await paths(config());
           const { keys: pair, created } = keys.ensureDaemonKey(p);
-          io.out.write(`${created ? 'created' : 'exists'}: ${p.daemonKey}\nserver public key: ${pair.publicKey}\nallow-list: ${p.allowlist}\n`);
+          io.out.write(
+            `${created ? 'created' : 'exists'}: ${p.daemonKey}\nserver public key: ${pair.publicKey}\nallow-list: ${p.allowlist}\n`,
+          );
           return 0;
         })(),
       ),
@@ -53,7 +53,9 @@ export function registerKeysCommands(program: Command, config: ConfigFn, run: Ru
 
   cmd
     .command('add-worker')
-    .description("issue a key for a worker id: a keypair and a registration token, allow-listed; writes the worker's key file (or prints it)")
+    .description(
+      "issue a key for a worker id: a keypair and a registration token, allow-listed; writes the worker's key file (or prints it)",
+    )
     .argument('<id>', 'the worker id (1..64 chars of [A-Za-z0-9._:-])')
     .option('--capacity <n>', 'cap the capacity this worker may register with', capacityArg)
     .option('--out <file>', 'write the key file here (mode 0600) instead of printing it')
@@ -90,7 +92,13 @@ export function registerKeysCommands(program: Command, config: ConfigFn, run: Ru
           const { keys, paths: p } = await paths(config());
           const entries = keys.readAllowlist(p.allowlist);
           if (o.json) {
-            io.out.write(`${JSON.stringify(entries.map(({ token_sha256: _t, ...rest }) => rest), null, 2)}\n`);
+            io.out.write(
+              `${JSON.stringify(
+                entries.map(({ token_sha256: _t, ...rest }) => rest),
+                null,
+                2,
+              )}\n`,
+            );
             return 0;
           }
           if (entries.length === 0) io.out.write(`no workers on the allow-list (${p.allowlist})\n`);

@@ -23,7 +23,10 @@ export async function resolveWorkerCredentials(
   config: Config,
   requestedId: string | undefined,
 ): Promise<{ workerId: string; credentials: WorkerCredentials | undefined; source: string }> {
-  const defaultId = () => `${hostname().replace(/[^A-Za-z0-9._:-]/g, '-').slice(0, 40)}-${process.pid}`;
+  const defaultId = () =>
+    `${hostname()
+      .replace(/[^A-Za-z0-9._:-]/g, '-')
+      .slice(0, 40)}-${process.pid}`;
   if (config.insecure) return { workerId: requestedId ?? defaultId(), credentials: undefined, source: 'insecure' };
   const keys = await import('../../fabric/keys.ts');
   if (config.workerKeyFile) {
