@@ -90,3 +90,10 @@ export function safeKill(pid: number, sig: NodeJS.Signals): void {
     // already gone
   }
 }
+
+/** Stops `proc` with SIGTERM if it still runs, waiting up to `waitMs` for it to exit. */
+export async function stopGracefully(proc: Proc | undefined, waitMs = 8_000): Promise<void> {
+  if (proc?.child.exitCode !== null) return;
+  proc.child.kill('SIGTERM');
+  await Promise.race([proc.exited, new Promise((r) => setTimeout(r, waitMs))]);
+}

@@ -6,7 +6,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
-import { childPids, freePort, killAll, spawnCorral, type Proc } from '../helpers/processes.ts';
+import { childPids, freePort, killAll, spawnCorral, type Proc, stopGracefully } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 describe('corral daemon --workers 3', () => {
@@ -16,10 +16,7 @@ describe('corral daemon --workers 3', () => {
 
   afterAll(async () => {
     await client?.end();
-    if (daemon?.child.exitCode === null) {
-      daemon.child.kill('SIGTERM');
-      await Promise.race([daemon.exited, new Promise((r) => setTimeout(r, 8_000))]);
-    }
+    await stopGracefully(daemon);
     killAll();
     await db?.drop();
   });

@@ -6,7 +6,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
-import { freePort, killAll, spawnCorral, type Proc } from '../helpers/processes.ts';
+import { freePort, killAll, spawnCorral, type Proc, stopGracefully } from '../helpers/processes.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
 
@@ -25,10 +25,7 @@ describe('durable effects survive kill -9 of the daemon between result and commi
     await worker?.close();
     await blocker?.end().catch(() => undefined);
     await client?.end();
-    if (daemon?.child.exitCode === null) {
-      daemon.child.kill('SIGTERM');
-      await Promise.race([daemon.exited, new Promise((r) => setTimeout(r, 8_000))]);
-    }
+    await stopGracefully(daemon);
     killAll();
     await db?.drop();
   });
