@@ -3,8 +3,7 @@
  * stack that runs once in reverse order (also on errors and Ctrl-C).
  */
 import { performance } from 'node:perf_hooks';
-import { setTimeout as sleep } from 'node:timers/promises';
-import { waitFor } from '../../test/helpers/wait.ts';
+import { sleep, waitFor } from '../../test/helpers/wait.ts';
 
 export { sleep };
 
