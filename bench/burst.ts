@@ -14,6 +14,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
+import { DEFAULT_WORKER_CAPACITY } from '../src/worker/defaults.ts';
 import { actorKey } from '../src/actor-key.ts';
 import { openDatabase } from '../src/db/client.ts';
 import { Cleanup, progress, runBench, sleep } from './lib/common.ts';
@@ -45,7 +46,7 @@ function options(): Options {
       sizes: { type: 'string', default: '1000,10000' },
       large: { type: 'boolean', default: false },
       workers: { type: 'string', default: '2' },
-      capacity: { type: 'string', default: '32' },
+      capacity: { type: 'string', default: String(DEFAULT_WORKER_CAPACITY) },
       'steady-seconds': { type: 'string', default: '20' },
       'bucket-seconds': { type: 'string', default: '10' },
       'timeout-seconds': { type: 'string', default: '300' },

@@ -21,6 +21,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
+import { DEFAULT_WORKER_CAPACITY } from '../src/worker/defaults.ts';
 import { actorKey } from '../src/actor-key.ts';
 import { freePort } from '../src/net.ts';
 import { progress, runBench, sleep, summarise, until } from './lib/common.ts';
@@ -42,7 +43,7 @@ function options() {
     options: {
       actors: { type: 'string', default: '10000' },
       workers: { type: 'string', default: '2' },
-      capacity: { type: 'string', default: '32' },
+      capacity: { type: 'string', default: String(DEFAULT_WORKER_CAPACITY) },
       samples: { type: 'string', default: '30' },
       'idle-timeout-ms': { type: 'string', default: '20000' },
       'heap-snapshot': { type: 'boolean', default: false },
@@ -52,7 +53,7 @@ function options() {
   });
   if (values.help) {
     process.stdout.write(
-      'usage: npm run bench:idle -- [--actors N] [--workers W] [--capacity C] [--samples S] [--idle-timeout-ms T] [--heap-snapshot]\n',
+      'usage: npm run bench:idle -- [--actors N] [--workers W] [--capacity C] [--samples S] [--idle-timeout-ms T] [--heap-snapshot] [--control]\n',
     );
     process.exit(0);
   }

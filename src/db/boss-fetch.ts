@@ -25,16 +25,12 @@
 import pg from 'pg';
 import type { Queues } from './boss-jobs.ts';
 import { sqlState } from '../errors.ts';
+import type { Queryable } from './prepared.ts';
 
 export interface ClaimedJob<T = unknown> {
   id: string;
   retryCount: number;
   data: T;
-}
-
-/** Runs a named (prepared) statement: a pg Pool or Client. */
-export interface NamedQueryable {
-  query<R extends pg.QueryResultRow>(config: { name: string; text: string; values: unknown[] }): Promise<pg.QueryResult<R>>;
 }
 
 /** The table pg-boss keeps the queue's jobs in (`job_common` unless the queue is partitioned). */
@@ -84,7 +80,7 @@ export function claimStatement(schema: string, table: string): string {
 export type KeyHeadFetch = <T>(limit: number) => Promise<ClaimedJob<T>[]>;
 
 /** Binds the claim to a connection pool and the queue's table (see `queueTable`). */
-export function keyHeadFetch(db: NamedQueryable, q: Pick<Queues, 'schema' | 'events'>, table: string): KeyHeadFetch {
+export function keyHeadFetch(db: Queryable, q: Pick<Queues, 'schema' | 'events'>, table: string): KeyHeadFetch {
   const text = claimStatement(q.schema, table);
   const name = `corral_fetch:${q.schema}.${table}`;
   return async <T>(limit: number): Promise<ClaimedJob<T>[]> => {

@@ -18,6 +18,7 @@ import { randomBytes } from 'node:crypto';
 import { open, readFile, stat, unlink, utimes } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { CorralError } from '../errors.ts';
+import { systemClock } from '../clock.ts';
 
 export interface FileLockOptions {
   /** A holder whose file has not been touched for this long is presumed dead. */
@@ -38,8 +39,6 @@ export interface LockHolder {
 export const DEFAULT_LOCK_STALE_MS = 10_000;
 const DEFAULT_TIMEOUT_MS = 180_000;
 const BREAKER_STALE_MS = 5_000;
-
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 function errnoOf(e: unknown): string | undefined {
   return (e as NodeJS.ErrnoException | undefined)?.code;
@@ -132,7 +131,7 @@ export async function withFileLock<T>(path: string, fn: () => Promise<T>, opts: 
       const who = seen?.holder ? `pid ${seen.holder.pid} on ${seen.holder.host}` : 'another process';
       throw new CorralError('database_unavailable', `timed out waiting for the lock ${path}, held by ${who}`);
     }
-    await sleep(pollMs + Math.random() * pollMs);
+    await systemClock.sleep(pollMs + Math.random() * pollMs);
     pollMs = Math.min(100, pollMs * 2);
   }
   // L2: keep the mtime fresh while `fn` runs; unref so a stuck lock never keeps the process alive.

@@ -13,7 +13,8 @@ import type { DbOrTx } from './client.ts';
 
 const dialect = new PgDialect();
 
-interface Queryable {
+/** What runs a named (prepared) statement: a pg Pool or Client. */
+export interface Queryable {
   query<R extends QueryResultRow>(config: { name: string; text: string; values: unknown[] }): Promise<{ rows: R[] }>;
 }
 

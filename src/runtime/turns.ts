@@ -233,28 +233,6 @@ export class TurnStore {
     });
   }
 
-  /** turn_accepted: the worker took the turn. Fenced; extends the lease. */
-  async accept(fence: Fence, workerId: string): Promise<void> {
-    await this.replyOne({ kind: 'accept', fence, workerId });
-  }
-
-  /** turn_progress: a healthy long turn keeps its lease. Fenced. */
-  async progress(fence: Fence, workerId: string): Promise<Date | undefined> {
-    const outcome = await this.replyOne({ kind: 'progress', fence, workerId });
-    return outcome.outcome === 'extended' ? outcome.leaseExpiresAt : undefined;
-  }
-
-  /**
-   * T5, the fenced commit: in one transaction check the fence, write the turn and its messages,
-   * settle the delivery, leave the activation warm and complete the job with its attempt fence.
-   * A result for a delivery that already committed is a duplicate: nothing is written.
-   */
-  async commit(fence: Fence, workerId: string, messages: ReplyMessage[], output?: unknown): Promise<CommitOutcome> {
-    const outcome = await this.replyOne({ kind: 'commit', fence, workerId, messages, ...(output === undefined ? {} : { output }) });
-    if (outcome.outcome !== 'committed' && outcome.outcome !== 'duplicate') throw new Error(`unexpected commit outcome ${outcome.outcome}`);
-    return outcome;
-  }
-
   /**
    * One reply in its own transaction: `replyMany` with one member. A fence rejection is thrown as
    * `FenceRejected`. When the job did not settle although the fence held (pg-boss settled it in
