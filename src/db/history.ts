@@ -18,6 +18,7 @@ import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import type { Fence } from './fence.ts';
 import { executeNamed } from './prepared.ts';
+import { ACTIVATION_LIVE, DELIVERY_LIVE, sqlList } from './schema.ts';
 
 export interface HistoryMessage {
   seq: number;
@@ -107,8 +108,8 @@ function liveTurn(fence: Fence, workerId: string) {
        and d.agent_uid = ${fence.agentUid} and d.session_id = ${fence.sessionId}
        and d.actor_epoch = ${fence.actorEpoch} and d.event_id = ${fence.eventId}::uuid
        and d.revision = ${fence.revision} and d.worker_id = ${workerId}
-       and d.state in ('created', 'sent', 'accepted')
-       and a.status in ('starting', 'active', 'draining')
+       and d.state in ${sqlList(DELIVERY_LIVE)}
+       and a.status in ${sqlList(ACTIVATION_LIVE)}
        and a.actor_epoch = d.actor_epoch and a.current_event_id = d.event_id and a.revision = d.revision
        and a.lease_expires_at > now()`;
 }
