@@ -42,7 +42,7 @@ import { migrateDatabase } from '../src/db/migrate.ts';
 import { createBoss } from '../src/queue/boss.ts';
 import { HAND_CONCURRENCY, handwrittenSlice, setupHandwritten } from './handwritten.ts';
 import { StatementTracker } from './lib/activity.ts';
-import { Cleanup, median, progress, round, roundDeep, split } from './lib/common.ts';
+import { Cleanup, median, progress, round, roundDeep, split, startCpuProfile } from './lib/common.ts';
 import { CorralSession } from './lib/corral-session.ts';
 import { openBenchDatabase, withCpu } from './lib/database.ts';
 import { parseOptions, USAGE, type Options } from './lib/e2e-options.ts';
@@ -148,7 +148,9 @@ async function main(): Promise<number> {
     const curveRound = async (i: number) => {
       await analyze();
       await statements?.begin();
+      const profile = opts.cpuProfile ? await startCpuProfile() : undefined;
       const round = await session.round(sizes[i]!, `corral ${i + 1}/${opts.rounds}`);
+      await profile?.stopInto(`${opts.cpuProfile}-round${i + 1}.cpuprofile`);
       await statements?.end();
       slices.push(await raw(slices.length));
       roundRatios.push(round.turnsPerSec / ((slices.at(-2)!.jobsPerSec + slices.at(-1)!.jobsPerSec) / 2));

@@ -122,3 +122,21 @@ export async function runBench(fn: (cleanup: Cleanup) => Promise<number>): Promi
     await cleanup.run();
   }
 }
+
+/** A V8 CPU profile of this process, started now; `stopInto` writes it as a .cpuprofile file. */
+export async function startCpuProfile(): Promise<{ stopInto(file: string): Promise<void> }> {
+  const { Session } = await import('node:inspector/promises');
+  const { writeFile } = await import('node:fs/promises');
+  const session = new Session();
+  session.connect();
+  await session.post('Profiler.enable');
+  await session.post('Profiler.start');
+  return {
+    async stopInto(file) {
+      const { profile } = await session.post('Profiler.stop');
+      session.disconnect();
+      await writeFile(file, JSON.stringify(profile));
+      progress(`CPU profile written to ${file}`);
+    },
+  };
+}

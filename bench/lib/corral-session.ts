@@ -40,8 +40,10 @@ export interface CorralResult {
    * means the single Node thread was the limit, not PostgreSQL.
    */
   eventLoopUtilization: number;
-  /** CPU time of this process (user + system) per committed turn. */
+  /** CPU time of this process (user + system) and of the worker processes per committed turn. */
   processCpuMsPerTurn: number;
+  /** The worker processes' share of `processCpuMsPerTurn` (0 with in-process workers). */
+  workerCpuMsPerTurn: number;
   /** CPU time of the (embedded) PostgreSQL per committed turn, when measurable. */
   serverCpuMsPerTurn?: number;
   /** enqueue (job created_on) → commit (turn finished_at), database clock, every event. */
@@ -174,6 +176,7 @@ export class CorralSession {
   private busyMs = 0;
   private elu: ReturnType<typeof performance.eventLoopUtilization> | undefined;
   private cpuMs = 0;
+  private workerMs = 0;
   private readonly workerProcs: Proc[] = [];
   private serverMs: number | undefined = 0;
   private sampler: { on: boolean; stop(): Promise<ActivitySummary> } | undefined;
@@ -310,7 +313,9 @@ export class CorralSession {
     ).finally(() => {
       if (this.sampler) this.sampler.on = false;
     });
-    measured.processMs += (await this.workerCpuMs()) - workers0;
+    const workerMs = (await this.workerCpuMs()) - workers0;
+    measured.processMs += workerMs;
+    this.workerMs += workerMs;
     const run = measured.value;
     const elu = performance.eventLoopUtilization(elu0);
     this.elu = this.elu ? { idle: this.elu.idle + elu.idle, active: this.elu.active + elu.active, utilization: 0 } : elu;
@@ -347,6 +352,7 @@ export class CorralSession {
       rounds: this.rounds,
       eventLoopUtilization: elu,
       processCpuMsPerTurn: this.cpuMs / events,
+      workerCpuMsPerTurn: this.workerMs / events,
       ...(this.serverMs !== undefined ? { serverCpuMsPerTurn: this.serverMs / events } : {}),
       enqueueToCommitMs: summarise(lat.e2e),
       stagesMs: { queued: summarise(lat.queued), fetchToBegin: summarise(lat.fetchToBegin), beginToCommit: summarise(lat.beginToCommit) },

@@ -19,6 +19,8 @@ export interface Options {
   processWorkers: boolean;
   /** `turn_start` context size (messages); corral's default when absent. */
   contextMessages: number | undefined;
+  /** Write a CPU profile of this process per CURVE round to `<prefix>-round<i>.cpuprofile`. */
+  cpuProfile: string | undefined;
 }
 
 export const USAGE = `usage: npm run bench -- [options]
@@ -37,6 +39,8 @@ export const USAGE = `usage: npm run bench -- [options]
   --sample-activity   sample pg_stat_activity and the daemon's pool during the corral rounds
   --statements        embedded database only: load pg_stat_statements and report the statements
                       of the corral rounds by server time (calls per turn, mean time)
+  --cpu-profile PREFIX  write a V8 CPU profile of the bench process (daemon, and the workers when
+                      in-process) for each CURVE round: PREFIX-round<i>.cpuprofile
   --quick             a smaller run (a smoke test of the benchmark itself)
   --json              print the result as JSON on stdout instead of a table
   -h, --help`;
@@ -58,6 +62,7 @@ export function parseOptions(argv: string[]): Options {
       statements: { type: 'boolean', default: false },
       'in-process-workers': { type: 'boolean', default: false },
       'context-messages': { type: 'string' },
+      'cpu-profile': { type: 'string' },
       json: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
@@ -89,6 +94,7 @@ export function parseOptions(argv: string[]): Options {
     sampleActivity: values['sample-activity'],
     statements: values.statements,
     processWorkers: !values['in-process-workers'],
+    cpuProfile: values['cpu-profile'],
     contextMessages: values['context-messages'] === undefined ? undefined : int('context-messages', values['context-messages'], 0, 0, 1000),
   };
   if (opts.rounds > opts.events) throw new UsageError('--rounds must not exceed --events');

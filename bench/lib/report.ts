@@ -95,7 +95,9 @@ export function printTable(r: Report): void {
     ],
     [
       'CPU per turn / per raw job',
-      `corral ${f2(c.processCpuMsPerTurn)} ms node + ${c.serverCpuMsPerTurn !== undefined ? `${f2(c.serverCpuMsPerTurn)} ms` : '?'} postgres; ` +
+      `corral ${f2(c.processCpuMsPerTurn)} ms node${
+        r.params.processWorkers ? ` (daemon ${f2(c.processCpuMsPerTurn - c.workerCpuMsPerTurn)} + workers ${f2(c.workerCpuMsPerTurn)})` : ''
+      } + ${c.serverCpuMsPerTurn !== undefined ? `${f2(c.serverCpuMsPerTurn)} ms` : '?'} postgres; ` +
         `raw ${f2(mean(r.raw.slices.map((x) => x.processCpuMsPerJob ?? Number.NaN)))} ms node + ${
           r.cpuRatio !== undefined ? `${f2(mean(r.raw.slices.map((x) => x.serverCpuMsPerJob!)))} ms` : '?'
         } postgres`,
