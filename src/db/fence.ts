@@ -10,13 +10,15 @@
  * transaction that then writes. Steer and cancel act on the actor's live turn, not on a worker's
  * reply: they lock the live activation instead (see TurnStore.steer / cancel).
  */
-import { eq, inArray, sql } from 'drizzle-orm';
+import { eq, sql } from 'drizzle-orm';
 import { FenceRejected, type FenceReason } from '../errors.ts';
 import { isUuid } from '../uuid.ts';
 import type { ActivationRow } from './activations.ts';
 import type { DbOrTx } from './client.ts';
 import type { DeliveryRow } from './deliveries.ts';
 import { activations, actors, deliveries, ACTIVATION_LIVE } from './schema.ts';
+import { executeNamed } from './prepared.ts';
+import { fromRawRow, prefixedColumns } from './rows.ts';
 
 /** Where the events' pg-boss jobs live: pg-boss's schema and the actor queue's name. */
 export interface JobTable {
@@ -142,19 +144,44 @@ export async function loadFenceRows(tx: DbOrTx, jobs: JobTable, deliveryId: stri
 /**
  * Loads and row-locks the fence rows of many deliveries in one statement (a batch of replies).
  * Rows are locked in delivery-id order, so two daemons locking overlapping batches cannot
- * deadlock. Deliveries that do not exist are absent from the map.
+ * deadlock. Deliveries that do not exist are absent from the map. A named statement (prepared
+ * once per connection) whose ids arrive as one array: it runs for every reply group.
  */
 export async function loadFenceRowsMany(tx: DbOrTx, jobs: JobTable, deliveryIds: readonly string[]): Promise<Map<string, FenceRows>> {
   const ids = [...new Set(deliveryIds.filter((id) => isUuid(id)))].sort();
   if (ids.length === 0) return new Map();
-  const found = await tx
-    .select(fenceColumns(jobs))
-    .from(deliveries)
-    .innerJoin(activations, eq(activations.activationUid, deliveries.activationUid))
-    .where(inArray(deliveries.deliveryId, ids))
-    .orderBy(deliveries.deliveryId)
-    .for('update');
-  return new Map(found.map((row) => [row.d.deliveryId, toFenceRows(row)]));
+  const rows = await executeNamed<
+    Record<string, unknown> & { lease_alive: boolean; epoch_counter: string | number | null; job_active: boolean }
+  >(
+    tx,
+    `corral_lock_fence_many:${jobs.schema}`,
+    sql`
+    select ${prefixedColumns(deliveries, 'd', 'd_')}, ${prefixedColumns(activations, 'a', 'a_')},
+           a.lease_expires_at > now() as lease_alive,
+           (select ac.epoch_counter from corral.actors ac
+             where ac.agent_uid = d.agent_uid and ac.session_id = d.session_id) as epoch_counter,
+           exists (select 1 from ${sql.identifier(jobs.schema)}.job j
+                    where j.name = ${jobs.queue} and j.id = d.event_id
+                      and j.state = 'active' and j.retry_count = d.job_retry_count) as job_active
+      from corral.deliveries d
+      join corral.activations a on a.activation_uid = d.activation_uid
+     where d.delivery_id = any(${sql.param(ids)}::uuid[])
+     order by d.delivery_id
+       for update of d, a`,
+  );
+  return new Map(
+    rows.map((r) => {
+      const delivery = fromRawRow(deliveries, r, 'd_');
+      const rowsOf: FenceRows = {
+        delivery,
+        activation: fromRawRow(activations, r, 'a_'),
+        leaseAlive: r.lease_alive,
+        actorEpochCounter: r.epoch_counter === null ? undefined : Number(r.epoch_counter),
+        jobActive: r.job_active,
+      };
+      return [delivery.deliveryId, rowsOf];
+    }),
+  );
 }
 
 /** Locks the fence rows and throws `FenceRejected` unless the fence holds (for `workerId`, if given). */
