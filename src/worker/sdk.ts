@@ -395,7 +395,6 @@ class WorkerRuntime implements Worker {
       this.log.warn({ deliveryId: ref.delivery_id, capacity: this.capacity }, 'turn_start over capacity');
       return refuse('over_capacity', `worker ${this.workerId} is at capacity ${this.capacity}`);
     }
-    this.send({ v: PROTOCOL_VERSION, type: 'turn_accepted', turn_ref: ref });
     const turn = new RunningTurn(msg, {
       handler: this.opts.handler,
       clock: this.clock,
@@ -407,6 +406,12 @@ class WorkerRuntime implements Worker {
       finished: (t) => void this.turns.delete(t.deliveryId),
     });
     this.turns.set(ref.delivery_id, turn);
+    // Accept once this round of I/O is over, unless the handler has finished by then: its final
+    // message implies the accept (docs/protocol.md §7 rule 1), and an instant turn then costs one
+    // message each way instead of two.
+    setImmediate(() => {
+      if (this.turns.get(ref.delivery_id) === turn) this.send({ v: PROTOCOL_VERSION, type: 'turn_accepted', turn_ref: turn.turnRef });
+    });
   }
 
   /** One RPC request for a turn; rejects with the daemon's error code, or `timeout`. */

@@ -62,15 +62,23 @@ describe('worker SDK end to end', () => {
     expect(h.of('worker_ready')[0]).toMatchObject({ workerId: 'w-sdk', capacity: 1, reconnect: false });
     const ref = await dispatch(h, { text: 'hi' });
     const [result] = await waitFor(() => h.of('turn_result', ref.delivery_id).length && h.of('turn_result', ref.delivery_id), 'result');
-    expect(h.of('turn_accepted', ref.delivery_id)).toEqual([{ kind: 'turn_accepted', workerId: 'w-sdk', turnRef: ref }]);
     expect(result).toEqual({
       kind: 'turn_result',
       workerId: 'w-sdk',
       turnRef: ref,
       messages: [{ role: 'assistant', content: { text: 'echo: hi' } }],
     });
-    const accIdx = h.events.findIndex((e) => e.kind === 'turn_accepted');
-    expect(accIdx).toBeLessThan(h.events.indexOf(result!));
+    // an instant turn: its result implies the accept, which is left out
+    expect(h.of('turn_accepted', ref.delivery_id)).toEqual([]);
+
+    // a turn that waits: accepted first, then its result
+    const slow = await dispatch(h, { text: 'later', delayMs: 100 });
+    const [slowResult] = await waitFor(
+      () => h.of('turn_result', slow.delivery_id).length && h.of('turn_result', slow.delivery_id),
+      'result',
+    );
+    expect(h.of('turn_accepted', slow.delivery_id)).toEqual([{ kind: 'turn_accepted', workerId: 'w-sdk', turnRef: slow }]);
+    expect(h.events.findIndex((e) => e.kind === 'turn_accepted')).toBeLessThan(h.events.indexOf(slowResult!));
 
     const other = await dispatch(h, [1, 'two']);
     const [r2] = await waitFor(() => h.of('turn_result', other.delivery_id).length && h.of('turn_result', other.delivery_id), 'result 2');
