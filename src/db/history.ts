@@ -13,7 +13,7 @@
  *  H3 every page is bounded by count and by bytes of content (`octet_length(content::text)`,
  *     which is never shorter than the compact JSON on the wire).
  */
-import { sql } from 'drizzle-orm';
+import { sql, type SQL } from 'drizzle-orm';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import type { Fence } from './fence.ts';
@@ -28,73 +28,60 @@ export interface HistoryMessage {
   truncated?: true;
 }
 
-export interface ConversationContext {
-  conversationId: string;
-  /** Oldest first. */
-  messages: HistoryMessage[];
-  firstSeq: number | undefined;
-  hasMore: boolean;
-  /** The seq the next committed message will get (the current event's `user` message). */
-  nextSeq: number;
+/** Limits of the context sent with `turn_start`. */
+export interface ContextLimits {
+  maxMessages: number;
+  maxBytes: number;
 }
 
-type RawContextRow = {
-  agent_uid: string;
-  session_id: string;
-  id: string;
-  next_seq: number;
-  seq: number | null;
-  role: HistoryMessage['role'] | null;
-  content: unknown;
-};
+/**
+ * The context of `turn_start` (docs/protocol.md §5.3) as JSON text, built by the server for the
+ * conversation `c` (a row with `id` and `next_seq` in scope): its latest messages, oldest first,
+ * at most `maxMessages` and `maxBytes` of content (H3), `first_seq` when any, `has_more` (H2) and
+ * `current_seq`. The daemon splices the text into the frame as is: no row per message reaches
+ * Node, and nothing is parsed or encoded again on the way to the worker.
+ */
+export function contextJsonOf(c: string, limits: ContextLimits): SQL {
+  const conv = sql.raw(c);
+  return sql`(
+    select '{"conversation_id":"' || ${conv}.id || '","messages":' || coalesce(w.messages, '[]')
+           || coalesce(',"first_seq":' || w.first_seq, '')
+           || ',"has_more":' || (coalesce(w.first_seq, ${conv}.next_seq) > 1)::text
+           || ',"current_seq":' || ${conv}.next_seq || '}'
+      from (
+        select '[' || string_agg('{"seq":' || b.seq || ',"role":"' || b.role || '","content":' || b.text || '}', ',' order by b.seq) || ']'
+                 as messages,
+               min(b.seq) as first_seq
+          from (
+            select l.seq, l.role, l.text, sum(octet_length(l.text)) over (order by l.seq desc) as bytes
+              from (select m.seq, m.role, m.content::text as text from corral.messages m
+                     where m.conversation_id = ${conv}.id
+                     order by m.seq desc limit ${limits.maxMessages}) l
+          ) b
+         where b.bytes <= ${limits.maxBytes}
+      ) w
+  )`;
+}
 
 /**
- * The latest messages of each actor's conversation, at most `maxMessages` and `maxBytes` of
- * content each, in ONE statement for the whole batch (the begin path is batched). Flat rows (one
- * per message), grouped here: cheaper than aggregating to JSON in the server. Actors without a
- * conversation are absent from the map (keyed `agent/session`).
+ * The context (JSON text, see `contextJsonOf`) of each actor's conversation, in ONE statement for
+ * a batch of actors. Actors without a conversation are absent from the map (keyed `agent/session`).
  */
-export async function loadContextMany(
-  db: DbOrTx,
-  keys: readonly ActorKey[],
-  limits: { maxMessages: number; maxBytes: number },
-): Promise<Map<string, ConversationContext>> {
+export async function loadContextJsonMany(db: DbOrTx, keys: readonly ActorKey[], limits: ContextLimits): Promise<Map<string, string>> {
   if (keys.length === 0) return new Map();
   const input = JSON.stringify(keys.map((k) => ({ agent_uid: k.agentUid, session_id: k.sessionId })));
-  // named: prepared once per connection (this runs for every begin batch)
-  const rows = await executeNamed<RawContextRow>(
+  // named: prepared once per connection (this runs for every begin batch with a new activation)
+  const rows = await executeNamed<{ agent_uid: string; session_id: string; context: string }>(
     db,
-    'corral_context_many',
+    'corral_context_json_many',
     sql`
     with i as (
       select * from jsonb_to_recordset(${input}::jsonb) as x(agent_uid text, session_id text)
     )
-    select c.agent_uid, c.session_id, c.id, c.next_seq, w.seq, w.role, w.content
-      from i join corral.conversations c on c.agent_uid = i.agent_uid and c.session_id = i.session_id
-      left join lateral (
-        select l.seq, l.role, l.content, sum(octet_length(l.content::text)) over (order by l.seq desc) as bytes
-          from (select m.seq, m.role, m.content from corral.messages m
-                 where m.conversation_id = c.id
-                 order by m.seq desc limit ${limits.maxMessages}) l
-      ) w on w.bytes <= ${limits.maxBytes}`,
+    select c.agent_uid, c.session_id, ${contextJsonOf('c', limits)} as context
+      from i join corral.conversations c on c.agent_uid = i.agent_uid and c.session_id = i.session_id`,
   );
-  const out = new Map<string, ConversationContext>();
-  for (const r of rows) {
-    const key = `${r.agent_uid}/${r.session_id}`;
-    let ctx = out.get(key);
-    if (!ctx) {
-      ctx = { conversationId: r.id, messages: [], firstSeq: undefined, hasMore: false, nextSeq: Number(r.next_seq) };
-      out.set(key, ctx);
-    }
-    if (r.seq !== null) ctx.messages.push({ seq: r.seq, role: r.role!, content: r.content });
-  }
-  for (const ctx of out.values()) {
-    ctx.messages.sort((a, b) => a.seq - b.seq);
-    ctx.firstSeq = ctx.messages[0]?.seq;
-    // H2: seqs are gapless from 1
-    ctx.hasMore = (ctx.firstSeq ?? ctx.nextSeq) > 1;
-  }
-  return out;
+  return new Map(rows.map((r) => [`${r.agent_uid}/${r.session_id}`, r.context]));
 }
 
 /** The fence CTE of H1: one row (agent, session) when `fence` names a live turn of `workerId`. */

@@ -12,42 +12,115 @@ import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import type { ActivationRow } from './activations.ts';
 import { executeNamed } from './prepared.ts';
-import { fromRawRow, toDate } from './rows.ts';
+import { fromRawRow, prefixedColumns, toDate } from './rows.ts';
+import { contextJsonOf, type ContextLimits } from './history.ts';
 import { activations, ACTIVATION_LIVE, DELIVERY_LIVE, DELIVERY_UNACCEPTED, sqlList } from './schema.ts';
 
 const LIVE = sqlList(ACTIVATION_LIVE);
 const DELIVERY_LIVE_LIST = sqlList(DELIVERY_LIVE);
 const UNACCEPTED = sqlList(DELIVERY_UNACCEPTED);
 
+/** One fetched job to begin (at most one per actor in a batch). */
+export interface BeginInput {
+  key: ActorKey;
+  eventId: string;
+  jobRetryCount: number;
+  workerId: string | null;
+  input: unknown;
+}
+
+/** A turn begun on its actor's warm activation. */
+export interface WarmBegun {
+  activation: ActivationRow;
+  deliveryId: string;
+  /** The turn_start context as JSON text (`contextJsonOf`), when asked for. */
+  contextJson: string | undefined;
+}
+
 /**
- * The common case of T2 for a batch of jobs (at most one per actor), in ONE statement: each actor
- * with a warm activation (live, no current event) has it pointed at its event, lease renewed.
- * Returns the activations that were warm, by actor key (`agent/session`); the others need a new one.
+ * The common case of T2 for a batch of jobs, in ONE statement and so one transaction of its own:
+ * each actor with a warm activation (live, no current event) has it pointed at its event and its
+ * lease renewed, and gets its delivery and `started` turn (`insertTurnRowsMany`'s rows) and, when
+ * `context` is given, its conversation's context. Actors without a warm activation are left
+ * untouched and absent from the result (keyed `agent/session`): they need a new activation.
  */
-export async function assignWarmActivationsMany(
-  tx: DbOrTx,
-  jobs: readonly { key: ActorKey; eventId: string }[],
-  leaseMs: number,
-  ownerId: string,
-): Promise<Map<string, ActivationRow>> {
+export async function beginWarmTurnsMany(
+  db: DbOrTx,
+  jobs: readonly BeginInput[],
+  opts: { leaseMs: number; ownerId: string; context: ContextLimits | undefined },
+): Promise<Map<string, WarmBegun>> {
   if (jobs.length === 0) return new Map();
-  const input = jobs.map((j) => ({ agent_uid: j.key.agentUid, session_id: j.key.sessionId, event_id: j.eventId }));
-  const rows = await executeNamed<Record<string, unknown> & { agent_uid: string; session_id: string }>(
-    tx,
-    'corral_assign_warm_activations_many',
+  const input = jobs.map((j) => ({
+    agent_uid: j.key.agentUid,
+    session_id: j.key.sessionId,
+    event_id: j.eventId,
+    delivery_id: randomUUID(),
+    turn_id: randomUUID(),
+    conv_id: randomUUID(),
+    job_retry_count: j.jobRetryCount,
+    worker_id: j.workerId,
+    // wrapped, so that a JSON null stays a JSON null (a recordset turns it into SQL NULL)
+    input: { v: j.input ?? null },
+  }));
+  const context = opts.context && opts.context.maxMessages > 0 ? contextJsonOf('conv', opts.context) : sql`null::text`;
+  const rows = await executeNamed<Record<string, unknown> & { delivery_id: string; context: string | null }>(
+    db,
+    opts.context && opts.context.maxMessages > 0 ? 'corral_begin_warm_many_ctx' : 'corral_begin_warm_many',
     sql`
     with i as (
-      select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(agent_uid text, session_id text, event_id uuid)
+      select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
+        agent_uid text, session_id text, event_id uuid, delivery_id uuid, turn_id uuid, conv_id uuid,
+        job_retry_count int, worker_id text, input jsonb)
+    ), a as (
+      update corral.activations a
+         set current_event_id = i.event_id, revision = 0, owner_id = ${opts.ownerId}, status = 'active',
+             lease_expires_at = now() + ${opts.leaseMs} * interval '1 millisecond', updated_at = now()
+        from i
+       where a.agent_uid = i.agent_uid and a.session_id = i.session_id
+         and a.status in ${LIVE} and a.current_event_id is null
+      returning a.*
+    ), w as (
+      select i.*, a.activation_uid, a.actor_epoch, a.revision from i join a using (agent_uid, session_id)
+    ), conv_new as (
+      insert into corral.conversations (id, agent_uid, session_id)
+      select conv_id, agent_uid, session_id from w
+      on conflict (agent_uid, session_id) do nothing
+      returning id, agent_uid, session_id, next_seq
+    ), conv as (
+      select id, agent_uid, session_id, next_seq from conv_new
+      union all
+      select c.id, c.agent_uid, c.session_id, c.next_seq from corral.conversations c join w using (agent_uid, session_id)
+    ), d as (
+      insert into corral.deliveries
+        (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state)
+      select delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id,
+             case when worker_id is null then 'created' else 'sent' end
+        from w
+      returning delivery_id
+    ), t as (
+      insert into corral.turns
+        (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, worker_id, input)
+      select w.turn_id, conv.id, w.event_id, d.delivery_id, 'started', w.activation_uid, w.actor_epoch, w.revision,
+             w.job_retry_count + 1, w.worker_id, w.input->'v'
+        from w join conv using (agent_uid, session_id) join d using (delivery_id)
+      returning delivery_id
     )
-    update corral.activations a
-       set current_event_id = i.event_id, revision = 0, owner_id = ${ownerId}, status = 'active',
-           lease_expires_at = now() + ${leaseMs} * interval '1 millisecond', updated_at = now()
-      from i
-     where a.agent_uid = i.agent_uid and a.session_id = i.session_id
-       and a.status in ${LIVE} and a.current_event_id is null
-    returning a.*`,
+    select ${prefixedColumns(activations, 'a', '')}, t.delivery_id, ${context} as context
+      from a
+      join w on w.activation_uid = a.activation_uid
+      join t on t.delivery_id = w.delivery_id
+      join conv on conv.agent_uid = a.agent_uid and conv.session_id = a.session_id`,
   );
-  return new Map(rows.map((r) => [`${r.agent_uid}/${r.session_id}`, fromRawRow(activations, r)]));
+  if (rows.length !== new Set(rows.map((r) => r.delivery_id)).size) throw new Error('a warm begin returned one turn twice');
+  return new Map(
+    rows.map((r) => {
+      const activation = fromRawRow(activations, r);
+      return [
+        `${activation.agentUid}/${activation.sessionId}`,
+        { activation, deliveryId: r.delivery_id, contextJson: r.context ?? undefined },
+      ];
+    }),
+  );
 }
 
 export interface TurnRowsInput {

@@ -261,9 +261,29 @@ export type TranscriptMessage = z.infer<typeof transcriptMessageSchema>;
  * count and bytes. The event's own `user` message is not among them (it is written on commit,
  * as message `current_seq`, with `event.data` as content).
  */
+const MESSAGE_ROLES = new Set(['user', 'assistant', 'tool']);
+
+/**
+ * `transcriptMessageSchema` for a whole list, as one plain loop: a context carries up to 50
+ * messages on every turn_start, where a zod object per message cost more than the JSON parse.
+ */
+function isTranscriptMessageList(value: unknown): value is TranscriptMessage[] {
+  if (!Array.isArray(value)) return false;
+  for (const m of value as unknown[]) {
+    if (m === null || typeof m !== 'object' || Array.isArray(m)) return false;
+    const { seq, role, content } = m as Record<string, unknown>;
+    if (!Number.isSafeInteger(seq) || (seq as number) < 1) return false;
+    if (typeof role !== 'string' || !MESSAGE_ROLES.has(role)) return false;
+    if (!isJsonValue(content)) return false;
+  }
+  return true;
+}
+
 export const turnContextSchema = z.object({
   conversation_id: z.uuid(),
-  messages: z.array(transcriptMessageSchema),
+  messages: z.custom<TranscriptMessage[]>(isTranscriptMessageList, {
+    message: 'expected a list of { seq: integer >= 1, role: user | assistant | tool, content: JSON }',
+  }),
   /** seq of `messages[0]`; absent when `messages` is empty. */
   first_seq: z.int().min(1).optional(),
   /** True when older messages exist than those sent (page back with `history.read`). */
@@ -429,7 +449,25 @@ export function parseDaemonMessage(buf: Uint8Array): ParseResult<DaemonMessage> 
   return parseWith(buf, daemonMessageSchema, DAEMON_MESSAGE_TYPES);
 }
 
+/** A field whose value is JSON text made elsewhere (see `withRawField`); JSON.stringify skips symbols. */
+const RAW_FIELD = Symbol('corral.rawField');
+
+/**
+ * `msg` with one more field, `name`, whose value is the JSON text `json`, copied into the frame as
+ * is by `encodeMessage` (not parsed and encoded again). The text must be a valid JSON value of the
+ * field's schema: it comes from a trusted producer (the database builds a turn's context), never
+ * from a peer.
+ */
+export function withRawField<M extends WorkerMessage | DaemonMessage>(msg: M, name: string, json: string): M {
+  if (name in msg) throw new Error(`the message already has a field ${name}`);
+  return Object.assign(msg, { [RAW_FIELD]: { name, json } });
+}
+
 /** Encode a message as the single UTF-8 JSON frame the protocol carries. */
 export function encodeMessage(msg: WorkerMessage | DaemonMessage): Buffer {
-  return Buffer.from(JSON.stringify(msg), 'utf8');
+  const text = JSON.stringify(msg);
+  const raw = (msg as { [RAW_FIELD]?: { name: string; json: string } })[RAW_FIELD];
+  if (raw === undefined) return Buffer.from(text, 'utf8');
+  // an object's JSON always ends with its closing brace
+  return Buffer.from(`${text.slice(0, -1)},${JSON.stringify(raw.name)}:${raw.json}}`, 'utf8');
 }

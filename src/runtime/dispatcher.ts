@@ -14,16 +14,15 @@
 import type { ActorKey } from '../actor-key.ts';
 import type { TimerHandle } from '../clock.ts';
 import type { ControlMessage } from '../db/control.ts';
-import { FenceRejected, errorMessage, toError } from '../errors.ts';
-import type { DaemonMessage } from '../fabric/protocol.ts';
+import { FenceRejected, toError } from '../errors.ts';
+import { withRawField, type DaemonMessage } from '../fabric/protocol.ts';
 import type { Logger } from '../logger.ts';
 import type { RuntimeParts } from './transport.ts';
 import type { InFlightTurn, SessionController } from './directory.ts';
 import { attemptFields, fenceFields, toWire, type AttemptRef } from './fence.ts';
 import { GroupWriter } from './group-writer.ts';
-import type { FailOutcome, FetchedJob, StartedTurn } from './turns.ts';
-import { contextToWire, withContext, type ContextLimits } from './context.ts';
-import type { Db } from '../db/client.ts';
+import type { BeginRequest, FailOutcome, FetchedJob, StartedTurn } from './turns.ts';
+import type { ContextLimits } from '../db/history.ts';
 
 /** A turn is never offered to more than this many routes that turn out dead in one dispatch. */
 const MAX_DEAD_ROUTES_PER_DISPATCH = 3;
@@ -33,8 +32,8 @@ const PARKED_RETRY_MS = 100;
 export interface DispatcherOptions extends RuntimeParts {
   /** Called whenever capacity may have freed up (the consumer fetches again). */
   onCapacity?: () => void;
-  /** Conversation context in turn_start (read from `db`); absent = none. */
-  context?: { db: Db; limits: ContextLimits };
+  /** Conversation context in turn_start; absent = none. */
+  context?: ContextLimits;
 }
 
 export class Dispatcher {
@@ -47,21 +46,15 @@ export class Dispatcher {
   private parkedRetry: TimerHandle | null = null;
   private stopping = false;
   /** Fetched jobs begin in groups: one transaction for the turns begun meanwhile. */
-  private readonly begins: GroupWriter<{ job: FetchedJob; workerId: string | null }, StartedTurn>;
+  private readonly begins: GroupWriter<BeginRequest, StartedTurn>;
 
   constructor(opts: DispatcherOptions) {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'dispatcher' });
-    // context hook: one query per begin batch, after it committed; it never throws
-    const withCtx = (turns: StartedTurn[]) =>
-      opts.context
-        ? withContext(opts.context.db, turns, opts.context.limits, (e) =>
-            this.log.warn({ err: errorMessage(e) }, 'turn context not loaded; turns start without it'),
-          )
-        : Promise.resolve(turns);
+    const context = opts.context;
     this.begins = new GroupWriter({
-      many: async (requests) => (await withCtx(await opts.store.beginMany(requests))).map((value) => ({ ok: true as const, value })),
-      one: async (r) => (await withCtx([await opts.store.begin(r.job, r.workerId)]))[0]!,
+      many: (requests) => opts.store.beginMany(requests, context),
+      one: (r) => opts.store.begin(r.job, r.workerId, context),
       onBatch: (size, fellBack) => this.log.debug({ size, fellBack }, fellBack ? 'begin batch failed; begun one by one' : 'begin batch'),
     });
   }
@@ -339,13 +332,14 @@ export class Dispatcher {
 }
 
 function turnStart(f: InFlightTurn): DaemonMessage {
-  return {
+  const msg: DaemonMessage = {
     v: 1,
     type: 'turn_start',
     turn_ref: toWire(f.fence),
     event: { id: f.fence.eventId, data: (f.started.payload ?? null) as never, enqueued_at: f.started.enqueuedAt },
     attempt: f.started.attempt,
     lease_expires_at: f.started.leaseExpiresAt.toISOString(),
-    ...(f.started.context ? { context: contextToWire(f.started.context) } : {}),
   };
+  // the context goes into the frame as the JSON text the database built (src/db/history.ts)
+  return f.started.contextJson === undefined ? msg : withRawField(msg, 'context', f.started.contextJson);
 }

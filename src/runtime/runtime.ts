@@ -27,7 +27,7 @@ import { ReplyPipeline } from './reply-pipeline.ts';
 import type { Transport } from './transport.ts';
 import type { FetchedJob, TurnStore } from './turns.ts';
 import { WorkerRegistry } from './worker-registry.ts';
-import type { ContextLimits } from './context.ts';
+import type { ContextLimits } from '../db/history.ts';
 
 export type { Transport };
 
@@ -87,7 +87,7 @@ export class Runtime {
     this.dispatcher = new Dispatcher({
       ...parts,
       ...(opts.onCapacity ? { onCapacity: opts.onCapacity } : {}),
-      ...(opts.context ? { context: { db: opts.db, limits: opts.context } } : {}),
+      ...(opts.context ? { context: opts.context } : {}),
     });
     this.replies = new ReplyPipeline({
       ...parts,

@@ -21,7 +21,7 @@ import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
 import * as turnRows from '../db/turn-rows.ts';
 import { makeLastAttempt } from '../db/boss-jobs.ts';
-import { nextEpochsMany, setBlockedBy } from '../db/actors.ts';
+import { setBlockedBy } from '../db/actors.ts';
 import { CorralError, FenceRejected, type FenceReason } from '../errors.ts';
 import { unstorableReason } from '../json-safety.ts';
 import { MAX_NOTIFY_BYTES, notifyControl } from '../db/control.ts';
@@ -29,7 +29,11 @@ import type { ConsumedJob } from '../queue/consumer.ts';
 import { enqueueEffects, type EmitRequest, type TurnEffects } from '../queue/effects.ts';
 import { DEFAULT_MAX_EVENT_BYTES } from '../queue/event-job.ts';
 import type { ActivationRow } from '../db/activations.ts';
-import type { ConversationContext } from '../db/history.ts';
+import type { ContextLimits } from '../db/history.ts';
+import { TurnBeginner, type BeginRequest } from './turn-begin.ts';
+import { fenceOf } from './fence.ts';
+export type { BeginRequest };
+import type { Settlement } from './group-writer.ts';
 import { DELIVERY_LIVE } from '../db/schema.ts';
 
 export interface TurnsConfig {
@@ -51,8 +55,8 @@ export interface StartedTurn {
   attempt: number;
   leaseExpiresAt: Date;
   workerId: string | null;
-  /** The conversation so far, sent with turn_start (src/runtime/context.ts). */
-  context?: ConversationContext | undefined;
+  /** The conversation so far as the JSON text of turn_start's `context` (src/db/history.ts `contextJsonOf`). */
+  contextJson?: string | undefined;
 }
 
 export interface ReplyMessage {
@@ -115,8 +119,24 @@ export class TurnStore {
   private readonly config: TurnsConfig;
   /** Where the fence finds the events' jobs. */
   private readonly jobs: JobTable;
+  /** T2, the begin of fetched jobs. */
+  private readonly beginner: TurnBeginner;
 
-  constructor(deps: { db: Db; boss: PgBoss; queueName: string; ownerId: string; config: TurnsConfig }) {
+  constructor(deps: {
+    db: Db;
+    boss: PgBoss;
+    queueName: string;
+    ownerId: string;
+    config: TurnsConfig;
+    onContextError?: (e: unknown) => void;
+  }) {
+    this.beginner = new TurnBeginner({
+      db: deps.db,
+      ownerId: deps.ownerId,
+      leaseMs: deps.config.leaseMs,
+      supersede: (tx, stale) => this.failActivationInTx(tx, stale, 'superseded', { message: 'superseded by a newer attempt' }, false),
+      ...(deps.onContextError ? { onContextError: deps.onContextError } : {}),
+    });
     this.db = deps.db;
     this.boss = deps.boss;
     this.queueName = deps.queueName;
@@ -125,77 +145,16 @@ export class TurnStore {
     this.jobs = { schema: deps.config.bossSchema ?? 'pgboss', queue: deps.queueName };
   }
 
-  /**
-   * T2: takes the actor's activation for `job` (reusing a warm one, else a new one under a higher
-   * epoch, failing any activation still holding an older attempt) and writes the delivery and a
-   * `started` turn carrying the fence.
-   */
-  async begin(job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
-    return (await this.beginMany([{ job, workerId }]))[0]!;
+  /** T2 for one fetched job (see `TurnBeginner.beginMany`); its error, if any, is thrown. */
+  async begin(job: FetchedJob, workerId: string | null, context?: ContextLimits): Promise<StartedTurn> {
+    const [settled] = await this.beginner.beginMany([{ job, workerId }], context);
+    if (!settled!.ok) throw settled!.error;
+    return settled!.value;
   }
 
-  /**
-   * T2 for a batch of fetched jobs (group begin), in one transaction and a constant number of
-   * statements: warm activations assigned in one; for the other actors, live activations locked
-   * (a stale one, still holding an older attempt, is superseded: rare, per actor), epochs taken
-   * and new activations inserted in one each; then every delivery and `started` turn in one. At most one job per actor (pg-boss's key_strict_fifo fetch
-   * gives no actor two jobs at once, and an actor's controller begins one at a time). Any error
-   * rolls back the whole batch; the caller then begins its members one by one.
-   */
-  async beginMany(requests: readonly { job: FetchedJob; workerId: string | null }[]): Promise<StartedTurn[]> {
-    const keyOf = (job: FetchedJob): ActorKey => ({ agentUid: job.data.agentUid, sessionId: job.data.sessionId });
-    if (new Set(requests.map((r) => formatActorKey(keyOf(r.job)))).size !== requests.length) {
-      throw new CorralError('internal', 'a begin batch holds two jobs of one actor');
-    }
-    return inTransaction(this.db, async (tx) => {
-      // The common case in one statement: actors with a warm activation.
-      const warm = await turnRows.assignWarmActivationsMany(
-        tx,
-        requests.map((r) => ({ key: keyOf(r.job), eventId: r.job.id })),
-        this.config.leaseMs,
-        this.ownerId,
-      );
-      // The others get a new activation under a higher epoch, also in a few statements; a live
-      // activation still running an older attempt of such an actor is superseded first (rare).
-      const cold = requests.filter((r) => !warm.has(formatActorKey(keyOf(r.job))));
-      const coldKeys = cold.map((r) => keyOf(r.job));
-      for (const stale of await activations.lockLiveActivationsMany(tx, coldKeys)) {
-        await this.failActivationInTx(tx, stale, 'superseded', { message: 'superseded by a newer attempt' }, false);
-      }
-      const epochs = await nextEpochsMany(tx, coldKeys);
-      const created = await activations.insertActivationsMany(
-        tx,
-        cold.map((r) => ({ key: keyOf(r.job), epoch: epochs.get(formatActorKey(keyOf(r.job)))!, eventId: r.job.id })),
-        { ownerId: this.ownerId, leaseMs: this.config.leaseMs },
-      );
-      const fresh = new Map(created.map((a) => [`${a.agentUid}/${a.sessionId}`, a]));
-      const activationsOf = requests.map((r) => {
-        const key = formatActorKey(keyOf(r.job));
-        return (warm.get(key) ?? fresh.get(key))!;
-      });
-      const deliveryIds = await turnRows.insertTurnRowsMany(
-        tx,
-        requests.map((r, i) => ({
-          activation: activationsOf[i]!,
-          eventId: r.job.id,
-          jobRetryCount: r.job.retryCount,
-          workerId: r.workerId,
-          input: r.job.data.payload,
-        })),
-      );
-      return requests.map((r, i) => this.startedTurn(r.job, r.workerId, activationsOf[i]!, deliveryIds[i]!));
-    });
-  }
-
-  private startedTurn(job: FetchedJob, workerId: string | null, activation: ActivationRow, deliveryId: string): StartedTurn {
-    return {
-      fence: fenceOf({ ...activation, eventId: job.id, deliveryId }),
-      payload: job.data.payload,
-      enqueuedAt: job.data.enqueuedAt,
-      attempt: job.retryCount + 1,
-      leaseExpiresAt: activation.leaseExpiresAt,
-      workerId,
-    };
+  /** T2 for a batch of fetched jobs (group begin): see `TurnBeginner.beginMany`. */
+  beginMany(requests: readonly BeginRequest[], context?: ContextLimits): Promise<Settlement<StartedTurn>[]> {
+    return this.beginner.beginMany(requests, context);
   }
 
   /** Keeps pg-boss from failing the jobs of turns this daemon is running (see jobHeartbeatSeconds). */
@@ -534,18 +493,4 @@ export class TurnStore {
     }
     return { deadLettered, jobFailed: true };
   }
-}
-
-function fenceOf(
-  d: Pick<deliveries.DeliveryRow, 'agentUid' | 'sessionId' | 'activationUid' | 'actorEpoch' | 'eventId' | 'revision' | 'deliveryId'>,
-): Fence {
-  return {
-    agentUid: d.agentUid,
-    sessionId: d.sessionId,
-    activationUid: d.activationUid,
-    actorEpoch: d.actorEpoch,
-    eventId: d.eventId,
-    revision: d.revision,
-    deliveryId: d.deliveryId,
-  };
 }

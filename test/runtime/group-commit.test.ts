@@ -126,7 +126,7 @@ describe('group commit', () => {
     expect((await state(y.eventId)).delivery).not.toBe('accepted');
   });
 
-  it('begins a batch of warm, new and superseding actors in one transaction', async () => {
+  it('begins a batch of warm, new and superseding actors: the warm ones in one statement, the others in one transaction', async () => {
     const [w] = (await startTurns('begin-warm', 1)).map(fromWire) as [Fence];
     expect(await t.daemon.store.commitMany([request(w)])).toEqual([{ outcome: 'committed' }]);
     const [stale] = (await startTurns('begin-stale', 1)).map(fromWire) as [Fence];
@@ -137,7 +137,8 @@ describe('group commit', () => {
     });
     const jobs = [job('begin-warm-0', { x: 1 }), job('begin-new', null), job('begin-stale-0', [1, 2])];
     // the second waits for a worker: its delivery is `created`; the others go out at once: `sent`
-    const started = await t.daemon.store.beginMany(jobs.map((j, i) => ({ job: j, workerId: i === 1 ? null : 'raw-gc' })));
+    const settled = await t.daemon.store.beginMany(jobs.map((j, i) => ({ job: j, workerId: i === 1 ? null : 'raw-gc' })));
+    const started = settled.map((s) => (s.ok ? s.value : expect.unreachable(String(s.error))));
 
     expect(started.map((s) => s.fence.eventId)).toEqual(jobs.map((j) => j.id));
     expect(started[0]!.fence.activationUid).toBe(w.activationUid); // the warm activation, reused

@@ -1,0 +1,171 @@
+/**
+ * T2, the begin of fetched jobs (docs/failure-semantics.md): each job's actor gets an activation
+ * (its warm one, else a new one under a higher epoch), and the job a delivery carrying the fence
+ * and a `started` turn. Batched: the warm actors of a whole batch in one statement, the others in
+ * one transaction.
+ */
+import { formatActorKey, type ActorKey } from '../actor-key.ts';
+import type { Db, Tx } from '../db/client.ts';
+import { inTransaction } from '../db/tx.ts';
+import * as activations from '../db/activations.ts';
+import type { ActivationRow } from '../db/activations.ts';
+import { nextEpochsMany } from '../db/actors.ts';
+import { loadContextJsonMany, type ContextLimits } from '../db/history.ts';
+import * as turnRows from '../db/turn-rows.ts';
+import { CorralError, isConnectionError } from '../errors.ts';
+import { fenceOf } from './fence.ts';
+import type { Settlement } from './group-writer.ts';
+import type { FetchedJob, StartedTurn } from './turns.ts';
+
+/** A fetched job to begin, and the worker whose slot it holds (null: it waits for one). */
+export interface BeginRequest {
+  job: FetchedJob;
+  workerId: string | null;
+}
+
+const keyOf = (job: FetchedJob): ActorKey => ({ agentUid: job.data.agentUid, sessionId: job.data.sessionId });
+
+export interface TurnBeginnerDeps {
+  db: Db;
+  ownerId: string;
+  leaseMs: number;
+  /** Fails a live activation still holding an older attempt of an actor being begun (rare). */
+  supersede(tx: Tx, stale: ActivationRow): Promise<unknown>;
+  /** Told when a begun turn's context could not be read (it starts without). */
+  onContextError?: (e: unknown) => void;
+}
+
+export class TurnBeginner {
+  private readonly deps: TurnBeginnerDeps;
+
+  constructor(deps: TurnBeginnerDeps) {
+    this.deps = deps;
+  }
+
+  /**
+   * T2 for a batch of fetched jobs (group begin), at most one per actor (pg-boss's key_strict_fifo
+   * fetch gives no actor two jobs at once, and an actor's controller begins one at a time). Takes
+   * each actor's activation (a warm one, else a new one under a higher epoch) and writes the
+   * delivery and the `started` turn carrying the fence; with `context`, each turn also gets its
+   * conversation's context for turn_start.
+   *
+   * Actors with a warm activation (the common case) are begun in ONE statement, which is its own
+   * transaction (`beginWarmTurnsMany`). The others then get a new activation in one transaction
+   * of a constant number of statements: live activations locked (a stale one, still holding an
+   * older attempt, is superseded: rare, per actor), epochs taken, activations, deliveries and
+   * turns inserted; their context is read after it commits. Throws only when nothing was begun;
+   * once the warm statement committed, a failure of the rest settles only the members it concerns
+   * (one by one, unless the connection was lost).
+   */
+  async beginMany(requests: readonly BeginRequest[], context?: ContextLimits): Promise<Settlement<StartedTurn>[]> {
+    if (new Set(requests.map((r) => formatActorKey(keyOf(r.job)))).size !== requests.length) {
+      throw new CorralError('internal', 'a begin batch holds two jobs of one actor');
+    }
+    const warm = await turnRows.beginWarmTurnsMany(
+      this.deps.db,
+      requests.map((r) => ({
+        key: keyOf(r.job),
+        eventId: r.job.id,
+        jobRetryCount: r.job.retryCount,
+        workerId: r.workerId,
+        input: r.job.data.payload,
+      })),
+      { leaseMs: this.deps.leaseMs, ownerId: this.deps.ownerId, context },
+    );
+    const out: (Settlement<StartedTurn> | undefined)[] = requests.map((r) => {
+      const w = warm.get(formatActorKey(keyOf(r.job)));
+      return w ? { ok: true, value: this.startedTurn(r.job, r.workerId, w.activation, w.deliveryId, w.contextJson) } : undefined;
+    });
+    const cold = requests.flatMap((r, i) => (out[i] ? [] : [{ r, i }]));
+    if (cold.length === 0) return out as Settlement<StartedTurn>[];
+    const settleCold = async (members: typeof cold): Promise<void> => {
+      const begun = await this.beginColdMany(members.map((m) => m.r));
+      await this.attachContext(begun, context);
+      members.forEach((m, k) => (out[m.i] = { ok: true, value: begun[k]! }));
+    };
+    try {
+      await settleCold(cold);
+    } catch (e) {
+      if (isConnectionError(e) || cold.length === 1) {
+        for (const m of cold) out[m.i] = { ok: false, error: e };
+      } else {
+        // one poison job must not hold the others back
+        for (const m of cold) {
+          try {
+            await settleCold([m]);
+          } catch (err) {
+            out[m.i] = { ok: false, error: err };
+          }
+        }
+      }
+    }
+    return out as Settlement<StartedTurn>[];
+  }
+
+  /** The cold part of `beginMany`: new activations for actors without a warm one, in one transaction. */
+  private async beginColdMany(requests: readonly BeginRequest[]): Promise<StartedTurn[]> {
+    return inTransaction(this.deps.db, async (tx) => {
+      const keys = requests.map((r) => keyOf(r.job));
+      // A live activation still running an older attempt of such an actor is superseded first (rare).
+      for (const stale of await activations.lockLiveActivationsMany(tx, keys)) {
+        await this.deps.supersede(tx, stale);
+      }
+      const epochs = await nextEpochsMany(tx, keys);
+      const created = await activations.insertActivationsMany(
+        tx,
+        requests.map((r) => ({ key: keyOf(r.job), epoch: epochs.get(formatActorKey(keyOf(r.job)))!, eventId: r.job.id })),
+        { ownerId: this.deps.ownerId, leaseMs: this.deps.leaseMs },
+      );
+      const fresh = new Map(created.map((a) => [`${a.agentUid}/${a.sessionId}`, a]));
+      const activationsOf = requests.map((r) => fresh.get(formatActorKey(keyOf(r.job)))!);
+      const deliveryIds = await turnRows.insertTurnRowsMany(
+        tx,
+        requests.map((r, i) => ({
+          activation: activationsOf[i]!,
+          eventId: r.job.id,
+          jobRetryCount: r.job.retryCount,
+          workerId: r.workerId,
+          input: r.job.data.payload,
+        })),
+      );
+      return requests.map((r, i) => this.startedTurn(r.job, r.workerId, activationsOf[i]!, deliveryIds[i]!, undefined));
+    });
+  }
+
+  /**
+   * Reads the context of turns begun on new activations (one statement). Never throws: the turns
+   * are begun (committed), and a failure here must not make the caller begin them again; without
+   * context a worker can still read the history over RPC.
+   */
+  private async attachContext(turns: StartedTurn[], context: ContextLimits | undefined): Promise<void> {
+    if (!context || context.maxMessages <= 0 || turns.length === 0) return;
+    try {
+      const found = await loadContextJsonMany(
+        this.deps.db,
+        turns.map((t) => t.fence),
+        context,
+      );
+      for (const t of turns) t.contextJson = found.get(`${t.fence.agentUid}/${t.fence.sessionId}`);
+    } catch (e) {
+      this.deps.onContextError?.(e);
+    }
+  }
+
+  private startedTurn(
+    job: FetchedJob,
+    workerId: string | null,
+    activation: ActivationRow,
+    deliveryId: string,
+    contextJson: string | undefined,
+  ): StartedTurn {
+    return {
+      fence: fenceOf({ ...activation, eventId: job.id, deliveryId }),
+      payload: job.data.payload,
+      enqueuedAt: job.data.enqueuedAt,
+      attempt: job.retryCount + 1,
+      leaseExpiresAt: activation.leaseExpiresAt,
+      workerId,
+      ...(contextJson === undefined ? {} : { contextJson }),
+    };
+  }
+}
