@@ -44,6 +44,8 @@ export interface CorralResult {
   processCpuMsPerTurn: number;
   /** The worker processes' share of `processCpuMsPerTurn` (0 with in-process workers). */
   workerCpuMsPerTurn: number;
+  /** Worker slots taken (fetched jobs, begun or not, until they settle), averaged over the rounds. */
+  meanInFlight: number;
   /** CPU time of the (embedded) PostgreSQL per committed turn, when measurable. */
   serverCpuMsPerTurn?: number;
   /** enqueue (job created_on) → commit (turn finished_at), database clock, every event. */
@@ -177,6 +179,8 @@ export class CorralSession {
   private elu: ReturnType<typeof performance.eventLoopUtilization> | undefined;
   private cpuMs = 0;
   private workerMs = 0;
+  private occupied = 0;
+  private occupancySamples = 0;
   private readonly workerProcs: Proc[] = [];
   private serverMs: number | undefined = 0;
   private sampler: { on: boolean; stop(): Promise<ActivitySummary> } | undefined;
@@ -308,11 +312,21 @@ export class CorralSession {
     const elu0 = performance.eventLoopUtilization();
     if (this.sampler) this.sampler.on = true;
     const workers0 = await this.workerCpuMs();
+    // slot occupancy: worker slots taken in the daemon, sampled every millisecond of the round
+    let occupied = 0;
+    let samples = 0;
+    const occupancy = setInterval(() => {
+      occupied += this.opts.workers * this.opts.capacity - this.daemon.runtime.fetchCapacity();
+      samples++;
+    }, 1);
     const measured = await withCpu(this.serverCpu, () =>
       pushAndWait(this.client, this.daemon, this.counter, events, performance.now() + this.opts.phaseTimeoutMs, label),
     ).finally(() => {
+      clearInterval(occupancy);
       if (this.sampler) this.sampler.on = false;
     });
+    this.occupied += occupied;
+    this.occupancySamples += samples;
     const workerMs = (await this.workerCpuMs()) - workers0;
     measured.processMs += workerMs;
     this.workerMs += workerMs;
@@ -353,6 +367,7 @@ export class CorralSession {
       eventLoopUtilization: elu,
       processCpuMsPerTurn: this.cpuMs / events,
       workerCpuMsPerTurn: this.workerMs / events,
+      meanInFlight: this.occupied / Math.max(1, this.occupancySamples),
       ...(this.serverMs !== undefined ? { serverCpuMsPerTurn: this.serverMs / events } : {}),
       enqueueToCommitMs: summarise(lat.e2e),
       stagesMs: { queued: summarise(lat.queued), fetchToBegin: summarise(lat.fetchToBegin), beginToCommit: summarise(lat.beginToCommit) },

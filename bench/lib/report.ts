@@ -91,7 +91,8 @@ export function printTable(r: Report): void {
     ['  without the insert', `${r.raw.slices.map((x) => f0(x.drainJobsPerSec)).join(' / ')} jobs/s`],
     [
       'corral process',
-      `event loop ${f0(c.eventLoopUtilization * 100)} % busy during the rounds (daemon${r.params.processWorkers ? '' : ' + workers'} + bench)`,
+      `event loop ${f0(c.eventLoopUtilization * 100)} % busy during the rounds (daemon${r.params.processWorkers ? '' : ' + workers'} + bench); ` +
+        `${f1(c.meanInFlight)} of ${r.params.slots} slots in use on average`,
     ],
     [
       'CPU per turn / per raw job',
