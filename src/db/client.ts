@@ -28,9 +28,29 @@ export interface OpenOptions {
   onError?: (err: Error) => void;
 }
 
+/**
+ * corral's named statements (src/db/prepared.ts) are written for a generic plan (ids arrive as
+ * arrays, batches as one JSON recordset): planning them once per connection is the point of
+ * naming them. PostgreSQL's default would plan each one again on every call while it judges the
+ * generic plan costlier than its custom ones, which for these statements it always does. Unnamed
+ * statements (everything else) are planned per call whatever this says.
+ */
+const GENERIC_PLANS = '-c plan_cache_mode=force_generic_plan';
+
+/** The `options` parameter of a connection URL, if any (it would be replaced, not merged). */
+function optionsOf(url: string): string | null {
+  try {
+    return new URL(url).searchParams.get('options');
+  } catch {
+    return null;
+  }
+}
+
 export function openDatabase(url: string, opts: OpenOptions = {}): Database {
+  const given = optionsOf(url);
   const pool = new pg.Pool({
     connectionString: url,
+    options: given ? `${given} ${GENERIC_PLANS}` : GENERIC_PLANS,
     max: opts.max ?? 10,
     application_name: opts.applicationName ?? 'corral',
     connectionTimeoutMillis: 10_000,
