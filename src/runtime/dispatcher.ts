@@ -6,7 +6,8 @@
  * handed it back.
  *
  * Invariants:
- *  1. A turn holds at most one worker slot; it is released when the attempt settles here.
+ *  1. A turn holds at most one worker slot; it is released when its worker sends the final
+ *     message (the worker runs it no longer), or when the attempt settles here, whichever comes first.
  *  2. Per actor, its operations run one at a time on its SessionController.
  *  3. A redirect is fenced: a delivery the watchdog already failed is not redirected.
  *  4. It never touches the socket: it sends through `Transport`, the broker's send queue.
@@ -19,7 +20,7 @@ import { withRawField, type DaemonMessage } from '../fabric/protocol.ts';
 import type { Logger } from '../logger.ts';
 import type { RuntimeParts } from './transport.ts';
 import type { InFlightTurn, SessionController } from './directory.ts';
-import { attemptFields, fenceFields, toWire, type AttemptRef } from './fence.ts';
+import { attemptFields, fenceFields, toWire, type AttemptRef, type Fence } from './fence.ts';
 import { GroupWriter } from './group-writer.ts';
 import type { BeginRequest, FailOutcome, FetchedJob, StartedTurn } from './turns.ts';
 import type { ContextLimits } from '../db/history.ts';
@@ -272,6 +273,23 @@ export class Dispatcher {
     if (outcome.deadLettered) this.log.warn(fields, `event dead-lettered after ${why}`);
     else this.log.warn(fields, `attempt failed (${why}); the event will be retried`);
     this.settle(attempt);
+  }
+
+  /**
+   * The worker holding the turn sent its final message (result or error): it runs the turn no
+   * longer, so its slot goes to the next turn now, while the reply is still being committed (the
+   * worker already counts the slot free). Only the worker the turn was dispatched to, naming the
+   * delivery in flight here, frees it. The turn stays in flight until the attempt settles.
+   */
+  workerFinished(workerId: string, ref: Fence): void {
+    const f = this.turnOf(ref.eventId);
+    if (!f || f.workerId !== workerId) return;
+    if (f.fence.deliveryId !== ref.deliveryId || f.fence.activationUid !== ref.activationUid || f.fence.actorEpoch !== ref.actorEpoch)
+      return;
+    if (this.opts.workers.workerOf(ref.eventId) !== workerId) return;
+    this.opts.workers.release(ref.eventId);
+    this.dispatchParked();
+    this.opts.onCapacity?.();
   }
 
   /**

@@ -77,6 +77,7 @@ export class ReplyPipeline {
   }
 
   result(e: ResultEvent): void {
+    this.opts.dispatcher.workerFinished(e.workerId, fromWire(e.turnRef));
     const unstorable = unstorableReason({ messages: e.messages, output: e.output ?? null });
     if (unstorable) {
       this.refuseUnstorable(e.workerId, e.turnRef, unstorable);
@@ -122,6 +123,7 @@ export class ReplyPipeline {
       );
       return;
     }
+    this.opts.dispatcher.workerFinished(e.workerId, fromWire(e.turnRef));
     this.dropAccept(e.turnRef.delivery_id);
     this.fenced(e.workerId, e.turnRef, 'fail', async (fence) => {
       // an error text is diagnostic: make it storable rather than lose the failure
