@@ -29,8 +29,8 @@ export interface BeginInput {
   input: unknown;
 }
 
-/** A turn begun on its actor's warm activation. */
-export interface WarmBegun {
+/** A turn begun by `beginTurnsMany`. */
+export interface Begun {
   activation: ActivationRow;
   deliveryId: string;
   /** The turn_start context as JSON text (`contextJsonOf`), when asked for. */
@@ -38,49 +38,82 @@ export interface WarmBegun {
 }
 
 /**
- * The common case of T2 for a batch of jobs, in ONE statement and so one transaction of its own:
- * each actor with a warm activation (live, no current event) has it pointed at its event and its
- * lease renewed, and gets its delivery and `started` turn (`insertTurnRowsMany`'s rows) and, when
- * `context` is given, its conversation's context. Actors without a warm activation are left
- * untouched and absent from the result (keyed `agent/session`): they need a new activation.
+ * The common cases of T2 for a batch of jobs, in ONE statement and so one transaction of its own.
+ * Each actor with a warm activation (live, no current event) has it pointed at its event and its
+ * lease renewed; each actor with no live activation at all gets a new one under the next epoch
+ * (the durable counter + 1, I2). Either way it gets its conversation (created on first use), its
+ * delivery (`insertTurnRowsMany`'s rows) and `started` turn, and, when `context` is given, its
+ * conversation's context. Actors whose live activation still runs an event (a stale attempt to
+ * supersede) are left untouched and absent from the result (keyed `agent/session`). A concurrent
+ * activation of one of the actors breaks the one-live index (I1) and fails the whole statement,
+ * which then changed nothing.
  */
-export async function beginWarmTurnsMany(
+export async function beginTurnsMany(
   db: DbOrTx,
   jobs: readonly BeginInput[],
   opts: { leaseMs: number; ownerId: string; context: ContextLimits | undefined },
-): Promise<Map<string, WarmBegun>> {
+): Promise<Map<string, Begun>> {
   if (jobs.length === 0) return new Map();
-  const input = jobs.map((j) => ({
-    agent_uid: j.key.agentUid,
-    session_id: j.key.sessionId,
-    event_id: j.eventId,
-    delivery_id: randomUUID(),
-    turn_id: randomUUID(),
-    conv_id: randomUUID(),
-    job_retry_count: j.jobRetryCount,
-    worker_id: j.workerId,
-    // wrapped, so that a JSON null stays a JSON null (a recordset turns it into SQL NULL)
-    input: { v: j.input ?? null },
-  }));
-  const context = opts.context && opts.context.maxMessages > 0 ? contextJsonOf('conv', opts.context) : sql`null::text`;
+  const input = jobs
+    .map((j) => ({
+      agent_uid: j.key.agentUid,
+      session_id: j.key.sessionId,
+      event_id: j.eventId,
+      activation_uid: randomUUID(),
+      lease_id: randomUUID(),
+      delivery_id: randomUUID(),
+      turn_id: randomUUID(),
+      conv_id: randomUUID(),
+      job_retry_count: j.jobRetryCount,
+      worker_id: j.workerId,
+      // wrapped, so that a JSON null stays a JSON null (a recordset turns it into SQL NULL)
+      input: { v: j.input ?? null },
+    }))
+    // actor rows are locked in key order, as everywhere else (two daemons cannot deadlock)
+    .sort((x, y) => cmp(x.agent_uid, y.agent_uid) || cmp(x.session_id, y.session_id));
+  const limits = opts.context !== undefined && opts.context.maxMessages > 0 ? opts.context : undefined;
+  const context = limits ? contextJsonOf('conv', limits) : sql`null::text`;
+  const lease = sql`now() + ${opts.leaseMs} * interval '1 millisecond'`;
   const rows = await executeNamed<Record<string, unknown> & { delivery_id: string; context: string | null }>(
     db,
-    opts.context && opts.context.maxMessages > 0 ? 'corral_begin_warm_many_ctx' : 'corral_begin_warm_many',
+    limits ? 'corral_begin_turns_many_ctx' : 'corral_begin_turns_many',
     sql`
     with i as (
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
-        agent_uid text, session_id text, event_id uuid, delivery_id uuid, turn_id uuid, conv_id uuid,
-        job_retry_count int, worker_id text, input jsonb)
-    ), a as (
+        agent_uid text, session_id text, event_id uuid, activation_uid uuid, lease_id uuid, delivery_id uuid,
+        turn_id uuid, conv_id uuid, job_retry_count int, worker_id text, input jsonb)
+    ), warm as (
       update corral.activations a
          set current_event_id = i.event_id, revision = 0, owner_id = ${opts.ownerId}, status = 'active',
-             lease_expires_at = now() + ${opts.leaseMs} * interval '1 millisecond', updated_at = now()
+             lease_expires_at = ${lease}, updated_at = now()
         from i
        where a.agent_uid = i.agent_uid and a.session_id = i.session_id
          and a.status in ${LIVE} and a.current_event_id is null
       returning a.*
+    ), cold as (
+      select i.* from i
+       where not exists (select 1 from corral.activations l
+                          where l.agent_uid = i.agent_uid and l.session_id = i.session_id and l.status in ${LIVE})
+    ), epochs as (
+      insert into corral.actors as ac (agent_uid, session_id, epoch_counter)
+      select agent_uid, session_id, 1 from cold order by agent_uid, session_id
+      on conflict (agent_uid, session_id) do update set epoch_counter = ac.epoch_counter + 1, updated_at = now()
+      returning ac.agent_uid, ac.session_id, ac.epoch_counter
+    ), fresh as (
+      insert into corral.activations
+        (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at, owner_id, current_event_id, revision, status)
+      select cold.activation_uid, cold.agent_uid, cold.session_id, epochs.epoch_counter, cold.lease_id, ${lease}, ${opts.ownerId},
+             cold.event_id, 0, 'active'
+        from cold join epochs using (agent_uid, session_id)
+      returning *
+    ), a as (
+      select * from warm
+      union all
+      select * from fresh
     ), w as (
-      select i.*, a.activation_uid, a.actor_epoch, a.revision from i join a using (agent_uid, session_id)
+      select i.agent_uid, i.session_id, i.event_id, i.delivery_id, i.turn_id, i.conv_id, i.job_retry_count, i.worker_id, i.input,
+             a.activation_uid, a.actor_epoch, a.revision
+        from i join a using (agent_uid, session_id)
     ), conv_new as (
       insert into corral.conversations (id, agent_uid, session_id)
       select conv_id, agent_uid, session_id from w
@@ -111,17 +144,16 @@ export async function beginWarmTurnsMany(
       join t on t.delivery_id = w.delivery_id
       join conv on conv.agent_uid = a.agent_uid and conv.session_id = a.session_id`,
   );
-  if (rows.length !== new Set(rows.map((r) => r.delivery_id)).size) throw new Error('a warm begin returned one turn twice');
+  if (rows.length !== new Set(rows.map((r) => r.delivery_id)).size) throw new Error('a begin returned one turn twice');
   return new Map(
     rows.map((r) => {
       const activation = fromRawRow(activations, r);
-      return [
-        `${activation.agentUid}/${activation.sessionId}`,
-        { activation, deliveryId: r.delivery_id, contextJson: r.context ?? undefined },
-      ];
+      return [`${activation.agentUid}/${activation.sessionId}`, { activation, deliveryId: r.delivery_id, contextJson: r.context ?? undefined }];
     }),
   );
 }
+
+const cmp = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
 
 export interface TurnRowsInput {
   activation: ActivationRow;

@@ -1,8 +1,8 @@
 /**
  * T2, the begin of fetched jobs (docs/failure-semantics.md): each job's actor gets an activation
  * (its warm one, else a new one under a higher epoch), and the job a delivery carrying the fence
- * and a `started` turn. Batched: the warm actors of a whole batch in one statement, the others in
- * one transaction.
+ * and a `started` turn. Batched: a whole batch in one statement (an actor with a warm activation or
+ * none live), the rest (a stale live activation to supersede) in one transaction.
  */
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { Db, Tx } from '../db/client.ts';
@@ -49,50 +49,57 @@ export class TurnBeginner {
    * delivery and the `started` turn carrying the fence; with `context`, each turn also gets its
    * conversation's context for turn_start.
    *
-   * Actors with a warm activation (the common case) are begun in ONE statement, which is its own
-   * transaction (`beginWarmTurnsMany`). The others then get a new activation in one transaction
-   * of a constant number of statements: live activations locked (a stale one, still holding an
-   * older attempt, is superseded: rare, per actor), epochs taken, activations, deliveries and
-   * turns inserted; their context is read after it commits. Throws only when nothing was begun;
-   * once the warm statement committed, a failure of the rest settles only the members it concerns
-   * (one by one, unless the connection was lost).
+   * The common cases, an actor with a warm activation or with none live, are begun in ONE
+   * statement, which is its own transaction (`beginTurnsMany`). The rest (an actor whose live
+   * activation still holds an older attempt: rare; or every one of them, when that statement
+   * failed) go through one transaction of a constant number of statements: live activations
+   * locked and superseded (per actor), epochs taken, activations, deliveries and turns inserted;
+   * their context is read after it commits. Once the statement committed, a failure of the rest
+   * settles only the members it concerns (one by one, unless the connection was lost).
    */
   async beginMany(requests: readonly BeginRequest[], context?: ContextLimits): Promise<Settlement<StartedTurn>[]> {
     if (new Set(requests.map((r) => formatActorKey(keyOf(r.job)))).size !== requests.length) {
       throw new CorralError('internal', 'a begin batch holds two jobs of one actor');
     }
-    const warm = await turnRows.beginWarmTurnsMany(
-      this.deps.db,
-      requests.map((r) => ({
-        key: keyOf(r.job),
-        eventId: r.job.id,
-        jobRetryCount: r.job.retryCount,
-        workerId: r.workerId,
-        input: r.job.data.payload,
-      })),
-      { leaseMs: this.deps.leaseMs, ownerId: this.deps.ownerId, context },
-    );
+    let begun: Map<string, turnRows.Begun>;
+    try {
+      begun = await turnRows.beginTurnsMany(
+        this.deps.db,
+        requests.map((r) => ({
+          key: keyOf(r.job),
+          eventId: r.job.id,
+          jobRetryCount: r.job.retryCount,
+          workerId: r.workerId,
+          input: r.job.data.payload,
+        })),
+        { leaseMs: this.deps.leaseMs, ownerId: this.deps.ownerId, context },
+      );
+    } catch (e) {
+      // nothing was written: the transaction path sorts out what broke the statement
+      if (isConnectionError(e)) throw e;
+      begun = new Map();
+    }
     const out: (Settlement<StartedTurn> | undefined)[] = requests.map((r) => {
-      const w = warm.get(formatActorKey(keyOf(r.job)));
+      const w = begun.get(formatActorKey(keyOf(r.job)));
       return w ? { ok: true, value: this.startedTurn(r.job, r.workerId, w.activation, w.deliveryId, w.contextJson) } : undefined;
     });
-    const cold = requests.flatMap((r, i) => (out[i] ? [] : [{ r, i }]));
-    if (cold.length === 0) return out as Settlement<StartedTurn>[];
-    const settleCold = async (members: typeof cold): Promise<void> => {
-      const begun = await this.beginColdMany(members.map((m) => m.r));
-      await this.attachContext(begun, context);
-      members.forEach((m, k) => (out[m.i] = { ok: true, value: begun[k]! }));
+    const rest = requests.flatMap((r, i) => (out[i] ? [] : [{ r, i }]));
+    if (rest.length === 0) return out as Settlement<StartedTurn>[];
+    const settleRest = async (members: typeof rest): Promise<void> => {
+      const started = await this.beginSupersedingMany(members.map((m) => m.r));
+      await this.attachContext(started, context);
+      members.forEach((m, k) => (out[m.i] = { ok: true, value: started[k]! }));
     };
     try {
-      await settleCold(cold);
+      await settleRest(rest);
     } catch (e) {
-      if (isConnectionError(e) || cold.length === 1) {
-        for (const m of cold) out[m.i] = { ok: false, error: e };
+      if (isConnectionError(e) || rest.length === 1) {
+        for (const m of rest) out[m.i] = { ok: false, error: e };
       } else {
         // one poison job must not hold the others back
-        for (const m of cold) {
+        for (const m of rest) {
           try {
-            await settleCold([m]);
+            await settleRest([m]);
           } catch (err) {
             out[m.i] = { ok: false, error: err };
           }
@@ -102,8 +109,11 @@ export class TurnBeginner {
     return out as Settlement<StartedTurn>[];
   }
 
-  /** The cold part of `beginMany`: new activations for actors without a warm one, in one transaction. */
-  private async beginColdMany(requests: readonly BeginRequest[]): Promise<StartedTurn[]> {
+  /**
+   * The rest of `beginMany`: new activations under a higher epoch, in one transaction, superseding
+   * any live activation of the actors first.
+   */
+  private async beginSupersedingMany(requests: readonly BeginRequest[]): Promise<StartedTurn[]> {
     return inTransaction(this.deps.db, async (tx) => {
       const keys = requests.map((r) => keyOf(r.job));
       // A live activation still running an older attempt of such an actor is superseded first (rare).
