@@ -39,19 +39,18 @@ export interface Begun {
 
 /**
  * The common cases of T2 for a batch of jobs, in ONE statement and so one transaction of its own.
- * Each actor with a warm activation (live, no current event) has it pointed at its event and its
- * lease renewed; each actor with no live activation at all gets a new one under the next epoch
- * (the durable counter + 1, I2). Either way it gets its conversation (created on first use), its
- * delivery (`insertTurnRowsMany`'s rows) and `started` turn, and, when `context` is given, its
- * conversation's context. Actors whose live activation still runs an event (a stale attempt to
- * supersede) are left untouched and absent from the result (keyed `agent/session`). A concurrent
- * activation of one of the actors breaks the one-live index (I1) and fails the whole statement,
- * which then changed nothing.
+ * `warm`: each actor with a warm activation (live, no current event) has it pointed at its event
+ * and its lease renewed. `new`: each actor with no live activation at all gets a new one under
+ * the next epoch (the durable counter + 1, I2). Either way it gets its conversation (created on
+ * first use), its delivery (`insertTurnRowsMany`'s rows) and `started` turn, and, when `context`
+ * is given, its conversation's context. The other actors are left untouched and absent from the
+ * result (keyed `agent/session`). In `new`, a concurrent activation of one of the actors breaks
+ * the one-live index (I1) and fails the whole statement, which then changed nothing.
  */
 export async function beginTurnsMany(
   db: DbOrTx,
   jobs: readonly BeginInput[],
-  opts: { leaseMs: number; ownerId: string; context: ContextLimits | undefined },
+  opts: { kind: 'warm' | 'new'; leaseMs: number; ownerId: string; context: ContextLimits | undefined },
 ): Promise<Map<string, Begun>> {
   if (jobs.length === 0) return new Map();
   const input = jobs
@@ -74,23 +73,17 @@ export async function beginTurnsMany(
   const limits = opts.context !== undefined && opts.context.maxMessages > 0 ? opts.context : undefined;
   const context = limits ? contextJsonOf('conv', limits) : sql`null::text`;
   const lease = sql`now() + ${opts.leaseMs} * interval '1 millisecond'`;
-  const rows = await executeNamed<Record<string, unknown> & { delivery_id: string; context: string | null }>(
-    db,
-    limits ? 'corral_begin_turns_many_ctx' : 'corral_begin_turns_many',
-    sql`
-    with i as (
-      select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
-        agent_uid text, session_id text, event_id uuid, activation_uid uuid, lease_id uuid, delivery_id uuid,
-        turn_id uuid, conv_id uuid, job_retry_count int, worker_id text, input jsonb)
-    ), warm as (
+  const activationsOf =
+    opts.kind === 'warm'
+      ? sql`a as (
       update corral.activations a
          set current_event_id = i.event_id, revision = 0, owner_id = ${opts.ownerId}, status = 'active',
              lease_expires_at = ${lease}, updated_at = now()
         from i
        where a.agent_uid = i.agent_uid and a.session_id = i.session_id
          and a.status in ${LIVE} and a.current_event_id is null
-      returning a.*
-    ), cold as (
+      returning a.*`
+      : sql`cold as (
       select i.* from i
        where not exists (select 1 from corral.activations l
                           where l.agent_uid = i.agent_uid and l.session_id = i.session_id and l.status in ${LIVE})
@@ -99,17 +92,23 @@ export async function beginTurnsMany(
       select agent_uid, session_id, 1 from cold order by agent_uid, session_id
       on conflict (agent_uid, session_id) do update set epoch_counter = ac.epoch_counter + 1, updated_at = now()
       returning ac.agent_uid, ac.session_id, ac.epoch_counter
-    ), fresh as (
+    ), a as (
       insert into corral.activations
         (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at, owner_id, current_event_id, revision, status)
       select cold.activation_uid, cold.agent_uid, cold.session_id, epochs.epoch_counter, cold.lease_id, ${lease}, ${opts.ownerId},
              cold.event_id, 0, 'active'
         from cold join epochs using (agent_uid, session_id)
-      returning *
-    ), a as (
-      select * from warm
-      union all
-      select * from fresh
+      returning *`;
+  const rows = await executeNamed<Record<string, unknown> & { delivery_id: string; context: string | null }>(
+    db,
+    // the name carries all that varies in the text
+    `corral_begin_${opts.kind}_turns_many${limits ? '_ctx' : ''}`,
+    sql`
+    with i as (
+      select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
+        agent_uid text, session_id text, event_id uuid, activation_uid uuid, lease_id uuid, delivery_id uuid,
+        turn_id uuid, conv_id uuid, job_retry_count int, worker_id text, input jsonb)
+    ), ${activationsOf}
     ), w as (
       select i.agent_uid, i.session_id, i.event_id, i.delivery_id, i.turn_id, i.conv_id, i.job_retry_count, i.worker_id, i.input,
              a.activation_uid, a.actor_epoch, a.revision
@@ -148,7 +147,10 @@ export async function beginTurnsMany(
   return new Map(
     rows.map((r) => {
       const activation = fromRawRow(activations, r);
-      return [`${activation.agentUid}/${activation.sessionId}`, { activation, deliveryId: r.delivery_id, contextJson: r.context ?? undefined }];
+      return [
+        `${activation.agentUid}/${activation.sessionId}`,
+        { activation, deliveryId: r.delivery_id, contextJson: r.context ?? undefined },
+      ];
     }),
   );
 }

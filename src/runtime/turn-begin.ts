@@ -1,8 +1,9 @@
 /**
  * T2, the begin of fetched jobs (docs/failure-semantics.md): each job's actor gets an activation
  * (its warm one, else a new one under a higher epoch), and the job a delivery carrying the fence
- * and a `started` turn. Batched: a whole batch in one statement (an actor with a warm activation or
- * none live), the rest (a stale live activation to supersede) in one transaction.
+ * and a `started` turn. Batched: the actors of a batch with a warm activation in one statement,
+ * those with none live in another, the rest (a stale live activation to supersede) in one
+ * transaction.
  */
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { Db, Tx } from '../db/client.ts';
@@ -49,40 +50,50 @@ export class TurnBeginner {
    * delivery and the `started` turn carrying the fence; with `context`, each turn also gets its
    * conversation's context for turn_start.
    *
-   * The common cases, an actor with a warm activation or with none live, are begun in ONE
-   * statement, which is its own transaction (`beginTurnsMany`). The rest (an actor whose live
-   * activation still holds an older attempt: rare; or every one of them, when that statement
-   * failed) go through one transaction of a constant number of statements: live activations
-   * locked and superseded (per actor), epochs taken, activations, deliveries and turns inserted;
-   * their context is read after it commits. Once the statement committed, a failure of the rest
-   * settles only the members it concerns (one by one, unless the connection was lost).
+   * The common cases take ONE statement each, its own transaction (`beginTurnsMany`): first the
+   * actors with a warm activation, then those with none live (new actors, or ones whose
+   * activation was stopped). The rest (an actor whose live activation still holds an older
+   * attempt: rare; or all of them, when the second statement failed) go through one transaction
+   * of a constant number of statements: live activations locked and superseded (per actor),
+   * epochs taken, activations, deliveries and turns inserted; their context is read after it
+   * commits. Once a statement committed, a failure of the rest settles only the members it
+   * concerns (one by one, unless the connection was lost).
    */
   async beginMany(requests: readonly BeginRequest[], context?: ContextLimits): Promise<Settlement<StartedTurn>[]> {
     if (new Set(requests.map((r) => formatActorKey(keyOf(r.job)))).size !== requests.length) {
       throw new CorralError('internal', 'a begin batch holds two jobs of one actor');
     }
-    let begun: Map<string, turnRows.Begun>;
-    try {
-      begun = await turnRows.beginTurnsMany(
+    const out: (Settlement<StartedTurn> | undefined)[] = requests.map(() => undefined);
+    const pending = () => requests.flatMap((r, i) => (out[i] ? [] : [{ r, i }]));
+    const beginBy = async (kind: 'warm' | 'new', members: { r: BeginRequest; i: number }[]): Promise<void> => {
+      const begun = await turnRows.beginTurnsMany(
         this.deps.db,
-        requests.map((r) => ({
+        members.map(({ r }) => ({
           key: keyOf(r.job),
           eventId: r.job.id,
           jobRetryCount: r.job.retryCount,
           workerId: r.workerId,
           input: r.job.data.payload,
         })),
-        { leaseMs: this.deps.leaseMs, ownerId: this.deps.ownerId, context },
+        { kind, leaseMs: this.deps.leaseMs, ownerId: this.deps.ownerId, context },
       );
-    } catch (e) {
-      // nothing was written: the transaction path sorts out what broke the statement
-      if (isConnectionError(e)) throw e;
-      begun = new Map();
+      for (const { r, i } of members) {
+        const b = begun.get(formatActorKey(keyOf(r.job)));
+        if (b) out[i] = { ok: true, value: this.startedTurn(r.job, r.workerId, b.activation, b.deliveryId, b.contextJson) };
+      }
+    };
+    await beginBy('warm', pending());
+    if (pending().length > 0) {
+      try {
+        await beginBy('new', pending());
+      } catch (e) {
+        if (isConnectionError(e)) {
+          for (const m of pending()) out[m.i] = { ok: false, error: e };
+          return out as Settlement<StartedTurn>[];
+        }
+        // nothing was written: the transaction below sorts out what broke the statement
+      }
     }
-    const out: (Settlement<StartedTurn> | undefined)[] = requests.map((r) => {
-      const w = begun.get(formatActorKey(keyOf(r.job)));
-      return w ? { ok: true, value: this.startedTurn(r.job, r.workerId, w.activation, w.deliveryId, w.contextJson) } : undefined;
-    });
     const rest = requests.flatMap((r, i) => (out[i] ? [] : [{ r, i }]));
     if (rest.length === 0) return out as Settlement<StartedTurn>[];
     const settleRest = async (members: typeof rest): Promise<void> => {

@@ -126,7 +126,7 @@ describe('group commit', () => {
     expect((await state(y.eventId)).delivery).not.toBe('accepted');
   });
 
-  it('begins a batch of warm, new and superseding actors: warm and new ones in one statement, the superseding one in a transaction', async () => {
+  it('begins a batch of warm, new and superseding actors: a statement each for warm and new ones, a transaction for the superseding one', async () => {
     const [w] = (await startTurns('begin-warm', 1)).map(fromWire) as [Fence];
     expect(await t.daemon.store.commitMany([request(w)])).toEqual([{ outcome: 'committed' }]);
     const [stale] = (await startTurns('begin-stale', 1)).map(fromWire) as [Fence];
