@@ -20,6 +20,38 @@ const LIVE = sqlList(ACTIVATION_LIVE);
 const DELIVERY_LIVE_LIST = sqlList(DELIVERY_LIVE);
 const UNACCEPTED = sqlList(DELIVERY_UNACCEPTED);
 
+/**
+ * The rows every begun turn gets, as CTEs over `w` (one row per turn: agent_uid, session_id,
+ * conv_id, delivery_id, turn_id, activation_uid, actor_epoch, event_id, revision,
+ * job_retry_count, worker_id, input): `conv` its conversation (created on first use), `d` the
+ * delivery carrying the fence (`sent` when it has a worker: its turn_start goes out right after
+ * the statement; `created` while it waits for one), `t` the `started` turn.
+ */
+const TURN_ROWS = sql.raw(`conv_new as (
+      insert into corral.conversations (id, agent_uid, session_id)
+      select conv_id, agent_uid, session_id from w
+      on conflict (agent_uid, session_id) do nothing
+      returning id, agent_uid, session_id, next_seq
+    ), conv as (
+      select id, agent_uid, session_id, next_seq from conv_new
+      union all
+      select c.id, c.agent_uid, c.session_id, c.next_seq from corral.conversations c join w using (agent_uid, session_id)
+    ), d as (
+      insert into corral.deliveries
+        (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state)
+      select delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id,
+             case when worker_id is null then 'created' else 'sent' end
+        from w
+      returning delivery_id
+    ), t as (
+      insert into corral.turns
+        (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, worker_id, input)
+      select w.turn_id, conv.id, w.event_id, d.delivery_id, 'started', w.activation_uid, w.actor_epoch, w.revision,
+             w.job_retry_count + 1, w.worker_id, w.input->'v'
+        from w join conv using (agent_uid, session_id) join d using (delivery_id)
+      returning delivery_id
+    )`);
+
 /** One fetched job to begin (at most one per actor in a batch). */
 export interface BeginInput {
   key: ActorKey;
@@ -113,30 +145,7 @@ export async function beginTurnsMany(
       select i.agent_uid, i.session_id, i.event_id, i.delivery_id, i.turn_id, i.conv_id, i.job_retry_count, i.worker_id, i.input,
              a.activation_uid, a.actor_epoch, a.revision
         from i join a using (agent_uid, session_id)
-    ), conv_new as (
-      insert into corral.conversations (id, agent_uid, session_id)
-      select conv_id, agent_uid, session_id from w
-      on conflict (agent_uid, session_id) do nothing
-      returning id, agent_uid, session_id, next_seq
-    ), conv as (
-      select id, agent_uid, session_id, next_seq from conv_new
-      union all
-      select c.id, c.agent_uid, c.session_id, c.next_seq from corral.conversations c join w using (agent_uid, session_id)
-    ), d as (
-      insert into corral.deliveries
-        (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state)
-      select delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id,
-             case when worker_id is null then 'created' else 'sent' end
-        from w
-      returning delivery_id
-    ), t as (
-      insert into corral.turns
-        (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, worker_id, input)
-      select w.turn_id, conv.id, w.event_id, d.delivery_id, 'started', w.activation_uid, w.actor_epoch, w.revision,
-             w.job_retry_count + 1, w.worker_id, w.input->'v'
-        from w join conv using (agent_uid, session_id) join d using (delivery_id)
-      returning delivery_id
-    )
+    ), ${TURN_ROWS}
     select ${prefixedColumns(activations, 'a', '')}, t.delivery_id, ${context} as context
       from a
       join w on w.activation_uid = a.activation_uid
@@ -192,33 +201,12 @@ export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInpu
     tx,
     'corral_insert_turn_rows_many',
     sql`
-    with i as (
+    with w as (
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
         delivery_id uuid, turn_id uuid, conv_id uuid, activation_uid uuid, agent_uid text, session_id text,
         actor_epoch bigint, event_id uuid, revision int, job_retry_count int, worker_id text, input jsonb)
-    ), conv_new as (
-      insert into corral.conversations (id, agent_uid, session_id)
-      select conv_id, agent_uid, session_id from i
-      on conflict (agent_uid, session_id) do nothing
-      returning id, agent_uid, session_id
-    ), conv as (
-      select id, agent_uid, session_id from conv_new
-      union all
-      select c.id, c.agent_uid, c.session_id from corral.conversations c join i using (agent_uid, session_id)
-    ), d as (
-      insert into corral.deliveries
-        (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state)
-      select delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id,
-             case when worker_id is null then 'created' else 'sent' end
-        from i
-      returning delivery_id
-    )
-    insert into corral.turns
-      (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, worker_id, input)
-    select i.turn_id, conv.id, i.event_id, d.delivery_id, 'started', i.activation_uid, i.actor_epoch, i.revision,
-           i.job_retry_count + 1, i.worker_id, i.input->'v'
-      from i join conv using (agent_uid, session_id) join d using (delivery_id)
-    returning delivery_id`,
+    ), ${TURN_ROWS}
+    select delivery_id from t`,
   );
   if (written.length !== rows.length)
     throw new Error(`turn rows for ${rows.length - written.length} of ${rows.length} events were not written`);
