@@ -29,6 +29,7 @@ import { openBenchDatabase } from './lib/database.ts';
 import {
   freshDatabase,
   openBenchClient,
+  lazyFreeBytes,
   rssBytes,
   scalar,
   startDaemonProcess,
@@ -100,6 +101,8 @@ interface Memory {
   heap: number | undefined;
   heapTotal: number | undefined;
   external: number | undefined;
+  /** RSS less the pages freed lazily (MADV_FREE) that the kernel has not reclaimed yet. */
+  held: number | undefined;
 }
 
 /** Memory once settled: each figure the lowest of five reads a second apart (a GC may run in between). */
@@ -108,13 +111,15 @@ async function settledMemory(d: DaemonProcess, metricsPort: number): Promise<Mem
   for (let i = 0; i < 5; i++) {
     await sleep(1_000);
     const g = await gauges(metricsPort);
-    reads.push({ rss: (await rssBytes(d.pid)) ?? Number.NaN, heap: g.heap, heapTotal: g.heapTotal, external: g.external });
+    const rss = (await rssBytes(d.pid)) ?? Number.NaN;
+    const lazy = await lazyFreeBytes(d.pid);
+    reads.push({ rss, heap: g.heap, heapTotal: g.heapTotal, external: g.external, held: lazy === undefined ? undefined : rss - lazy });
   }
   const low = (k: keyof Memory) => {
     const xs = reads.map((r) => r[k]).filter((x): x is number => x !== undefined);
     return xs.length ? Math.min(...xs) : undefined;
   };
-  return { rss: low('rss')!, heap: low('heap'), heapTotal: low('heapTotal'), external: low('external') };
+  return { rss: low('rss')!, heap: low('heap'), heapTotal: low('heapTotal'), external: low('external'), held: low('held') };
 }
 
 /** Runs one turn for each of `keys`, keeping at most `window` events queued. */
@@ -233,6 +238,9 @@ async function main(): Promise<number> {
     out(`daemon V8 heap used      before ${mib(before.heap)} → idle ${mib(warmIdle.heap)} → after idle timeout ${mib(afterTimeout.heap)}`);
     out(
       `bytes per idle actor     RSS ${perActor(before.rss, warmIdle.rss).toFixed(0)} B (activations live: ${liveWarm}), ${perActor(before.rss, afterTimeout.rss).toFixed(0)} B after the idle timeout (live: ${liveAfter}); target ≤ 500 B`,
+    );
+    out(
+      `  RSS less lazily freed  ${mib(before.held)} → ${mib(warmIdle.held)} → ${mib(afterTimeout.held)}: ${perActor(before.held, afterTimeout.held).toFixed(0)} B per actor after the idle timeout (pages freed with MADV_FREE stay in RSS until the kernel needs them)`,
     );
     out(
       `  V8 heap in use         ${perActor(before.heap, warmIdle.heap).toFixed(0)} B idle, ${perActor(before.heap, afterTimeout.heap).toFixed(0)} B after the idle timeout`,

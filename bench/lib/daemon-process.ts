@@ -157,6 +157,21 @@ export async function rssBytes(pid: number): Promise<number | undefined> {
   }
 }
 
+/**
+ * Pages `pid` freed with MADV_FREE that the kernel has not taken back yet (`LazyFree` in
+ * /proc/<pid>/smaps_rollup): counted in RSS, though the process no longer holds them and the
+ * kernel reclaims them at the first memory pressure. Undefined where Linux does not say.
+ */
+export async function lazyFreeBytes(pid: number): Promise<number | undefined> {
+  try {
+    const rollup = await readFile(`/proc/${pid}/smaps_rollup`, 'utf8');
+    const m = /^LazyFree:\s+(\d+) kB/m.exec(rollup);
+    return m ? Number(m[1]) * 1024 : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 /** CPU time (user + system) of `pid` in ms, from /proc (USER_HZ 100), or 0 when it is gone. */
 export async function processCpuMs(pid: number): Promise<number> {
   try {
