@@ -16,8 +16,12 @@ import { errorMessage, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import type { ActorEventJobData } from './events.ts';
 
-/** How long capacity wake-ups gather before one fetch (see `wakeForCapacity`). */
-const CAPACITY_COALESCE_MS = 5;
+/**
+ * How long capacity wake-ups gather before one fetch (see `wakeForCapacity`). Slots now free one
+ * by one as results arrive, so a short wait refills them sooner: 1 ms beat 5 ms in three paired
+ * runs of `npm run bench` (corral / raw +4 % on average, CPU per turn unchanged).
+ */
+const CAPACITY_COALESCE_MS = 1;
 
 export interface ConsumedJob {
   id: string;
