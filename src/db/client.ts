@@ -33,24 +33,14 @@ export interface OpenOptions {
  * arrays, batches as one JSON recordset): planning them once per connection is the point of
  * naming them. PostgreSQL's default would plan each one again on every call while it judges the
  * generic plan costlier than its custom ones, which for these statements it always does. Unnamed
- * statements (everything else) are planned per call whatever this says.
+ * statements (everything else) are planned per call whatever this says. Set per session rather
+ * than as a startup option, which connection poolers such as PgBouncer refuse.
  */
-const GENERIC_PLANS = '-c plan_cache_mode=force_generic_plan';
-
-/** The `options` parameter of a connection URL, if any (it would be replaced, not merged). */
-function optionsOf(url: string): string | null {
-  try {
-    return new URL(url).searchParams.get('options');
-  } catch {
-    return null;
-  }
-}
+const GENERIC_PLANS = 'set plan_cache_mode = force_generic_plan';
 
 export function openDatabase(url: string, opts: OpenOptions = {}): Database {
-  const given = optionsOf(url);
   const pool = new pg.Pool({
     connectionString: url,
-    options: given ? `${given} ${GENERIC_PLANS}` : GENERIC_PLANS,
     max: opts.max ?? 10,
     application_name: opts.applicationName ?? 'corral',
     connectionTimeoutMillis: 10_000,
@@ -63,6 +53,8 @@ export function openDatabase(url: string, opts: OpenOptions = {}): Database {
   // flight fails on its own (and is retried by the caller); this only keeps the process alive.
   pool.on('connect', (client) => {
     client.on('error', (err) => opts.onError?.(err));
+    // queued ahead of the caller's first statement; should it fail, statements are planned as before
+    client.query(GENERIC_PLANS).catch(() => undefined);
   });
   const db = drizzle(pool, { schema }) as Db;
   let closed = false;

@@ -1,0 +1,30 @@
+/**
+ * The daemon's pool: every connection plans corral's named statements once (a generic plan),
+ * as they are written for; a session setting, so it also works behind a connection pooler.
+ */
+import { afterEach, describe, expect, it } from 'vitest';
+import { openDatabase, type Database } from '../../src/db/client.ts';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+
+describe('database pool', () => {
+  let tdb: TestDatabase | undefined;
+  let d: Database | undefined;
+
+  afterEach(async () => {
+    await d?.close();
+    await tdb?.drop();
+  });
+
+  it('gives named statements a generic plan on every connection', async () => {
+    tdb = await createTestDatabase();
+    d = openDatabase(tdb.url, { max: 3 });
+    const clients = await Promise.all([d.pool.connect(), d.pool.connect(), d.pool.connect()]);
+    try {
+      for (const c of clients) {
+        expect((await c.query<{ plan_cache_mode: string }>('show plan_cache_mode')).rows[0]!.plan_cache_mode).toBe('force_generic_plan');
+      }
+    } finally {
+      for (const c of clients) c.release();
+    }
+  });
+});
