@@ -312,13 +312,13 @@ export class CorralSession {
     const elu0 = performance.eventLoopUtilization();
     if (this.sampler) this.sampler.on = true;
     const workers0 = await this.workerCpuMs();
-    // slot occupancy: worker slots taken in the daemon, sampled every millisecond of the round
+    // slot occupancy: worker slots taken in the daemon, sampled every 5 ms of the round
     let occupied = 0;
     let samples = 0;
     const occupancy = setInterval(() => {
       occupied += this.opts.workers * this.opts.capacity - this.daemon.runtime.fetchCapacity();
       samples++;
-    }, 1);
+    }, 5);
     const measured = await withCpu(this.serverCpu, () =>
       pushAndWait(this.client, this.daemon, this.counter, events, performance.now() + this.opts.phaseTimeoutMs, label),
     ).finally(() => {
