@@ -66,6 +66,12 @@ interface State {
   password: string;
   /** Absent in homes made before E3: `<home>/pg/data`. */
   dataDir?: string;
+  /**
+   * Where the server's Unix-domain socket lives (next to the data folder); clients of this home
+   * connect through it. Absent in homes made before it, or when the path would be too long for a
+   * socket: those connect over TCP on 127.0.0.1.
+   */
+  socketDir?: string;
 }
 
 interface Ids {
@@ -207,6 +213,11 @@ async function readState(statePath: string): Promise<State | undefined> {
 async function initialise(layout: Layout, statePath: string, ids: Ids, opts: EmbeddedOptions): Promise<State> {
   const { dataDir } = layout;
   const state: State = { port: await freePort(), user: 'postgres', password: randomBytes(18).toString('base64url'), dataDir };
+  const socketDir = socketDirFor(dataDir);
+  if (socketDir) {
+    await ensureSocketDir(socketDir, ids);
+    state.socketDir = socketDir;
+  }
   // A unique staging folder: an initdb orphaned by a start killed with -9 may still be writing
   // into its own; leftovers of earlier attempts are removed.
   const staging = `${dataDir}.init-${process.pid}-${randomBytes(4).toString('hex')}`;
@@ -238,7 +249,8 @@ async function initialise(layout: Layout, statePath: string, ids: Ids, opts: Emb
     '# corral: embedded server settings',
     `port = ${state.port}`,
     "listen_addresses = '127.0.0.1'",
-    "unix_socket_directories = ''",
+    // a socket of its own, next to the data: a round trip costs less than over TCP loopback
+    `unix_socket_directories = '${state.socketDir ?? ''}'`,
     'max_connections = 300',
     // Autovacuum visits each database once per naptime (default 60 s): a burst into pg-boss's job
     // table planned on no statistics (never analyzed) stays on a quadratic fetch plan until then
@@ -297,9 +309,26 @@ async function ensureDatabase(state: State, database: string): Promise<void> {
   }
 }
 
-/** The connection URL of a state, for `database`. */
-export function embeddedUrl(state: Pick<State, 'user' | 'password' | 'port'>, database: string): string {
-  return `postgres://${state.user}:${encodeURIComponent(state.password)}@127.0.0.1:${state.port}/${database}`;
+/** The connection URL of a state, for `database`: through the server's Unix-domain socket when it has one. */
+export function embeddedUrl(state: Pick<State, 'user' | 'password' | 'port' | 'socketDir'>, database: string): string {
+  const host = state.socketDir ? encodeURIComponent(state.socketDir) : '127.0.0.1';
+  return `postgres://${state.user}:${encodeURIComponent(state.password)}@${host}:${state.port}/${database}`;
+}
+
+/** Longest socket path used (sun_path holds 108 bytes on Linux, 104 on macOS, with its NUL). */
+const MAX_SOCKET_PATH = 100;
+
+/** The socket folder for a data folder, or undefined when the socket's path would be too long. */
+function socketDirFor(dataDir: string): string | undefined {
+  const dir = join(dirname(dataDir), 'run');
+  // `.s.PGSQL.<port>`: at most 15 bytes; a quote would end the setting's string
+  return Buffer.byteLength(dir) + 16 <= MAX_SOCKET_PATH && !dir.includes("'") ? dir : undefined;
+}
+
+/** The socket folder, made (again) if missing: the server (the `postgres` user as root) writes in it. */
+async function ensureSocketDir(dir: string, ids: Ids): Promise<void> {
+  await mkdir(dir, { recursive: true, mode: 0o755 });
+  await ownedBy(dir, ids);
 }
 
 function paths(homeDir: string) {
@@ -368,6 +397,7 @@ export async function ensureEmbeddedPostgres(opts: EmbeddedOptions): Promise<Emb
       let startedHere = false;
       if (!(await isRunning(layout.binDir, layout.dataDir, ids))) {
         if (!(await portFree(state.port))) state = await setPort(layout.dataDir, statePath, state, await freePort());
+        if (state.socketDir) await ensureSocketDir(state.socketDir, ids);
         const res = await pgCtl(layout.binDir, ['start', '-D', layout.dataDir, '-l', layout.logPath, '-w', '-t', '60'], ids);
         if (res.code === 0) startedHere = true;
         else if (!(await isRunning(layout.binDir, layout.dataDir, ids))) {
