@@ -1,6 +1,7 @@
 /**
  * The daemon's pool: every connection plans corral's named statements once (a generic plan),
- * as they are written for; a session setting, so it also works behind a connection pooler.
+ * as they are written for; a session setting, so it also works behind a connection pooler. On
+ * the embedded server, connections go through its Unix-domain socket.
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../../src/db/client.ts';
@@ -26,5 +27,15 @@ describe('database pool', () => {
     } finally {
       for (const c of clients) c.release();
     }
+  });
+
+  it.skipIf(process.env.DATABASE_URL !== undefined)('reaches the embedded server through its Unix-domain socket', async () => {
+    tdb = await createTestDatabase();
+    expect(decodeURIComponent(new URL(tdb.url).hostname)).toMatch(/^\/.*\/run$/);
+    d = openDatabase(tdb.url);
+    const r = await d.pool.query<{ addr: string | null; dirs: string }>(
+      `select inet_client_addr() as addr, current_setting('unix_socket_directories') as dirs`,
+    );
+    expect(r.rows[0]).toEqual({ addr: null, dirs: decodeURIComponent(new URL(tdb.url).hostname) });
   });
 });
