@@ -122,12 +122,14 @@ const CONNECTION_ERRNO = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMED
 
 /** True when the error means "the database is not reachable right now": retry later, lose nothing. */
 export function isConnectionError(e: unknown, depth = 0): boolean {
-  const err = e as { code?: unknown; message?: unknown; cause?: unknown } | null;
+  const err = e as { code?: unknown; syscall?: unknown; message?: unknown; cause?: unknown } | null;
   if (!err || depth > 5) return false;
   // Drizzle wraps driver errors (DrizzleQueryError): the connection error is the cause.
   if (err.cause !== undefined && err.cause !== err && isConnectionError(err.cause, depth + 1)) return true;
   const code = typeof err.code === 'string' ? err.code : '';
   if (CONNECTION_ERRNO.has(code)) return true;
+  // a Unix-domain socket whose server is down: the socket file is gone
+  if (code === 'ENOENT' && err.syscall === 'connect') return true;
   if (CONNECTION_SQLSTATE_PREFIXES.some((p) => code.startsWith(p))) return true;
   const msg = typeof err.message === 'string' ? err.message : '';
   return /Connection terminated|connection timeout|terminating connection|Client has encountered a connection error|the database system is (starting up|shutting down)/i.test(

@@ -189,6 +189,10 @@ describe('isConnectionError', () => {
       false,
     );
     expect(isConnectionError(new Error('anything else'))).toBe(false);
+    // the embedded server's Unix-domain socket while the server is down: its file is gone
+    const noSocket = Object.assign(new Error('connect ENOENT /h/pg/run/.s.PGSQL.5432'), { code: 'ENOENT', syscall: 'connect' });
+    expect(isConnectionError(noSocket)).toBe(true);
+    expect(isConnectionError(Object.assign(new Error('no such file'), { code: 'ENOENT', syscall: 'open' }))).toBe(false);
   });
 });
 
