@@ -36,6 +36,11 @@ const configSchema = z
     workerStaleMs: int(100),
     /** A warm activation with no current event is stopped after this long. */
     idleTimeoutMs: int(100),
+    /**
+     * After a busy spell, once no turn was fetched and none is in flight for this long, the daemon
+     * gives the memory it grew to back to the system (one memory-reducing GC); 0 = never.
+     */
+    heapTrimIdleMs: int(0, 86_400_000),
     watchdogIntervalMs: int(10),
     /** On a graceful stop, how long in-flight turns may take to finish. */
     drainMs: int(0, 3_600_000),
@@ -133,6 +138,7 @@ export const DEFAULTS: Omit<Config, 'homeDir'> = {
   workerHeartbeatMs: 2_000,
   workerStaleMs: 10_000,
   idleTimeoutMs: 300_000,
+  heapTrimIdleMs: 10_000,
   watchdogIntervalMs: 1_000,
   drainMs: 10_000,
   recoveryIntervalMs: 30_000,
@@ -175,6 +181,7 @@ export const ENV_NAMES: Partial<Record<keyof Config, string>> = {
   workerHeartbeatMs: 'CORRAL_WORKER_HEARTBEAT_MS',
   workerStaleMs: 'CORRAL_WORKER_STALE_MS',
   idleTimeoutMs: 'CORRAL_IDLE_TIMEOUT_MS',
+  heapTrimIdleMs: 'CORRAL_HEAP_TRIM_IDLE_MS',
   watchdogIntervalMs: 'CORRAL_WATCHDOG_INTERVAL_MS',
   drainMs: 'CORRAL_DRAIN_MS',
   recoveryIntervalMs: 'CORRAL_RECOVERY_INTERVAL_MS',

@@ -32,11 +32,14 @@ import { TurnStore } from './runtime/turns.ts';
 import { Watchdog } from './runtime/watchdog.ts';
 import { JobKeeper } from './runtime/job-keeper.ts';
 import { Periodic } from './runtime/periodic.ts';
+import { HeapTrim } from './runtime/heap-trim.ts';
 import { sweepCompletedJobs } from './queue/retention.ts';
 import type { RuntimeMetrics } from './runtime/metrics.ts';
 import { Supervisor, type ChildSpec, type ShutdownResult, type SupervisorHandle } from './supervisor/index.ts';
 
 const RETENTION_INTERVAL_MS = 10 * 60_000;
+/** How often the daemon checks whether it is idle enough to trim its heap (see src/runtime/heap-trim.ts). */
+const HEAP_TRIM_CHECK_MS = 2_000;
 const INSECURE_WARNING_INTERVAL_MS = 3_600_000;
 
 export interface DaemonDeps {
@@ -76,6 +79,8 @@ export class Daemon {
   readonly jobKeeper: JobKeeper;
   /** Deletes completed actor events past `completedRetentionSeconds` (every 10 minutes). */
   readonly retention: Periodic<number>;
+  readonly heapTrim: HeapTrim;
+  private readonly heapTrimLoop: Periodic<boolean>;
   readonly events: EventQueue;
   readonly queues: Queues;
   private readonly deps: DaemonDeps;
@@ -190,7 +195,10 @@ export class Daemon {
       pollIntervalMs: config.pollIntervalMs,
       batchSize: config.fetchBatchSize,
       capacity: () => this.runtime.fetchCapacity(),
-      onJobs: (jobs) => this.runtime.dispatchJobs(jobs),
+      onJobs: (jobs) => {
+        this.heapTrim.noteActivity();
+        this.runtime.dispatchJobs(jobs);
+      },
     });
     this.watchdog = new Watchdog({
       db: this.database.db,
@@ -214,6 +222,14 @@ export class Daemon {
         }),
       { clock, log: this.log, intervalMs: RETENTION_INTERVAL_MS, what: 'retention sweep', firstPass: 'after-interval' },
     );
+    this.heapTrim = new HeapTrim({ clock, logger, idleMs: config.heapTrimIdleMs, inFlight: () => this.runtime.inFlightCount() });
+    this.heapTrimLoop = new Periodic(async () => this.heapTrim.pass(), {
+      clock,
+      log: this.log,
+      intervalMs: HEAP_TRIM_CHECK_MS,
+      what: 'heap trim',
+      firstPass: 'after-interval',
+    });
     this.jobKeeper = new JobKeeper({
       store: this.store,
       dispatcher: this.runtime.dispatcher,
@@ -313,6 +329,7 @@ export class Daemon {
     sup.register(loop('recovery', (s) => this.recovery.run(s)));
     sup.register(loop('job-keeper', (s) => this.jobKeeper.run(s)));
     sup.register(loop('retention', (s) => this.retention.run(s)));
+    sup.register(loop('heap-trim', (s) => this.heapTrimLoop.run(s)));
     for (const child of this.deps.extraChildren?.(this.broker.endpoint) ?? []) sup.register(child);
     this.handle = sup.start();
     this.handle.done.catch((e: unknown) => this.log.error({ err: toError(e) }, 'supervisor gave up'));
