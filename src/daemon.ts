@@ -14,7 +14,7 @@ import { markOwnerWorkersGone } from './db/workers.ts';
 import { CONTROL_CHANNEL, parseControl } from './db/control.ts';
 import type { Fence } from './db/fence.ts';
 import type { ActorKey } from './actor-key.ts';
-import { CorralError, errorMessage, toError } from './errors.ts';
+import { CorralError, toError } from './errors.ts';
 import { Broker } from './fabric/broker.ts';
 import { FabricSecurity } from './fabric/security.ts';
 import type { TimerHandle } from './clock.ts';
@@ -114,7 +114,6 @@ export class Daemon {
       boss: this.boss,
       queueName: this.queues.events,
       ownerId: this.ownerId,
-      onContextError: (e) => this.log.warn({ err: errorMessage(e) }, 'turn context not loaded; turns start without it'),
       config: {
         leaseMs: config.leaseMs,
         deadLetterMode: config.deadLetterMode,

@@ -1,6 +1,6 @@
 /**
  * SQL for what a worker may read of a conversation: the context sent with every `turn_start`
- * (the latest messages, for a whole begin batch in ONE statement) and the fenced reads of the
+ * (the latest messages, built inside the begin statement, see `contextJsonOf`) and the fenced reads of the
  * worker RPC (`history.read`, `actor.status`).
  *
  * Invariants:
@@ -14,10 +14,8 @@
  *     which is never shorter than the compact JSON on the wire).
  */
 import { sql, type SQL } from 'drizzle-orm';
-import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import type { Fence } from './fence.ts';
-import { executeNamed } from './prepared.ts';
 import { ACTIVATION_LIVE, DELIVERY_LIVE, sqlList } from './schema.ts';
 
 export interface HistoryMessage {
@@ -61,27 +59,6 @@ export function contextJsonOf(c: string, limits: ContextLimits): SQL {
          where b.bytes <= ${limits.maxBytes}
       ) w
   )`;
-}
-
-/**
- * The context (JSON text, see `contextJsonOf`) of each actor's conversation, in ONE statement for
- * a batch of actors. Actors without a conversation are absent from the map (keyed `agent/session`).
- */
-export async function loadContextJsonMany(db: DbOrTx, keys: readonly ActorKey[], limits: ContextLimits): Promise<Map<string, string>> {
-  if (keys.length === 0) return new Map();
-  const input = JSON.stringify(keys.map((k) => ({ agent_uid: k.agentUid, session_id: k.sessionId })));
-  // named: prepared once per connection (this runs for every begin batch with a new activation)
-  const rows = await executeNamed<{ agent_uid: string; session_id: string; context: string }>(
-    db,
-    'corral_context_json_many',
-    sql`
-    with i as (
-      select * from jsonb_to_recordset(${input}::jsonb) as x(agent_uid text, session_id text)
-    )
-    select c.agent_uid, c.session_id, ${contextJsonOf('c', limits)} as context
-      from i join corral.conversations c on c.agent_uid = i.agent_uid and c.session_id = i.session_id`,
-  );
-  return new Map(rows.map((r) => [`${r.agent_uid}/${r.session_id}`, r.context]));
 }
 
 /** The fence CTE of H1: one row (agent, session) when `fence` names a live turn of `workerId`. */

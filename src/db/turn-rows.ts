@@ -120,6 +120,8 @@ export async function beginTurnsMany(
        where not exists (select 1 from corral.activations l
                           where l.agent_uid = i.agent_uid and l.session_id = i.session_id and l.status in ${LIVE})
     ), epochs as (
+      -- the durable counter (I2): created on first use, never decreasing, so an epoch is never
+      -- reused even if every activation row is lost; its row lock serialises concurrent activations
       insert into corral.actors as ac (agent_uid, session_id, epoch_counter)
       select agent_uid, session_id, 1 from cold order by agent_uid, session_id
       on conflict (agent_uid, session_id) do update set epoch_counter = ac.epoch_counter + 1, updated_at = now()

@@ -6,12 +6,11 @@
  * transaction.
  */
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
-import type { Db, Tx } from '../db/client.ts';
+import type { Db, DbOrTx, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
 import * as activations from '../db/activations.ts';
 import type { ActivationRow } from '../db/activations.ts';
-import { nextEpochsMany } from '../db/actors.ts';
-import { loadContextJsonMany, type ContextLimits } from '../db/history.ts';
+import type { ContextLimits } from '../db/history.ts';
 import * as turnRows from '../db/turn-rows.ts';
 import { CorralError, isConnectionError } from '../errors.ts';
 import { fenceOf } from './fence.ts';
@@ -32,8 +31,6 @@ export interface TurnBeginnerDeps {
   leaseMs: number;
   /** Fails a live activation still holding an older attempt of an actor being begun (rare). */
   supersede(tx: Tx, stale: ActivationRow): Promise<unknown>;
-  /** Told when a begun turn's context could not be read (it starts without). */
-  onContextError?: (e: unknown) => void;
 }
 
 export class TurnBeginner {
@@ -53,10 +50,9 @@ export class TurnBeginner {
    * The common cases take ONE statement each, its own transaction (`beginTurnsMany`): first the
    * actors with a warm activation, then those with none live (new actors, or ones whose
    * activation was stopped). The rest (an actor whose live activation still holds an older
-   * attempt: rare; or all of them, when the second statement failed) go through one transaction
-   * of a constant number of statements: live activations locked and superseded (per actor),
-   * epochs taken, activations, deliveries and turns inserted; their context is read after it
-   * commits. Once a statement committed, a failure of the rest settles only the members it
+   * attempt: rare; or all of them, when the second statement failed) go through one transaction:
+   * their live activations locked and superseded (per actor), then the same statement for actors
+   * with none live. Once a statement committed, a failure of the rest settles only the members it
    * concerns (one by one, unless the connection was lost).
    */
   async beginMany(requests: readonly BeginRequest[], context?: ContextLimits): Promise<Settlement<StartedTurn>[]> {
@@ -66,21 +62,16 @@ export class TurnBeginner {
     const out: (Settlement<StartedTurn> | undefined)[] = requests.map(() => undefined);
     const pending = () => requests.flatMap((r, i) => (out[i] ? [] : [{ r, i }]));
     const beginBy = async (kind: 'warm' | 'new', members: { r: BeginRequest; i: number }[]): Promise<void> => {
-      const begun = await turnRows.beginTurnsMany(
+      const started = await this.beginStatement(
         this.deps.db,
-        members.map(({ r }) => ({
-          key: keyOf(r.job),
-          eventId: r.job.id,
-          jobRetryCount: r.job.retryCount,
-          workerId: r.workerId,
-          input: r.job.data.payload,
-        })),
-        { kind, leaseMs: this.deps.leaseMs, ownerId: this.deps.ownerId, context },
+        kind,
+        members.map((m) => m.r),
+        context,
       );
-      for (const { r, i } of members) {
-        const b = begun.get(formatActorKey(keyOf(r.job)));
-        if (b) out[i] = { ok: true, value: this.startedTurn(r.job, r.workerId, b.activation, b.deliveryId, b.contextJson) };
-      }
+      members.forEach((m, k) => {
+        const value = started[k];
+        if (value) out[m.i] = { ok: true, value };
+      });
     };
     await beginBy('warm', pending());
     if (pending().length > 0) {
@@ -94,11 +85,13 @@ export class TurnBeginner {
         // nothing was written: the transaction below sorts out what broke the statement
       }
     }
-    const rest = requests.flatMap((r, i) => (out[i] ? [] : [{ r, i }]));
+    const rest = pending();
     if (rest.length === 0) return out as Settlement<StartedTurn>[];
     const settleRest = async (members: typeof rest): Promise<void> => {
-      const started = await this.beginSupersedingMany(members.map((m) => m.r));
-      await this.attachContext(started, context);
+      const started = await this.beginSupersedingMany(
+        members.map((m) => m.r),
+        context,
+      );
       members.forEach((m, k) => (out[m.i] = { ok: true, value: started[k]! }));
     };
     try {
@@ -121,55 +114,54 @@ export class TurnBeginner {
   }
 
   /**
-   * The rest of `beginMany`: new activations under a higher epoch, in one transaction, superseding
-   * any live activation of the actors first.
+   * One begin statement (`beginTurnsMany`) for `requests`: the turn begun for each, in order, or
+   * undefined for an actor the statement left alone.
    */
-  private async beginSupersedingMany(requests: readonly BeginRequest[]): Promise<StartedTurn[]> {
-    return inTransaction(this.deps.db, async (tx) => {
-      const keys = requests.map((r) => keyOf(r.job));
-      // A live activation still running an older attempt of such an actor is superseded first (rare).
-      for (const stale of await activations.lockLiveActivationsMany(tx, keys)) {
-        await this.deps.supersede(tx, stale);
-      }
-      const epochs = await nextEpochsMany(tx, keys);
-      const created = await activations.insertActivationsMany(
-        tx,
-        requests.map((r) => ({ key: keyOf(r.job), epoch: epochs.get(formatActorKey(keyOf(r.job)))!, eventId: r.job.id })),
-        { ownerId: this.deps.ownerId, leaseMs: this.deps.leaseMs },
-      );
-      const fresh = new Map(created.map((a) => [`${a.agentUid}/${a.sessionId}`, a]));
-      const activationsOf = requests.map((r) => fresh.get(formatActorKey(keyOf(r.job)))!);
-      const deliveryIds = await turnRows.insertTurnRowsMany(
-        tx,
-        requests.map((r, i) => ({
-          activation: activationsOf[i]!,
-          eventId: r.job.id,
-          jobRetryCount: r.job.retryCount,
-          workerId: r.workerId,
-          input: r.job.data.payload,
-        })),
-      );
-      return requests.map((r, i) => this.startedTurn(r.job, r.workerId, activationsOf[i]!, deliveryIds[i]!, undefined));
+  private async beginStatement(
+    db: DbOrTx,
+    kind: 'warm' | 'new',
+    requests: readonly BeginRequest[],
+    context: ContextLimits | undefined,
+  ): Promise<(StartedTurn | undefined)[]> {
+    const begun = await turnRows.beginTurnsMany(
+      db,
+      requests.map((r) => ({
+        key: keyOf(r.job),
+        eventId: r.job.id,
+        jobRetryCount: r.job.retryCount,
+        workerId: r.workerId,
+        input: r.job.data.payload,
+      })),
+      { kind, leaseMs: this.deps.leaseMs, ownerId: this.deps.ownerId, context },
+    );
+    return requests.map((r) => {
+      const b = begun.get(formatActorKey(keyOf(r.job)));
+      return b && this.startedTurn(r.job, r.workerId, b.activation, b.deliveryId, b.contextJson);
     });
   }
 
   /**
-   * Reads the context of turns begun on new activations (one statement). Never throws: the turns
-   * are begun (committed), and a failure here must not make the caller begin them again; without
-   * context a worker can still read the history over RPC.
+   * The rest of `beginMany`, in one transaction: any live activation of the actors is superseded
+   * (it still holds an older attempt), then they are begun as actors with none live.
    */
-  private async attachContext(turns: StartedTurn[], context: ContextLimits | undefined): Promise<void> {
-    if (!context || context.maxMessages <= 0 || turns.length === 0) return;
-    try {
-      const found = await loadContextJsonMany(
-        this.deps.db,
-        turns.map((t) => t.fence),
-        context,
-      );
-      for (const t of turns) t.contextJson = found.get(`${t.fence.agentUid}/${t.fence.sessionId}`);
-    } catch (e) {
-      this.deps.onContextError?.(e);
-    }
+  private async beginSupersedingMany(requests: readonly BeginRequest[], context: ContextLimits | undefined): Promise<StartedTurn[]> {
+    return inTransaction(this.deps.db, async (tx) => {
+      for (const stale of await activations.lockLiveActivationsMany(
+        tx,
+        requests.map((r) => keyOf(r.job)),
+      )) {
+        await this.deps.supersede(tx, stale);
+      }
+      const started = await this.beginStatement(tx, 'new', requests, context);
+      const missing = requests.filter((_, i) => started[i] === undefined);
+      if (missing.length > 0) {
+        throw new CorralError(
+          'internal',
+          `no activation could be taken for ${missing.map((r) => formatActorKey(keyOf(r.job))).join(', ')}`,
+        );
+      }
+      return started as StartedTurn[];
+    });
   }
 
   private startedTurn(

@@ -122,20 +122,12 @@ export class TurnStore {
   /** T2, the begin of fetched jobs. */
   private readonly beginner: TurnBeginner;
 
-  constructor(deps: {
-    db: Db;
-    boss: PgBoss;
-    queueName: string;
-    ownerId: string;
-    config: TurnsConfig;
-    onContextError?: (e: unknown) => void;
-  }) {
+  constructor(deps: { db: Db; boss: PgBoss; queueName: string; ownerId: string; config: TurnsConfig }) {
     this.beginner = new TurnBeginner({
       db: deps.db,
       ownerId: deps.ownerId,
       leaseMs: deps.config.leaseMs,
       supersede: (tx, stale) => this.failActivationInTx(tx, stale, 'superseded', { message: 'superseded by a newer attempt' }, false),
-      ...(deps.onContextError ? { onContextError: deps.onContextError } : {}),
     });
     this.db = deps.db;
     this.boss = deps.boss;
