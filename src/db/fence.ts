@@ -10,13 +10,13 @@
  * transaction that then writes. Steer and cancel act on the actor's live turn, not on a worker's
  * reply: they lock the live activation instead (see TurnStore.steer / cancel).
  */
-import { eq, sql } from 'drizzle-orm';
+import { sql } from 'drizzle-orm';
 import { FenceRejected, type FenceReason } from '../errors.ts';
 import { isUuid } from '../uuid.ts';
 import type { ActivationRow } from './activations.ts';
 import type { DbOrTx } from './client.ts';
 import type { DeliveryRow } from './deliveries.ts';
-import { activations, actors, deliveries, ACTIVATION_LIVE } from './schema.ts';
+import { activations, deliveries, ACTIVATION_LIVE } from './schema.ts';
 import { executeNamed } from './prepared.ts';
 import { fromRawRow, prefixedColumns } from './rows.ts';
 
@@ -92,60 +92,13 @@ export const NO_FENCE_ROWS: FenceRows = {
 };
 
 /**
- * The columns a fence check reads: both rows, the lease by PostgreSQL's clock, the epoch counter
- * and the job's state. The job row is read, not locked: pg-boss may still settle it (e.g. its
- * heartbeat supervision) before the commit completes it, and then the completion's own attempt
- * fence refuses it and the transaction rolls back.
- */
-function fenceColumns(jobs: JobTable) {
-  return {
-    d: deliveries,
-    a: activations,
-    leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()`,
-    epochCounter: sql<
-      number | null
-    >`(select ${actors.epochCounter} from ${actors} where ${actors.agentUid} = ${deliveries.agentUid} and ${actors.sessionId} = ${deliveries.sessionId})`,
-    jobActive: sql<boolean>`exists (select 1 from ${sql.identifier(jobs.schema)}.job j
-      where j.name = ${jobs.queue} and j.id = ${deliveries.eventId}
-        and j.state = 'active' and j.retry_count = ${deliveries.jobRetryCount})`,
-  };
-}
-
-function toFenceRows(row: {
-  d: DeliveryRow;
-  a: ActivationRow;
-  leaseAlive: boolean;
-  epochCounter: number | null;
-  jobActive: boolean;
-}): FenceRows {
-  return {
-    delivery: row.d,
-    activation: row.a,
-    leaseAlive: row.leaseAlive,
-    actorEpochCounter: row.epochCounter === null ? undefined : Number(row.epochCounter),
-    jobActive: row.jobActive,
-  };
-}
-
-/** Loads and row-locks the delivery and activation named by `fence`. */
-export async function loadFenceRows(tx: DbOrTx, jobs: JobTable, deliveryId: string): Promise<FenceRows> {
-  const found = await tx
-    .select(fenceColumns(jobs))
-    .from(deliveries)
-    .innerJoin(activations, eq(activations.activationUid, deliveries.activationUid))
-    .where(eq(deliveries.deliveryId, sql.placeholder('deliveryId')))
-    .for('update')
-    // named: prepared once per connection (the name carries all that varies in the text)
-    .prepare(`corral_lock_fence:${jobs.schema}`)
-    .execute({ deliveryId });
-  return found[0] ? toFenceRows(found[0]) : NO_FENCE_ROWS;
-}
-
-/**
- * Loads and row-locks the fence rows of many deliveries in one statement (a batch of replies).
- * Rows are locked in delivery-id order, so two daemons locking overlapping batches cannot
- * deadlock. Deliveries that do not exist are absent from the map. A named statement (prepared
- * once per connection) whose ids arrive as one array: it runs for every reply group.
+ * Loads and row-locks the fence rows of many deliveries in one statement (a batch of replies, or
+ * one): both rows, the lease by PostgreSQL's clock, the epoch counter and the job's state. Rows
+ * are locked in delivery-id order, so two daemons locking overlapping batches cannot deadlock.
+ * The job row is read, not locked: pg-boss may still settle it (e.g. its heartbeat supervision)
+ * before the commit completes it, and then the completion's own attempt fence refuses it and the
+ * transaction rolls back. Deliveries that do not exist are absent from the map. A named statement
+ * (prepared once per connection) whose ids arrive as one array: it runs for every reply group.
  */
 export async function loadFenceRowsMany(tx: DbOrTx, jobs: JobTable, deliveryIds: readonly string[]): Promise<Map<string, FenceRows>> {
   const ids = [...new Set(deliveryIds.filter((id) => isUuid(id)))].sort();
@@ -192,7 +145,7 @@ export async function lockFence(
   workerId?: string,
 ): Promise<{ delivery: DeliveryRow; activation: ActivationRow }> {
   if (!isUuid(fence.deliveryId)) throw new FenceRejected('unknown_delivery');
-  const rows = await loadFenceRows(tx, jobs, fence.deliveryId);
+  const rows = (await loadFenceRowsMany(tx, jobs, [fence.deliveryId])).get(fence.deliveryId) ?? NO_FENCE_ROWS;
   const reason = checkFence(fence, rows, workerId);
   if (reason) throw new FenceRejected(reason);
   return { delivery: rows.delivery!, activation: rows.activation! };
