@@ -146,15 +146,19 @@ export async function openBenchClient(url: string, cleanup: Cleanup): Promise<Be
 
 // ---- /proc ---------------------------------------------------------------------------------
 
-/** Resident set size of `pid` in bytes (VmRSS), or undefined when it is gone. */
-export async function rssBytes(pid: number): Promise<number | undefined> {
+/** A `<field>: <n> kB` line of a /proc file, in bytes; undefined when the file or the line is missing. */
+async function procKb(path: string, field: string): Promise<number | undefined> {
   try {
-    const status = await readFile(`/proc/${pid}/status`, 'utf8');
-    const m = /^VmRSS:\s+(\d+) kB/m.exec(status);
+    const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(await readFile(path, 'utf8'));
     return m ? Number(m[1]) * 1024 : undefined;
   } catch {
     return undefined;
   }
+}
+
+/** Resident set size of `pid` in bytes (VmRSS), or undefined when it is gone. */
+export function rssBytes(pid: number): Promise<number | undefined> {
+  return procKb(`/proc/${pid}/status`, 'VmRSS');
 }
 
 /**
@@ -162,14 +166,8 @@ export async function rssBytes(pid: number): Promise<number | undefined> {
  * /proc/<pid>/smaps_rollup): counted in RSS, though the process no longer holds them and the
  * kernel reclaims them at the first memory pressure. Undefined where Linux does not say.
  */
-export async function lazyFreeBytes(pid: number): Promise<number | undefined> {
-  try {
-    const rollup = await readFile(`/proc/${pid}/smaps_rollup`, 'utf8');
-    const m = /^LazyFree:\s+(\d+) kB/m.exec(rollup);
-    return m ? Number(m[1]) * 1024 : undefined;
-  } catch {
-    return undefined;
-  }
+export function lazyFreeBytes(pid: number): Promise<number | undefined> {
+  return procKb(`/proc/${pid}/smaps_rollup`, 'LazyFree');
 }
 
 /** CPU time (user + system) of `pid` in ms, from /proc (USER_HZ 100), or 0 when it is gone. */
