@@ -3,7 +3,6 @@
  * compared in SQL only.
  */
 import { and, eq, inArray, isNull, isNotNull, lte, sql } from 'drizzle-orm';
-import { randomUUID } from 'node:crypto';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import { ACTIVATION_LIVE, activations, type ActivationStatus } from './schema.ts';
@@ -37,32 +36,6 @@ export async function lockLiveActivation(tx: DbOrTx, key: ActorKey): Promise<(Ac
     .for('update');
   const row = rows[0];
   return row ? { ...row.a, leaseAlive: row.leaseAlive } : undefined;
-}
-
-/** New live activations (running `eventId`, lease from now), for many actors in one statement (each at most once). */
-export async function insertActivationsMany(
-  tx: DbOrTx,
-  inputs: readonly { key: ActorKey; epoch: number; eventId: string | null }[],
-  opts: { ownerId: string; leaseMs: number },
-): Promise<ActivationRow[]> {
-  if (inputs.length === 0) return [];
-  return tx
-    .insert(activations)
-    .values(
-      inputs.map((input) => ({
-        activationUid: randomUUID(),
-        agentUid: input.key.agentUid,
-        sessionId: input.key.sessionId,
-        actorEpoch: input.epoch,
-        leaseId: randomUUID(),
-        leaseExpiresAt: leaseFrom(opts.leaseMs),
-        ownerId: opts.ownerId,
-        currentEventId: input.eventId,
-        revision: 0,
-        status: 'active' as const,
-      })),
-    )
-    .returning();
 }
 
 /** Extends the lease of a live activation that is still running `eventId` at `revision`. */

@@ -1,7 +1,6 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { sql } from 'drizzle-orm';
 import { actorKey } from '../../src/actor-key.ts';
-import { insertActivationsMany } from '../../src/db/activations.ts';
 import { isUniqueViolation } from '../../src/errors.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
@@ -152,7 +151,9 @@ describe('fenced commit', () => {
     const key = actorKey('race', 's');
     const attempt = (epoch: number) =>
       db().transaction(async (tx) => {
-        await insertActivationsMany(tx, [{ key, epoch, eventId: null }], { ownerId: 'test', leaseMs: 60_000 });
+        await tx.execute(sql`
+          insert into corral.activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at, owner_id, status)
+          values (gen_random_uuid(), ${key.agentUid}, ${key.sessionId}, ${epoch}, gen_random_uuid(), now() + interval '1 minute', 'test', 'active')`);
         await tx.execute(sql`select pg_sleep(0.2)`);
       });
     const results = await Promise.allSettled([attempt(101), attempt(102)]);
