@@ -261,7 +261,7 @@ export type TranscriptMessage = z.infer<typeof transcriptMessageSchema>;
  * count and bytes. The event's own `user` message is not among them (it is written on commit,
  * as message `current_seq`, with `event.data` as content).
  */
-const MESSAGE_ROLES = new Set(['user', 'assistant', 'tool']);
+const MESSAGE_ROLES: ReadonlySet<string> = new Set(transcriptMessageSchema.shape.role.options);
 
 /**
  * `transcriptMessageSchema` for a whole list, as one plain loop: a context carries up to 50
