@@ -45,17 +45,20 @@ export function openDatabase(url: string, opts: OpenOptions = {}): Database {
     application_name: opts.applicationName ?? 'corral',
     connectionTimeoutMillis: 10_000,
     idleTimeoutMillis: 30_000,
+    // Runs before the pool hands a new client out, so the caller's first statement does not queue
+    // behind this one on a busy client (which pg deprecates).
+    onConnect: async (client) => {
+      // A client checked out by a transaction has no pool listener: when the server goes away
+      // between two statements its 'error' event would be unhandled and end the process. The
+      // statement in flight fails on its own (and is retried by the caller); this only keeps the
+      // process alive.
+      client.on('error', (err) => opts.onError?.(err));
+      // should it fail, statements are planned as before (and the next statement reports a lost server)
+      await client.query(GENERIC_PLANS).catch(() => undefined);
+    },
   });
   // Without a listener an idle client's error (server restart) would crash the process.
   pool.on('error', (err) => opts.onError?.(err));
-  // A client checked out by a transaction has no pool listener: when the server goes away between
-  // two statements its 'error' event would be unhandled and end the process. The statement in
-  // flight fails on its own (and is retried by the caller); this only keeps the process alive.
-  pool.on('connect', (client) => {
-    client.on('error', (err) => opts.onError?.(err));
-    // queued ahead of the caller's first statement; should it fail, statements are planned as before
-    client.query(GENERIC_PLANS).catch(() => undefined);
-  });
   const db = drizzle(pool, { schema }) as Db;
   let closed = false;
   return {
