@@ -36,7 +36,8 @@ import {
   DEFAULT_MAX_MESSAGE_BYTES,
   DEFAULT_PROGRESS_INTERVAL_MS,
   PROTOCOL_VERSION,
-  encodeMessage,
+  encodeFrame,
+  frameBytesAbove,
   parseWorkerMessage,
   type DaemonMessage,
   type ProtocolErrorCode,
@@ -226,9 +227,10 @@ export class Broker {
     const rid = this.byWorker.get(workerId);
     const conn = rid === undefined ? undefined : this.conns.get(rid);
     if (!conn) return this.failed('unknown_route');
-    const payload = encodeMessage(msg);
-    if (payload.length > this.maxMessageBytes) {
-      this.log.warn({ workerId, type: msg.type, bytes: payload.length }, 'message too large, not sent');
+    const payload = encodeFrame(msg);
+    const tooLarge = frameBytesAbove(payload, this.maxMessageBytes);
+    if (tooLarge !== undefined) {
+      this.log.warn({ workerId, type: msg.type, bytes: tooLarge }, 'message too large, not sent');
       return this.failed('too_large');
     }
     return this.sendFrames(conn.routing, payload, workerId, msg.type);
@@ -268,7 +270,7 @@ export class Broker {
     if (rid === undefined || !conn) return false;
     this.forget(workerId);
     this.log.warn({ workerId, reason }, 'worker revoked');
-    const reply = encodeMessage({ v: PROTOCOL_VERSION, type: 'error', code: 'unauthorized', message: `revoked: ${reason}` });
+    const reply = encodeFrame({ v: PROTOCOL_VERSION, type: 'error', code: 'unauthorized', message: `revoked: ${reason}` });
     void this.sendFrames(conn.routing, reply, rid, 'error');
     this.emit({ kind: 'worker_gone', workerId, reason });
     return true;
@@ -463,7 +465,7 @@ export class Broker {
     // might send synchronously.
     void this.sendFrames(
       routing,
-      encodeMessage({
+      encodeFrame({
         v: PROTOCOL_VERSION,
         type: 'worker_welcome',
         worker_id: msg.worker_id,
@@ -537,7 +539,7 @@ export class Broker {
     if (!this.withinBudget(rid)) return;
     this.log.warn({ routingId: rid.slice(0, 32), code, reason: reason.slice(0, 200) }, 'refused worker message');
     if (routing) {
-      const reply = encodeMessage({ v: PROTOCOL_VERSION, type: 'error', code, message: reason.slice(0, 1000) });
+      const reply = encodeFrame({ v: PROTOCOL_VERSION, type: 'error', code, message: reason.slice(0, 1000) });
       void this.sendFrames(routing, reply, rid, 'error');
     }
   }
@@ -553,7 +555,7 @@ export class Broker {
 
   // ---- send path -----------------------------------------------------------------------
 
-  private sendFrames(routing: Buffer, payload: Buffer, rid: string, type: string): Promise<SendResult> {
+  private sendFrames(routing: Buffer, payload: string, rid: string, type: string): Promise<SendResult> {
     return this.queue.run(async (): Promise<SendResult> => {
       const socket = this.socket;
       if (!socket || socket.closed) return this.failed('closed');

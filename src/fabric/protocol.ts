@@ -463,11 +463,29 @@ export function withRawField<M extends WorkerMessage | DaemonMessage>(msg: M, na
   return Object.assign(msg, { [RAW_FIELD]: { name, json } });
 }
 
-/** Encode a message as the single UTF-8 JSON frame the protocol carries. */
-export function encodeMessage(msg: WorkerMessage | DaemonMessage): Buffer {
+/**
+ * A message as the JSON text of its one frame. Sockets take the text as is: zeromq.js encodes a
+ * string to UTF-8 once and frees it on its own I/O thread, where a Buffer above 128 bytes is sent
+ * zero-copy and handed back to the main thread to be released, one more event-loop wake-up per
+ * message.
+ */
+export function encodeFrame(msg: WorkerMessage | DaemonMessage): string {
   const text = JSON.stringify(msg);
   const raw = (msg as { [RAW_FIELD]?: { name: string; json: string } })[RAW_FIELD];
-  if (raw === undefined) return Buffer.from(text, 'utf8');
+  if (raw === undefined) return text;
   // an object's JSON always ends with its closing brace
-  return Buffer.from(`${text.slice(0, -1)},${JSON.stringify(raw.name)}:${raw.json}}`, 'utf8');
+  return `${text.slice(0, -1)},${JSON.stringify(raw.name)}:${raw.json}}`;
+}
+
+/** Encode a message as the single UTF-8 JSON frame the protocol carries. */
+export function encodeMessage(msg: WorkerMessage | DaemonMessage): Buffer {
+  return Buffer.from(encodeFrame(msg), 'utf8');
+}
+
+/** The UTF-8 size of a frame's text; measured only when it could pass `limit`. */
+export function frameBytesAbove(text: string, limit: number): number | undefined {
+  // UTF-8 takes at most 3 bytes per UTF-16 code unit
+  if (text.length * 3 <= limit) return undefined;
+  const bytes = Buffer.byteLength(text, 'utf8');
+  return bytes > limit ? bytes : undefined;
 }

@@ -31,7 +31,7 @@ import {
   DEFAULT_PROGRESS_INTERVAL_MS,
   MAX_CAPACITY,
   PROTOCOL_VERSION,
-  encodeMessage,
+  encodeFrame,
   isValidWorkerId,
   parseDaemonMessage,
   type DaemonMessage,
@@ -518,7 +518,7 @@ class WorkerRuntime implements Worker {
         try {
           const socket = this.socket;
           if (!socket || socket.closed) return;
-          await socket.send(encodeMessage(m));
+          await socket.send(encodeFrame(m));
         } catch (e) {
           if (!this.socket?.closed) this.log.warn({ err: toError(e), type: m.type }, 'send to daemon failed');
         } finally {

@@ -211,6 +211,20 @@ describe('Broker', () => {
     expect(await broker.send('w-big', big)).toEqual({ ok: false, reason: 'too_large' });
   });
 
+  it('measures the size limit in UTF-8 bytes, not characters, and sends what fits intact', async () => {
+    const { broker } = await startBroker({ maxMessageBytes: 2048 });
+    const w = peer(broker.endpoint, 'w-utf8');
+    await w.sendJson(ready('w-utf8'));
+    await w.waitFor('worker_welcome');
+    // 1,000 characters of 3 bytes each: under the limit counted in characters, over it in bytes
+    const wide: DaemonMessage = { v: 1, type: 'turn_steer', turn_ref: makeTurnRef(), input: '€'.repeat(1000) };
+    expect(await broker.send('w-utf8', wide)).toEqual({ ok: false, reason: 'too_large' });
+    const fits: DaemonMessage = { v: 1, type: 'turn_steer', turn_ref: makeTurnRef(), input: '€'.repeat(500) };
+    expect(await broker.send('w-utf8', fits)).toEqual({ ok: true });
+    const [got] = await w.waitFor('turn_steer');
+    expect(got!.input).toBe('€'.repeat(500));
+  });
+
   it('drops a connection that sends an oversized frame and keeps serving', async () => {
     const { broker, events } = await startBroker({ maxMessageBytes: 1024 });
     const w = peer(broker.endpoint, 'w-huge');

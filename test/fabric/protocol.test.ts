@@ -4,8 +4,11 @@ import {
   DAEMON_MESSAGE_TYPES,
   WORKER_MESSAGE_TYPES,
   daemonMessageSchema,
+  encodeFrame,
   encodeMessage,
+  frameBytesAbove,
   isJsonValue,
+  withRawField,
   parseDaemonMessage,
   parseWorkerMessage,
   type DaemonMessage,
@@ -186,6 +189,27 @@ describe('daemon messages', () => {
   it('reports unknown daemon types as unknown_type (workers skip them)', () => {
     const r = parseDaemonMessage(buf({ v: 1, type: 'turn_pause', turn_ref: ref }));
     expect(r).toMatchObject({ ok: false, code: 'unknown_type' });
+  });
+});
+
+describe('frames', () => {
+  it('encodes the same text as a string frame and as a Buffer, with a raw field spliced in', () => {
+    const msg = withRawField(makeTurnStart({ text: 'é' }, ref), 'context', '{"conversation_id":"c","messages":[]}');
+    const text = encodeFrame(msg);
+    expect(JSON.parse(text)).toMatchObject({
+      type: 'turn_start',
+      event: { data: { text: 'é' } },
+      context: { conversation_id: 'c', messages: [] },
+    });
+    expect(encodeMessage(msg).equals(Buffer.from(text, 'utf8'))).toBe(true);
+  });
+
+  it('reports a frame over the limit by its UTF-8 size', () => {
+    expect(frameBytesAbove('a'.repeat(100), 300)).toBeUndefined(); // too short to need measuring
+    expect(frameBytesAbove('a'.repeat(200), 150)).toBe(200);
+    expect(frameBytesAbove('€'.repeat(100), 300)).toBeUndefined(); // exactly 300 bytes
+    expect(frameBytesAbove('€'.repeat(101), 300)).toBe(303);
+    expect(frameBytesAbove('😀'.repeat(50), 199)).toBe(200); // two code units, four bytes
   });
 });
 
