@@ -171,6 +171,9 @@ export const turnResultSchema = z.object({
   emit: z.array(z.unknown()).optional(),
 });
 
+/** What a handler contributes to a `turn_result`: its `turn_ref` is the worker's own copy of the daemon's, checked on arrival. */
+export const turnResultBodySchema = turnResultSchema.pick({ messages: true, output: true, emit: true });
+
 export const turnErrorBodySchema = z.object({
   code: z.string().min(1).max(128),
   message: z.string().max(65536),

@@ -401,7 +401,7 @@ class WorkerRuntime implements Worker {
       logger: this.log,
       maxMessageBytes: this.maxMessageBytes,
       progressIntervalMs: () => this.progressMs,
-      send: (m) => this.sendFinalOrProgress(m),
+      send: (m, frame) => this.sendFinalOrProgress(m, frame),
       rpc: (turnRef, method, params) => this.callRpc(turnRef, method, params),
       finished: (t) => void this.turns.delete(t.deliveryId),
     });
@@ -429,7 +429,7 @@ class WorkerRuntime implements Worker {
     });
   }
 
-  private sendFinalOrProgress(msg: WorkerMessage): void {
+  private sendFinalOrProgress(msg: WorkerMessage, frame?: string): void {
     if (msg.type === 'turn_result' || msg.type === 'turn_error') {
       if (this.unsettled.size >= MAX_UNSETTLED) {
         const oldest = this.unsettled.keys().next().value;
@@ -437,7 +437,7 @@ class WorkerRuntime implements Worker {
       }
       this.unsettled.set(msg.turn_ref.delivery_id, msg);
     }
-    this.send(msg);
+    this.send(msg, undefined, frame);
   }
 
   private onRejected(deliveryId: string, revision: number, reason: string, detail?: string): void {
@@ -500,11 +500,18 @@ class WorkerRuntime implements Worker {
     }
   }
 
-  /** Apply hooks, then queue each resulting frame. Never throws, never rejects. */
-  private send(msg: WorkerMessage, onSent?: () => void): void {
+  /**
+   * Apply hooks, then queue each resulting frame. `frame` is `msg` already encoded, used when no
+   * hook applies. Never throws, never rejects.
+   */
+  private send(msg: WorkerMessage, onSent?: () => void, frame?: string): void {
     let out: WorkerMessage[];
+    const hooks = this.opts.hooks;
+    if (frame !== undefined && !hooks?.beforeSend && !(msg.type === 'turn_result' && hooks?.beforeSendResult)) {
+      this.queueFrames([frame], msg.type, onSent);
+      return;
+    }
     try {
-      const hooks = this.opts.hooks;
       out = msg.type === 'turn_result' && hooks?.beforeSendResult ? hooks.beforeSendResult(msg) : [msg];
       if (hooks?.beforeSend) out = out.flatMap((m) => hooks.beforeSend!(m));
     } catch (e) {
@@ -512,15 +519,19 @@ class WorkerRuntime implements Worker {
       out = [msg];
     }
     if (out.length === 0) onSent?.();
-    out.forEach((m, i) => {
-      const last = i === out.length - 1;
+    else this.queueFrames(out.map(encodeFrame), msg.type, onSent);
+  }
+
+  private queueFrames(frames: string[], type: string, onSent?: () => void): void {
+    frames.forEach((f, i) => {
+      const last = i === frames.length - 1;
       void this.queue.run(async () => {
         try {
           const socket = this.socket;
           if (!socket || socket.closed) return;
-          await socket.send(encodeFrame(m));
+          await socket.send(f);
         } catch (e) {
-          if (!this.socket?.closed) this.log.warn({ err: toError(e), type: m.type }, 'send to daemon failed');
+          if (!this.socket?.closed) this.log.warn({ err: toError(e), type }, 'send to daemon failed');
         } finally {
           if (last) onSent?.();
         }

@@ -16,8 +16,9 @@ import { toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import {
   PROTOCOL_VERSION,
-  encodeMessage,
-  turnResultSchema,
+  encodeFrame,
+  frameBytesAbove,
+  turnResultBodySchema,
   type JsonValue,
   type TurnErrorBody,
   type TurnRef,
@@ -97,7 +98,8 @@ export interface TurnDeps {
   handler: TurnHandler;
   clock: Clock;
   logger: Logger;
-  send(msg: WorkerMessage): void;
+  /** Queues `msg`; `frame` is its encoded text when the caller has it already. */
+  send(msg: WorkerMessage, frame?: string): void;
   progressIntervalMs(): number;
   maxMessageBytes: number;
   /** A worker RPC on the worker's connection. */
@@ -115,7 +117,7 @@ export class RunningTurn {
   private ref: TurnRef;
   private readonly start: TurnStart;
   private readonly deps: TurnDeps;
-  private readonly log: Logger;
+  private turnLog: Logger | undefined;
   private readonly controller = new AbortController();
   private readonly listeners = new Set<SteerListener>();
   private pendingSteers: Array<{ input: JsonValue; ref: TurnRef }> = [];
@@ -129,13 +131,18 @@ export class RunningTurn {
     this.deps = deps;
     this.ref = start.turn_ref;
     this.deliveryId = start.turn_ref.delivery_id;
-    this.log = deps.logger.child({
-      deliveryId: this.deliveryId,
-      eventId: start.turn_ref.event_id,
-      epoch: start.turn_ref.actor_epoch,
-      attempt: start.attempt,
-    });
     this.done = this.run();
+  }
+
+  /** The turn's logger, made on first use: most turns log nothing, and a child logger costs a serialisation of its fields. */
+  private get log(): Logger {
+    this.turnLog ??= this.deps.logger.child({
+      deliveryId: this.deliveryId,
+      eventId: this.start.turn_ref.event_id,
+      epoch: this.start.turn_ref.actor_epoch,
+      attempt: this.start.attempt,
+    });
+    return this.turnLog;
   }
 
   get turnRef(): TurnRef {
@@ -182,7 +189,9 @@ export class RunningTurn {
       attempt: this.start.attempt,
       leaseExpiresAt: this.start.lease_expires_at,
       signal: this.controller.signal,
-      logger: this.log,
+      get logger() {
+        return self.log;
+      },
       onSteer(cb) {
         self.listeners.add(cb);
         const replay = self.pendingSteers;
@@ -211,9 +220,10 @@ export class RunningTurn {
     await Promise.resolve();
     this.progressTimer = this.deps.clock.setInterval(() => this.sendProgress(), this.deps.progressIntervalMs());
     let final: WorkerMessage;
+    let frame: string | undefined;
     try {
       const outcome = await this.deps.handler(this.context());
-      final = this.resultMessage(outcome);
+      ({ msg: final, frame } = this.resultMessage(outcome));
     } catch (e) {
       final = { v: PROTOCOL_VERSION, type: 'turn_error', turn_ref: this.ref, error: this.errorBody(e) };
     }
@@ -226,10 +236,11 @@ export class RunningTurn {
       return;
     }
     if (final.type === 'turn_error') this.log.info({ error: final.error }, 'turn failed');
-    this.deps.send(final);
+    this.deps.send(final, frame);
   }
 
-  private resultMessage(outcome: TurnOutcome): WorkerMessage {
+  /** The turn_result for `outcome`, with its frame (encoded once, to measure it), or the turn_error that replaces it. */
+  private resultMessage(outcome: TurnOutcome): { msg: WorkerMessage; frame?: string } {
     const candidate: Record<string, unknown> = {
       v: PROTOCOL_VERSION,
       type: 'turn_result',
@@ -238,17 +249,20 @@ export class RunningTurn {
     };
     if (outcome?.output !== undefined) candidate.output = outcome.output;
     if (outcome?.emit !== undefined && outcome.emit.length > 0) candidate.emit = outcome.emit;
-    const checked = turnResultSchema.safeParse(candidate);
+    const checked = turnResultBodySchema.safeParse(candidate);
     if (!checked.success) {
-      return this.invalidOutcome('invalid_result', `handler outcome is not a valid turn_result: ${checked.error.issues[0]?.message ?? ''}`);
+      return {
+        msg: this.invalidOutcome('invalid_result', `handler outcome is not a valid turn_result: ${checked.error.issues[0]?.message ?? ''}`),
+      };
     }
     // Send what the handler gave (not the parsed copy): turn_ref must stay verbatim.
     const msg = candidate as unknown as WorkerMessage;
-    const bytes = encodeMessage(msg).length;
-    if (bytes > this.deps.maxMessageBytes) {
-      return this.invalidOutcome('result_too_large', `turn_result is ${bytes} bytes, limit ${this.deps.maxMessageBytes}`);
+    const frame = encodeFrame(msg);
+    const bytes = frameBytesAbove(frame, this.deps.maxMessageBytes);
+    if (bytes !== undefined) {
+      return { msg: this.invalidOutcome('result_too_large', `turn_result is ${bytes} bytes, limit ${this.deps.maxMessageBytes}`) };
     }
-    return msg;
+    return { msg, frame };
   }
 
   private invalidOutcome(code: string, message: string): WorkerMessage {

@@ -315,6 +315,24 @@ describe('worker SDK end to end', () => {
     expect(err?.error).toMatchObject({ code: 'invalid_result', retryable: false });
   });
 
+  it('refuses a result over the size limit, measured in UTF-8 bytes, and sends one that fits unchanged', async () => {
+    const h = await startBroker();
+    // 1,500 characters of 3 bytes each: under 2,048 counted in characters, over it in bytes
+    const handler: TurnHandler = async (ctx) => {
+      const n = (ctx.event.data as { n: number }).n;
+      return { messages: [{ role: 'assistant', content: '€'.repeat(n) }] };
+    };
+    await startWorker(h, { handler, maxMessageBytes: 2048 });
+    const big = await dispatch(h, { n: 1500 });
+    const [err] = await waitFor(() => h.of('turn_error', big.delivery_id).length && h.of('turn_error', big.delivery_id), 'error');
+    expect(err?.error).toMatchObject({ code: 'result_too_large', retryable: false });
+    expect(err?.error.message).toMatch(/4[0-9]{3} bytes, limit 2048/);
+    const small = await dispatch(h, { n: 300 });
+    const [res] = await waitFor(() => h.of('turn_result', small.delivery_id).length && h.of('turn_result', small.delivery_id), 'result');
+    expect(res?.turnRef).toEqual(small);
+    expect(res?.messages).toEqual([{ role: 'assistant', content: '€'.repeat(300) }]);
+  });
+
   it('replays steers that arrived before the handler subscribed', async () => {
     const h = await startBroker();
     const seen: unknown[] = [];
