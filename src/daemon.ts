@@ -137,6 +137,7 @@ export class Daemon {
     });
     this.rpc = new RpcServer({
       db: this.database.db,
+      jobs: this.store.jobs,
       transport: { send: (id, msg) => this.broker.send(id, msg) },
       clock,
       logger,

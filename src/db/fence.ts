@@ -10,7 +10,7 @@
  * transaction that then writes. Steer and cancel act on the actor's live turn, not on a worker's
  * reply: they lock the live activation instead (see TurnStore.steer / cancel).
  */
-import { sql } from 'drizzle-orm';
+import { sql, type SQL } from 'drizzle-orm';
 import { FenceRejected, type FenceReason } from '../errors.ts';
 import { isUuid } from '../uuid.ts';
 import type { ActivationRow } from './activations.ts';
@@ -92,6 +92,17 @@ export const NO_FENCE_ROWS: FenceRows = {
 };
 
 /**
+ * True when the pg-boss job of delivery `d` (a row in scope) is active in the attempt the delivery
+ * carries: the fence's job check, for the statements that apply it in SQL (fence rows, fenced reads).
+ */
+export function jobActiveOf(jobs: JobTable, d: string): SQL {
+  const del = sql.raw(d);
+  return sql`exists (select 1 from ${sql.identifier(jobs.schema)}.job j
+                      where j.name = ${jobs.queue} and j.id = ${del}.event_id
+                        and j.state = 'active' and j.retry_count = ${del}.job_retry_count)`;
+}
+
+/**
  * Loads and row-locks the fence rows of many deliveries in one statement (a batch of replies, or
  * one): both rows, the lease by PostgreSQL's clock, the epoch counter and the job's state. Rows
  * are locked in delivery-id order, so two daemons locking overlapping batches cannot deadlock.
@@ -113,9 +124,7 @@ export async function loadFenceRowsMany(tx: DbOrTx, jobs: JobTable, deliveryIds:
            a.lease_expires_at > now() as lease_alive,
            (select ac.epoch_counter from corral.actors ac
              where ac.agent_uid = d.agent_uid and ac.session_id = d.session_id) as epoch_counter,
-           exists (select 1 from ${sql.identifier(jobs.schema)}.job j
-                    where j.name = ${jobs.queue} and j.id = d.event_id
-                      and j.state = 'active' and j.retry_count = d.job_retry_count) as job_active
+           ${jobActiveOf(jobs, 'd')} as job_active
       from corral.deliveries d
       join corral.activations a on a.activation_uid = d.activation_uid
      where d.delivery_id = any(${sql.param(ids)}::uuid[])

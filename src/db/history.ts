@@ -6,8 +6,9 @@
  * Invariants:
  *  H1 a fenced read is ONE statement whose rows all hang off the fence CTE: when the `turn_ref`
  *     does not name a live turn of that worker (delivery live and given to it, activation live on
- *     that event at that epoch and revision, lease alive by PostgreSQL's clock), the statement
- *     returns no row and nothing of the conversation is read.
+ *     that event at that epoch and revision, lease alive by PostgreSQL's clock, the event's job
+ *     active in the delivery's attempt: what `checkFence` asks of a reply), the statement returns
+ *     no row and nothing of the conversation is read.
  *  H2 message seqs are gapless from 1 (`conversations.next_seq`), so "older messages exist" is
  *     `first seq > 1`.
  *  H3 every page is bounded by count and by bytes of content (`octet_length(content::text)`,
@@ -15,7 +16,7 @@
  */
 import { sql, type SQL } from 'drizzle-orm';
 import type { DbOrTx } from './client.ts';
-import type { Fence } from './fence.ts';
+import { jobActiveOf, type Fence, type JobTable } from './fence.ts';
 import { ACTIVATION_LIVE, DELIVERY_LIVE, sqlList } from './schema.ts';
 
 export interface HistoryMessage {
@@ -62,7 +63,7 @@ export function contextJsonOf(c: string, limits: ContextLimits): SQL {
 }
 
 /** The fence CTE of H1: one row (agent, session) when `fence` names a live turn of `workerId`. */
-function liveTurn(fence: Fence, workerId: string) {
+function liveTurn(jobs: JobTable, fence: Fence, workerId: string) {
   return sql`
     select d.agent_uid, d.session_id
       from corral.deliveries d
@@ -75,7 +76,8 @@ function liveTurn(fence: Fence, workerId: string) {
        and d.state in ${sqlList(DELIVERY_LIVE)}
        and a.status in ${sqlList(ACTIVATION_LIVE)}
        and a.actor_epoch = d.actor_epoch and a.current_event_id = d.event_id and a.revision = d.revision
-       and a.lease_expires_at > now()`;
+       and a.lease_expires_at > now()
+       and ${jobActiveOf(jobs, 'd')}`;
 }
 
 export interface HistoryPage {
@@ -107,13 +109,14 @@ type RawPage = {
  */
 export async function readHistoryPage(
   db: DbOrTx,
+  jobs: JobTable,
   fence: Fence,
   workerId: string,
   page: { beforeSeq?: number; limit: number; maxBytes: number },
 ): Promise<HistoryPage | undefined> {
   const before = page.beforeSeq ?? 2_147_483_647;
   const rows = await db.execute<RawPage>(sql`
-    with f as (${liveTurn(fence, workerId)}),
+    with f as (${liveTurn(jobs, fence, workerId)}),
     c as (
       select c.id, c.next_seq from corral.conversations c join f on c.agent_uid = f.agent_uid and c.session_id = f.session_id
     )
@@ -164,7 +167,7 @@ export interface ActorStatus {
 }
 
 /** `actor.status`: the state of the actor whose live turn `fence` names; undefined when it is not live (H1). */
-export async function readActorStatus(db: DbOrTx, fence: Fence, workerId: string): Promise<ActorStatus | undefined> {
+export async function readActorStatus(db: DbOrTx, jobs: JobTable, fence: Fence, workerId: string): Promise<ActorStatus | undefined> {
   const rows = await db.execute<{
     agent_uid: string;
     session_id: string;
@@ -178,7 +181,7 @@ export async function readActorStatus(db: DbOrTx, fence: Fence, workerId: string
     current_event_id: string | null;
     lease_expires_at: Date | string;
   }>(sql`
-    with f as (${liveTurn(fence, workerId)})
+    with f as (${liveTurn(jobs, fence, workerId)})
     select ac.agent_uid, ac.session_id, ac.epoch_counter, ac.blocked_by_event_id, c.next_seq,
            a.activation_uid, a.actor_epoch, a.status, a.revision, a.current_event_id, a.lease_expires_at
       from f

@@ -15,6 +15,7 @@
  */
 import type { Clock } from '../clock.ts';
 import type { DbOrTx } from '../db/client.ts';
+import type { JobTable } from '../db/fence.ts';
 import { readActorStatus, readHistoryPage } from '../db/history.ts';
 import { errorMessage } from '../errors.ts';
 import type { BrokerEvent } from '../fabric/broker.ts';
@@ -27,6 +28,8 @@ export type RpcRequestEvent = Extract<BrokerEvent, { kind: 'rpc_request' }>;
 
 export interface RpcServerOptions {
   db: DbOrTx;
+  /** Where the fence finds the events' jobs. */
+  jobs: JobTable;
   transport: Transport;
   clock: Clock;
   logger: Logger;
@@ -126,7 +129,11 @@ export class RpcServer {
         const limit = optionalInt(params, 'limit', 1, MAX_HISTORY_LIMIT) ?? DEFAULT_HISTORY_LIMIT;
         const budget = Math.floor(this.opts.maxMessageBytes / 2);
         const maxBytes = Math.min(optionalInt(params, 'max_bytes', 1, budget) ?? budget, budget);
-        const page = await readHistoryPage(this.opts.db, fence, e.workerId, { ...(beforeSeq ? { beforeSeq } : {}), limit, maxBytes });
+        const page = await readHistoryPage(this.opts.db, this.opts.jobs, fence, e.workerId, {
+          ...(beforeSeq ? { beforeSeq } : {}),
+          limit,
+          maxBytes,
+        });
         if (!page) throw notLive();
         return {
           conversation_id: page.conversationId,
@@ -136,7 +143,7 @@ export class RpcServer {
         };
       }
       case 'actor.status': {
-        const s = await readActorStatus(this.opts.db, fence, e.workerId);
+        const s = await readActorStatus(this.opts.db, this.opts.jobs, fence, e.workerId);
         if (!s) throw notLive();
         return {
           actor: `${s.agentUid}/${s.sessionId}`,

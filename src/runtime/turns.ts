@@ -118,7 +118,7 @@ export class TurnStore {
   private readonly ownerId: string;
   private readonly config: TurnsConfig;
   /** Where the fence finds the events' jobs. */
-  private readonly jobs: JobTable;
+  readonly jobs: JobTable;
   /** T2, the begin of fetched jobs. */
   private readonly beginner: TurnBeginner;
 

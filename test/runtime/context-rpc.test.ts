@@ -151,6 +151,13 @@ describe('turn context and worker RPC', () => {
     const steer = await w.next('turn_steer');
     expect((await rpc(w, live.turn_ref, 'history.read')).error).toMatchObject({ code: 'not_live' });
     expect((await rpc(w, steer.turn_ref, 'history.read')).result).toMatchObject({ total: 2 });
+    // the event's job is no longer active in the delivery's attempt (as checkFence asks of a reply)
+    const eventId = (steer.turn_ref as Ref).event_id as string;
+    await db().execute(sql`update pgboss.job set retry_count = retry_count + 1 where id = ${eventId}::uuid`);
+    expect((await rpc(w, steer.turn_ref, 'history.read')).error).toMatchObject({ code: 'not_live' });
+    expect((await rpc(w, steer.turn_ref, 'actor.status')).error).toMatchObject({ code: 'not_live' });
+    await db().execute(sql`update pgboss.job set retry_count = retry_count - 1 where id = ${eventId}::uuid`);
+    expect((await rpc(w, steer.turn_ref, 'actor.status')).result).toMatchObject({ actor: 'ctx/fenced' });
     // lease expired
     await db().execute(
       sql`update corral.activations set lease_expires_at = now() - interval '1 second' where activation_uid = ${(live.turn_ref as Ref).activation_uid as string}`,
