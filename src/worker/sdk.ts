@@ -508,7 +508,7 @@ class WorkerRuntime implements Worker {
     let out: WorkerMessage[];
     const hooks = this.opts.hooks;
     if (frame !== undefined && !hooks?.beforeSend && !(msg.type === 'turn_result' && hooks?.beforeSendResult)) {
-      this.queueFrames([frame], msg.type, onSent);
+      this.queueFrames([{ type: msg.type, encoded: frame }], onSent);
       return;
     }
     try {
@@ -519,19 +519,20 @@ class WorkerRuntime implements Worker {
       out = [msg];
     }
     if (out.length === 0) onSent?.();
-    else this.queueFrames(out.map(encodeFrame), msg.type, onSent);
+    else this.queueFrames(out, onSent);
   }
 
-  private queueFrames(frames: string[], type: string, onSent?: () => void): void {
-    frames.forEach((f, i) => {
-      const last = i === frames.length - 1;
+  /** Queues each message, or its frame when already encoded; a message is encoded in its turn (a failure is logged). */
+  private queueFrames(items: (WorkerMessage | { type: string; encoded: string })[], onSent?: () => void): void {
+    items.forEach((m, i) => {
+      const last = i === items.length - 1;
       void this.queue.run(async () => {
         try {
           const socket = this.socket;
           if (!socket || socket.closed) return;
-          await socket.send(f);
+          await socket.send('encoded' in m ? m.encoded : encodeFrame(m));
         } catch (e) {
-          if (!this.socket?.closed) this.log.warn({ err: toError(e), type }, 'send to daemon failed');
+          if (!this.socket?.closed) this.log.warn({ err: toError(e), type: m.type }, 'send to daemon failed');
         } finally {
           if (last) onSent?.();
         }
