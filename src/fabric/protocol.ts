@@ -457,7 +457,7 @@ const RAW_FIELD = Symbol('corral.rawField');
 
 /**
  * `msg` with one more field, `name`, whose value is the JSON text `json`, copied into the frame as
- * is by `encodeMessage` (not parsed and encoded again). The text must be a valid JSON value of the
+ * is by `encodeFrame` (not parsed and encoded again). The text must be a valid JSON value of the
  * field's schema: it comes from a trusted producer (the database builds a turn's context), never
  * from a peer.
  */
@@ -467,7 +467,7 @@ export function withRawField<M extends WorkerMessage | DaemonMessage>(msg: M, na
 }
 
 /**
- * A message as the JSON text of its one frame. Sockets take the text as is: zeromq.js encodes a
+ * A message as the JSON text of the one UTF-8 frame the protocol carries. Sockets take the text as is: zeromq.js encodes a
  * string to UTF-8 once and frees it on its own I/O thread, where a Buffer above 128 bytes is sent
  * zero-copy and handed back to the main thread to be released, one more event-loop wake-up per
  * message.
@@ -478,11 +478,6 @@ export function encodeFrame(msg: WorkerMessage | DaemonMessage): string {
   if (raw === undefined) return text;
   // an object's JSON always ends with its closing brace
   return `${text.slice(0, -1)},${JSON.stringify(raw.name)}:${raw.json}}`;
-}
-
-/** Encode a message as the single UTF-8 JSON frame the protocol carries. */
-export function encodeMessage(msg: WorkerMessage | DaemonMessage): Buffer {
-  return Buffer.from(encodeFrame(msg), 'utf8');
 }
 
 /** The UTF-8 size of a frame's text; measured only when it could pass `limit`. */

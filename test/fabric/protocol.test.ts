@@ -5,7 +5,6 @@ import {
   WORKER_MESSAGE_TYPES,
   daemonMessageSchema,
   encodeFrame,
-  encodeMessage,
   frameBytesAbove,
   isJsonValue,
   withRawField,
@@ -55,7 +54,7 @@ const validWorker: WorkerMessage[] = [
 describe('parseWorkerMessage', () => {
   it('accepts every valid worker message type', () => {
     for (const msg of validWorker) {
-      const r = parseWorkerMessage(encodeMessage(msg));
+      const r = parseWorkerMessage(Buffer.from(encodeFrame(msg)));
       expect(r, JSON.stringify(msg)).toEqual({ ok: true, msg });
     }
     expect(new Set(validWorker.map((m) => m.type))).toEqual(new Set(WORKER_MESSAGE_TYPES));
@@ -174,7 +173,7 @@ describe('daemon messages', () => {
 
   it('round-trips every daemon message type', () => {
     for (const msg of validDaemon) {
-      expect(parseDaemonMessage(encodeMessage(msg))).toEqual({ ok: true, msg });
+      expect(parseDaemonMessage(Buffer.from(encodeFrame(msg)))).toEqual({ ok: true, msg });
       expect(daemonMessageSchema.safeParse(msg).success).toBe(true);
     }
     expect(new Set(validDaemon.map((m) => m.type))).toEqual(new Set(DAEMON_MESSAGE_TYPES));
@@ -193,15 +192,20 @@ describe('daemon messages', () => {
 });
 
 describe('frames', () => {
-  it('encodes the same text as a string frame and as a Buffer, with a raw field spliced in', () => {
-    const msg = withRawField(makeTurnStart({ text: 'é' }, ref), 'context', '{"conversation_id":"c","messages":[]}');
+  it('encodes a frame with a raw field spliced in, which a worker parses as a valid message', () => {
+    const conversationId = '0190a5e2-0000-7000-8000-000000000001';
+    const context = `{"conversation_id":"${conversationId}","messages":[],"has_more":false,"current_seq":1}`;
+    const msg = withRawField(makeTurnStart({ text: 'é' }, ref), 'context', context);
     const text = encodeFrame(msg);
     expect(JSON.parse(text)).toMatchObject({
       type: 'turn_start',
       event: { data: { text: 'é' } },
-      context: { conversation_id: 'c', messages: [] },
+      context: { conversation_id: conversationId, messages: [] },
     });
-    expect(encodeMessage(msg).equals(Buffer.from(text, 'utf8'))).toBe(true);
+    expect(parseDaemonMessage(Buffer.from(text, 'utf8'))).toMatchObject({
+      ok: true,
+      msg: { type: 'turn_start', context: { messages: [] } },
+    });
   });
 
   it('reports a frame over the limit by its UTF-8 size', () => {
