@@ -505,15 +505,17 @@ class WorkerRuntime implements Worker {
    * hook applies. Never throws, never rejects.
    */
   private send(msg: WorkerMessage, onSent?: () => void, frame?: string): void {
-    let out: WorkerMessage[];
     const hooks = this.opts.hooks;
-    if (frame !== undefined && !hooks?.beforeSend && !(msg.type === 'turn_result' && hooks?.beforeSendResult)) {
-      this.queueFrames([{ type: msg.type, encoded: frame }], onSent);
+    const resultHooked = msg.type === 'turn_result' && hooks?.beforeSendResult !== undefined;
+    const sendHooked = hooks?.beforeSend !== undefined;
+    if (!resultHooked && !sendHooked) {
+      this.queueFrames([frame === undefined ? msg : { type: msg.type, encoded: frame }], onSent);
       return;
     }
+    let out: WorkerMessage[];
     try {
-      out = msg.type === 'turn_result' && hooks?.beforeSendResult ? hooks.beforeSendResult(msg) : [msg];
-      if (hooks?.beforeSend) out = out.flatMap((m) => hooks.beforeSend!(m));
+      out = resultHooked ? hooks!.beforeSendResult!(msg as TurnResult) : [msg];
+      if (sendHooked) out = out.flatMap((m) => hooks!.beforeSend!(m));
     } catch (e) {
       this.log.error({ err: toError(e), type: msg.type }, 'send hook threw; sending unchanged');
       out = [msg];
