@@ -75,6 +75,11 @@ const configSchema = z
      * of `maxMessageBytes` (the turn_start carries the event too), see `contextLimits`.
      */
     contextBytes: int(0),
+    /**
+     * Memory for the contexts kept between turns, so the database does not read them again (0 =
+     * none kept); dropped whenever the daemon idles (see `heapTrimIdleMs`).
+     */
+    contextCacheBytes: int(0),
     /** Worker RPC: requests served at once per worker; more are answered `busy`. */
     rpcConcurrency: int(1, 1000),
     /** Worker RPC: a request not served within this long is answered `timeout`. */
@@ -155,6 +160,7 @@ export const DEFAULTS: Omit<Config, 'homeDir'> = {
   maxEventBytes: 256 * 1024,
   contextMessages: 50,
   contextBytes: 64 * 1024,
+  contextCacheBytes: 32 * 1024 * 1024,
   rpcConcurrency: 8,
   rpcTimeoutMs: 10_000,
   insecure: false,
@@ -198,6 +204,7 @@ export const ENV_NAMES: Partial<Record<keyof Config, string>> = {
   maxEventBytes: 'CORRAL_MAX_EVENT_BYTES',
   contextMessages: 'CORRAL_CONTEXT_MESSAGES',
   contextBytes: 'CORRAL_CONTEXT_BYTES',
+  contextCacheBytes: 'CORRAL_CONTEXT_CACHE_BYTES',
   rpcConcurrency: 'CORRAL_RPC_CONCURRENCY',
   rpcTimeoutMs: 'CORRAL_RPC_TIMEOUT_MS',
   insecure: 'CORRAL_INSECURE',

@@ -32,7 +32,7 @@ import { TurnStore } from './runtime/turns.ts';
 import { Watchdog } from './runtime/watchdog.ts';
 import { JobKeeper } from './runtime/job-keeper.ts';
 import { Periodic } from './runtime/periodic.ts';
-import { HeapTrim } from './runtime/heap-trim.ts';
+import { HeapTrim, memoryReducingGc } from './runtime/heap-trim.ts';
 import { sweepCompletedJobs } from './queue/retention.ts';
 import type { RuntimeMetrics } from './runtime/metrics.ts';
 import { Supervisor, type ChildSpec, type ShutdownResult, type SupervisorHandle } from './supervisor/index.ts';
@@ -119,6 +119,8 @@ export class Daemon {
         deadLetterMode: config.deadLetterMode,
         bossSchema: config.bossSchema,
         maxEventBytes: config.maxEventBytes,
+        context: contextLimits(config),
+        contextCacheBytes: config.contextCacheBytes,
       },
     });
     let consumer: QueueConsumer | undefined;
@@ -132,7 +134,6 @@ export class Daemon {
       workerStaleMs: config.workerStaleMs,
       onCapacity: () => consumer?.wakeForCapacity(),
       ...(deps.metrics ? { metrics: deps.metrics } : {}),
-      context: contextLimits(config),
       maxEventBytes: config.maxEventBytes,
     });
     this.rpc = new RpcServer({
@@ -222,7 +223,17 @@ export class Daemon {
         }),
       { clock, log: this.log, intervalMs: RETENTION_INTERVAL_MS, what: 'retention sweep', firstPass: 'after-interval' },
     );
-    this.heapTrim = new HeapTrim({ clock, logger, idleMs: config.heapTrimIdleMs, inFlight: () => this.runtime.inFlightCount() });
+    this.heapTrim = new HeapTrim({
+      clock,
+      logger,
+      idleMs: config.heapTrimIdleMs,
+      inFlight: () => this.runtime.inFlightCount(),
+      // an idle daemon keeps no contexts: the next turns read theirs from the database
+      trim: () => {
+        this.store.contexts.clear();
+        memoryReducingGc();
+      },
+    });
     this.heapTrimLoop = new Periodic(async () => this.heapTrim.pass(), {
       clock,
       log: this.log,

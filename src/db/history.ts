@@ -1,6 +1,6 @@
 /**
  * SQL for what a worker may read of a conversation: the context sent with every `turn_start`
- * (the latest messages, built inside the begin statement, see `contextJsonOf`) and the fenced reads of the
+ * (the latest messages, read inside the begin statement, see `contextLinesOf`) and the fenced reads of the
  * worker RPC (`history.read`, `actor.status`).
  *
  * Invariants:
@@ -34,31 +34,24 @@ export interface ContextLimits {
 }
 
 /**
- * The context of `turn_start` (docs/protocol.md §5.3) as JSON text, built by the server for the
- * conversation `c` (a row with `id` and `next_seq` in scope): its latest messages, oldest first,
- * at most `maxMessages` and `maxBytes` of content (H3), `first_seq` when any, `has_more` (H2) and
- * `current_seq`. The daemon splices the text into the frame as is: no row per message reaches
- * Node, and nothing is parsed or encoded again on the way to the worker.
+ * The messages of the context of `turn_start` (docs/protocol.md §5.3) for the conversation `c` (a
+ * row with `id` in scope): its latest messages, at most `maxMessages` and, counted newest first,
+ * `maxBytes` of content (H3); as text, one line per message, oldest first: the role, one space,
+ * the content's JSON text (which holds no raw newline); null when none. The last is the
+ * conversation's `next_seq - 1` (H2), so the lines number themselves. The daemon builds the
+ * context's JSON from them (src/runtime/context-cache.ts): one text value per turn reaches Node.
  */
-export function contextJsonOf(c: string, limits: ContextLimits): SQL {
+export function contextLinesOf(c: string, limits: ContextLimits): SQL {
   const conv = sql.raw(c);
   return sql`(
-    select '{"conversation_id":"' || ${conv}.id || '","messages":' || coalesce(w.messages, '[]')
-           || coalesce(',"first_seq":' || w.first_seq, '')
-           || ',"has_more":' || (coalesce(w.first_seq, ${conv}.next_seq) > 1)::text
-           || ',"current_seq":' || ${conv}.next_seq || '}'
+    select string_agg(b.role || ' ' || b.text, E'\\n' order by b.seq)
       from (
-        select '[' || string_agg('{"seq":' || b.seq || ',"role":"' || b.role || '","content":' || b.text || '}', ',' order by b.seq) || ']'
-                 as messages,
-               min(b.seq) as first_seq
-          from (
-            select l.seq, l.role, l.text, sum(octet_length(l.text)) over (order by l.seq desc) as bytes
-              from (select m.seq, m.role, m.content::text as text from corral.messages m
-                     where m.conversation_id = ${conv}.id
-                     order by m.seq desc limit ${limits.maxMessages}) l
-          ) b
-         where b.bytes <= ${limits.maxBytes}
-      ) w
+        select l.seq, l.role, l.text, sum(octet_length(l.text)) over (order by l.seq desc) as bytes
+          from (select m.seq, m.role, m.content::text as text from corral.messages m
+                 where m.conversation_id = ${conv}.id
+                 order by m.seq desc limit ${limits.maxMessages}) l
+      ) b
+     where b.bytes <= ${limits.maxBytes}
   )`;
 }
 

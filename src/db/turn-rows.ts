@@ -13,7 +13,7 @@ import type { DbOrTx } from './client.ts';
 import type { ActivationRow } from './activations.ts';
 import { executeNamed } from './prepared.ts';
 import { fromRawRow, prefixedColumns, toDate } from './rows.ts';
-import { contextJsonOf, type ContextLimits } from './history.ts';
+import { contextLinesOf, type ContextLimits } from './history.ts';
 import { activations, ACTIVATION_LIVE, DELIVERY_LIVE, DELIVERY_UNACCEPTED, sqlList } from './schema.ts';
 
 const LIVE = sqlList(ACTIVATION_LIVE);
@@ -59,14 +59,29 @@ export interface BeginInput {
   jobRetryCount: number;
   workerId: string | null;
   input: unknown;
+  /**
+   * What the daemon already knows of the actor's conversation: its context is read only when the
+   * conversation is not at this id and `next_seq` any more (src/runtime/context-cache.ts, C1).
+   */
+  known?: { conversationId: string; nextSeq: number } | undefined;
 }
 
 /** A turn begun by `beginTurnsMany`. */
 export interface Begun {
   activation: ActivationRow;
   deliveryId: string;
-  /** The turn_start context as JSON text (`contextJsonOf`), when asked for. */
-  contextJson: string | undefined;
+  /** The conversation as the turn begins (when a context was asked for). */
+  conversation: BegunConversation | undefined;
+}
+
+export interface BegunConversation {
+  id: string;
+  nextSeq: number;
+  /**
+   * The context's messages (`contextLinesOf`) when they were read: null when none, or when the
+   * conversation was still where the input's `known` said (not read).
+   */
+  lines: string | null;
 }
 
 /**
@@ -75,7 +90,7 @@ export interface Begun {
  * and its lease renewed. `new`: each actor with no live activation at all gets a new one under
  * the next epoch (the durable counter + 1, I2). Either way it gets its conversation (created on
  * first use), its delivery (`insertTurnRowsMany`'s rows) and `started` turn, and, when `context`
- * is given, its conversation's context. The other actors are left untouched and absent from the
+ * is given, its conversation's place and context messages (unless it is where `known` says). The other actors are left untouched and absent from the
  * result (keyed `agent/session`). In `new`, a concurrent activation of one of the actors breaks
  * the one-live index (I1) and fails the whole statement, which then changed nothing.
  */
@@ -99,11 +114,16 @@ export async function beginTurnsMany(
       worker_id: j.workerId,
       // wrapped, so that a JSON null stays a JSON null (a recordset turns it into SQL NULL)
       input: { v: j.input ?? null },
+      known_conv: j.known?.conversationId ?? null,
+      known_seq: j.known?.nextSeq ?? null,
     }))
     // actor rows are locked in key order, as everywhere else (two daemons cannot deadlock)
     .sort((x, y) => cmp(x.agent_uid, y.agent_uid) || cmp(x.session_id, y.session_id));
   const limits = opts.context !== undefined && opts.context.maxMessages > 0 ? opts.context : undefined;
-  const context = limits ? contextJsonOf('conv', limits) : sql`null::text`;
+  const context = limits
+    ? sql`conv.id as conv_id, conv.next_seq,
+          case when conv.id = w.known_conv and conv.next_seq = w.known_seq then null else ${contextLinesOf('conv', limits)} end as lines`
+    : sql`null::uuid as conv_id, null::int as next_seq, null::text as lines`;
   const lease = sql`now() + ${opts.leaseMs} * interval '1 millisecond'`;
   const activationsOf =
     opts.kind === 'warm'
@@ -133,7 +153,9 @@ export async function beginTurnsMany(
              cold.event_id, 0, 'active'
         from cold join epochs using (agent_uid, session_id)
       returning *`;
-  const rows = await executeNamed<Record<string, unknown> & { delivery_id: string; context: string | null }>(
+  const rows = await executeNamed<
+    Record<string, unknown> & { delivery_id: string; conv_id: string | null; next_seq: number | null; lines: string | null }
+  >(
     db,
     // the name carries all that varies in the text
     `corral_begin_${opts.kind}_turns_many${limits ? '_ctx' : ''}`,
@@ -141,14 +163,14 @@ export async function beginTurnsMany(
     with i as (
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
         agent_uid text, session_id text, event_id uuid, activation_uid uuid, lease_id uuid, delivery_id uuid,
-        turn_id uuid, conv_id uuid, job_retry_count int, worker_id text, input jsonb)
+        turn_id uuid, conv_id uuid, job_retry_count int, worker_id text, input jsonb, known_conv uuid, known_seq int)
     ), ${activationsOf}
     ), w as (
       select i.agent_uid, i.session_id, i.event_id, i.delivery_id, i.turn_id, i.conv_id, i.job_retry_count, i.worker_id, i.input,
-             a.activation_uid, a.actor_epoch, a.revision
+             i.known_conv, i.known_seq, a.activation_uid, a.actor_epoch, a.revision
         from i join a using (agent_uid, session_id)
     ), ${TURN_ROWS}
-    select ${prefixedColumns(activations, 'a', '')}, t.delivery_id, ${context} as context
+    select ${prefixedColumns(activations, 'a', '')}, t.delivery_id, ${context}
       from a
       join w on w.activation_uid = a.activation_uid
       join t on t.delivery_id = w.delivery_id
@@ -160,7 +182,11 @@ export async function beginTurnsMany(
       const activation = fromRawRow(activations, r);
       return [
         `${activation.agentUid}/${activation.sessionId}`,
-        { activation, deliveryId: r.delivery_id, contextJson: r.context ?? undefined },
+        {
+          activation,
+          deliveryId: r.delivery_id,
+          conversation: r.conv_id === null ? undefined : { id: r.conv_id, nextSeq: Number(r.next_seq), lines: r.lines },
+        },
       ];
     }),
   );
@@ -230,11 +256,17 @@ export interface CommitRowsInput {
  * T5's writes for a batch of turns whose fences held, in ONE statement: the turns `succeeded`, the
  * user message (the turn's recorded input) and the worker's messages numbered at the end of each
  * conversation, deliveries `completed`, activations warm (no current event, lease renewed). A batch holds at most one turn per conversation (one live turn
- * per actor). Returns the delivery ids whose turn was written (a turn no longer `started` is left
- * out, and so is everything of it).
+ * per actor). Returns the turns written, by delivery id (a turn no longer `started` is left out,
+ * and so is everything of it), each with its conversation, the seq of its first message and, with
+ * `lines`, its messages as `contextLinesOf` prints them (so the daemon can keep contexts, see
+ * src/runtime/context-cache.ts).
  */
-export async function commitTurnRowsMany(tx: DbOrTx, rows: readonly CommitRowsInput[]): Promise<Set<string>> {
-  if (rows.length === 0) return new Set();
+export async function commitTurnRowsMany(
+  tx: DbOrTx,
+  rows: readonly CommitRowsInput[],
+  opts: { lines: boolean } = { lines: false },
+): Promise<Map<string, CommittedTurn>> {
+  if (rows.length === 0) return new Map();
   const leaseMs = rows[0]!.leaseMs;
   const input = rows.map((r) => ({
     delivery_id: r.deliveryId,
@@ -245,9 +277,17 @@ export async function commitTurnRowsMany(tx: DbOrTx, rows: readonly CommitRowsIn
     output: r.output === undefined ? null : { v: r.output },
     messages: r.messages,
   }));
-  const written = await executeNamed<{ delivery_id: string; messages: number; expected: number }>(
+  const written = await executeNamed<{
+    delivery_id: string;
+    messages: number;
+    expected: number;
+    conversation_id: string;
+    first_seq: number;
+    lines: string | null;
+  }>(
     tx,
-    'corral_commit_turn_rows_many',
+    // the name carries all that varies in the text
+    `corral_commit_turn_rows_many${opts.lines ? '_lines' : ''}`,
     sql`
     with i as (
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb)
@@ -275,7 +315,11 @@ export async function commitTurnRowsMany(tx: DbOrTx, rows: readonly CommitRowsIn
       insert into corral.messages (conversation_id, turn_id, seq, role, content)
       select items.conversation_id, items.turn_id, c.first + items.ord - 1, items.role, items.content
         from items join c on c.id = items.conversation_id
-      returning turn_id
+      returning turn_id, seq${opts.lines ? sql.raw(', role, content::text as text') : sql.raw('')}
+    ), ms as (
+      select turn_id, count(*)::int as n, min(seq) as first_seq,
+             ${opts.lines ? sql.raw(`string_agg(role || ' ' || text, E'\\n' order by seq)`) : sql.raw('null::text')} as lines
+        from m group by turn_id
     ), d as (
       update corral.deliveries dl set state = 'completed', updated_at = now()
         from t
@@ -288,9 +332,23 @@ export async function commitTurnRowsMany(tx: DbOrTx, rows: readonly CommitRowsIn
        where av.activation_uid = t.activation_uid and av.status in ${LIVE}
       returning 1
     )
-    select t.delivery_id, (select count(*) from m where m.turn_id = t.id)::int as messages, t.count::int as expected from t`,
+    select t.delivery_id, coalesce(ms.n, 0) as messages, t.count::int as expected, t.conversation_id, ms.first_seq, ms.lines
+      from t left join ms on ms.turn_id = t.id`,
   );
-  return new Set(written.filter((w) => w.messages === w.expected).map((w) => w.delivery_id));
+  return new Map(
+    written
+      .filter((w) => w.messages === w.expected)
+      .map((w) => [w.delivery_id, { conversationId: w.conversation_id, firstSeq: Number(w.first_seq), lines: w.lines }]),
+  );
+}
+
+/** A turn written by `commitTurnRowsMany`. */
+export interface CommittedTurn {
+  conversationId: string;
+  /** The seq of its first message (the user message: the turn's input). */
+  firstSeq: number;
+  /** Its messages, one line each (`contextLinesOf`'s format), when asked for. */
+  lines: string | null;
 }
 
 /**

@@ -23,7 +23,6 @@ import type { InFlightTurn, SessionController } from './directory.ts';
 import { attemptFields, fenceFields, toWire, type AttemptRef, type Fence } from './fence.ts';
 import { GroupWriter } from './group-writer.ts';
 import type { BeginRequest, FailOutcome, FetchedJob, StartedTurn } from './turns.ts';
-import type { ContextLimits } from '../db/history.ts';
 
 /** A turn is never offered to more than this many routes that turn out dead in one dispatch. */
 const MAX_DEAD_ROUTES_PER_DISPATCH = 3;
@@ -33,8 +32,6 @@ const PARKED_RETRY_MS = 100;
 export interface DispatcherOptions extends RuntimeParts {
   /** Called whenever capacity may have freed up (the consumer fetches again). */
   onCapacity?: () => void;
-  /** Conversation context in turn_start; absent = none. */
-  context?: ContextLimits;
 }
 
 export class Dispatcher {
@@ -52,10 +49,9 @@ export class Dispatcher {
   constructor(opts: DispatcherOptions) {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'dispatcher' });
-    const context = opts.context;
     this.begins = new GroupWriter({
-      many: (requests) => opts.store.beginMany(requests, context),
-      one: (r) => opts.store.begin(r.job, r.workerId, context),
+      many: (requests) => opts.store.beginMany(requests),
+      one: (r) => opts.store.begin(r.job, r.workerId),
       onBatch: (size, fellBack) => this.log.debug({ size, fellBack }, fellBack ? 'begin batch failed; begun one by one' : 'begin batch'),
     });
   }
@@ -358,6 +354,6 @@ function turnStart(f: InFlightTurn): DaemonMessage {
     attempt: f.started.attempt,
     lease_expires_at: f.started.leaseExpiresAt.toISOString(),
   };
-  // the context goes into the frame as the JSON text the database built (src/db/history.ts)
+  // the context goes into the frame as JSON text built once at the begin (src/runtime/context-cache.ts)
   return f.started.contextJson === undefined ? msg : withRawField(msg, 'context', f.started.contextJson);
 }

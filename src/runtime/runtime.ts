@@ -27,7 +27,6 @@ import { ReplyPipeline } from './reply-pipeline.ts';
 import type { Transport } from './transport.ts';
 import type { FetchedJob, TurnStore } from './turns.ts';
 import { WorkerRegistry } from './worker-registry.ts';
-import type { ContextLimits } from '../db/history.ts';
 
 export type { Transport };
 
@@ -42,8 +41,6 @@ export interface RuntimeOptions {
   /** Called whenever capacity may have freed up (the consumer fetches again). */
   onCapacity?: () => void;
   metrics?: RuntimeMetrics;
-  /** Conversation context in turn_start; absent = none. */
-  context?: ContextLimits;
   /** Largest emitted event payload (CORRAL_MAX_EVENT_BYTES). */
   maxEventBytes?: number;
 }
@@ -87,7 +84,6 @@ export class Runtime {
     this.dispatcher = new Dispatcher({
       ...parts,
       ...(opts.onCapacity ? { onCapacity: opts.onCapacity } : {}),
-      ...(opts.context ? { context: opts.context } : {}),
     });
     this.replies = new ReplyPipeline({
       ...parts,

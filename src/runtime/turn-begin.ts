@@ -14,6 +14,7 @@ import type { ContextLimits } from '../db/history.ts';
 import * as turnRows from '../db/turn-rows.ts';
 import { CorralError, isConnectionError } from '../errors.ts';
 import { fenceOf } from './fence.ts';
+import { contextJson, type ContextCache } from './context-cache.ts';
 import type { Settlement } from './group-writer.ts';
 import type { FetchedJob, StartedTurn } from './turns.ts';
 
@@ -31,6 +32,8 @@ export interface TurnBeginnerDeps {
   leaseMs: number;
   /** Fails a live activation still holding an older attempt of an actor being begun (rare). */
   supersede(tx: Tx, stale: ActivationRow): Promise<unknown>;
+  /** The contexts this daemon knows (the database checks them, and reads only the others). */
+  contexts: ContextCache;
 }
 
 export class TurnBeginner {
@@ -123,20 +126,29 @@ export class TurnBeginner {
     requests: readonly BeginRequest[],
     context: ContextLimits | undefined,
   ): Promise<(StartedTurn | undefined)[]> {
+    const { contexts } = this.deps;
+    // what the cache holds now: the entries are immutable, so these are what the database checks
+    const known = requests.map((r) => (context ? contexts.known(formatActorKey(keyOf(r.job))) : undefined));
     const begun = await turnRows.beginTurnsMany(
       db,
-      requests.map((r) => ({
+      requests.map((r, i) => ({
         key: keyOf(r.job),
         eventId: r.job.id,
         jobRetryCount: r.job.retryCount,
         workerId: r.workerId,
         input: r.job.data.payload,
+        known: known[i],
       })),
       { kind, leaseMs: this.deps.leaseMs, ownerId: this.deps.ownerId, context },
     );
-    return requests.map((r) => {
-      const b = begun.get(formatActorKey(keyOf(r.job)));
-      return b && this.startedTurn(r.job, r.workerId, b.activation, b.deliveryId, b.contextJson);
+    return requests.map((r, i) => {
+      const key = formatActorKey(keyOf(r.job));
+      const b = begun.get(key);
+      if (!b) return undefined;
+      const conv = b.conversation;
+      const json =
+        conv && contextJson(contexts.resolve(key, known[i], { conversationId: conv.id, nextSeq: conv.nextSeq, lines: conv.lines }));
+      return this.startedTurn(r.job, r.workerId, b.activation, b.deliveryId, json);
     });
   }
 

@@ -31,6 +31,7 @@ import { DEFAULT_MAX_EVENT_BYTES } from '../queue/event-job.ts';
 import type { ActivationRow } from '../db/activations.ts';
 import type { ContextLimits } from '../db/history.ts';
 import { TurnBeginner, type BeginRequest } from './turn-begin.ts';
+import { ContextCache } from './context-cache.ts';
 import { fenceOf } from './fence.ts';
 export type { BeginRequest };
 import type { Settlement } from './group-writer.ts';
@@ -43,7 +44,14 @@ export interface TurnsConfig {
   bossSchema?: string;
   /** Largest emitted event payload (CORRAL_MAX_EVENT_BYTES). */
   maxEventBytes?: number;
+  /** Conversation context in turn_start (`contextLimits`); absent or 0 messages = none. */
+  context?: ContextLimits;
+  /** Memory for contexts kept between turns (src/runtime/context-cache.ts); 0 = none kept. */
+  contextCacheBytes?: number;
 }
+
+/** Memory for contexts kept between turns, by default. */
+export const DEFAULT_CONTEXT_CACHE_BYTES = 32 * 1024 * 1024;
 
 /** A job fetched from the actor queue. */
 export type FetchedJob = ConsumedJob;
@@ -55,7 +63,7 @@ export interface StartedTurn {
   attempt: number;
   leaseExpiresAt: Date;
   workerId: string | null;
-  /** The conversation so far as the JSON text of turn_start's `context` (src/db/history.ts `contextJsonOf`). */
+  /** The conversation so far as the JSON text of turn_start's `context` (src/runtime/context-cache.ts `contextJson`). */
   contextJson?: string | undefined;
 }
 
@@ -121,13 +129,24 @@ export class TurnStore {
   readonly jobs: JobTable;
   /** T2, the begin of fetched jobs. */
   private readonly beginner: TurnBeginner;
+  /** turn_start's context limits, when turns get one. */
+  private readonly context: ContextLimits | undefined;
+  /** The contexts of the conversations this daemon ran lately (the begin checks them against the database). */
+  readonly contexts: ContextCache;
 
   constructor(deps: { db: Db; boss: PgBoss; queueName: string; ownerId: string; config: TurnsConfig }) {
+    const limits = deps.config.context;
+    this.context = limits !== undefined && limits.maxMessages > 0 ? limits : undefined;
+    this.contexts = new ContextCache(
+      this.context ?? { maxMessages: 0, maxBytes: 0 },
+      this.context ? (deps.config.contextCacheBytes ?? DEFAULT_CONTEXT_CACHE_BYTES) : 0,
+    );
     this.beginner = new TurnBeginner({
       db: deps.db,
       ownerId: deps.ownerId,
       leaseMs: deps.config.leaseMs,
       supersede: (tx, stale) => this.failActivationInTx(tx, stale, 'superseded', { message: 'superseded by a newer attempt' }, false),
+      contexts: this.contexts,
     });
     this.db = deps.db;
     this.boss = deps.boss;
@@ -138,15 +157,15 @@ export class TurnStore {
   }
 
   /** T2 for one fetched job (see `TurnBeginner.beginMany`); its error, if any, is thrown. */
-  async begin(job: FetchedJob, workerId: string | null, context?: ContextLimits): Promise<StartedTurn> {
-    const [settled] = await this.beginner.beginMany([{ job, workerId }], context);
+  async begin(job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
+    const [settled] = await this.beginner.beginMany([{ job, workerId }], this.context);
     if (!settled!.ok) throw settled!.error;
     return settled!.value;
   }
 
   /** T2 for a batch of fetched jobs (group begin): see `TurnBeginner.beginMany`. */
-  beginMany(requests: readonly BeginRequest[], context?: ContextLimits): Promise<Settlement<StartedTurn>[]> {
-    return this.beginner.beginMany(requests, context);
+  beginMany(requests: readonly BeginRequest[]): Promise<Settlement<StartedTurn>[]> {
+    return this.beginner.beginMany(requests, this.context);
   }
 
   /** Keeps pg-boss from failing the jobs of turns this daemon is running (see jobHeartbeatSeconds). */
@@ -218,7 +237,10 @@ export class TurnStore {
    * kept on the turn (`corral.turns.output`), not on the pg-boss job.
    */
   async replyMany(requests: readonly ReplyRequest[]): Promise<ReplyOutcome[]> {
-    return inTransaction(this.db, async (tx) => {
+    const keepContexts = this.contexts.enabled;
+    const keys = new Map<string, string>();
+    let written: Map<string, turnRows.CommittedTurn> | undefined;
+    const outcomes = await inTransaction(this.db, async (tx) => {
       const rows = await loadFenceRowsMany(
         tx,
         this.jobs,
@@ -255,6 +277,7 @@ export class TurnStore {
           outcomes.push({ outcome: 'extended', leaseExpiresAt: undefined });
         } else {
           committed.add(r.fence.deliveryId);
+          keys.set(delivery.deliveryId, formatActorKey(r.fence));
           commits.push({
             deliveryId: delivery.deliveryId,
             activationUid: r.fence.activationUid,
@@ -286,8 +309,8 @@ export class TurnStore {
       for (const p of progress) outcomes[p.index] = { outcome: 'extended', leaseExpiresAt: leases.get(p.activationUid) };
       // Locked and checked above, so a turn that is not written here means the rows disagree:
       // roll everything back.
-      const written = await turnRows.commitTurnRowsMany(tx, commits);
-      const missing = commits.filter((c) => !written.has(c.deliveryId));
+      written = await turnRows.commitTurnRowsMany(tx, commits, { lines: keepContexts });
+      const missing = commits.filter((c) => !written!.has(c.deliveryId));
       if (missing.length > 0) throw new BatchNotSettled(missing.map((c) => c.deliveryId));
       // effects hook: emitted events enqueued in this transaction (none for most turns)
       if (effects.length > 0)
@@ -304,6 +327,13 @@ export class TurnStore {
       }
       return outcomes;
     });
+    // committed: the contexts move on (C1 of context-cache.ts: a begin still checks them)
+    if (keepContexts && written) {
+      for (const [deliveryId, turn] of written) {
+        if (turn.lines !== null) this.contexts.committed(keys.get(deliveryId)!, turn.conversationId, turn.firstSeq, turn.lines);
+      }
+    }
+    return outcomes;
   }
 
   /**

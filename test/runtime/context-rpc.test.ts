@@ -187,3 +187,143 @@ describe('turn context and worker RPC', () => {
     await commit(live, []);
   });
 });
+
+describe('contexts kept between turns (src/runtime/context-cache.ts)', () => {
+  let t: TestDaemon;
+  let w: RawPeer;
+  const db = () => t.daemon.database.db;
+  const limits = { maxMessages: 4, maxBytes: 60 };
+
+  beforeAll(async () => {
+    t = await startTestDaemon({ contextMessages: limits.maxMessages, contextBytes: limits.maxBytes, drainMs: 0 });
+    w = new RawPeer(t.daemon.broker.endpoint, 'kept-1');
+    await w.register(2);
+  });
+
+  afterAll(async () => {
+    await w.close();
+    await t.stop();
+  });
+
+  async function start(session: string, data: unknown): Promise<Msg> {
+    const { eventId } = await t.daemon.events.enqueueActorEvent(db(), actorKey('kept', session), data);
+    return w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
+  }
+
+  async function commit(s: Msg, messages: unknown[]): Promise<void> {
+    await w.send({ type: 'turn_result', turn_ref: s.turn_ref, messages });
+    await w.next('turn_committed', (m) => (m.turn_ref as Ref).delivery_id === (s.turn_ref as Ref).delivery_id);
+  }
+
+  /** The context as the database holds it now, picked here by the rule of docs/protocol.md §5.3. */
+  async function contextInDatabase(session: string): Promise<Ctx> {
+    const conv = await db().execute<{ id: string; next_seq: number }>(
+      sql`select id, next_seq from corral.conversations where agent_uid = 'kept' and session_id = ${session}`,
+    );
+    const { id, next_seq } = conv.rows[0]!;
+    const rows = await db().execute<{ seq: number; role: string; text: string }>(
+      sql`select seq, role, content::text as text from corral.messages where conversation_id = ${id} order by seq desc limit ${limits.maxMessages}`,
+    );
+    const picked: Ctx['messages'] = [];
+    let bytes = 0;
+    for (const r of rows.rows) {
+      bytes += Buffer.byteLength(r.text);
+      if (bytes > limits.maxBytes) break;
+      picked.unshift({ seq: r.seq, role: r.role, content: JSON.parse(r.text) });
+    }
+    const first = picked[0]?.seq;
+    return {
+      conversation_id: id,
+      messages: picked,
+      ...(first === undefined ? {} : { first_seq: first }),
+      has_more: (first ?? next_seq) > 1,
+      current_seq: next_seq,
+    };
+  }
+
+  it('sends the context the database would read, without reading it again', async () => {
+    // contents PostgreSQL prints otherwise than JSON.stringify (key order, spaces), non-ASCII,
+    // and messages over the byte budget on their own
+    const replies: unknown[][] = [
+      [{ role: 'assistant', content: { zeta: 1, a: [1, { y: null, b: true }] } }],
+      [{ role: 'tool', content: '日本語のテキスト' }],
+      [],
+      [{ role: 'assistant', content: 'x'.repeat(70) }],
+      [
+        { role: 'assistant', content: 1.25 },
+        { role: 'tool', content: { é: 'ü' } },
+      ],
+      [{ role: 'assistant', content: 'y'.repeat(40) }],
+      [{ role: 'assistant', content: [] }],
+    ];
+    const before = t.daemon.store.contexts.stats;
+    for (const [i, messages] of replies.entries()) {
+      const s = await start('exact', { turn: i, text: `ünïcode ${i}` });
+      expect(s.context).toEqual(await contextInDatabase('exact'));
+      await commit(s, messages);
+    }
+    const after = t.daemon.store.contexts.stats;
+    // the first turn read its (empty) conversation; every later one came from the cache
+    expect(after.misses - before.misses).toBe(1);
+    expect(after.hits - before.hits).toBe(replies.length - 1);
+  });
+
+  it('reads the context again when the conversation moved on elsewhere (another daemon committed)', async () => {
+    const first = await start('moved', { n: 1 });
+    await commit(first, [{ role: 'assistant', content: 'here' }]);
+    // what another daemon's commit writes: a turn, its messages, the conversation's next_seq
+    await db().execute(sql`
+      with c as (
+        update corral.conversations set next_seq = next_seq + 2
+         where agent_uid = 'kept' and session_id = 'moved' returning id, next_seq - 2 as first
+      ), tu as (
+        insert into corral.turns (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt)
+        select gen_random_uuid(), c.id, gen_random_uuid(), gen_random_uuid(), 'succeeded', gen_random_uuid(), 99, 0, 1 from c
+        returning id, conversation_id
+      )
+      insert into corral.messages (conversation_id, turn_id, seq, role, content)
+      select tu.conversation_id, tu.id, c.first + x.o, x.role, x.content
+        from tu, c, (values (0, 'user', '"elsewhere"'::jsonb), (1, 'assistant', '{"by": "another daemon"}'::jsonb)) as x(o, role, content)`);
+    const before = t.daemon.store.contexts.stats;
+    const next = await start('moved', { n: 2 });
+    const c = next.context as Ctx;
+    expect(c).toEqual(await contextInDatabase('moved'));
+    expect(c.messages.map((m) => m.content)).toEqual([{ n: 1 }, 'here', 'elsewhere', { by: 'another daemon' }]);
+    expect(t.daemon.store.contexts.stats.misses - before.misses).toBe(1);
+    await commit(next, []);
+    // and the cache follows from there
+    const third = await start('moved', { n: 3 });
+    expect(third.context).toEqual(await contextInDatabase('moved'));
+    expect(t.daemon.store.contexts.stats.hits - before.hits).toBe(1);
+  });
+});
+
+describe('contexts kept between turns, when the daemon idles', () => {
+  it('are dropped with the idle heap trim, and read from the database again', async () => {
+    const t = await startTestDaemon({ heapTrimIdleMs: 100, drainMs: 0 });
+    const w = new RawPeer(t.daemon.broker.endpoint, 'idle-1');
+    try {
+      await w.register(1);
+      const db = t.daemon.database.db;
+      const run = async (n: number) => {
+        const { eventId } = await t.daemon.events.enqueueActorEvent(db, actorKey('idle', 's'), { n });
+        const s = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
+        await w.send({ type: 'turn_result', turn_ref: s.turn_ref, messages: [{ role: 'assistant', content: n }] });
+        await w.next('turn_committed', (m) => (m.turn_ref as Ref).event_id === eventId);
+        return s.context as Ctx;
+      };
+      await run(1);
+      expect(t.daemon.store.contexts.stats.entries).toBe(1);
+      const deadline = Date.now() + 10_000;
+      while (t.daemon.store.contexts.stats.entries > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      expect(t.daemon.store.contexts.stats).toMatchObject({ entries: 0, bytes: 0 });
+      const misses = t.daemon.store.contexts.stats.misses;
+      const c = await run(2);
+      expect(c.messages.map((m) => m.content)).toEqual([{ n: 1 }, 1]);
+      expect(t.daemon.store.contexts.stats.misses).toBe(misses + 1);
+    } finally {
+      await w.close();
+      await t.stop();
+    }
+  });
+});
