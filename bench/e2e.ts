@@ -5,13 +5,15 @@
  *   npm run bench -- [--events N] [--actors A] [--workers W] [--capacity C] [--rounds R]
  *                    [--raw-reps K] [--samples S] [--quick] [--json] [--phase-timeout S]
  *                    [--sample-activity] [--statements] [--in-process-workers] [--context-messages N]
+ *                    [--history T] [--context-cache-bytes B]
  *
  * Interleaved (raw 0, corral 1, raw 1, …, corral R, raw R) so that every corral round sits
  * between two raw slices measured minutes apart at most: a noisy machine slows both alike.
  *  - raw slice: N jobs over A singleton keys on a `key_strict_fifo` queue; one loop fetches
  *    (batchSize 50) and completes each batch (fenced by attempt), from insert until drained;
  *    repeated K times (--raw-reps), the slice counts its median repetition.
- *  - corral round: N/R events over the same A actors through a started Daemon (real pg-boss,
+ *  - corral round: N/R events over the same A actors (each with T turns of history first, so
+ *    every measured turn continues a conversation) through a started Daemon (real pg-boss,
  *    real ZeroMQ on tcp://127.0.0.1:0) and W example echo workers (`corral worker` processes, as
  *    deployed; in the bench's process with --in-process-workers), from enqueue until
  *    every event's turn is committed (`corral.turns.status = 'succeeded'`, checked in the database).
@@ -214,6 +216,7 @@ async function main(): Promise<number> {
         capacity: opts.capacity,
         processWorkers: opts.processWorkers,
         contextMessages: opts.contextMessages ?? DEFAULTS.contextMessages,
+        history: opts.history,
         slots: opts.workers * opts.capacity,
         rounds: opts.rounds,
         rawReps: opts.rawReps,

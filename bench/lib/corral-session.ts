@@ -46,6 +46,8 @@ export interface CorralResult {
   workerCpuMsPerTurn: number;
   /** Worker slots taken (fetched jobs, begun or not, until they settle), averaged over the rounds. */
   meanInFlight: number;
+  /** The rounds' turn_start contexts: taken from the daemon's cache, or read by the database. */
+  contexts: { cached: number; read: number };
   /** CPU time of the (embedded) PostgreSQL per committed turn, when measurable. */
   serverCpuMsPerTurn?: number;
   /** enqueue (job created_on) → commit (turn finished_at), database clock, every event. */
@@ -181,6 +183,7 @@ export class CorralSession {
   private workerMs = 0;
   private occupied = 0;
   private occupancySamples = 0;
+  private readonly contexts = { cached: 0, read: 0 };
   private readonly workerProcs: Proc[] = [];
   private serverMs: number | undefined = 0;
   private sampler: { on: boolean; stop(): Promise<ActivitySummary> } | undefined;
@@ -199,7 +202,10 @@ export class CorralSession {
     this.dbUrl = dbUrl;
     this.home = home;
     this.opts = opts;
-    this.keys = Array.from({ length: opts.actors }, (_, i) => actorKey('bench', `s${i}`));
+    // Each session has actors of its own, as a daemon running its queue alone does: a daemon keeps
+    // the contexts of the conversations it ran, and an actor whose turns alternate between two
+    // daemons has its context read again at each switch (see docs/benchmarks.md).
+    this.keys = Array.from({ length: opts.actors }, (_, i) => actorKey(curve ? 'bench' : 'bench-plain', `s${i}`));
   }
 
   /** `corral worker` as an OS process (the default), stopped with the session. */
@@ -238,6 +244,7 @@ export class CorralSession {
         logLevel: 'silent',
         insecure: !this.curve,
         ...(this.opts.contextMessages === undefined ? {} : { contextMessages: this.opts.contextMessages }),
+        ...(this.opts.contextCacheBytes === undefined ? {} : { contextCacheBytes: this.opts.contextCacheBytes }),
       },
       {},
     );
@@ -297,6 +304,15 @@ export class CorralSession {
     }));
     await pushAndWait(client, daemon, this.counter, warm, performance.now() + this.opts.phaseTimeoutMs, 'warm-up');
     progress(`warm-up: ${warm.length} turns committed`);
+    // The measured actors' history: long-lived sessions, each turn continuing a conversation.
+    if (this.opts.history > 0) {
+      const history = Array.from({ length: this.opts.history * this.keys.length }, (_, i) => ({
+        key: this.keys[i % this.keys.length]!,
+        event: { text: `h${i}` },
+      }));
+      await pushAndWait(client, daemon, this.counter, history, performance.now() + this.opts.phaseTimeoutMs, 'history');
+      progress(`history: ${this.opts.history} turns committed per actor`);
+    }
     if (this.opts.sampleActivity) {
       const sampler = (this.sampler = sampleActivity(this.dbUrl, daemon.database.pool));
       this.cleanup.defer('stop activity sampler', () => sampler.stop());
@@ -310,6 +326,7 @@ export class CorralSession {
       return { key: this.keys[i % this.keys.length]!, event: { text: `e${i}` } };
     });
     const elu0 = performance.eventLoopUtilization();
+    const contexts0 = this.daemon.store.contexts.stats;
     if (this.sampler) this.sampler.on = true;
     const workers0 = await this.workerCpuMs();
     // slot occupancy: worker slots taken in the daemon, sampled every 5 ms of the round
@@ -348,7 +365,15 @@ export class CorralSession {
     this.busyMs += totalMs;
     const r: RoundResult = { events: n, enqueueMs: run.tEnq - run.t0, totalMs, turnsPerSec: (n * 1000) / totalMs };
     this.rounds.push(r);
-    progress(`${label}: ${n} turns in ${totalMs.toFixed(0)} ms → ${r.turnsPerSec.toFixed(0)} turns/s`);
+    const contexts = this.daemon.store.contexts.stats;
+    const cached = contexts.hits - contexts0.hits;
+    const read = contexts.misses - contexts0.misses;
+    this.contexts.cached += cached;
+    this.contexts.read += read;
+    progress(
+      `${label}: ${n} turns in ${totalMs.toFixed(0)} ms → ${r.turnsPerSec.toFixed(0)} turns/s` +
+        (cached + read > 0 ? ` (contexts: ${cached} cached, ${read} read)` : ''),
+    );
     return r;
   }
 
@@ -368,6 +393,7 @@ export class CorralSession {
       processCpuMsPerTurn: this.cpuMs / events,
       workerCpuMsPerTurn: this.workerMs / events,
       meanInFlight: this.occupied / Math.max(1, this.occupancySamples),
+      contexts: { ...this.contexts },
       ...(this.serverMs !== undefined ? { serverCpuMsPerTurn: this.serverMs / events } : {}),
       enqueueToCommitMs: summarise(lat.e2e),
       stagesMs: { queued: summarise(lat.queued), fetchToBegin: summarise(lat.fetchToBegin), beginToCommit: summarise(lat.beginToCommit) },

@@ -19,6 +19,10 @@ export interface Options {
   processWorkers: boolean;
   /** `turn_start` context size (messages); corral's default when absent. */
   contextMessages: number | undefined;
+  /** Turns each actor commits before the measured rounds (its conversation's history). */
+  history: number;
+  /** The daemon's context cache (bytes); corral's default when absent. */
+  contextCacheBytes: number | undefined;
   /** Write a CPU profile of this process per CURVE round to `<prefix>-round<i>.cpuprofile`. */
   cpuProfile: string | undefined;
 }
@@ -30,6 +34,11 @@ export const USAGE = `usage: npm run bench -- [options]
   --in-process-workers  run the workers in the bench's process instead of as OS processes
                       (\`corral worker\`, as deployed: the default; their CPU is counted with the daemon's)
   --context-messages N  turn_start context, latest messages (default: corral's, 50; 0 = none)
+  --history T         turns each actor commits before the measured rounds, so that every
+                      measured turn continues a conversation (default 25: 50 messages, a full
+                      context at the default; 0 = the rounds start on new actors)
+  --context-cache-bytes B  the daemon's context cache (default: corral's; 0 = every context is
+                      read by the database)
   --capacity C        concurrent turns per worker             (default: corral's, 32)
   --samples S         single events in the wake-latency phase          (default 50, quick 15)
   --rounds R          corral rounds of N/R events, each between two raw slices of N jobs
@@ -62,6 +71,8 @@ export function parseOptions(argv: string[]): Options {
       statements: { type: 'boolean', default: false },
       'in-process-workers': { type: 'boolean', default: false },
       'context-messages': { type: 'string' },
+      history: { type: 'string' },
+      'context-cache-bytes': { type: 'string' },
       'cpu-profile': { type: 'string' },
       json: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
@@ -96,6 +107,11 @@ export function parseOptions(argv: string[]): Options {
     processWorkers: !values['in-process-workers'],
     cpuProfile: values['cpu-profile'],
     contextMessages: values['context-messages'] === undefined ? undefined : int('context-messages', values['context-messages'], 0, 0, 1000),
+    history: int('history', values.history, quick ? 5 : 25, 0, 10_000),
+    contextCacheBytes:
+      values['context-cache-bytes'] === undefined
+        ? undefined
+        : int('context-cache-bytes', values['context-cache-bytes'], 0, 0, Number.MAX_SAFE_INTEGER),
   };
   if (opts.rounds > opts.events) throw new UsageError('--rounds must not exceed --events');
   return opts;

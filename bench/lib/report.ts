@@ -38,6 +38,8 @@ export interface Report {
     processWorkers: boolean;
     /** turn_start context, latest messages. */
     contextMessages: number;
+    /** Turns each actor committed before the measured rounds. */
+    history: number;
     capacity: number;
     slots: number;
     rounds: number;
@@ -118,7 +120,17 @@ export function printTable(r: Report): void {
           ['  begin tx→commit tx', pct(r.wake.stagesMs.beginToCommit)],
         ] as [string, string][])
       : []),
-    ['N events / A actors', `${r.params.events} / ${r.params.actors} in ${r.params.rounds} rounds`],
+    [
+      'N events / A actors',
+      `${r.params.events} / ${r.params.actors} in ${r.params.rounds} rounds` +
+        (r.params.history > 0 ? `, after ${r.params.history} turns per actor` : ', on new actors'),
+    ],
+    ...(c.contexts.cached + c.contexts.read > 0
+      ? ([['turn_start contexts', `${c.contexts.cached} from the daemon's cache, ${c.contexts.read} read by the database`]] as [
+          string,
+          string,
+        ][])
+      : []),
     [
       'W workers × capacity',
       `${r.params.workers} × ${r.params.capacity} = ${r.params.slots} slots (fetch batch ${r.params.fetchBatch}); workers ${r.params.processWorkers ? 'as OS processes' : 'in the bench process'}; context ${r.params.contextMessages} messages`,
