@@ -41,6 +41,7 @@ export function observabilityChild(opts: ObservabilityChildOptions): ChildSpec<D
     factory: async (daemon, signal) => {
       opts.metrics.setSource(databaseSource(daemon.database.db, queuesOf(daemon.config)));
       opts.metrics.setBrokerSource(() => daemon.broker.stats());
+      opts.metrics.setContextSource(() => daemon.store.contexts.stats);
       const server = await startObservabilityServer({
         host: opts.host,
         port: opts.port,

@@ -17,6 +17,7 @@ import type { WorkerStatus } from '../db/schema.ts';
 import { toError } from '../errors.ts';
 import type { RuntimeMetrics } from '../runtime/metrics.ts';
 import type { BrokerStats } from '../fabric/broker-types.ts';
+import type { ContextCacheStats } from '../runtime/context-cache.ts';
 import { queueDepth, type QueueDepth } from '../db/boss-jobs.ts';
 import { blockedActorCount, liveActivationCount, workerCounts } from '../db/status-counts.ts';
 import type { Queues } from '../db/boss-jobs.ts';
@@ -43,6 +44,8 @@ export interface Metrics {
   setSource(source: SnapshotSource | undefined): void;
   /** The broker's counters (refusals, oversize frames, takeover attempts), read at scrape time. */
   setBrokerSource(source: (() => BrokerStats) | undefined): void;
+  /** The context cache's counters and size (src/runtime/context-cache.ts), read at scrape time. */
+  setContextSource(source: (() => ContextCacheStats) | undefined): void;
 }
 
 export const METRIC_PREFIX = 'corral_';
@@ -211,6 +214,37 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     },
   });
 
+  let contextSource: (() => ContextCacheStats) | undefined;
+  new Counter({
+    name: 'corral_turn_contexts_total',
+    help: "turn_start contexts by where they came from: the daemon's cache (the database only checked it) or the database",
+    labelNames: ['source'] as const,
+    registers,
+    collect() {
+      const c = contextSource?.();
+      this.reset();
+      if (!c) return;
+      this.inc({ source: 'cache' }, c.hits);
+      this.inc({ source: 'database' }, c.misses);
+    },
+  });
+  new Gauge({
+    name: 'corral_context_cache_entries',
+    help: 'Conversations whose context this daemon keeps between turns',
+    registers,
+    collect() {
+      this.set(contextSource?.().entries ?? 0);
+    },
+  });
+  new Gauge({
+    name: 'corral_context_cache_bytes',
+    help: 'Memory the kept contexts hold (an estimate; bounded by CORRAL_CONTEXT_CACHE_BYTES)',
+    registers,
+    collect() {
+      this.set(contextSource?.().bytes ?? 0);
+    },
+  });
+
   const runtime: CorralRuntimeMetrics = {
     dispatched: () => dispatched.inc(),
     committed: () => committed.inc(),
@@ -234,6 +268,9 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     },
     setBrokerSource(next) {
       brokerSource = next;
+    },
+    setContextSource(next) {
+      contextSource = next;
     },
   };
 }

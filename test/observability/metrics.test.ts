@@ -96,6 +96,11 @@ describe('metrics and observability endpoints', () => {
     // the broker's own counters, read at scrape time
     expect(sample(second, 'corral_fabric_connections')).toBeGreaterThanOrEqual(1);
     expect(sample(second, 'corral_fabric_refused_total', 'kind="takeover_refused"')).toBe(0);
+    // contexts: each actor's first turn read its (new) conversation, the later ones came from the cache
+    expect(sample(second, 'corral_turn_contexts_total', 'source="database"')).toBe(2);
+    expect(sample(second, 'corral_turn_contexts_total', 'source="cache"')).toBe(3);
+    expect(sample(second, 'corral_context_cache_entries')).toBe(2);
+    expect(sample(second, 'corral_context_cache_bytes')).toBeGreaterThan(0);
   });
 
   it('counts dead letters and shows the dead-letter queue depth', async () => {
