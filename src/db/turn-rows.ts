@@ -307,19 +307,20 @@ export async function commitTurnRowsMany(
        where cv.id = t.conversation_id
       returning cv.id, cv.next_seq - t.count as first
     ), items as (
-      select t.id as turn_id, t.conversation_id, 1::bigint as ord, 'user'::text as role, coalesce(t.input, 'null'::jsonb) as content from t
+      select t.delivery_id, t.id as turn_id, t.conversation_id, t.count, 1::bigint as ord, 'user'::text as role,
+             coalesce(t.input, 'null'::jsonb) as content from t
       union all
-      select t.id, t.conversation_id, x.ord + 1, x.elem->>'role', x.elem->'content'
+      select t.delivery_id, t.id, t.conversation_id, t.count, x.ord + 1, x.elem->>'role', x.elem->'content'
         from t, jsonb_array_elements(t.messages) with ordinality as x(elem, ord)
+    ), mi as (
+      -- each turn's messages, numbered at the end of its conversation: what m inserts, and what the
+      -- result reports per turn (grouped here, so no join back to the turns is needed)
+      select items.delivery_id, items.turn_id, items.conversation_id, items.count, c.first + items.ord - 1 as seq,
+             items.role, items.content
+        from items join c on c.id = items.conversation_id
     ), m as (
       insert into corral.messages (conversation_id, turn_id, seq, role, content)
-      select items.conversation_id, items.turn_id, c.first + items.ord - 1, items.role, items.content
-        from items join c on c.id = items.conversation_id
-      returning turn_id, seq${opts.lines ? sql.raw(', role, content::text as text') : sql.raw('')}
-    ), ms as (
-      select turn_id, count(*)::int as n, min(seq) as first_seq,
-             ${opts.lines ? sql.raw(`string_agg(role || ' ' || text, E'\\n' order by seq)`) : sql.raw('null::text')} as lines
-        from m group by turn_id
+      select conversation_id, turn_id, seq, role, content from mi
     ), d as (
       update corral.deliveries dl set state = 'completed', updated_at = now()
         from t
@@ -332,8 +333,9 @@ export async function commitTurnRowsMany(
        where av.activation_uid = t.activation_uid and av.status in ${LIVE}
       returning 1
     )
-    select t.delivery_id, coalesce(ms.n, 0) as messages, t.count::int as expected, t.conversation_id, ms.first_seq, ms.lines
-      from t left join ms on ms.turn_id = t.id`,
+    select delivery_id, count(*)::int as messages, min(count)::int as expected, conversation_id, min(seq) as first_seq,
+           ${opts.lines ? sql.raw(`string_agg(role || ' ' || content::text, E'\\n' order by seq)`) : sql.raw('null::text')} as lines
+      from mi group by delivery_id, conversation_id`,
   );
   return new Map(
     written
