@@ -6,6 +6,7 @@ import { resolve } from 'node:path';
 import { z } from 'zod';
 import { CorralError } from './errors.ts';
 import { DEFAULT_PROGRESS_INTERVAL_MS } from './fabric/protocol.ts';
+import { DEFAULT_CONTEXT_CACHE_BYTES } from './runtime/context-cache.ts';
 
 export const DEAD_LETTER_MODES = ['continue', 'block'] as const;
 export type DeadLetterMode = (typeof DEAD_LETTER_MODES)[number];
@@ -160,7 +161,7 @@ export const DEFAULTS: Omit<Config, 'homeDir'> = {
   maxEventBytes: 256 * 1024,
   contextMessages: 50,
   contextBytes: 64 * 1024,
-  contextCacheBytes: 32 * 1024 * 1024,
+  contextCacheBytes: DEFAULT_CONTEXT_CACHE_BYTES,
   rpcConcurrency: 8,
   rpcTimeoutMs: 10_000,
   insecure: false,

@@ -31,7 +31,7 @@ import { DEFAULT_MAX_EVENT_BYTES } from '../queue/event-job.ts';
 import type { ActivationRow } from '../db/activations.ts';
 import type { ContextLimits } from '../db/history.ts';
 import { TurnBeginner, type BeginRequest } from './turn-begin.ts';
-import { ContextCache } from './context-cache.ts';
+import { ContextCache, DEFAULT_CONTEXT_CACHE_BYTES } from './context-cache.ts';
 import { fenceOf } from './fence.ts';
 export type { BeginRequest };
 import type { Settlement } from './group-writer.ts';
@@ -49,9 +49,6 @@ export interface TurnsConfig {
   /** Memory for contexts kept between turns (src/runtime/context-cache.ts); 0 = none kept. */
   contextCacheBytes?: number;
 }
-
-/** Memory for contexts kept between turns, by default. */
-export const DEFAULT_CONTEXT_CACHE_BYTES = 32 * 1024 * 1024;
 
 /** A job fetched from the actor queue. */
 export type FetchedJob = ConsumedJob;
