@@ -13,7 +13,7 @@
  *     and never change afterwards (H2, src/db/history.ts): a matching `next_seq` means the same
  *     messages. A turn committed by another daemon, a commit whose outcome was lost, or an entry
  *     evicted here all fall back to the database.
- *  C2 an entry holds exactly the messages the database would pick (`windowOf` is the selection of
+ *  C2 an entry holds exactly the messages the database would pick (`windowStart` is the selection of
  *     `contextLinesOf`: the latest `maxMessages`, then the longest run of them, newest first, whose
  *     content fits `maxBytes`). Appending keeps it exact: messages outside a window never come
  *     back into a later one, because the next window ends later and needs at least as many bytes.
@@ -33,12 +33,6 @@ export interface CachedContext {
   readonly contentBytes: readonly number[];
   /** An estimate of the memory the entry holds, for the cache's bound. */
   readonly size: number;
-}
-
-/** What the cache knows of a conversation, sent with a begin so the database can skip the read (C1). */
-export interface KnownContext {
-  conversationId: string;
-  nextSeq: number;
 }
 
 /**
