@@ -47,7 +47,7 @@ describe('corral daemon --workers 3', () => {
     });
     const pidsBefore = new Map<string, number>();
     for (const i of [1, 2, 3]) {
-      const [pid] = childPids(daemonPid, `-local-${i} `);
+      const [pid] = childPids(daemonPid, `-${i} --endpoint`);
       expect(pid, `worker ${i} pid`).toBeDefined();
       pidsBefore.set(String(i), pid!);
     }
@@ -61,21 +61,23 @@ describe('corral daemon --workers 3', () => {
           ?.worker_id as string | undefined,
       { timeoutMs: 20_000, what: 'the turn accepted by a worker' },
     );
-    const index = accepted.match(/-local-(\d+)$/)![1]!;
+    // on another endpoint than the default, the ids carry a tag of it: <host>-local-<tag>-<n>
+    expect(accepted).toMatch(/-local-[0-9a-f]{6}-\d+$/);
+    const index = accepted.match(/-(\d+)$/)![1]!;
     const victim = pidsBefore.get(index)!;
     process.kill(victim, 'SIGKILL');
 
     // the supervisor starts a new process for that worker; the two others keep their pids
     const replacement = await waitFor(
       () => {
-        const [pid] = childPids(daemonPid, `-local-${index} `);
+        const [pid] = childPids(daemonPid, `-${index} --endpoint`);
         return pid !== undefined && pid !== victim ? pid : undefined;
       },
       { timeoutMs: 20_000, what: 'the killed worker restarted' },
     );
     expect(replacement).not.toBe(victim);
     for (const [i, pid] of pidsBefore) {
-      if (i !== index) expect(childPids(daemonPid, `-local-${i} `)).toEqual([pid]);
+      if (i !== index) expect(childPids(daemonPid, `-${i} --endpoint`)).toEqual([pid]);
     }
 
     // the event it was running is run again and committed exactly once

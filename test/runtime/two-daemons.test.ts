@@ -63,8 +63,7 @@ describe('two daemons on one database', () => {
       CORRAL_RETRY_DELAY_MAX_S: '2',
       CORRAL_LOG_LEVEL: 'warn',
     };
-    // Worker processes with ids of their own (two daemons' `--workers` on one host would share
-    // the ids <host>-local-N).
+    // Worker processes of their own, with ids that say which daemon they serve.
     for (const d of ['a', 'b']) {
       const port = await freePort();
       const endpoint = `tcp://127.0.0.1:${port}`;

@@ -1,11 +1,12 @@
 import { describe, expect, it } from 'vitest';
 import { actorKey, formatActorKey, parseActorKey } from '../../src/actor-key.ts';
 import { backoffDelayMs, retryWindowSeconds } from '../../src/backoff.ts';
-import { contextLimits, loadConfig } from '../../src/config.ts';
+import { contextLimits, DEFAULTS, loadConfig } from '../../src/config.ts';
 import { DEFAULT_PROGRESS_INTERVAL_MS } from '../../src/fabric/protocol.ts';
 import { checkFence, type Fence, type FenceRows } from '../../src/db/fence.ts';
 import { CorralError } from '../../src/errors.ts';
 import { WorkerPool } from '../../src/runtime/worker-pool.ts';
+import { localWorkerId } from '../../src/cli/commands/daemon.ts';
 
 describe('actor keys', () => {
   it('round-trips and rejects malformed keys with invalid_actor_key', () => {
@@ -210,5 +211,19 @@ describe('database error classification', () => {
     expect(isDatabaseUnavailable(wrapped('42P01'))).toBe(false);
     expect(new CorralError('database_unavailable', 'x').retryable).toBe(true);
     expect(new CorralError('invalid_argument', 'x').retryable).toBe(false);
+  });
+});
+
+describe('local worker ids', () => {
+  it('are <host>-local-<n> on the default endpoint, and carry a tag of any other endpoint', () => {
+    expect(localWorkerId('box', DEFAULTS.endpoint, 2)).toBe('box-local-2');
+    const a = localWorkerId('box', 'tcp://127.0.0.1:5600', 1);
+    const b = localWorkerId('box', 'tcp://127.0.0.1:5601', 1);
+    expect(a).toMatch(/^box-local-[0-9a-f]{6}-1$/);
+    expect(b).not.toBe(a);
+    // stable across restarts: the same endpoint gives the same id (and so the same key file)
+    expect(localWorkerId('box', 'tcp://127.0.0.1:5600', 1)).toBe(a);
+    // a host name is made safe for an id
+    expect(localWorkerId('my host/x', DEFAULTS.endpoint, 1)).toBe('my-host-x-local-1');
   });
 });

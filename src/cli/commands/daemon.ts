@@ -3,9 +3,10 @@
  * workers). With a metrics port (flag or CORRAL_METRICS_PORT) the runtime's metrics are bound to
  * Prometheus counters and an HTTP server (/metrics, /healthz, /readyz) runs as a supervised child.
  */
+import { createHash } from 'node:crypto';
 import { hostname } from 'node:os';
 import { fileURLToPath } from 'node:url';
-import type { Config } from '../../config.ts';
+import { DEFAULTS, type Config } from '../../config.ts';
 import { Daemon } from '../../daemon.ts';
 import { toError } from '../../errors.ts';
 import type { Logger } from '../../logger.ts';
@@ -24,17 +25,28 @@ export interface DaemonCommandOptions {
 }
 
 /**
+ * The id of the daemon's local worker `n`: `<host>-local-<n>` on the default endpoint; on any
+ * other, a short tag of the endpoint goes in (`<host>-local-<tag>-<n>`). Two daemons on one host
+ * (they cannot share an endpoint) so never give their workers the same id, which would be one
+ * `corral.workers` row for two workers. The id stays the same across restarts, and so does its key.
+ */
+export function localWorkerId(host: string, endpoint: string, n: number): string {
+  const name = host.replace(/[^A-Za-z0-9._:-]/g, '-').slice(0, 40);
+  if (endpoint === DEFAULTS.endpoint) return `${name}-local-${n}`;
+  return `${name}-local-${createHash('sha256').update(endpoint).digest('hex').slice(0, 6)}-${n}`;
+}
+
+/**
  * The daemon's own workers: each gets its key file under `CORRAL_HOME/keys/workers/` (issued on
  * first start, reused afterwards) and is started with `--key-file`, so `npm start` needs no
  * set-up step and still runs CURVE with a per-worker key.
  */
 function localWorkers(count: number, capacity: number, config: Config): (endpoint: string) => ChildSpec<Daemon>[] {
-  const host = hostname()
-    .replace(/[^A-Za-z0-9._:-]/g, '-')
-    .slice(0, 40);
+  const host = hostname();
   return (endpoint) =>
     Array.from({ length: count }, (_, i) => {
-      const id = `${host}-local-${i + 1}`;
+      // the configured endpoint, not the bound one: with port 0 the id would change at every start
+      const id = localWorkerId(host, config.endpoint, i + 1);
       const security = config.insecure
         ? ['--insecure']
         : [
