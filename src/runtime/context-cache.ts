@@ -65,13 +65,17 @@ export function windowStart(bytes: readonly number[], limits: ContextLimits): nu
   return i;
 }
 
-/** `lines` (numbered from `firstSeq`) as context messages. */
-function parseLines(lines: MessageLines | null, firstSeq: number): { elements: string[]; contentBytes: number[] } {
+/** The lines of `lines`, one per message (none for null or ''). */
+function splitLines(lines: MessageLines | null): string[] {
+  return lines === null || lines === '' ? [] : lines.split('\n');
+}
+
+/** Message lines (numbered from `firstSeq`) as context messages. */
+function parseLines(lines: readonly string[], firstSeq: number): { elements: string[]; contentBytes: number[] } {
   const elements: string[] = [];
   const contentBytes: number[] = [];
-  if (lines === null || lines === '') return { elements, contentBytes };
   let seq = firstSeq;
-  for (const line of lines.split('\n')) {
+  for (const line of lines) {
     const space = line.indexOf(' ');
     if (space <= 0) throw new Error(`malformed message line from the database: ${line.slice(0, 40)}`);
     const content = line.slice(space + 1);
@@ -105,15 +109,9 @@ export function contextFromDatabase(
   lines: MessageLines | null,
   limits: ContextLimits,
 ): CachedContext {
-  const count = lines === null || lines === '' ? 0 : countLines(lines);
-  const { elements, contentBytes } = parseLines(lines, nextSeq - count);
+  const list = splitLines(lines);
+  const { elements, contentBytes } = parseLines(list, nextSeq - list.length);
   return entryOf(conversationId, nextSeq, elements, contentBytes, limits);
-}
-
-function countLines(text: string): number {
-  let n = 1;
-  for (let i = text.indexOf('\n'); i !== -1; i = text.indexOf('\n', i + 1)) n++;
-  return n;
 }
 
 /** turn_start's `context` field as JSON text (docs/protocol.md §5.3). */
@@ -189,7 +187,7 @@ export class ContextCache {
   committed(key: string, conversationId: string, firstSeq: number, lines: MessageLines): void {
     if (this.maxBytes === 0) return;
     const entry = this.entries.get(key);
-    const added = parseLines(lines, firstSeq);
+    const added = parseLines(splitLines(lines), firstSeq);
     const nextSeq = firstSeq + added.elements.length;
     const same = entry !== undefined && entry.conversationId === conversationId;
     if (same && entry.nextSeq >= nextSeq) return; // it holds these already
