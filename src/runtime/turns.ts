@@ -235,7 +235,6 @@ export class TurnStore {
    */
   async replyMany(requests: readonly ReplyRequest[]): Promise<ReplyOutcome[]> {
     const keepContexts = this.contexts.enabled;
-    const keys = new Map<string, string>();
     let written: Map<string, turnRows.CommittedTurn> | undefined;
     const outcomes = await inTransaction(this.db, async (tx) => {
       const rows = await loadFenceRowsMany(
@@ -274,7 +273,6 @@ export class TurnStore {
           outcomes.push({ outcome: 'extended', leaseExpiresAt: undefined });
         } else {
           committed.add(r.fence.deliveryId);
-          keys.set(delivery.deliveryId, formatActorKey(r.fence));
           commits.push({
             deliveryId: delivery.deliveryId,
             activationUid: r.fence.activationUid,
@@ -326,9 +324,10 @@ export class TurnStore {
     });
     // committed: the contexts move on (C1 of context-cache.ts: a begin still checks them)
     if (keepContexts && written) {
-      for (const [deliveryId, turn] of written) {
-        if (turn.lines !== null) this.contexts.committed(keys.get(deliveryId)!, turn.conversationId, turn.firstSeq, turn.lines);
-      }
+      requests.forEach((r, i) => {
+        const turn = outcomes[i]!.outcome === 'committed' ? written!.get(r.fence.deliveryId) : undefined;
+        if (turn && turn.lines !== null) this.contexts.committed(formatActorKey(r.fence), turn.conversationId, turn.firstSeq, turn.lines);
+      });
     }
     return outcomes;
   }
