@@ -32,6 +32,8 @@ export interface TurnBeginnerDeps {
   leaseMs: number;
   /** Fails a live activation still holding an older attempt of an actor being begun (rare). */
   supersede(tx: Tx, stale: ActivationRow): Promise<unknown>;
+  /** turn_start's context limits; undefined: turns get no context. */
+  context: ContextLimits | undefined;
   /** The contexts this daemon knows (the database checks them, and reads only the others). */
   contexts: ContextCache;
 }
@@ -47,8 +49,8 @@ export class TurnBeginner {
    * T2 for a batch of fetched jobs (group begin), at most one per actor (pg-boss's key_strict_fifo
    * fetch gives no actor two jobs at once, and an actor's controller begins one at a time). Takes
    * each actor's activation (a warm one, else a new one under a higher epoch) and writes the
-   * delivery and the `started` turn carrying the fence; with `context`, each turn also gets its
-   * conversation's context for turn_start.
+   * delivery and the `started` turn carrying the fence; with context limits, each turn also gets
+   * its conversation's context for turn_start.
    *
    * The common cases take ONE statement each, its own transaction (`beginTurnsMany`): first the
    * actors with a warm activation, then those with none live (new actors, or ones whose
@@ -58,7 +60,7 @@ export class TurnBeginner {
    * with none live. Once a statement committed, a failure of the rest settles only the members it
    * concerns (one by one, unless the connection was lost).
    */
-  async beginMany(requests: readonly BeginRequest[], context?: ContextLimits): Promise<Settlement<StartedTurn>[]> {
+  async beginMany(requests: readonly BeginRequest[]): Promise<Settlement<StartedTurn>[]> {
     if (new Set(requests.map((r) => formatActorKey(keyOf(r.job)))).size !== requests.length) {
       throw new CorralError('internal', 'a begin batch holds two jobs of one actor');
     }
@@ -69,7 +71,6 @@ export class TurnBeginner {
         this.deps.db,
         kind,
         members.map((m) => m.r),
-        context,
       );
       members.forEach((m, k) => {
         const value = started[k];
@@ -91,10 +92,7 @@ export class TurnBeginner {
     const rest = pending();
     if (rest.length === 0) return out as Settlement<StartedTurn>[];
     const settleRest = async (members: typeof rest): Promise<void> => {
-      const started = await this.beginSupersedingMany(
-        members.map((m) => m.r),
-        context,
-      );
+      const started = await this.beginSupersedingMany(members.map((m) => m.r));
       members.forEach((m, k) => (out[m.i] = { ok: true, value: started[k]! }));
     };
     try {
@@ -120,13 +118,8 @@ export class TurnBeginner {
    * One begin statement (`beginTurnsMany`) for `requests`: the turn begun for each, in order, or
    * undefined for an actor the statement left alone.
    */
-  private async beginStatement(
-    db: DbOrTx,
-    kind: 'warm' | 'new',
-    requests: readonly BeginRequest[],
-    context: ContextLimits | undefined,
-  ): Promise<(StartedTurn | undefined)[]> {
-    const { contexts } = this.deps;
+  private async beginStatement(db: DbOrTx, kind: 'warm' | 'new', requests: readonly BeginRequest[]): Promise<(StartedTurn | undefined)[]> {
+    const { context, contexts } = this.deps;
     // what the cache holds now: the entries are immutable, so these are what the database checks
     const known = requests.map((r) => (context ? contexts.known(formatActorKey(keyOf(r.job))) : undefined));
     const begun = await turnRows.beginTurnsMany(
@@ -156,7 +149,7 @@ export class TurnBeginner {
    * The rest of `beginMany`, in one transaction: any live activation of the actors is superseded
    * (it still holds an older attempt), then they are begun as actors with none live.
    */
-  private async beginSupersedingMany(requests: readonly BeginRequest[], context: ContextLimits | undefined): Promise<StartedTurn[]> {
+  private async beginSupersedingMany(requests: readonly BeginRequest[]): Promise<StartedTurn[]> {
     return inTransaction(this.deps.db, async (tx) => {
       for (const stale of await activations.lockLiveActivationsMany(
         tx,
@@ -164,7 +157,7 @@ export class TurnBeginner {
       )) {
         await this.deps.supersede(tx, stale);
       }
-      const started = await this.beginStatement(tx, 'new', requests, context);
+      const started = await this.beginStatement(tx, 'new', requests);
       const missing = requests.filter((_, i) => started[i] === undefined);
       if (missing.length > 0) {
         throw new CorralError(

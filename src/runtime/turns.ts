@@ -126,23 +126,22 @@ export class TurnStore {
   readonly jobs: JobTable;
   /** T2, the begin of fetched jobs. */
   private readonly beginner: TurnBeginner;
-  /** turn_start's context limits, when turns get one. */
-  private readonly context: ContextLimits | undefined;
   /** The contexts of the conversations this daemon ran lately (the begin checks them against the database). */
   readonly contexts: ContextCache;
 
   constructor(deps: { db: Db; boss: PgBoss; queueName: string; ownerId: string; config: TurnsConfig }) {
     const limits = deps.config.context;
-    this.context = limits !== undefined && limits.maxMessages > 0 ? limits : undefined;
+    const context = limits !== undefined && limits.maxMessages > 0 ? limits : undefined;
     this.contexts = new ContextCache(
-      this.context ?? { maxMessages: 0, maxBytes: 0 },
-      this.context ? (deps.config.contextCacheBytes ?? DEFAULT_CONTEXT_CACHE_BYTES) : 0,
+      context ?? { maxMessages: 0, maxBytes: 0 },
+      context ? (deps.config.contextCacheBytes ?? DEFAULT_CONTEXT_CACHE_BYTES) : 0,
     );
     this.beginner = new TurnBeginner({
       db: deps.db,
       ownerId: deps.ownerId,
       leaseMs: deps.config.leaseMs,
       supersede: (tx, stale) => this.failActivationInTx(tx, stale, 'superseded', { message: 'superseded by a newer attempt' }, false),
+      context,
       contexts: this.contexts,
     });
     this.db = deps.db;
@@ -155,14 +154,14 @@ export class TurnStore {
 
   /** T2 for one fetched job (see `TurnBeginner.beginMany`); its error, if any, is thrown. */
   async begin(job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
-    const [settled] = await this.beginner.beginMany([{ job, workerId }], this.context);
+    const [settled] = await this.beginner.beginMany([{ job, workerId }]);
     if (!settled!.ok) throw settled!.error;
     return settled!.value;
   }
 
   /** T2 for a batch of fetched jobs (group begin): see `TurnBeginner.beginMany`. */
   beginMany(requests: readonly BeginRequest[]): Promise<Settlement<StartedTurn>[]> {
-    return this.beginner.beginMany(requests, this.context);
+    return this.beginner.beginMany(requests);
   }
 
   /** Keeps pg-boss from failing the jobs of turns this daemon is running (see jobHeartbeatSeconds). */
