@@ -183,6 +183,17 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     },
   });
 
+  /** A gauge of this process's own state, read at scrape time (0 while no source is bound). */
+  const processGauge = (name: string, help: string, read: () => number | undefined) =>
+    new Gauge({
+      name,
+      help,
+      registers,
+      collect() {
+        this.set(read() ?? 0);
+      },
+    });
+
   let brokerSource: (() => BrokerStats) | undefined;
   const FABRIC_KINDS = {
     oversize: 'oversize',
@@ -205,14 +216,7 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
       for (const [kind, field] of Object.entries(FABRIC_KINDS)) this.inc({ kind }, b[field] as number);
     },
   });
-  new Gauge({
-    name: 'corral_fabric_connections',
-    help: 'Connections to the broker (registered or not)',
-    registers,
-    collect() {
-      this.set(brokerSource?.().connections ?? 0);
-    },
-  });
+  processGauge('corral_fabric_connections', 'Connections to the broker (registered or not)', () => brokerSource?.().connections);
 
   let contextSource: (() => ContextCacheStats) | undefined;
   new Counter({
@@ -228,22 +232,16 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
       this.inc({ source: 'database' }, c.misses);
     },
   });
-  new Gauge({
-    name: 'corral_context_cache_entries',
-    help: 'Conversations whose context this daemon keeps between turns',
-    registers,
-    collect() {
-      this.set(contextSource?.().entries ?? 0);
-    },
-  });
-  new Gauge({
-    name: 'corral_context_cache_bytes',
-    help: 'Memory the kept contexts hold (an estimate; bounded by CORRAL_CONTEXT_CACHE_BYTES)',
-    registers,
-    collect() {
-      this.set(contextSource?.().bytes ?? 0);
-    },
-  });
+  processGauge(
+    'corral_context_cache_entries',
+    'Conversations whose context this daemon keeps between turns',
+    () => contextSource?.().entries,
+  );
+  processGauge(
+    'corral_context_cache_bytes',
+    'Memory the kept contexts hold (an estimate; bounded by CORRAL_CONTEXT_CACHE_BYTES)',
+    () => contextSource?.().bytes,
+  );
 
   const runtime: CorralRuntimeMetrics = {
     dispatched: () => dispatched.inc(),
