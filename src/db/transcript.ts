@@ -1,6 +1,8 @@
 /**
  * SQL for the durable transcript: conversations, turns, messages. A transcript message is written
- * only by `commitTurnRowsMany` (src/db/turn-rows.ts), in the fenced commit transaction (I3).
+ * only in a transaction that settles its event's job (I3): by `commitTurnRowsMany`
+ * (src/db/turn-rows.ts) in the fenced commit, or by `recordCancelledInput` in a cancel, which
+ * holds the live activation's lock and completes the job.
  */
 import { and, asc, eq, sql } from 'drizzle-orm';
 import type { ActorKey } from '../actor-key.ts';
@@ -32,6 +34,25 @@ export async function finishTurn(
   return rows[0];
 }
 
+/**
+ * A cancelled turn keeps what the person sent: the turn's input becomes its `user` message, at
+ * the end of the conversation, as a commit would have written it (no assistant message follows).
+ * The turn's status (`cancelled`) marks it in the transcript; later turns see the message in
+ * their context like any earlier one. Call after `finishTurn(…, 'cancelled')`, in its transaction.
+ */
+export async function recordCancelledInput(tx: DbOrTx, deliveryId: string): Promise<void> {
+  await tx.execute(sql`
+    with t as (
+      select id, conversation_id, input from corral.turns where delivery_id = ${deliveryId} and status = 'cancelled'
+    ), c as (
+      update corral.conversations cv set next_seq = cv.next_seq + 1, updated_at = now()
+        from t where cv.id = t.conversation_id
+      returning cv.id, cv.next_seq - 1 as seq
+    )
+    insert into corral.messages (conversation_id, turn_id, seq, role, content)
+    select t.conversation_id, t.id, c.seq, 'user', coalesce(t.input, 'null'::jsonb) from t join c on c.id = t.conversation_id`);
+}
+
 /** A steer: the turn's new revision, and its input appended to `steers` (a result that misses it makes it the next event). */
 export async function setTurnRevision(tx: DbOrTx, deliveryId: string, revision: number, input: unknown = null): Promise<void> {
   await tx
@@ -54,6 +75,8 @@ export interface TranscriptEntry {
   messages: { seq: number; role: MessageRole; content: unknown; createdAt: Date }[];
   /** The events the turn emitted with its commit, if any. */
   emitted: EmittedEntry[];
+  /** Why a `cancelled` turn was cancelled (its only message is the event's `user` message). */
+  cancelReason?: string;
 }
 
 export interface EmittedEntry {
@@ -64,7 +87,10 @@ export interface EmittedEntry {
   steer_revision?: number;
 }
 
-/** The committed transcript of `key`: succeeded turns with their messages, in order. */
+/**
+ * The transcript of `key`, in order: committed turns with their messages, and cancelled turns
+ * with the event's `user` message (`status: 'cancelled'`).
+ */
 export async function readTranscript(db: DbOrTx, key: ActorKey): Promise<TranscriptEntry[]> {
   const rows = await db
     .select({ turn: turns, msg: messages })
@@ -87,12 +113,18 @@ export async function readTranscript(db: DbOrTx, key: ActorKey): Promise<Transcr
         finishedAt: turn.finishedAt,
         messages: [],
         emitted: Array.isArray(turn.emitted) ? (turn.emitted as EmittedEntry[]) : [],
+        ...(turn.status === 'cancelled' ? { cancelReason: cancelReasonOf(turn.error) } : {}),
       };
       out.push(entry);
     }
     entry.messages.push({ seq: msg.seq, role: msg.role, content: msg.content, createdAt: msg.createdAt });
   }
   return out;
+}
+
+function cancelReasonOf(error: unknown): string {
+  const message = (error as { message?: unknown } | null)?.message;
+  return typeof message === 'string' ? message : 'cancelled';
 }
 
 /** Turns still `started` whose delivery is no longer live (their process died): recovery repairs them. */

@@ -439,14 +439,16 @@ export class TurnStore {
   }
 
   /**
-   * Cancels the live turn of `key`: the turn is recorded as cancelled, the activation ends (a late
-   * result is rejected with `cancelled`) and the event's job completes, so the actor moves on.
+   * Cancels the live turn of `key`: the turn is recorded as cancelled with the event's `user`
+   * message (so the person sees what they sent), the activation ends (a late result is rejected
+   * with `cancelled`) and the event's job completes, so the actor moves on.
    */
   async cancel(key: ActorKey, reason: string): Promise<Fence> {
     return inTransaction(this.db, async (tx) => {
       const { activation, delivery } = await this.lockLiveTurn(tx, key);
       await deliveries.transitionDelivery(tx, delivery.deliveryId, DELIVERY_LIVE, 'failed', 'cancelled');
       await transcript.finishTurn(tx, delivery.deliveryId, 'cancelled', { error: { code: 'cancelled', message: reason } });
+      await transcript.recordCancelledInput(tx, delivery.deliveryId);
       await activations.endActivation(tx, activation.activationUid, 'failed', 'cancelled');
       for (const id of await deliveries.supersedeDeliveriesOf(tx, activation.activationUid, 'cancelled')) {
         await transcript.finishTurn(tx, id, 'cancelled', { error: { code: 'cancelled', message: reason } });

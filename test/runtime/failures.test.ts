@@ -259,7 +259,7 @@ describe('leases and the watchdog', () => {
 });
 
 describe('steering and cancellation', () => {
-  it('cancel: the worker is told to stop, the turn is recorded cancelled, a late result is rejected, the actor moves on', async () => {
+  it('cancel: the worker is told to stop, the turn is recorded cancelled with its user message, a late result is rejected, the actor moves on', async () => {
     const { t, w, db } = await setup();
     const key = actorKey('cancel', 's');
     const [a, b] = await t.daemon.events.enqueueActorEvents(db, [
@@ -275,9 +275,22 @@ describe('steering and cancellation', () => {
     const turn = await db.execute<{ status: string }>(sql`select status from corral.turns where event_id = ${a!.eventId}`);
     expect(turn.rows).toEqual([{ status: 'cancelled' }]);
     const s2 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === b!.eventId);
+    // the next turn's context holds what the person sent in the cancelled one
+    expect(s2.context).toMatchObject({ messages: [{ seq: 1, role: 'user', content: { n: 1 } }], current_seq: 2 });
     await w.send(ok(s2.turn_ref as Ref));
     await w.next('turn_committed');
-    expect((await readTranscript(db, key)).map((x) => x.eventId)).toEqual([b!.eventId]);
+    const transcript = await readTranscript(db, key);
+    expect(transcript.map((x) => [x.eventId, x.status, x.cancelReason])).toEqual([
+      [a!.eventId, 'cancelled', 'user pressed stop'],
+      [b!.eventId, 'succeeded', undefined],
+    ]);
+    expect(transcript.map((x) => x.messages.map((m) => [m.seq, m.role, m.content]))).toEqual([
+      [[1, 'user', { n: 1 }]],
+      [
+        [2, 'user', { n: 2 }],
+        [3, 'assistant', { text: 'ok' }],
+      ],
+    ]);
   });
 });
 

@@ -1,4 +1,7 @@
-/** `corral transcript <agent_uid>/<session_id> [--json]`: print the committed transcript. */
+/**
+ * `corral transcript <agent_uid>/<session_id> [--json]`: print the transcript: committed turns,
+ * and cancelled ones (marked, with the event's user message).
+ */
 import { formatActorKey, parseActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
 import { readTranscript } from '../../db/transcript.ts';
@@ -31,7 +34,8 @@ export async function runTranscriptCommand(
       return 0;
     }
     for (const t of turns) {
-      out.write(`── turn ${t.eventId} (epoch ${t.actorEpoch}, revision ${t.revision}, ${t.finishedAt?.toISOString() ?? ''})\n`);
+      const cancelled = t.status === 'cancelled' ? ` cancelled: ${t.cancelReason ?? 'cancelled'}` : '';
+      out.write(`── turn ${t.eventId}${cancelled} (epoch ${t.actorEpoch}, revision ${t.revision}, ${t.finishedAt?.toISOString() ?? ''})\n`);
       for (const m of t.messages) out.write(`  ${String(m.seq).padStart(4)} ${m.role.padEnd(9)} ${contentText(m.content)}\n`);
       for (const e of t.emitted) {
         const what = e.steer_revision !== undefined ? `steer (revision ${e.steer_revision}) as next event` : `emitted`;
