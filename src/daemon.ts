@@ -5,12 +5,15 @@
  * reverse. `corral daemon` wraps this in a supervisor with local worker processes.
  */
 import { randomUUID } from 'node:crypto';
+import { hostname } from 'node:os';
 import type { PgBoss } from 'pg-boss';
 import { systemClock, type Clock } from './clock.ts';
 import { contextLimits, type Config } from './config.ts';
 import { openDatabase, type Database } from './db/client.ts';
 import { migrateDatabase } from './db/migrate.ts';
 import { markOwnerWorkersGone } from './db/workers.ts';
+import { stopIdleActivationsOf } from './db/activations.ts';
+import { daemonHeartbeatMs, markDaemonStopped, recordDaemonHeartbeat } from './db/daemons.ts';
 import { CONTROL_CHANNEL, parseControl } from './db/control.ts';
 import type { Fence } from './db/fence.ts';
 import type { ActorKey } from './actor-key.ts';
@@ -81,6 +84,8 @@ export class Daemon {
   readonly retention: Periodic<number>;
   readonly heapTrim: HeapTrim;
   private readonly heapTrimLoop: Periodic<boolean>;
+  /** The daemon's own row in `corral.daemons`, touched every quarter of the stale timeout. */
+  readonly heartbeat: Periodic<void>;
   readonly events: EventQueue;
   readonly queues: Queues;
   private readonly deps: DaemonDeps;
@@ -241,6 +246,13 @@ export class Daemon {
       what: 'heap trim',
       firstPass: 'after-interval',
     });
+    this.heartbeat = new Periodic(() => this.recordHeartbeat(), {
+      clock,
+      log: this.log,
+      intervalMs: daemonHeartbeatMs(config.workerStaleMs),
+      what: 'daemon heartbeat',
+      firstPass: 'after-interval',
+    });
     this.jobKeeper = new JobKeeper({
       store: this.store,
       dispatcher: this.runtime.dispatcher,
@@ -254,6 +266,16 @@ export class Daemon {
       clock,
       logger,
       intervalMs: config.recoveryIntervalMs,
+    });
+  }
+
+  private recordHeartbeat(): Promise<void> {
+    return recordDaemonHeartbeat(this.database.db, {
+      daemonId: this.ownerId,
+      host: hostname(),
+      pid: process.pid,
+      endpoint: this.broker.endpoint,
+      staleMs: this.config.workerStaleMs,
     });
   }
 
@@ -274,6 +296,7 @@ export class Daemon {
     await ensureQueues(this.boss, this.config);
     this.fetchHeads = keyHeadFetch(this.database.pool, this.queues, await queueTable(this.database.pool, this.queues));
     await this.broker.start();
+    await this.recordHeartbeat();
     if (this.security) {
       this.security.start((workerId, reason) => void this.broker.revoke(workerId, reason));
     } else {
@@ -341,6 +364,7 @@ export class Daemon {
     sup.register(loop('job-keeper', (s) => this.jobKeeper.run(s)));
     sup.register(loop('retention', (s) => this.retention.run(s)));
     sup.register(loop('heap-trim', (s) => this.heapTrimLoop.run(s)));
+    sup.register(loop('daemon-heartbeat', (s) => this.heartbeat.run(s)));
     for (const child of this.deps.extraChildren?.(this.broker.endpoint) ?? []) sup.register(child);
     this.handle = sup.start();
     this.handle.done.catch((e: unknown) => this.log.error({ err: toError(e) }, 'supervisor gave up'));
@@ -424,6 +448,8 @@ export class Daemon {
     this.insecureWarning?.cancel();
     await this.broker.stop().catch(() => undefined);
     await markOwnerWorkersGone(this.database.db, this.ownerId).catch(() => undefined);
+    await stopIdleActivationsOf(this.database.db, this.ownerId).catch(() => undefined);
+    await markDaemonStopped(this.database.db, this.ownerId).catch(() => undefined);
     await this.boss.stop({ graceful: false, close: true, timeout: 5_000 }).catch(() => undefined);
     await this.database.close().catch(() => undefined);
     this._state = 'stopped';

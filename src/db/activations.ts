@@ -102,6 +102,19 @@ export async function stopIdleActivations(db: DbOrTx, idleMs: number, limit: num
   return rows.length;
 }
 
+/**
+ * A daemon's clean stop: its warm activations (no event in flight) end as an idle timeout would
+ * end them, so no lease outlives the daemon that holds it. Returns how many.
+ */
+export async function stopIdleActivationsOf(db: DbOrTx, ownerId: string): Promise<number> {
+  const rows = await db
+    .update(activations)
+    .set({ status: 'stopped', endReason: 'daemon_stopped', endedAt: sql`now()`, updatedAt: sql`now()` })
+    .where(and(live, isNull(activations.currentEventId), eq(activations.ownerId, ownerId)))
+    .returning({ uid: activations.activationUid });
+  return rows.length;
+}
+
 export type LockCondition = 'expired_in_flight' | 'live' | 'idle';
 
 /**

@@ -4,7 +4,7 @@
  *
  * Two families:
  *  - durable agent state: actors (the durable epoch counter), conversations, turns, messages;
- *  - runtime projections: activations, deliveries, workers. They can be rebuilt or failed on
+ *  - runtime projections: activations, deliveries, workers, daemons. They can be rebuilt or failed on
  *    recovery; nothing that must survive lives only in them.
  *
  * Invariants enforced by the database itself:
@@ -223,6 +223,25 @@ export const workers = corral.table(
   },
   () => [check('workers_status', inList('status', WORKER_STATUSES))],
 );
+
+/**
+ * Each daemon's own heartbeat (written every quarter of its `stale_ms`), so that any process can
+ * tell a live daemon from one that was killed: a row silent for longer than `stale_ms` is a dead
+ * daemon's; a clean stop sets `stopped_at`.
+ */
+export const daemons = corral.table('daemons', {
+  /** The daemon instance's id (`owner_id` of its activations and workers). */
+  daemonId: text('daemon_id').primaryKey(),
+  host: text('host').notNull(),
+  pid: integer('pid').notNull(),
+  /** The broker endpoint it bound. */
+  endpoint: text('endpoint').notNull(),
+  /** Its `CORRAL_WORKER_STALE_MS`: silent this long, it (and a worker of its) counts as dead. */
+  staleMs: integer('stale_ms').notNull(),
+  startedAt: tz('started_at').notNull().defaultNow(),
+  lastSeenAt: tz('last_seen_at').notNull().defaultNow(),
+  stoppedAt: tz('stopped_at'),
+});
 
 /** Operator actions on dead letters (replay, discard), kept for the record. */
 export const deadLetterActions = corral.table(

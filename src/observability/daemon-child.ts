@@ -5,6 +5,7 @@
  */
 import type { Daemon } from '../daemon.ts';
 import { ping } from '../db/health.ts';
+import { CorralError, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { queuesOf } from '../queue/boss.ts';
 import type { ChildSpec } from '../supervisor/index.ts';
@@ -18,6 +19,32 @@ export interface ObservabilityChildOptions {
   logger: Logger;
   /** Called each time the server listens (its port, when `port` is 0). */
   onListening?: (server: ObservabilityServer) => void;
+  /**
+   * A server already listening (see `listenForObservability`), served by the first generation:
+   * the daemon binds its port before it starts, so a port in use stops it at once instead of
+   * failing in a supervised child that restarts forever. Later generations bind again.
+   */
+  server?: ObservabilityServer;
+}
+
+/** Binds the observability server for `daemon`; a port that cannot be bound is a clear `invalid_config`. */
+export async function listenForObservability(
+  daemon: Daemon,
+  opts: Pick<ObservabilityChildOptions, 'host' | 'port' | 'metrics' | 'logger'>,
+): Promise<ObservabilityServer> {
+  try {
+    return await startObservabilityServer({
+      host: opts.host,
+      port: opts.port,
+      registry: opts.metrics.registry,
+      ready: () => daemonReadiness(daemon, opts.logger),
+      logger: opts.logger,
+    });
+  } catch (e) {
+    throw new CorralError('invalid_config', `the metrics server cannot listen on ${opts.host}:${opts.port}: ${toError(e).message}`, {
+      cause: e,
+    });
+  }
 }
 
 export async function daemonReadiness(daemon: Daemon, logger?: Logger): Promise<Readiness> {
@@ -34,6 +61,7 @@ export async function daemonReadiness(daemon: Daemon, logger?: Logger): Promise<
 }
 
 export function observabilityChild(opts: ObservabilityChildOptions): ChildSpec<Daemon> {
+  let bound = opts.server;
   return {
     name: 'observability-http',
     policy: 'permanent',
@@ -42,13 +70,8 @@ export function observabilityChild(opts: ObservabilityChildOptions): ChildSpec<D
       opts.metrics.setSource(databaseSource(daemon.database.db, queuesOf(daemon.config)));
       opts.metrics.setBrokerSource(() => daemon.broker.stats());
       opts.metrics.setContextSource(() => daemon.store.contexts.stats);
-      const server = await startObservabilityServer({
-        host: opts.host,
-        port: opts.port,
-        registry: opts.metrics.registry,
-        ready: () => daemonReadiness(daemon, opts.logger),
-        logger: opts.logger,
-      });
+      const server = bound ?? (await listenForObservability(daemon, opts));
+      bound = undefined;
       opts.logger.info({ url: server.url, endpoints: ['/metrics', '/healthz', '/readyz'] }, 'observability server listening');
       opts.onListening?.(server);
       try {

@@ -7,6 +7,7 @@ import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
 import type { WorkerStatus } from '../db/schema.ts';
 import { listWorkers } from '../db/workers.ts';
+import { listDaemons, type DaemonRow } from '../db/daemons.ts';
 import { toDate } from '../db/rows.ts';
 import {
   findDeadLetters,
@@ -20,9 +21,34 @@ import {
 import { actorRow, latestActivation, recentTurnsOf, type ActivationView, type TurnView } from '../db/actor-views.ts';
 import { blockedActorCount, liveActivationCount, serverTime } from '../db/status-counts.ts';
 
+/** `running`: heard from within its stale timeout; `stopped`: stopped cleanly; `dead`: silent longer (killed, frozen, cut off). */
+export type DaemonState = 'running' | 'stopped' | 'dead';
+
+export interface DaemonView {
+  daemonId: string;
+  host: string;
+  pid: number;
+  endpoint: string;
+  state: DaemonState;
+  alive: boolean;
+  startedAt: Date;
+  lastSeenAt: Date;
+  stoppedAt: Date | null;
+  /** Seconds since its last heartbeat, by PostgreSQL's clock. */
+  lastSeenAgeSeconds: number;
+  staleMs: number;
+}
+
 export interface WorkerView {
   workerId: string;
+  /**
+   * As recorded, except that a `ready` worker silent for longer than the stale timeout is
+   * `stale`: the row of a daemon killed with -9 still says `ready`, and nothing else would
+   * correct it.
+   */
   status: WorkerStatus;
+  /** The status its daemon last recorded. */
+  recordedStatus: WorkerStatus;
   capacity: number;
   inFlight: number;
   ownerId: string;
@@ -32,6 +58,7 @@ export interface WorkerView {
 }
 
 export interface SystemStatus {
+  daemons: DaemonView[];
   queue: QueueDepth & { name: string; deadLetterQueue: string };
   liveActivations: number;
   blockedActors: number;
@@ -41,30 +68,66 @@ export interface SystemStatus {
   at: Date;
 }
 
-export async function systemStatus(db: DbOrTx, q: Queues): Promise<SystemStatus> {
-  const [depth, live, blocked, rows, now] = await Promise.all([
+/** A daemon's state from its row, at `nowMs` (PostgreSQL's clock). */
+export function daemonState(row: Pick<DaemonRow, 'stoppedAt' | 'lastSeenAt' | 'staleMs'>, nowMs: number): DaemonState {
+  if (row.stoppedAt) return 'stopped';
+  return nowMs - row.lastSeenAt.getTime() > row.staleMs ? 'dead' : 'running';
+}
+
+/** A worker's status as `status` shows it: a `ready` one silent for longer than `staleMs` is `stale`. */
+export function effectiveWorkerStatus(recorded: WorkerStatus, lastHeartbeatAt: Date, nowMs: number, staleMs: number): WorkerStatus {
+  return recorded === 'ready' && nowMs - lastHeartbeatAt.getTime() > staleMs ? 'stale' : recorded;
+}
+
+const ageSeconds = (nowMs: number, at: Date) => Math.max(0, (nowMs - at.getTime()) / 1000);
+
+/**
+ * Everything `corral status` shows. `defaultStaleMs` judges workers whose daemon left no row
+ * (each daemon records its own stale timeout, which judges its workers).
+ */
+export async function systemStatus(db: DbOrTx, q: Queues, opts: { defaultStaleMs: number }): Promise<SystemStatus> {
+  const [depth, live, blocked, rows, daemonRows, now] = await Promise.all([
     queueDepth(db, q),
     liveActivationCount(db),
     blockedActorCount(db),
     listWorkers(db),
+    listDaemons(db),
     serverTime(db),
   ]);
-  const serverNow = toDate(now) ?? new Date();
+  const nowMs = (toDate(now) ?? new Date()).getTime();
+  const staleMsOf = new Map(daemonRows.map((d) => [d.daemonId, d.staleMs]));
   return {
+    daemons: daemonRows.map((d) => {
+      const state = daemonState(d, nowMs);
+      return {
+        daemonId: d.daemonId,
+        host: d.host,
+        pid: d.pid,
+        endpoint: d.endpoint,
+        state,
+        alive: state === 'running',
+        startedAt: d.startedAt,
+        lastSeenAt: d.lastSeenAt,
+        stoppedAt: d.stoppedAt,
+        lastSeenAgeSeconds: ageSeconds(nowMs, d.lastSeenAt),
+        staleMs: d.staleMs,
+      };
+    }),
     queue: { ...depth, name: q.events, deadLetterQueue: q.deadLetter },
     liveActivations: live,
     blockedActors: blocked,
     workers: rows.map((w) => ({
       workerId: w.workerId,
-      status: w.status,
+      status: effectiveWorkerStatus(w.status, w.lastHeartbeatAt, nowMs, staleMsOf.get(w.ownerId) ?? opts.defaultStaleMs),
+      recordedStatus: w.status,
       capacity: w.capacity,
       inFlight: w.inFlight,
       ownerId: w.ownerId,
       lastHeartbeatAt: w.lastHeartbeatAt,
-      heartbeatAgeSeconds: Math.max(0, (serverNow.getTime() - w.lastHeartbeatAt.getTime()) / 1000),
+      heartbeatAgeSeconds: ageSeconds(nowMs, w.lastHeartbeatAt),
     })),
     oldestWaitingSeconds: depth.oldestWaitingSeconds,
-    at: serverNow,
+    at: new Date(nowMs),
   };
 }
 

@@ -91,6 +91,7 @@ export class ActorDirectory {
   private readonly controllers = new Map<string, SessionController>();
   private host: ControllerHost | undefined;
   private readonly releaseTimers = new Map<string, TimerHandle>();
+  private stopped = false;
   private readonly clock: Clock;
   private readonly lingerMs: number;
   private readonly onError: (e: Error) => void;
@@ -131,7 +132,7 @@ export class ActorDirectory {
   }
 
   private scheduleRelease(c: SessionController): void {
-    if (this.releaseTimers.has(c.name)) return;
+    if (this.stopped || this.releaseTimers.has(c.name)) return;
     try {
       this.releaseTimers.set(
         c.name,
@@ -143,6 +144,16 @@ export class ActorDirectory {
     } catch (e) {
       this.onError(toError(e));
     }
+  }
+
+  /**
+   * Shutdown: cancels the pending releases. Their timers (the linger, 5 s by default) would
+   * otherwise keep a stopped daemon's process alive that long after everything else closed.
+   */
+  stop(): void {
+    this.stopped = true;
+    for (const t of this.releaseTimers.values()) t.cancel();
+    this.releaseTimers.clear();
   }
 
   private release(c: SessionController): void {

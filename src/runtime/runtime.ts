@@ -164,5 +164,6 @@ export class Runtime {
   stop(): void {
     this.stopping = true;
     this.dispatcher.stop();
+    this.directory.stop();
   }
 }

@@ -12,6 +12,7 @@ import type { Db } from '../db/client.ts';
 import * as activations from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as workersDb from '../db/workers.ts';
+import { pruneDaemons } from '../db/daemons.ts';
 import type { Dispatcher } from './dispatcher.ts';
 import type { TurnStore } from './turns.ts';
 import type { WorkerRegistry } from './worker-registry.ts';
@@ -101,6 +102,8 @@ export class Watchdog {
       this.lastPruneMs = now;
       const pruned = await workersDb.pruneWorkers(db, { goneAfterSeconds: 600, deadAfterSeconds: 3600 });
       if (pruned > 0) this.log.info({ pruned }, 'pruned old worker rows');
+      const prunedDaemons = await pruneDaemons(db, { stoppedAfterSeconds: 3600, silentAfterSeconds: 86_400 });
+      if (prunedDaemons > 0) this.log.info({ pruned: prunedDaemons }, 'pruned old daemon rows');
     }
 
     // Set-based: an idle timeout reached by many actors at once is a few statements, not one

@@ -31,6 +31,14 @@ export interface ProcessChildOptions {
   onSpawn?: (pid: number, proc: ChildProcess) => void;
   /** Call `markReady()` as soon as the process is spawned (for `readiness: true` children). */
   readyOnSpawn?: boolean;
+  /**
+   * Run the process in a process group of its own (default true). A terminal's Ctrl-C and a
+   * `kill -- -PGID` signal the whole foreground group: a child in the supervisor's group would
+   * get the signal too and stop on its own, ahead of the supervisor's orderly shutdown (a local
+   * worker would hand its turns back mid-drain). In its own group it stops when the supervisor
+   * says so.
+   */
+  ownProcessGroup?: boolean;
 }
 
 /** A supervised process ended unexpectedly. */
@@ -68,6 +76,7 @@ export function processChild(opts: ProcessChildOptions): ChildFactory<unknown> {
         env: opts.env,
         cwd: opts.cwd,
         stdio: opts.stdio ?? 'inherit',
+        detached: opts.ownProcessGroup ?? true,
       });
 
       const settle = (error: unknown): void => {

@@ -4,7 +4,7 @@
  * wedge the next one, and SIGTERM to the process the user started (`npm start`, `npx corral
  * daemon`) stops the daemon and its workers.
  */
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -12,7 +12,17 @@ import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { CORRAL, ROOT, run } from './helpers.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
-import { childPids, freePort, killAll, safeKill, spawnCorral, type Proc } from '../helpers/processes.ts';
+import {
+  childPids,
+  descendants,
+  freePort,
+  isAlive as alive,
+  killAll,
+  postmastersOf,
+  safeKill,
+  spawnCorral,
+  type Proc,
+} from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 const homes: string[] = [];
@@ -26,35 +36,6 @@ async function freshHome(): Promise<string> {
 
 /** The environment of a user with no DATABASE_URL: the embedded server under `home`. */
 const embeddedEnv = (home: string, port: number) => ({ CORRAL_HOME: home, DATABASE_URL: '', CORRAL_ENDPOINT: `tcp://127.0.0.1:${port}` });
-
-/** Postmasters serving the cluster under `home` (running as the postgres user when root). */
-function postmastersOf(home: string): number {
-  const out = execFileSync('ps', ['-eo', 'args='], { encoding: 'utf8' });
-  return out.split('\n').filter((l) => /\/postgres -D /.test(l) && l.includes(home)).length;
-}
-
-/** Every descendant of `pid`. */
-function descendants(pid: number): number[] {
-  const rows = execFileSync('ps', ['-eo', 'pid=,ppid='], { encoding: 'utf8' })
-    .trim()
-    .split('\n')
-    .map((l) => l.trim().split(/\s+/).map(Number) as [number, number]);
-  const out: number[] = [];
-  const walk = (p: number) => {
-    for (const [child, parent] of rows) if (parent === p) (out.push(child), walk(child));
-  };
-  walk(pid);
-  return out;
-}
-
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
 
 /** Databases the tests below create on the run's server (dropped after each test). */
 const databases: TestDatabase[] = [];

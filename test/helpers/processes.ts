@@ -72,6 +72,36 @@ export function childPids(ppid: number, match: string): number[] {
   }
 }
 
+/** Every descendant of `pid`. */
+export function descendants(pid: number): number[] {
+  const rows = execFileSync('ps', ['-eo', 'pid=,ppid='], { encoding: 'utf8' })
+    .trim()
+    .split('\n')
+    .map((l) => l.trim().split(/\s+/).map(Number) as [number, number]);
+  const out: number[] = [];
+  const walk = (p: number) => {
+    for (const [child, parent] of rows) if (parent === p) (out.push(child), walk(child));
+  };
+  walk(pid);
+  return out;
+}
+
+/** Whether a process with this pid exists. */
+export function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Postmasters serving the cluster under `home` (running as the postgres user when root). */
+export function postmastersOf(home: string): number {
+  const out = execFileSync('ps', ['-eo', 'args='], { encoding: 'utf8' });
+  return out.split('\n').filter((l) => /\/postgres -D /.test(l) && l.includes(home)).length;
+}
+
 /** SIGKILLs every tracked process that is still alive (and its children); returns how many. */
 export function killAll(): number {
   let n = 0;

@@ -7,6 +7,9 @@ import { checkFence, type Fence, type FenceRows } from '../../src/db/fence.ts';
 import { CorralError } from '../../src/errors.ts';
 import { WorkerPool } from '../../src/runtime/worker-pool.ts';
 import { localWorkerId } from '../../src/cli/commands/daemon.ts';
+import { StopRequests } from '../../src/cli/stop-requests.ts';
+import { daemonHeartbeatMs } from '../../src/db/daemons.ts';
+import { daemonState, effectiveWorkerStatus } from '../../src/ops/status.ts';
 
 describe('actor keys', () => {
   it('round-trips and rejects malformed keys with invalid_actor_key', () => {
@@ -225,5 +228,53 @@ describe('local worker ids', () => {
     expect(localWorkerId('box', 'tcp://127.0.0.1:5600', 1)).toBe(a);
     // a host name is made safe for an id
     expect(localWorkerId('my host/x', DEFAULTS.endpoint, 1)).toBe('my-host-x-local-1');
+  });
+});
+
+describe('stop requests', () => {
+  const at = (times: number[]) => {
+    let i = 0;
+    return new StopRequests(() => times[i++]!, 1_000);
+  };
+
+  it('the first request stops; echoes of the first signal and the launcher leaving do not force', () => {
+    // Ctrl-C under npm: the terminal's SIGINT, npm's forwarded copy 3 ms later, npm exiting
+    const r = at([0, 3, 500, 5_000]);
+    expect(r.requested).toBe(false);
+    expect(r.next('signal')).toBe('stop');
+    expect(r.requested).toBe(true);
+    expect(r.next('signal')).toBe('ignore');
+    expect(r.next('parent-gone')).toBe('ignore');
+    // a real second Ctrl-C, seconds later
+    expect(r.next('signal')).toBe('force');
+  });
+
+  it('a launcher gone first starts the stop; the first signal after it only joins it', () => {
+    const r = at([0, 10, 2_000]);
+    expect(r.next('parent-gone')).toBe('stop');
+    expect(r.next('signal')).toBe('ignore');
+    expect(r.next('signal')).toBe('force');
+  });
+});
+
+describe('daemon liveness', () => {
+  const seen = new Date(100_000);
+  it('a daemon silent past its own stale timeout is dead; a clean stop is stopped', () => {
+    expect(daemonState({ stoppedAt: null, lastSeenAt: seen, staleMs: 3_000 }, 103_000)).toBe('running');
+    expect(daemonState({ stoppedAt: null, lastSeenAt: seen, staleMs: 3_000 }, 103_001)).toBe('dead');
+    expect(daemonState({ stoppedAt: seen, lastSeenAt: seen, staleMs: 3_000 }, 100_001)).toBe('stopped');
+  });
+
+  it('a ready worker silent past the stale timeout is stale, whatever its row says', () => {
+    expect(effectiveWorkerStatus('ready', seen, 110_000, 10_000)).toBe('ready');
+    expect(effectiveWorkerStatus('ready', seen, 110_001, 10_000)).toBe('stale');
+    expect(effectiveWorkerStatus('gone', seen, 900_000, 10_000)).toBe('gone');
+  });
+
+  it('heartbeats come four times per stale timeout, at most every 5 s', () => {
+    expect(daemonHeartbeatMs(10_000)).toBe(2_500);
+    expect(daemonHeartbeatMs(3_000)).toBe(750);
+    expect(daemonHeartbeatMs(600_000)).toBe(5_000);
+    expect(daemonHeartbeatMs(100)).toBe(50);
   });
 });

@@ -10,11 +10,14 @@ import { DEFAULTS, type Config } from '../../config.ts';
 import { Daemon } from '../../daemon.ts';
 import { toError } from '../../errors.ts';
 import type { Logger } from '../../logger.ts';
-import { observabilityChild } from '../../observability/daemon-child.ts';
+import type { EmbeddedServer } from '../../db/embedded.ts';
+import { listenForObservability, observabilityChild } from '../../observability/daemon-child.ts';
+import type { ObservabilityServer } from '../../observability/http.ts';
 import { createMetrics, type Metrics } from '../../observability/metrics.ts';
 import { processChild, type ChildSpec } from '../../supervisor/index.ts';
 import { commandLogger, resolveDatabase } from '../database.ts';
 import { parentWatchReason, STOP_WITH_PARENT_ENV, watchParent } from '../parent-watch.ts';
+import { StopRequests, type StopSource } from '../stop-requests.ts';
 import { ensureLocalWorkerKey, keyPaths } from '../../fabric/keys.ts';
 
 const CORRAL_BIN = fileURLToPath(new URL('../../../bin/corral.js', import.meta.url));
@@ -78,57 +81,100 @@ function extraChildren(
   opts: DaemonCommandOptions,
   metrics: Metrics | undefined,
   logger: Logger,
+  boundServer: () => ObservabilityServer | undefined,
 ): ((endpoint: string) => ChildSpec<Daemon>[]) | undefined {
   const workers = opts.workers > 0 ? localWorkers(opts.workers, opts.workerCapacity, config) : undefined;
-  const http =
+  const http = (server: ObservabilityServer | undefined) =>
     metrics && config.metricsPort !== undefined
-      ? observabilityChild({ host: config.metricsHost, port: config.metricsPort, metrics, logger })
+      ? observabilityChild({ host: config.metricsHost, port: config.metricsPort, metrics, logger, ...(server ? { server } : {}) })
       : undefined;
-  if (!workers && !http) return undefined;
-  return (endpoint) => [...(http ? [http] : []), ...(workers?.(endpoint) ?? [])];
+  if (!workers && !(metrics && config.metricsPort !== undefined)) return undefined;
+  return (endpoint) => {
+    const child = http(boundServer());
+    return [...(child ? [child] : []), ...(workers?.(endpoint) ?? [])];
+  };
 }
 
+/** The embedded PostgreSQL this daemon started goes with it (a command that found it running leaves it). */
+async function stopEmbedded(embedded: EmbeddedServer, logger: Logger): Promise<void> {
+  try {
+    await embedded.stop();
+    logger.info({ data: embedded.dataDir }, 'stopped the embedded PostgreSQL this daemon started');
+  } catch (e) {
+    logger.warn({ err: toError(e).message, data: embedded.dataDir }, 'could not stop the embedded PostgreSQL');
+  }
+}
+
+/**
+ * Runs the daemon until a stop is requested (see stop-requests.ts): SIGINT and SIGTERM drain
+ * in-flight turns for `CORRAL_DRAIN_MS`, then stop the local workers, the daemon, and the
+ * embedded PostgreSQL if this command started it; a real second request exits at once (130).
+ * A daemon that cannot start (its endpoint or metrics port in use, the database unreachable)
+ * releases everything and fails with that message.
+ */
 export async function runDaemonCommand(config: Config, opts: DaemonCommandOptions): Promise<number> {
   const logger = commandLogger(config, { daemon: true });
-  const { url, embedded } = await resolveDatabase(config, logger);
-  const metrics =
-    config.metricsPort !== undefined
-      ? createMetrics({ onError: (e) => logger.warn({ err: e.message }, 'metrics: database snapshot failed') })
-      : undefined;
-  const children = extraChildren(config, opts, metrics, logger);
-  const daemon = new Daemon({
-    config,
-    databaseUrl: url,
-    logger,
-    ...(metrics ? { metrics: metrics.runtime } : {}),
-    ...(children ? { extraChildren: children } : {}),
-  });
-  let signals = 0;
+  const requests = new StopRequests();
+  let stopRequestedAtMs: number | undefined;
+  let daemon: Daemon | undefined;
   let stopping: Promise<unknown> | undefined;
-  const onSignal = (sig: NodeJS.Signals) => {
-    signals++;
-    if (signals > 1) {
-      logger.warn({ signal: sig }, 'second signal: exiting now');
+  const requestStop = (source: StopSource, detail: Record<string, unknown>): void => {
+    const decision = requests.next(source);
+    if (decision === 'force') {
+      logger.warn(detail, 'second request to stop: exiting now, without waiting for in-flight turns (their leases will expire)');
       process.exit(130);
     }
-    logger.info({ signal: sig }, 'shutting down (send again to force)');
-    stopping = daemon.stop({ deadlineMs: 10_000 });
+    if (decision === 'ignore') {
+      logger.debug(detail, 'already stopping');
+      return;
+    }
+    stopRequestedAtMs = Date.now();
+    logger.info({ ...detail, drainMs: config.drainMs }, 'shutting down: in-flight turns may finish first (signal again to force)');
+    stopping = daemon?.stop({ deadlineMs: 10_000 });
   };
+  const onSignal = (signal: NodeJS.Signals) => requestStop('signal', { signal });
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
   const launcher = parentWatchReason(process.env, 'daemon');
   const stopWatching = launcher
-    ? watchParent(() => {
-        logger.info({ launcher }, 'the process that started the daemon is gone: shutting down');
-        onSignal('SIGTERM');
-      })
+    ? watchParent(() => requestStop('parent-gone', { launcher, reason: 'the process that started the daemon is gone' }))
     : () => undefined;
+  let embedded: EmbeddedServer | undefined;
+  let server: ObservabilityServer | undefined;
   try {
-    await daemon.prepare();
-    const handle = daemon.startSupervisor();
+    const resolved = await resolveDatabase(config, logger);
+    embedded = resolved.embedded;
+    if (requests.requested) return 0;
+    const metrics =
+      config.metricsPort !== undefined
+        ? createMetrics({ onError: (e) => logger.warn({ err: e.message }, 'metrics: database snapshot failed') })
+        : undefined;
+    const children = extraChildren(config, opts, metrics, logger, () => server);
+    const running = (daemon = new Daemon({
+      config,
+      databaseUrl: resolved.url,
+      logger,
+      ...(metrics ? { metrics: metrics.runtime } : {}),
+      ...(children ? { extraChildren: children } : {}),
+    }));
+    try {
+      if (metrics && config.metricsPort !== undefined) {
+        server = await listenForObservability(running, { host: config.metricsHost, port: config.metricsPort, metrics, logger });
+      }
+      await running.prepare();
+    } catch (e) {
+      // nothing may keep running: a daemon that cannot start must not hold connections or ports
+      await running.stop();
+      throw e;
+    }
+    if (requests.requested) {
+      await (stopping ?? running.stop());
+      return 0;
+    }
+    const handle = running.startSupervisor();
     logger.info(
       {
-        endpoint: daemon.broker.endpoint,
+        endpoint: running.broker.endpoint,
         workers: opts.workers,
         database: embedded ? 'embedded' : 'DATABASE_URL',
         ...(config.metricsPort !== undefined ? { metrics: `${config.metricsHost}:${config.metricsPort}` } : {}),
@@ -136,12 +182,14 @@ export async function runDaemonCommand(config: Config, opts: DaemonCommandOption
       'corral daemon running',
     );
     await handle.done.catch((e: unknown) => logger.error({ err: toError(e) }, 'daemon supervisor ended with an error'));
-    await (stopping ?? daemon.stop());
-    return signals > 0 ? 0 : 1;
+    await (stopping ?? running.stop());
+    return requests.requested ? 0 : 1;
   } finally {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
     stopWatching();
-    if (embedded?.startedHere) await embedded.stop();
+    await server?.close();
+    if (embedded?.startedHere) await stopEmbedded(embedded, logger);
+    if (stopRequestedAtMs !== undefined) logger.info({ stopMs: Date.now() - stopRequestedAtMs }, 'corral daemon stopped');
   }
 }

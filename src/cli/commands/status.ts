@@ -8,7 +8,7 @@ import type { Config } from '../../config.ts';
 import { CorralError } from '../../errors.ts';
 import { errorLine } from '../../ops/dead-letters.ts';
 import { describeActivation } from '../../ops/actor-state.ts';
-import { actorStatus, systemStatus } from '../../ops/status.ts';
+import { actorStatus, systemStatus, type SystemStatus } from '../../ops/status.ts';
 import { queuesOf } from '../../queue/boss.ts';
 import { openCommandContext } from '../context.ts';
 
@@ -53,11 +53,12 @@ export function oneLine(v: unknown, max = 60): string {
 export async function runStatusCommand(config: Config, opts: { json?: boolean }, out: Out): Promise<number> {
   const ctx = await openCommandContext(config);
   try {
-    const s = await systemStatus(ctx.database.db, queuesOf(config));
+    const s = await systemStatus(ctx.database.db, queuesOf(config), { defaultStaleMs: config.workerStaleMs });
     if (opts.json) {
       out.write(`${JSON.stringify({ ...s, deadLetterMode: config.deadLetterMode }, null, 2)}\n`);
       return 0;
     }
+    writeDaemons(out, s.daemons);
     const q = s.queue;
     out.write(`queue ${q.name} (dead-letter queue ${q.deadLetterQueue}, mode ${config.deadLetterMode})\n`);
     out.write(
@@ -94,6 +95,29 @@ export async function runStatusCommand(config: Config, opts: { json?: boolean },
   } finally {
     await ctx.close();
   }
+}
+
+function writeDaemons(out: Out, daemons: SystemStatus['daemons']): void {
+  const running = daemons.filter((d) => d.alive).length;
+  out.write(
+    `daemons: ${running === 0 ? 'none running' : `${running} running`}${daemons.length > running ? ` (${daemons.length - running} stopped or dead)` : ''}\n`,
+  );
+  if (daemons.length === 0) return;
+  out.write(
+    renderTable(
+      ['DAEMON', 'STATE', 'HOST', 'PID', 'ENDPOINT', 'STARTED', 'LAST SEEN', 'AGO'],
+      daemons.map((d) => [
+        d.daemonId,
+        d.state,
+        d.host,
+        String(d.pid),
+        d.endpoint,
+        fmtTime(d.startedAt),
+        fmtTime(d.lastSeenAt),
+        fmtAge(d.lastSeenAgeSeconds),
+      ]),
+    ),
+  );
 }
 
 export async function runActorCommand(config: Config, actor: string, opts: { json?: boolean }, out: Out): Promise<number> {

@@ -1,0 +1,254 @@
+/**
+ * Stopping the daemon as a person at a terminal or a process manager does, on real processes:
+ * Ctrl-C is SIGINT to the whole foreground process group (npm, the daemon and, unless they have a
+ * group of their own, its workers), `kill -- -PGID` is SIGTERM to all of it. Either way the turns
+ * in flight finish and commit once, then the workers stop, then the daemon and the embedded
+ * PostgreSQL it started, and the launcher exits 0. A daemon that cannot start exits at once, and
+ * one killed with -9 is seen as dead by `corral status`.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createServer, type Server } from 'node:net';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { CORRAL, ROOT, json, run } from './helpers.ts';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import {
+  descendants,
+  freePort,
+  isAlive,
+  killAll,
+  postmastersOf,
+  safeKill,
+  spawnCorral,
+  trackChild,
+  type Proc,
+} from '../helpers/processes.ts';
+import { waitFor } from '../helpers/wait.ts';
+
+const DRAIN_MS = 10_000;
+const TURN_MS = 2_000;
+
+const homes: string[] = [];
+async function freshHome(): Promise<string> {
+  const home = await mkdtemp(join(tmpdir(), 'corral-stopping-'));
+  await chmod(home, 0o755);
+  homes.push(home);
+  return home;
+}
+
+const databases: TestDatabase[] = [];
+const groups: number[] = [];
+const servers: Server[] = [];
+
+afterEach(async () => {
+  for (const pgid of groups.splice(0)) {
+    for (const pid of descendants(pgid)) safeKill(pid, 'SIGKILL');
+    safeKill(-pgid, 'SIGKILL');
+  }
+  killAll();
+  for (const s of servers.splice(0)) await new Promise((r) => s.close(r));
+  for (const db of databases.splice(0)) await db.drop();
+});
+afterAll(async () => {
+  for (const home of homes) {
+    await run([CORRAL, 'db', 'stop'], { CORRAL_HOME: home, DATABASE_URL: '' }).catch(() => undefined);
+    await rm(home, { recursive: true, force: true });
+  }
+});
+
+interface Launched {
+  launcher: ChildProcess;
+  log: () => string;
+  exited: Promise<{ code: number | null; atMs: number }>;
+}
+
+/** Starts `command` as a terminal would: the leader of a process group of its own. */
+function launch(command: string, args: string[], env: Record<string, string>): Launched {
+  let log = '';
+  const launcher = spawn(command, args, { cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  trackChild(launcher);
+  groups.push(launcher.pid!);
+  launcher.stdout!.setEncoding('utf8').on('data', (d: string) => (log += d));
+  launcher.stderr!.setEncoding('utf8').on('data', (d: string) => (log += d));
+  const exited = new Promise<{ code: number | null; atMs: number }>((r) => launcher.once('exit', (code) => r({ code, atMs: Date.now() })));
+  return { launcher, log: () => log, exited };
+}
+
+const count = (text: string, what: string) => text.split(what).length - 1;
+
+/** The environment of a user with no DATABASE_URL: the embedded server under a fresh home. */
+async function embeddedEnv(): Promise<Record<string, string>> {
+  return {
+    CORRAL_HOME: await freshHome(),
+    DATABASE_URL: '',
+    CORRAL_ENDPOINT: `tcp://127.0.0.1:${await freePort()}`,
+    CORRAL_DRAIN_MS: String(DRAIN_MS),
+  };
+}
+
+/**
+ * `turns` turns of TURN_MS running, then `signal` to the launcher's whole process group: each turn
+ * commits once (attempt 1, never handed back), the launcher exits 0 within the drain + 2 s, every
+ * process it started is gone, and so is the embedded PostgreSQL the daemon started.
+ */
+async function expectGracefulGroupStop(
+  started: Launched,
+  env: Record<string, string>,
+  opts: { workers: number; turns: number; signal: NodeJS.Signals; launcherExitsAtOnce?: boolean },
+): Promise<void> {
+  const { launcher, log } = started;
+  await waitFor(() => count(log(), '"worker ready"') >= opts.workers, { timeoutMs: 90_000, what: `${opts.workers} workers:\n${log()}` });
+  const actors = Array.from({ length: opts.turns }, (_, i) => `stop-${i}/s`);
+  for (const actor of actors) {
+    const sent = await run([CORRAL, 'send', actor, JSON.stringify({ delayMs: TURN_MS, text: 'x' })], env);
+    expect(sent.code, sent.stderr).toBe(0);
+  }
+  await waitFor(() => count(log(), '"turn started"') >= opts.turns, { timeoutMs: 30_000, what: `the turns to start:\n${log()}` });
+  const tree = descendants(launcher.pid!);
+  const signalledAt = Date.now();
+  process.kill(-launcher.pid!, opts.signal);
+  const { code, atMs } = await started.exited;
+  if (!opts.launcherExitsAtOnce) {
+    expect(code, log()).toBe(0);
+    expect(atMs - signalledAt).toBeLessThan(DRAIN_MS + 2_000);
+  }
+  await waitFor(() => tree.every((pid) => !isAlive(pid)), {
+    timeoutMs: DRAIN_MS + 2_000 - (Date.now() - signalledAt),
+    intervalMs: 100,
+    what: `every process of the launcher to exit:\n${log()}`,
+  });
+  expect(log()).toMatch(/"corral daemon stopped"/);
+  expect(postmastersOf(env.CORRAL_HOME!)).toBe(0);
+  expect(log()).not.toMatch(/second request to stop|turn handed back|turn_start send failed/);
+  expect(count(log(), '"turn committed"')).toBe(opts.turns);
+  // the database (started again on demand) agrees: one attempt per event, committed
+  for (const actor of actors) {
+    const r = await run([CORRAL, 'actor', actor, '--json'], env, { timeoutMs: 90_000 });
+    const turns = json<{ recentTurns: { attempt: number; status: string }[] }>(r).recentTurns;
+    expect(turns.map((t) => [t.attempt, t.status])).toEqual([[1, 'succeeded']]);
+  }
+}
+
+describe('Ctrl-C and SIGTERM to the whole process group drain first', () => {
+  it('`npm start`: SIGINT to its group, with 4 turns running', async () => {
+    const env = await embeddedEnv();
+    const started = launch('npm', ['start'], env);
+    await expectGracefulGroupStop(started, env, { workers: 2, turns: 4, signal: 'SIGINT' });
+  }, 240_000);
+
+  it('`corral daemon --workers 2`: SIGINT to its group, with 4 turns running', async () => {
+    const env = await embeddedEnv();
+    const started = launch(process.execPath, [CORRAL, 'daemon', '--workers', '2'], env);
+    await expectGracefulGroupStop(started, env, { workers: 2, turns: 4, signal: 'SIGINT' });
+  }, 240_000);
+
+  it('`npx corral daemon`: SIGTERM to its group (npx exits first; the daemon still drains)', async () => {
+    const env = await embeddedEnv();
+    const started = launch('npx', ['corral', 'daemon', '--workers', '1'], env);
+    await expectGracefulGroupStop(started, env, { workers: 1, turns: 2, signal: 'SIGTERM', launcherExitsAtOnce: true });
+  }, 240_000);
+});
+
+describe('a daemon that cannot start', () => {
+  async function testDatabase(): Promise<TestDatabase> {
+    const db = await createTestDatabase();
+    databases.push(db);
+    return db;
+  }
+
+  async function expectQuickFailure(daemon: Proc, message: RegExp): Promise<void> {
+    const startedAt = Date.now();
+    const code = await daemon.exited;
+    expect(Date.now() - startedAt).toBeLessThan(5_000);
+    expect(code).not.toBe(0);
+    expect(daemon.log()).toMatch(message);
+    expect(daemon.log()).not.toMatch(/corral daemon running/);
+  }
+
+  it('exits non-zero within 5 s when its endpoint or its metrics port is in use', async () => {
+    const db = await testDatabase();
+    const env = { DATABASE_URL: db.url, CORRAL_HOME: await freshHome(), CORRAL_ENDPOINT: `tcp://127.0.0.1:${await freePort()}` };
+    const first = spawnCorral(['daemon'], env, 'first');
+    await waitFor(() => first.log().includes('corral daemon running'), { timeoutMs: 60_000, what: 'the first daemon' });
+
+    await expectQuickFailure(spawnCorral(['daemon'], env, 'second'), /broker cannot bind .*[Aa]ddress already in use/);
+
+    const busy = createServer();
+    servers.push(busy);
+    const port = await new Promise<number>((r) => busy.listen(0, '127.0.0.1', () => r((busy.address() as { port: number }).port)));
+    const metricsEnv = { ...env, CORRAL_ENDPOINT: `tcp://127.0.0.1:${await freePort()}` };
+    await expectQuickFailure(
+      spawnCorral(['daemon', '--metrics-port', String(port)], metricsEnv, 'metrics'),
+      new RegExp(`metrics server cannot listen on 127\\.0\\.0\\.1:${port}: .*EADDRINUSE`),
+    );
+
+    // the first daemon was never disturbed
+    const status = json<{ daemons: { daemonId: string; alive: boolean }[] }>(await run([CORRAL, 'status', '--json'], env));
+    expect(status.daemons.filter((d) => d.alive)).toHaveLength(1);
+    first.child.kill('SIGTERM');
+    expect(await first.exited).toBe(0);
+  }, 120_000);
+});
+
+describe('liveness in `corral status`', () => {
+  it('a daemon killed with -9 shows as not alive, and its workers as stale, within 2 × the stale timeout', async () => {
+    const db = await createTestDatabase();
+    databases.push(db);
+    const staleMs = 3_000;
+    const env = {
+      DATABASE_URL: db.url,
+      CORRAL_HOME: await freshHome(),
+      CORRAL_ENDPOINT: `tcp://127.0.0.1:${await freePort()}`,
+      CORRAL_WORKER_STALE_MS: String(staleMs),
+      CORRAL_WORKER_HEARTBEAT_MS: '500',
+    };
+    const daemon = spawnCorral(['daemon', '--workers', '1'], env, 'daemon');
+    await waitFor(() => daemon.log().includes('"worker ready"'), { timeoutMs: 60_000, what: 'the worker' });
+
+    interface Status {
+      daemons: { daemonId: string; alive: boolean; state: string; pid: number }[];
+      workers: { workerId: string; status: string; ownerId: string }[];
+    }
+    const status = async () => json<Status>(await run([CORRAL, 'status', '--json'], env));
+    const before = await status();
+    expect(before.daemons.map((d) => [d.pid, d.alive, d.state])).toEqual([[daemon.child.pid, true, 'running']]);
+    expect(before.workers.map((w) => [w.status, w.ownerId])).toEqual([['ready', before.daemons[0]!.daemonId]]);
+
+    const killedAt = Date.now();
+    daemon.child.kill('SIGKILL');
+    const after = await waitFor(
+      async () => {
+        const s = await status();
+        return s.daemons[0]?.alive === false && s.workers[0]?.status === 'stale' ? s : undefined;
+      },
+      { timeoutMs: 4 * staleMs, intervalMs: 100, what: 'status to see the daemon dead' },
+    );
+    expect(Date.now() - killedAt).toBeLessThan(2 * staleMs);
+    expect(after.daemons[0]!.state).toBe('dead');
+
+    const text = await run([CORRAL, 'status'], env);
+    expect(text.stdout).toMatch(/daemons: none running \(1 stopped or dead\)/);
+    expect(text.stdout).toMatch(/ dead /);
+    expect(text.stdout).toMatch(/workers: 0 ready of 1/);
+  }, 120_000);
+
+  it('a daemon stopped cleanly shows as stopped, its workers as gone, and no warm activation outlives it', async () => {
+    const db = await createTestDatabase();
+    databases.push(db);
+    const env = { DATABASE_URL: db.url, CORRAL_HOME: await freshHome(), CORRAL_ENDPOINT: `tcp://127.0.0.1:${await freePort()}` };
+    const daemon = spawnCorral(['daemon', '--workers', '1'], env, 'daemon');
+    await waitFor(() => daemon.log().includes('"worker ready"'), { timeoutMs: 60_000, what: 'the worker' });
+    expect((await run([CORRAL, 'send', 'warm/s', '{"text":"x"}'], env)).code).toBe(0);
+    await waitFor(() => daemon.log().includes('"turn committed"'), { timeoutMs: 30_000, what: 'the turn' });
+    daemon.child.kill('SIGTERM');
+    expect(await daemon.exited).toBe(0);
+    const s = json<{ daemons: { state: string }[]; workers: { status: string }[]; liveActivations: number }>(
+      await run([CORRAL, 'status', '--json'], env),
+    );
+    expect(s.daemons.map((d) => d.state)).toEqual(['stopped']);
+    expect(s.workers.map((w) => w.status)).toEqual(['gone']);
+    expect(s.liveActivations).toBe(0);
+  }, 120_000);
+});
