@@ -162,7 +162,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
 
   program
     .command('status')
-    .description('queue depths, dead letters, live activations, workers, oldest waiting event')
+    .description('live daemons, queue depths, dead letters, live activations, workers (stale when silent), oldest waiting event')
     .option('--json', 'JSON output')
     .action((o: { json?: boolean }) => run(import('./commands/status.ts').then((m) => m.runStatusCommand(config(), o, process.stdout))));
 
