@@ -189,7 +189,22 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
   return program;
 }
 
+/**
+ * Output to a closed pipe (`corral status | head -1`) ends quietly: the reader has all it wanted,
+ * so the rest of the output is dropped and the command finishes with its own exit code. Without
+ * a listener, the stream's EPIPE error is an uncaught exception: a stack trace and exit 1.
+ */
+function dropOutputOnClosedPipe(stream: NodeJS.WriteStream): void {
+  stream.on('error', (e: NodeJS.ErrnoException) => {
+    if (e.code !== 'EPIPE') throw e;
+    // A destroyed stream drops later writes without raising another error.
+    stream.destroy();
+  });
+}
+
 export async function main(argv: string[]): Promise<number> {
+  dropOutputOnClosedPipe(process.stdout);
+  dropOutputOnClosedPipe(process.stderr);
   let pending: Promise<number> | undefined;
   const program = buildProgram((p) => {
     pending = p;
