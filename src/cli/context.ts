@@ -36,13 +36,14 @@ export interface CommandContext {
  */
 export async function openCommandContext(config: Config, opts: { needsSchema?: boolean } = {}): Promise<CommandContext> {
   const logger = commandLogger(config);
-  const { url } = await resolveDatabase(config, logger);
+  const resolved = await resolveDatabase(config, logger);
+  const { url } = resolved;
   const database = openDatabase(url, { max: 4, applicationName: 'corral-cli' });
   try {
     await ping(database.pool);
   } catch (e) {
     await database.close();
-    throw unreachable(url, e);
+    throw unreachable(resolved, e);
   }
   if (opts.needsSchema ?? true) {
     if (!(await hasCorralSchema(database.pool))) {

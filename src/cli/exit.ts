@@ -22,6 +22,9 @@ export function exitCodeFor(e: unknown): number {
 }
 
 export function messageFor(e: unknown): string {
+  // A CorralError's message is written for the operator already; its cause (a connection error,
+  // say) is what it explains, not something to prefix again.
+  if (e instanceof CorralError) return e.message;
   if (isConnectionError(e)) {
     return `cannot reach the database: ${toError(e).message} (is DATABASE_URL right and the server up?)`;
   }

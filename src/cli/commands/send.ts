@@ -32,14 +32,15 @@ export async function runSendCommand(config: Config, actor: string, json: string
   const key = parseActorKey(actor);
   const job = actorEventJob(key, parseJsonArgument(json), config.maxEventBytes);
   const logger = commandLogger(config);
-  const { url } = await resolveDatabase(config, logger);
+  const db = await resolveDatabase(config, logger);
+  const { url } = db;
   const client = new pg.Client({ connectionString: url, application_name: 'corral-cli', connectionTimeoutMillis: 10_000 });
   client.on('error', (e) => logger.warn({ err: e.message }, 'database connection error'));
   try {
     await client.connect();
   } catch (e) {
     await client.end().catch(() => undefined);
-    throw unreachable(url, e);
+    throw unreachable(db, e);
   }
   let sent: boolean;
   try {
