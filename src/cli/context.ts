@@ -4,8 +4,7 @@
  */
 import { loadConfig, type Config } from '../config.ts';
 import { openDatabase, type Database } from '../db/client.ts';
-import { hasCorralSchema, ping } from '../db/health.ts';
-import { CorralError } from '../errors.ts';
+import { ping, requireCorralSchema } from '../db/health.ts';
 import type { Logger } from '../logger.ts';
 import { commandLogger, resolveDatabase, unreachable } from './database.ts';
 import type { PgBoss } from 'pg-boss';
@@ -46,12 +45,11 @@ export async function openCommandContext(config: Config, opts: { needsSchema?: b
     throw unreachable(resolved, e);
   }
   if (opts.needsSchema ?? true) {
-    if (!(await hasCorralSchema(database.pool))) {
+    try {
+      await requireCorralSchema(database.pool);
+    } catch (e) {
       await database.close();
-      throw new CorralError(
-        'database_unavailable',
-        'the database has no corral schema yet: run `corral db migrate` (or start `corral daemon`, which migrates)',
-      );
+      throw e;
     }
   }
   let boss: PgBoss | undefined;

@@ -1,10 +1,26 @@
 /**
  * What the commands say about a database they cannot use: a DATABASE_URL that is no connection
- * string, a server that does not answer. One clear message each, the same whichever command met
- * it, and a password never shown.
+ * string, a server that does not answer, a database without corral's schema. One clear message
+ * each, the same whichever command met it, a password never shown, and nothing written.
  */
-import { describe, expect, it } from 'vitest';
-import { corral } from './helpers.ts';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { corral, type CliResult } from './helpers.ts';
+
+/** Every command that reads or writes corral's tables or queue. */
+const SCHEMA_COMMANDS: string[][] = [
+  ['send', 'a/s', '{"text":"hi"}'],
+  ['steer', 'a/s', '{"more":1}'],
+  ['cancel', 'a/s'],
+  ['status'],
+  ['actor', 'a/s'],
+  ['transcript', 'a/s'],
+  ['dlq', 'list'],
+  ['dlq', 'replay', '--all', '--yes'],
+];
+
+const NO_SCHEMA = 'corral: the database has no corral schema yet: run `corral db migrate` (or start `corral daemon`, which migrates)\n';
 
 describe('a DATABASE_URL that is not a connection string', () => {
   it('is called invalid (exit 2), naming the variable and not the value', async () => {
@@ -43,5 +59,53 @@ describe('a server that does not answer', () => {
       expect(r.stderr.match(/cannot reach/g)).toHaveLength(1);
       expect(r.stderr).not.toContain('s3cret');
     }
+  });
+});
+
+describe('a database without corral’s schema', () => {
+  let empty: TestDatabase;
+  beforeAll(async () => {
+    empty = await createTestDatabase({ empty: true });
+  });
+  afterAll(async () => {
+    await empty?.drop();
+  });
+
+  const schemas = async (): Promise<string[]> => {
+    const c = new pg.Client({ connectionString: empty.url });
+    await c.connect();
+    try {
+      const { rows } = await c.query<{ nspname: string }>(
+        "select nspname from pg_namespace where nspname not like 'pg\\_%' and nspname not in ('information_schema', 'public') order by 1",
+      );
+      return rows.map((r) => r.nspname);
+    } finally {
+      await c.end();
+    }
+  };
+
+  it('every command refuses it with the same message, and creates nothing in it', async () => {
+    expect(await schemas()).toEqual([]);
+    const results: [string, CliResult][] = [];
+    for (const args of SCHEMA_COMMANDS) results.push([args.join(' '), await corral(args, empty.url)]);
+    for (const [command, r] of results) {
+      expect([command, r.code, r.stdout, r.stderr]).toEqual([command, 1, '', NO_SCHEMA]);
+    }
+    expect(await schemas()).toEqual([]);
+  });
+
+  it('`db migrate` sets it up, and then send enqueues', async () => {
+    const migrated = await corral(['db', 'migrate'], empty.url);
+    expect(migrated.code, migrated.stderr).toBe(0);
+    expect(await schemas()).toEqual(expect.arrayContaining(['corral', 'pgboss']));
+    // `db migrate` creates no queue: send sets it up (the full pg-boss path), then the direct one
+    for (let i = 0; i < 2; i++) {
+      const sent = await corral(['send', 'a/s', '{"text":"hi"}'], empty.url);
+      expect(sent.code, sent.stderr).toBe(0);
+      expect(sent.stdout).toMatch(/^[0-9a-f-]{36}\n$/);
+    }
+    const status = await corral(['status', '--json'], empty.url);
+    expect(status.code, status.stderr).toBe(0);
+    expect((JSON.parse(status.stdout) as { queue: { ready: number } }).queue.ready).toBe(2);
   });
 });

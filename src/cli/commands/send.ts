@@ -1,13 +1,14 @@
 /**
  * `corral send <agent_uid>/<session_id> '<json>'`: enqueue one event and print its id.
  *
- * The light path: one connection, no Drizzle, no pool, and pg-boss's insert statement without
- * starting pg-boss (see queue/direct-send.ts); a database not yet set up for that gets the full
- * pg-boss path, which migrates and creates the queues.
+ * The light path: one connection, no Drizzle, no pool, one query to check corral's schema, and
+ * pg-boss's insert statement without starting pg-boss (see queue/direct-send.ts); a corral
+ * database whose queue is not set up yet gets the full pg-boss path, which creates it.
  */
 import pg from 'pg';
 import { parseActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
+import { requireCorralSchema } from '../../db/health.ts';
 import { CorralError, toError } from '../../errors.ts';
 import { unstorableReason } from '../../json-safety.ts';
 import { directSend } from '../../queue/direct-send.ts';
@@ -44,6 +45,8 @@ export async function runSendCommand(config: Config, actor: string, json: string
   }
   let sent: boolean;
   try {
+    // before anything is written: a database that is not corral's gets nothing, not even pg-boss
+    await requireCorralSchema(client);
     sent = await directSend(client, config.bossSchema, config.queueName, job);
   } finally {
     await client.end().catch(() => undefined);
@@ -54,10 +57,12 @@ export async function runSendCommand(config: Config, actor: string, json: string
 }
 
 /**
- * The full path, for a database pg-boss has not set up yet: start pg-boss (it migrates, under its
- * advisory lock), create the queues, send. Commands started together on a fresh database race
- * pg-boss's install; the loser retries, and the fixed job id makes a retry unable to enqueue
- * the event twice (a second insert of the same id fails).
+ * The full path, for a corral database whose queue pg-boss has not set up yet (or set up for an
+ * older pg-boss): `corral db migrate` installs pg-boss's schema but creates no queue, the daemon
+ * creates them on start. Start pg-boss (it migrates, under its advisory lock), create the queues
+ * (keeping a daemon's settings), send. A send next to a daemon that is still setting up (corral's
+ * schema is in, pg-boss's not yet) races pg-boss's install; the loser retries, and the fixed job
+ * id makes a retry unable to enqueue the event twice (a second insert of the same id fails).
  */
 async function sendWithBoss(url: string, config: Config, job: ActorEventJob, logger: Logger): Promise<void> {
   const { createBoss, ensureQueues } = await import('../../queue/boss.ts');
