@@ -88,6 +88,8 @@ describe('a database without corral’s schema', () => {
     expect(await schemas()).toEqual([]);
     const results: [string, CliResult][] = [];
     for (const args of SCHEMA_COMMANDS) results.push([args.join(' '), await corral(args, empty.url)]);
+    // an event from a file or standard input is read first, then refused the same way
+    results.push(['send --file -', await corral(['send', 'a/s', '--file', '-'], empty.url, {}, { input: '{"text":"hi"}' })]);
     for (const [command, r] of results) {
       expect([command, r.code, r.stdout, r.stderr]).toEqual([command, 1, '', NO_SCHEMA]);
     }

@@ -1,5 +1,6 @@
 /**
- * `corral send <agent_uid>/<session_id> '<json>'`: enqueue one event and print its id.
+ * `corral send <agent_uid>/<session_id> '<json>' | --file F | -`: enqueue one event and print
+ * its id.
  *
  * The light path: one connection, no Drizzle, no pool, one query to check corral's schema, and
  * pg-boss's insert statement without starting pg-boss (see queue/direct-send.ts); a corral
@@ -10,28 +11,26 @@ import { parseActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
 import { requireCorralSchema } from '../../db/health.ts';
 import { CorralError, toError } from '../../errors.ts';
-import { unstorableReason } from '../../json-safety.ts';
 import { directSend } from '../../queue/direct-send.ts';
 import { actorEventJob, type ActorEventJob } from '../../queue/event-job.ts';
 import type { Logger } from '../../logger.ts';
 import { commandLogger, resolveDatabase, unreachable } from '../database.ts';
+import { readJsonInput, type JsonSource } from '../event-input.ts';
 
-export function parseJsonArgument(text: string, what = 'event'): unknown {
-  let value: unknown;
-  try {
-    value = JSON.parse(text) as unknown;
-  } catch (e) {
-    throw new CorralError('invalid_argument', `the ${what} must be JSON: ${(e as Error).message}`);
-  }
-  // refuse what jsonb cannot keep before touching the database (a usage error, not exit 1)
-  const why = unstorableReason(value);
-  if (why) throw new CorralError('invalid_argument', `the ${what} cannot be stored: ${why}`);
-  return value;
+export interface SendIo {
+  out: NodeJS.WritableStream;
+  stdin: NodeJS.ReadableStream;
 }
 
-export async function runSendCommand(config: Config, actor: string, json: string, out: NodeJS.WritableStream): Promise<number> {
+export async function runSendCommand(config: Config, actor: string, source: JsonSource, io: SendIo): Promise<number> {
   const key = parseActorKey(actor);
-  const job = actorEventJob(key, parseJsonArgument(json), config.maxEventBytes);
+  const event = await readJsonInput(source, {
+    what: 'event',
+    maxBytes: config.maxEventBytes,
+    limitName: 'CORRAL_MAX_EVENT_BYTES',
+    stdin: io.stdin,
+  });
+  const job = actorEventJob(key, event, config.maxEventBytes);
   const logger = commandLogger(config);
   const db = await resolveDatabase(config, logger);
   const { url } = db;
@@ -52,7 +51,7 @@ export async function runSendCommand(config: Config, actor: string, json: string
     await client.end().catch(() => undefined);
   }
   if (!sent) await sendWithBoss(url, config, job, logger);
-  out.write(`${job.id}\n`);
+  io.out.write(`${job.id}\n`);
   return 0;
 }
 
