@@ -9,7 +9,7 @@ import { Command, CommanderError, Option } from 'commander';
 import type * as ConfigModule from '../config.ts';
 import type { Config } from '../config.ts';
 import { CorralError } from '../errors.ts';
-import { exitCodeFor, messageFor, EXIT } from './exit.ts';
+import { dropOutputOnClosedPipe, exitCodeFor, messageFor, EXIT } from './exit.ts';
 import { registerDlqCommands } from './commands/dlq-cli.ts';
 import { registerKeysCommands } from './commands/keys.ts';
 import { intArg } from './args.ts';
@@ -208,22 +208,8 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
   return program;
 }
 
-/**
- * Output to a closed pipe (`corral status | head -1`) ends quietly: the reader has all it wanted,
- * so the rest of the output is dropped and the command finishes with its own exit code. Without
- * a listener, the stream's EPIPE error is an uncaught exception: a stack trace and exit 1.
- */
-function dropOutputOnClosedPipe(stream: NodeJS.WriteStream): void {
-  stream.on('error', (e: NodeJS.ErrnoException) => {
-    if (e.code !== 'EPIPE') throw e;
-    // A destroyed stream drops later writes without raising another error.
-    stream.destroy();
-  });
-}
-
 export async function main(argv: string[]): Promise<number> {
-  dropOutputOnClosedPipe(process.stdout);
-  dropOutputOnClosedPipe(process.stderr);
+  dropOutputOnClosedPipe();
   let pending: Promise<number> | undefined;
   const program = buildProgram((p) => {
     pending = p;

@@ -17,7 +17,7 @@ import type { Worker } from '../../src/worker/sdk.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
 import { trackChild } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
-import { CORRAL, ROOT, run, type CliResult } from './helpers.ts';
+import { CORRAL, ROOT, RUN_TS, run, type CliResult } from './helpers.ts';
 
 let t: TestDaemon;
 let worker: Worker;
@@ -55,12 +55,12 @@ interface PipeResult {
 }
 
 /**
- * Runs `corral args` with its stdout closed by the reader: at once (`afterFirstChunk` false: the
- * first write fails), or after the first chunk, as `| head -1` does.
+ * Runs `node <command>` (the CLI, or a script) with its stdout closed by the reader: at once
+ * (`afterFirstChunk` false: the first write fails), or after the first chunk, as `| head -1` does.
  */
-function withStdoutClosed(args: string[], afterFirstChunk: boolean): Promise<PipeResult> {
+function withStdoutClosed(command: string[], afterFirstChunk: boolean): Promise<PipeResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [CORRAL, ...args], {
+    const child = spawn(process.execPath, command, {
       cwd: ROOT,
       env: { ...process.env, ...pipeEnv() },
       stdio: ['ignore', 'pipe', 'pipe'],
@@ -89,28 +89,30 @@ function withStdoutClosed(args: string[], afterFirstChunk: boolean): Promise<Pip
 describe('output to a closed pipe', () => {
   it('ends quietly, with the exit code the command has with a reader', async () => {
     const commands = [
-      ['transcript', 'pipe/long'],
-      ['transcript', 'pipe/long', '--json'],
-      ['status'],
-      ['status', '--json'],
-      ['actor', 'pipe/long'],
-      ['dlq', 'list'],
-      ['dlq', 'list', '--actor', 'nobody/none'], // exit 3: nothing matched
-      ['keys', 'list'],
-      ['--help'],
-      ['send', '--help'],
+      [CORRAL, 'transcript', 'pipe/long'],
+      [CORRAL, 'transcript', 'pipe/long', '--json'],
+      [CORRAL, 'status'],
+      [CORRAL, 'status', '--json'],
+      [CORRAL, 'actor', 'pipe/long'],
+      [CORRAL, 'dlq', 'list'],
+      [CORRAL, 'dlq', 'list', '--actor', 'nobody/none'], // exit 3: nothing matched
+      [CORRAL, 'keys', 'list'],
+      [CORRAL, '--help'],
+      [CORRAL, 'send', '--help'],
+      [RUN_TS, 'scripts/dlq-inspect.ts', 'list'],
     ];
-    for (const args of commands) {
-      const normal: CliResult = await run([CORRAL, ...args], pipeEnv());
-      expect(normal.stdout.length, `${args.join(' ')}: ${normal.stderr}`).toBeGreaterThan(0);
-      const closed = await withStdoutClosed([...args], false);
-      expect([args.join(' '), closed.code, closed.stderr]).toEqual([args.join(' '), normal.code, '']);
+    for (const command of commands) {
+      const what = command.slice(1).join(' ');
+      const normal: CliResult = await run(command, pipeEnv());
+      expect(normal.stdout.length, `${what}: ${normal.stderr}`).toBeGreaterThan(0);
+      const closed = await withStdoutClosed(command, false);
+      expect([what, closed.code, closed.stderr]).toEqual([what, normal.code, '']);
     }
   });
 
   it('`transcript | head -1` of a transcript larger than the pipe holds ends quietly, exit 0', async () => {
     // the transcript is about 400 KiB: far more than a pipe buffers, so the writer meets the closed pipe
-    const r = await withStdoutClosed(['transcript', 'pipe/long'], true);
+    const r = await withStdoutClosed([CORRAL, 'transcript', 'pipe/long'], true);
     expect([r.code, r.stderr]).toEqual([0, '']);
     expect(r.read).toMatch(/^── turn /);
 
