@@ -1,8 +1,8 @@
 /**
  * The JSON `send` and `steer` take: the argument, a file (`--file F`) or standard input (`-`, or
- * `--file -`). An argument is bounded by the OS (about 128 KiB on Linux, under the 256 KiB event
- * limit); a file or a pipe only by the limit, and is read with that bound, so that a file of
- * gigabytes given by mistake is refused after the limit's worth of bytes, not read into memory.
+ * `--file -`). An argument is bounded by the OS (about 128 KiB on Linux, under the event limit,
+ * 256 KiB by default); a file or a pipe only by the limit, and is read with that bound, so that a
+ * file of gigabytes given by mistake is refused after the limit's worth of bytes, not read whole.
  */
 import { createReadStream } from 'node:fs';
 import { CorralError, toError } from '../errors.ts';
