@@ -16,7 +16,11 @@ const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().in
 const configSchema = z
   .object({
     /** External PostgreSQL; when absent, the embedded server under `homeDir` is used. */
-    databaseUrl: z.string().min(1).optional(),
+    databaseUrl: z
+      .string()
+      .min(1)
+      .refine(isConnectionString, 'expected a postgres:// or postgresql:// URL (or a socket: a path starting with /, or socket://)')
+      .optional(),
     /** Folder for the embedded database and local state (git-ignored `.corral/`). */
     homeDir: z.string().min(1),
     /**
@@ -122,6 +126,21 @@ const configSchema = z
     message: 'binding a non-loopback address without CURVE needs --insecure-remote (CORRAL_INSECURE_REMOTE=1) as well',
     path: ['insecureRemote'],
   });
+
+/**
+ * Whether `s` is something pg takes as a connection string: a `postgres://` or `postgresql://`
+ * URL, a `socket://` URL, or a Unix socket folder (`/run/postgresql [database]`). pg reads
+ * anything else as a path relative to a host named "base" and fails with `getaddrinfo ENOTFOUND
+ * base`, which names neither the setting nor what is wrong with it.
+ */
+export function isConnectionString(s: string): boolean {
+  if (s.startsWith('/')) return true;
+  if (!/^(postgres|postgresql|socket):\/\//i.test(s)) return false;
+  // as pg-connection-string parses it: spaces and stray `%` encoded, then WHATWG URL, retried
+  // with a dummy host for `user@/db?host=/socket`
+  const text = / |%[^a-f0-9]|%[a-f0-9][^a-f0-9]/i.test(s) ? encodeURI(s).replace(/%25(\d\d)/g, '%$1') : s;
+  return URL.canParse(text) || URL.canParse(text.replace('@/', '@dummy/'));
+}
 
 /** True for loopback TCP, ipc:// and inproc:// endpoints: the only ones an open fabric may bind by default. */
 export function isLocalEndpoint(endpoint: string): boolean {

@@ -4,8 +4,7 @@
  */
 import { loadConfig, type Config } from '../config.ts';
 import { openDatabase, type Database } from '../db/client.ts';
-import { hasCorralSchema, ping } from '../db/health.ts';
-import { CorralError } from '../errors.ts';
+import { ping, requireCorralSchema } from '../db/health.ts';
 import type { Logger } from '../logger.ts';
 import { commandLogger, resolveDatabase, unreachable } from './database.ts';
 import type { PgBoss } from 'pg-boss';
@@ -36,21 +35,21 @@ export interface CommandContext {
  */
 export async function openCommandContext(config: Config, opts: { needsSchema?: boolean } = {}): Promise<CommandContext> {
   const logger = commandLogger(config);
-  const { url } = await resolveDatabase(config, logger);
+  const resolved = await resolveDatabase(config, logger);
+  const { url } = resolved;
   const database = openDatabase(url, { max: 4, applicationName: 'corral-cli' });
   try {
     await ping(database.pool);
   } catch (e) {
     await database.close();
-    throw unreachable(url, e);
+    throw unreachable(resolved, e);
   }
   if (opts.needsSchema ?? true) {
-    if (!(await hasCorralSchema(database.pool))) {
+    try {
+      await requireCorralSchema(database.pool);
+    } catch (e) {
       await database.close();
-      throw new CorralError(
-        'database_unavailable',
-        'the database has no corral schema yet: run `corral db migrate` (or start `corral daemon`, which migrates)',
-      );
+      throw e;
     }
   }
   let boss: PgBoss | undefined;

@@ -6,7 +6,7 @@
 import type { Config } from '../config.ts';
 import { ensureEmbeddedPostgres, type EmbeddedServer } from '../db/embedded.ts';
 import { maskUrl } from '../config.ts';
-import { CorralError, isDatabaseUnavailable, toError } from '../errors.ts';
+import { CorralError, isConnectionError, isDatabaseUnavailable, toError } from '../errors.ts';
 import { createLogger, type Logger } from '../logger.ts';
 
 export function commandLogger(config: Config, opts: { daemon?: boolean } = {}): Logger {
@@ -48,7 +48,11 @@ export async function resolveDatabase(config: Config, logger: Logger): Promise<R
 }
 
 /** A command's first contact with the database failed: a clear `database_unavailable`, or `e` as is. */
-export function unreachable(url: string, e: unknown): unknown {
+export function unreachable(db: ResolvedDatabase, e: unknown): unknown {
   if (!isDatabaseUnavailable(e)) return e;
-  return new CorralError('database_unavailable', `cannot reach the database at ${maskUrl(url)}: ${toError(e).message}`, { cause: e });
+  // the embedded server is corral's own: only a DATABASE_URL can be wrong
+  const hint = isConnectionError(e) && !db.embedded ? ' (is DATABASE_URL right and the server up?)' : '';
+  return new CorralError('database_unavailable', `cannot reach the database at ${maskUrl(db.url)}: ${toError(e).message}${hint}`, {
+    cause: e,
+  });
 }

@@ -9,7 +9,7 @@ import { Command, CommanderError, Option } from 'commander';
 import type * as ConfigModule from '../config.ts';
 import type { Config } from '../config.ts';
 import { CorralError } from '../errors.ts';
-import { exitCodeFor, messageFor, EXIT } from './exit.ts';
+import { dropOutputOnClosedPipe, exitCodeFor, messageFor, EXIT } from './exit.ts';
 import { registerDlqCommands } from './commands/dlq-cli.ts';
 import { registerKeysCommands } from './commands/keys.ts';
 import { intArg } from './args.ts';
@@ -126,11 +126,25 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
 
   program
     .command('send')
-    .description('enqueue an event for an actor and print its id')
+    .summary('enqueue an event for an actor and print its id')
+    .description(
+      'enqueue an event for an actor and print its id. The event is JSON: the argument, a file (--file) or standard ' +
+        'input (-); at most CORRAL_MAX_EVENT_BYTES (default 256 KiB). Arguments are limited by the OS (about 128 KiB): ' +
+        'send larger events from a file or standard input.',
+    )
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
-    .argument('<json>', 'the event payload, JSON (e.g. \'{"text":"hi"}\')')
-    .action((actor: string, json: string) =>
-      run(import('./commands/send.ts').then((m) => m.runSendCommand(config(), actor, json, process.stdout))),
+    .argument('[json]', 'the event payload, JSON (e.g. \'{"text":"hi"}\'); - reads it from standard input')
+    .option('--file <path>', 'read the event from this file (- for standard input): for events too large for an argument')
+    .addHelpText(
+      'after',
+      '\nExamples:\n  corral send a/s1 \'{"text":"hi"}\'\n  corral send a/s1 --file event.json\n  make-event | corral send a/s1 -',
+    )
+    .action((actor: string, json: string | undefined, o: { file?: string }) =>
+      run(
+        import('./commands/send.ts').then((m) =>
+          m.runSendCommand(config(), actor, { json, file: o.file }, { out: process.stdout, stdin: process.stdin }),
+        ),
+      ),
     );
 
   program
@@ -146,9 +160,14 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .command('steer')
     .description("steer an actor's live turn in place: the worker gets the input and a new revision")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
-    .argument('<json>', 'the steering input, JSON')
-    .action((actor: string, json: string) =>
-      run(import('./commands/steer.ts').then((m) => m.runSteerCommand(config(), actor, json, process.stdout))),
+    .argument('[json]', 'the steering input, JSON; - reads it from standard input')
+    .option('--file <path>', 'read the steering input from this file (- for standard input)')
+    .action((actor: string, json: string | undefined, o: { file?: string }) =>
+      run(
+        import('./commands/steer.ts').then((m) =>
+          m.runSteerCommand(config(), actor, { json, file: o.file }, { out: process.stdout, stdin: process.stdin }),
+        ),
+      ),
     );
 
   program
@@ -190,6 +209,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
 }
 
 export async function main(argv: string[]): Promise<number> {
+  dropOutputOnClosedPipe();
   let pending: Promise<number> | undefined;
   const program = buildProgram((p) => {
     pending = p;

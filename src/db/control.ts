@@ -14,6 +14,9 @@ export type ControlMessage = { kind: 'steer'; fence: Fence; input: unknown } | {
 /** NOTIFY payloads are limited to 8000 bytes; larger steering input travels by reference. */
 export const MAX_NOTIFY_BYTES = 7_900;
 
+/** Largest steering input (its JSON): the notification carries it with its fence, within MAX_NOTIFY_BYTES. */
+export const MAX_STEERING_BYTES = MAX_NOTIFY_BYTES - 1_000;
+
 export async function notifyControl(tx: DbOrTx, msg: ControlMessage): Promise<void> {
   await tx.execute(sql`select pg_notify(${CONTROL_CHANNEL}, ${JSON.stringify(msg)})`);
 }

@@ -3,8 +3,10 @@
  * allow-list that binds each worker public key to one worker id.
  *
  * Rules:
- * 1. Every file written here is mode 0600 and its folder 0700: a secret key or token readable by
- *    another local user would let that user impersonate the daemon or a worker.
+ * 1. Every file written here is mode 0600, and a folder created for it 0700: a secret key or
+ *    token readable by another local user would let that user impersonate the daemon or a
+ *    worker. A folder that exists already is never changed (it may be shared: see
+ *    `ensurePrivateDir`).
  * 2. The allow-list holds no secrets: only public keys and the SHA-256 of each worker's token.
  *    The token itself lives only in the worker's key file.
  * 3. Files are replaced atomically (write a temp file, rename), so a daemon polling the
@@ -131,12 +133,17 @@ export function workerKeyPath(paths: KeyPaths, workerId: string): string {
   return join(paths.workersDir, `${workerId}.key`);
 }
 
+/**
+ * Creates `dir` (and any missing parent) 0700 when it does not exist. A folder that exists is left
+ * as it is: it may be anyone's (`--out gpu-box-1.key` names the current folder, which may hold
+ * the embedded PostgreSQL that the `postgres` user must still reach); the files in it are 0600.
+ */
 function ensurePrivateDir(dir: string): void {
+  // the mode applies to each folder created, less the umask, which can only take bits away
   mkdirSync(dir, { recursive: true, mode: 0o700 });
-  chmodSync(dir, 0o700);
 }
 
-/** Atomic write, mode 0600 (rules 1 and 3). */
+/** Atomic write, mode 0600 (rules 1 and 3); the folder as `ensurePrivateDir` leaves it. */
 export function writePrivateFile(path: string, text: string): void {
   ensurePrivateDir(dirname(path));
   const tmp = `${path}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`;
@@ -177,7 +184,8 @@ export function readDaemonKey(path: string): KeyPair {
 /** Loads the daemon keypair, creating it (and the 0700 folder) on first use. */
 export function ensureDaemonKey(paths: KeyPaths): { keys: KeyPair; created: boolean } {
   if (existsSync(paths.daemonKey)) return { keys: readDaemonKey(paths.daemonKey), created: false };
-  ensurePrivateDir(paths.dir);
+  // its folder: `keys/` by default, or that of CORRAL_DAEMON_KEY_FILE
+  ensurePrivateDir(dirname(paths.daemonKey));
   const keys = newKeyPair();
   const tmp = `${paths.daemonKey}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`;
   writeFileSync(

@@ -24,7 +24,7 @@ import { makeLastAttempt } from '../db/boss-jobs.ts';
 import { setBlockedBy } from '../db/actors.ts';
 import { CorralError, FenceRejected, type FenceReason } from '../errors.ts';
 import { unstorableReason } from '../json-safety.ts';
-import { MAX_NOTIFY_BYTES, notifyControl } from '../db/control.ts';
+import { MAX_STEERING_BYTES, notifyControl } from '../db/control.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
 import { enqueueEffects, type EmitRequest, type TurnEffects } from '../queue/effects.ts';
 import { DEFAULT_MAX_EVENT_BYTES } from '../queue/event-job.ts';
@@ -424,8 +424,9 @@ export class TurnStore {
   async steer(key: ActorKey, input: unknown): Promise<Fence> {
     const unstorable = unstorableReason(input);
     if (unstorable) throw new CorralError('invalid_argument', `the steering input cannot be stored: ${unstorable}`);
-    if (Buffer.byteLength(JSON.stringify(input ?? null)) > MAX_NOTIFY_BYTES - 1_000) {
-      throw new CorralError('invalid_argument', 'steering input too large (max ~6.9 kB)');
+    const bytes = Buffer.byteLength(JSON.stringify(input ?? null));
+    if (bytes > MAX_STEERING_BYTES) {
+      throw new CorralError('invalid_argument', `the steering input is ${bytes} bytes; the limit is ${MAX_STEERING_BYTES}`);
     }
     return inTransaction(this.db, async (tx) => {
       const { delivery } = await this.lockLiveTurn(tx, key);

@@ -49,7 +49,7 @@ export interface CliResult {
 export function run(
   command: string[],
   env: Record<string, string | undefined> = {},
-  opts: { timeoutMs?: number } = {},
+  opts: { timeoutMs?: number; input?: string | Buffer } = {},
 ): Promise<CliResult> {
   return slot(
     () =>
@@ -57,8 +57,12 @@ export function run(
         const child = spawn(process.execPath, command, {
           cwd: ROOT,
           env: { NODE_COMPILE_CACHE: COMPILE_CACHE, ...process.env, CORRAL_LOG_LEVEL: 'warn', ...env },
-          stdio: ['ignore', 'pipe', 'pipe'],
+          stdio: ['pipe', 'pipe', 'pipe'],
         });
+        // standard input: `input`, or nothing (at once at its end); a command may stop reading
+        // early (input over a limit), so the rest not being read is no error here
+        child.stdin.on('error', () => undefined);
+        child.stdin.end(opts.input);
         let stdout = '';
         let stderr = '';
         child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
@@ -74,8 +78,13 @@ export function run(
 }
 
 /** `corral <args>` against `databaseUrl`. */
-export function corral(args: string[], databaseUrl: string, env: Record<string, string> = {}): Promise<CliResult> {
-  return run([CORRAL, ...args], { DATABASE_URL: databaseUrl, ...env });
+export function corral(
+  args: string[],
+  databaseUrl: string,
+  env: Record<string, string> = {},
+  opts: { input?: string | Buffer } = {},
+): Promise<CliResult> {
+  return run([CORRAL, ...args], { DATABASE_URL: databaseUrl, ...env }, opts);
 }
 
 /** `node bin/run-ts.js <script> <args>` against `databaseUrl`. */

@@ -1,5 +1,5 @@
 /** `corral keys …` and the security flags, as subprocesses: output, exit codes, file modes, no secrets. */
-import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -48,6 +48,25 @@ describe('corral keys', () => {
     expect((await corral('keys', 'revoke', 'w2')).code).toBe(3);
     expect((await corral('keys', 'add-worker', 'bad id!')).code).toBe(2);
     for (const sub of ['init', 'add-worker', 'list', 'revoke']) expect((await corral('keys', sub, '--help')).code).toBe(0);
+  });
+
+  it('add-worker --out leaves an existing folder as it is, and creates a missing one 0700', async () => {
+    // an app's folder, which the embedded PostgreSQL (another OS user when run as root) must reach
+    const shared = join(home, 'app');
+    mkdirSync(shared);
+    chmodSync(shared, 0o755);
+    const inShared = await corral('keys', 'add-worker', 'w-shared', '--out', join(shared, 'w-shared.key'));
+    expect(inShared.code, inShared.stderr).toBe(0);
+    expect(statSync(shared).mode & 0o777).toBe(0o755);
+    expect(statSync(join(shared, 'w-shared.key')).mode & 0o777).toBe(0o600);
+    expect(readdirSync(shared)).toEqual(['w-shared.key']); // no temp file left
+
+    const missing = join(home, 'new', 'deeper');
+    const inMissing = await corral('keys', 'add-worker', 'w-new', '--out', join(missing, 'w-new.key'));
+    expect(inMissing.code, inMissing.stderr).toBe(0);
+    expect(statSync(missing).mode & 0o777).toBe(0o700);
+    expect(statSync(join(missing, 'w-new.key')).mode & 0o777).toBe(0o600);
+    expect((JSON.parse(readFileSync(join(missing, 'w-new.key'), 'utf8')) as { worker_id: string }).worker_id).toBe('w-new');
   });
 
   it('refuses --insecure on a non-loopback endpoint without --insecure-remote', async () => {

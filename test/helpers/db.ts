@@ -20,9 +20,11 @@ export function undroppedDatabases(): string[] {
   return [...open];
 }
 
-export async function createTestDatabase(): Promise<TestDatabase> {
+/** A database cloned from the migrated template; with `empty`, one corral has never touched. */
+export async function createTestDatabase(opts: { empty?: boolean } = {}): Promise<TestDatabase> {
   const serverUrl = inject('pgServerUrl');
-  const db = await createDatabaseOn(serverUrl, `corral_t_${randomBytes(6).toString('hex')}`, inject('pgTemplate'));
+  const name = `corral_t_${randomBytes(6).toString('hex')}`;
+  const db = await createDatabaseOn(serverUrl, name, opts.empty ? undefined : inject('pgTemplate'));
   open.add(db.name);
   return {
     ...db,

@@ -5,7 +5,7 @@
  */
 import { Command, CommanderError } from 'commander';
 import type { Config } from '../../config.ts';
-import { EXIT, exitCodeFor, messageFor } from '../exit.ts';
+import { EXIT, dropOutputOnClosedPipe, exitCodeFor, messageFor } from '../exit.ts';
 import { intArg } from '../args.ts';
 import type { ActFlags, Io, ListFlags } from './dlq.ts';
 
@@ -68,6 +68,7 @@ export async function runScript(
   build: (program: Command, config: ConfigFn, run: RunFn, io: Io) => void,
   resolve: (overrides: Partial<Config>) => Config,
 ): Promise<number> {
+  dropOutputOnClosedPipe();
   let pending: Promise<number> | undefined;
   const program = new Command(name)
     .option('--log-level <level>', 'log level')

@@ -58,7 +58,10 @@ export function registerKeysCommands(program: Command, config: ConfigFn, run: Ru
     )
     .argument('<id>', 'the worker id (1..64 chars of [A-Za-z0-9._:-])')
     .option('--capacity <n>', 'cap the capacity this worker may register with', capacityArg)
-    .option('--out <file>', 'write the key file here (mode 0600) instead of printing it')
+    .option(
+      '--out <file>',
+      'write the key file here (mode 0600) instead of printing it; a missing folder is created 0700, an existing one is left as it is',
+    )
     .option('--force', 'overwrite --out if it exists')
     .action((id: string, o: { capacity?: number; out?: string; force?: boolean }) =>
       run(

@@ -1,62 +1,67 @@
 /**
- * `corral send <agent_uid>/<session_id> '<json>'`: enqueue one event and print its id.
+ * `corral send <agent_uid>/<session_id> '<json>' | --file F | -`: enqueue one event and print
+ * its id.
  *
- * The light path: one connection, no Drizzle, no pool, and pg-boss's insert statement without
- * starting pg-boss (see queue/direct-send.ts); a database not yet set up for that gets the full
- * pg-boss path, which migrates and creates the queues.
+ * The light path: one connection, no Drizzle, no pool, one query to check corral's schema, and
+ * pg-boss's insert statement without starting pg-boss (see queue/direct-send.ts); a corral
+ * database whose queue is not set up yet gets the full pg-boss path, which creates it.
  */
 import pg from 'pg';
 import { parseActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
+import { requireCorralSchema } from '../../db/health.ts';
 import { CorralError, toError } from '../../errors.ts';
-import { unstorableReason } from '../../json-safety.ts';
 import { directSend } from '../../queue/direct-send.ts';
 import { actorEventJob, type ActorEventJob } from '../../queue/event-job.ts';
 import type { Logger } from '../../logger.ts';
 import { commandLogger, resolveDatabase, unreachable } from '../database.ts';
+import { readJsonInput, type JsonSource } from '../event-input.ts';
 
-export function parseJsonArgument(text: string, what = 'event'): unknown {
-  let value: unknown;
-  try {
-    value = JSON.parse(text) as unknown;
-  } catch (e) {
-    throw new CorralError('invalid_argument', `the ${what} must be JSON: ${(e as Error).message}`);
-  }
-  // refuse what jsonb cannot keep before touching the database (a usage error, not exit 1)
-  const why = unstorableReason(value);
-  if (why) throw new CorralError('invalid_argument', `the ${what} cannot be stored: ${why}`);
-  return value;
+export interface SendIo {
+  out: NodeJS.WritableStream;
+  stdin: NodeJS.ReadableStream;
 }
 
-export async function runSendCommand(config: Config, actor: string, json: string, out: NodeJS.WritableStream): Promise<number> {
+export async function runSendCommand(config: Config, actor: string, source: JsonSource, io: SendIo): Promise<number> {
   const key = parseActorKey(actor);
-  const job = actorEventJob(key, parseJsonArgument(json), config.maxEventBytes);
+  const event = await readJsonInput(source, {
+    what: 'event',
+    maxBytes: config.maxEventBytes,
+    limitName: 'CORRAL_MAX_EVENT_BYTES',
+    stdin: io.stdin,
+  });
+  const job = actorEventJob(key, event, config.maxEventBytes);
   const logger = commandLogger(config);
-  const { url } = await resolveDatabase(config, logger);
+  const db = await resolveDatabase(config, logger);
+  const { url } = db;
   const client = new pg.Client({ connectionString: url, application_name: 'corral-cli', connectionTimeoutMillis: 10_000 });
   client.on('error', (e) => logger.warn({ err: e.message }, 'database connection error'));
   try {
     await client.connect();
   } catch (e) {
     await client.end().catch(() => undefined);
-    throw unreachable(url, e);
+    throw unreachable(db, e);
   }
   let sent: boolean;
   try {
+    // before anything is written: a database that is not corral's gets nothing, not even pg-boss
+    await requireCorralSchema(client);
     sent = await directSend(client, config.bossSchema, config.queueName, job);
   } finally {
     await client.end().catch(() => undefined);
   }
   if (!sent) await sendWithBoss(url, config, job, logger);
-  out.write(`${job.id}\n`);
+  io.out.write(`${job.id}\n`);
   return 0;
 }
 
 /**
- * The full path, for a database pg-boss has not set up yet: start pg-boss (it migrates, under its
- * advisory lock), create the queues, send. Commands started together on a fresh database race
- * pg-boss's install; the loser retries, and the fixed job id makes a retry unable to enqueue
- * the event twice (a second insert of the same id fails).
+ * The full path, for a corral database whose queue pg-boss has not set up yet (or set up for an
+ * older pg-boss): `corral db migrate` installs pg-boss's schema but creates no queue, the daemon
+ * creates them on start. Start pg-boss (it migrates, under its advisory lock), create the queues
+ * (keeping a daemon's settings), send. A send next to a daemon that is still setting up (corral's
+ * schema is in, pg-boss's not yet) races pg-boss's install; the loser retries, and the fixed job
+ * id makes a retry unable to enqueue the event twice (a second insert of the same id fails).
  */
 async function sendWithBoss(url: string, config: Config, job: ActorEventJob, logger: Logger): Promise<void> {
   const { createBoss, ensureQueues } = await import('../../queue/boss.ts');

@@ -1,9 +1,10 @@
-/** `corral steer <actor> '<json>'` and `corral cancel <actor>`: act on an actor's live turn. */
+/** `corral steer <actor> '<json>' | --file F | -` and `corral cancel <actor>`: act on an actor's live turn. */
 import { formatActorKey, parseActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
+import { MAX_STEERING_BYTES } from '../../db/control.ts';
 import { TurnStore } from '../../runtime/turns.ts';
 import { openCommandContext, type CommandContext } from '../context.ts';
-import { parseJsonArgument } from './send.ts';
+import { readJsonInput, type JsonSource } from '../event-input.ts';
 
 async function withStore<T>(config: Config, fn: (store: TurnStore, ctx: CommandContext) => Promise<T>): Promise<T> {
   const ctx = await openCommandContext(config);
@@ -21,11 +22,16 @@ async function withStore<T>(config: Config, fn: (store: TurnStore, ctx: CommandC
   }
 }
 
-export async function runSteerCommand(config: Config, actor: string, json: string, out: NodeJS.WritableStream): Promise<number> {
+export async function runSteerCommand(
+  config: Config,
+  actor: string,
+  source: JsonSource,
+  io: { out: NodeJS.WritableStream; stdin: NodeJS.ReadableStream },
+): Promise<number> {
   const key = parseActorKey(actor);
-  const input = parseJsonArgument(json, 'steering input');
+  const input = await readJsonInput(source, { what: 'steering input', maxBytes: MAX_STEERING_BYTES, stdin: io.stdin });
   const fence = await withStore(config, (store) => store.steer(key, input));
-  out.write(`steered ${formatActorKey(key)}: event ${fence.eventId} now at revision ${fence.revision}\n`);
+  io.out.write(`steered ${formatActorKey(key)}: event ${fence.eventId} now at revision ${fence.revision}\n`);
   return 0;
 }
 
