@@ -2,7 +2,7 @@
  * SQL for the durable transcript: conversations, turns, messages. A transcript message is written
  * only by `commitTurnRowsMany` (src/db/turn-rows.ts), in the fenced commit transaction (I3).
  */
-import { and, asc, eq, sql } from 'drizzle-orm';
+import { and, asc, eq, sql } from './orm.ts';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import { conversations, DELIVERY_LIVE, messages, sqlList, turns, type MessageRole, type TurnStatus } from './schema.ts';

@@ -19,7 +19,7 @@
  *     replayed". Re-sending an id that exists is a no-op in pg-boss (ON CONFLICT DO NOTHING).
  *  3. A block is lifted only by the event that set it (`blocked_by_event_id = event id`).
  */
-import { sql } from 'drizzle-orm';
+import { sql } from '../db/orm.ts';
 import { fromDrizzle, type PgBoss } from 'pg-boss';
 import type { Db, DbOrTx, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
