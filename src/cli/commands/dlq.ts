@@ -22,7 +22,7 @@ import {
   type DeadLetter,
   type DeadLetterFilter,
 } from '../../ops/dead-letters.ts';
-import { queuesOf } from '../../queue/boss.ts';
+import { queuesOf } from '../../queue/names.ts';
 import { openCommandContext } from '../context.ts';
 import { EXIT } from '../exit.ts';
 import { fmtTime, renderTable } from './status.ts';

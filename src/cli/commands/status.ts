@@ -9,7 +9,7 @@ import { CorralError } from '../../errors.ts';
 import { errorLine } from '../../ops/dead-letters.ts';
 import { describeActivation } from '../../ops/actor-state.ts';
 import { actorStatus, systemStatus } from '../../ops/status.ts';
-import { queuesOf } from '../../queue/boss.ts';
+import { queuesOf } from '../../queue/names.ts';
 import { openCommandContext } from '../context.ts';
 
 type Out = NodeJS.WritableStream;
