@@ -5,7 +5,7 @@
 import { resolve } from 'node:path';
 import { z } from 'zod';
 import { CorralError } from './errors.ts';
-import { DEFAULT_PROGRESS_INTERVAL_MS } from './fabric/protocol.ts';
+import { DEFAULT_PROGRESS_INTERVAL_MS } from './fabric/defaults.ts';
 import { DEFAULT_CONTEXT_CACHE_BYTES } from './runtime/context-cache.ts';
 
 export const DEAD_LETTER_MODES = ['continue', 'block'] as const;
