@@ -7,7 +7,7 @@ import { openDatabase, type Database } from '../db/client.ts';
 import { hasCorralSchema, ping } from '../db/health.ts';
 import { CorralError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
-import { commandLogger, resolveDatabase, unreachable } from './database.ts';
+import { commandLogger, connectDatabase } from './database.ts';
 import type { PgBoss } from 'pg-boss';
 
 export interface GlobalOptions {
@@ -36,14 +36,17 @@ export interface CommandContext {
  */
 export async function openCommandContext(config: Config, opts: { needsSchema?: boolean } = {}): Promise<CommandContext> {
   const logger = commandLogger(config);
-  const { url } = await resolveDatabase(config, logger);
-  const database = openDatabase(url, { max: 4, applicationName: 'corral-cli' });
-  try {
-    await ping(database.pool);
-  } catch (e) {
-    await database.close();
-    throw unreachable(url, e);
-  }
+  const database = await connectDatabase(config, logger, async (url) => {
+    const d = openDatabase(url, { max: 4, applicationName: 'corral-cli' });
+    try {
+      await ping(d.pool);
+      return d;
+    } catch (e) {
+      await d.close();
+      throw e;
+    }
+  });
+  const { url } = database;
   if (opts.needsSchema ?? true) {
     if (!(await hasCorralSchema(database.pool))) {
       await database.close();

@@ -13,7 +13,7 @@ import { unstorableReason } from '../../json-safety.ts';
 import { directSend } from '../../queue/direct-send.ts';
 import { actorEventJob, type ActorEventJob } from '../../queue/event-job.ts';
 import type { Logger } from '../../logger.ts';
-import { commandLogger, resolveDatabase, unreachable } from '../database.ts';
+import { commandLogger, connectDatabase } from '../database.ts';
 
 export function parseJsonArgument(text: string, what = 'event'): unknown {
   let value: unknown;
@@ -32,15 +32,17 @@ export async function runSendCommand(config: Config, actor: string, json: string
   const key = parseActorKey(actor);
   const job = actorEventJob(key, parseJsonArgument(json), config.maxEventBytes);
   const logger = commandLogger(config);
-  const { url } = await resolveDatabase(config, logger);
-  const client = new pg.Client({ connectionString: url, application_name: 'corral-cli', connectionTimeoutMillis: 10_000 });
-  client.on('error', (e) => logger.warn({ err: e.message }, 'database connection error'));
-  try {
-    await client.connect();
-  } catch (e) {
-    await client.end().catch(() => undefined);
-    throw unreachable(url, e);
-  }
+  const { client, url } = await connectDatabase(config, logger, async (url) => {
+    const client = new pg.Client({ connectionString: url, application_name: 'corral-cli', connectionTimeoutMillis: 10_000 });
+    client.on('error', (e) => logger.warn({ err: e.message }, 'database connection error'));
+    try {
+      await client.connect();
+      return { client, url };
+    } catch (e) {
+      await client.end().catch(() => undefined);
+      throw e;
+    }
+  });
   let sent: boolean;
   try {
     sent = await directSend(client, config.bossSchema, config.queueName, job);
