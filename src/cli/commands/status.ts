@@ -51,7 +51,7 @@ export function oneLine(v: unknown, max = 60): string {
 }
 
 export async function runStatusCommand(config: Config, opts: { json?: boolean }, out: Out): Promise<number> {
-  const ctx = await openCommandContext(config);
+  const ctx = await openCommandContext(config, { connections: 1 });
   try {
     const s = await systemStatus(ctx.database.db, queuesOf(config));
     if (opts.json) {
@@ -98,7 +98,7 @@ export async function runStatusCommand(config: Config, opts: { json?: boolean },
 
 export async function runActorCommand(config: Config, actor: string, opts: { json?: boolean }, out: Out): Promise<number> {
   const key = parseActorKey(actor);
-  const ctx = await openCommandContext(config);
+  const ctx = await openCommandContext(config, { connections: 1 });
   try {
     const s = await actorStatus(ctx.database.db, queuesOf(config), key);
     if (!s.known) throw new CorralError('not_found', `actor ${s.actor} is unknown (no events, turns or dead letters)`);
