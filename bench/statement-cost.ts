@@ -9,7 +9,7 @@ import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { eq, sql } from 'drizzle-orm';
+import { eq, sql } from '../src/db/orm.ts';
 import { openDatabase } from '../src/db/client.ts';
 import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/embedded.ts';
 import { migrateDatabase } from '../src/db/migrate.ts';

@@ -2,7 +2,7 @@
  * SQL for `corral.activations`. PostgreSQL's `now()` is the lease clock: leases are computed and
  * compared in SQL only.
  */
-import { and, eq, inArray, isNull, isNotNull, lte, sql } from 'drizzle-orm';
+import { and, eq, inArray, isNull, isNotNull, lte, sql } from './orm.ts';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import { ACTIVATION_LIVE, activations, type ActivationStatus } from './schema.ts';

@@ -3,7 +3,7 @@
  * row (epoch counter, dead-letter block), its live activation with the lease judged by PostgreSQL's
  * clock, its recent turns and the attempts of one event.
  */
-import { and, asc, desc, eq, inArray, sql } from 'drizzle-orm';
+import { and, asc, desc, eq, inArray, sql } from './orm.ts';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import { ACTIVATION_LIVE, activations, actors, conversations, turns, type ActivationStatus, type TurnStatus } from './schema.ts';

@@ -1,5 +1,5 @@
 /** SQL for `corral.actors`: the durable epoch counter (I2) and the dead-letter block flag. */
-import { sql } from 'drizzle-orm';
+import { sql } from './orm.ts';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import { actors } from './schema.ts';

@@ -9,7 +9,7 @@
  * Counting touches only live states (created, retry, active, failed): pg-boss's partial index
  * `job_i14` covers them, while completed jobs (kept forever on the actor queue) are never scanned.
  */
-import { sql, type SQL } from 'drizzle-orm';
+import { sql, type SQL } from './orm.ts';
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import { toDate } from './rows.ts';
 import type { DbOrTx } from './client.ts';

@@ -3,10 +3,7 @@
  * transaction; query modules take `DbOrTx` first so callers can compose them in one transaction.
  */
 import pg from 'pg';
-import { drizzle, type NodePgDatabase } from 'drizzle-orm/node-postgres';
-import type { PgTransaction } from 'drizzle-orm/pg-core';
-import type { NodePgQueryResultHKT } from 'drizzle-orm/node-postgres';
-import type { ExtractTablesWithRelations } from 'drizzle-orm';
+import { drizzle, type ExtractTablesWithRelations, type NodePgDatabase, type NodePgQueryResultHKT, type PgTransaction } from './orm.ts';
 import * as schema from './schema.ts';
 
 export type Schema = typeof schema;

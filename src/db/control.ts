@@ -3,7 +3,7 @@
  * worker connection. Sent with pg_notify inside the transaction that changed the rows, so the
  * daemon hears of a change only once it is committed.
  */
-import { sql } from 'drizzle-orm';
+import { sql } from './orm.ts';
 import type { DbOrTx } from './client.ts';
 import type { Fence } from './fence.ts';
 

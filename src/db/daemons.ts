@@ -2,7 +2,7 @@
  * SQL for `corral.daemons`: each daemon's own heartbeat. The daemon writes it; `corral status`
  * reads it to say which daemons are alive. Judged by PostgreSQL's clock, like every lease.
  */
-import { and, eq, isNotNull, isNull, lt, or, sql } from 'drizzle-orm';
+import { and, eq, isNotNull, isNull, lt, or, sql } from './orm.ts';
 import type { DbOrTx } from './client.ts';
 import { daemons } from './schema.ts';
 

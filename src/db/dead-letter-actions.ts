@@ -3,7 +3,7 @@
  * written in the transaction that moved the jobs, so the record and the queue never disagree.
  * It is also what makes a second replay of the same dead letter answer "already replayed".
  */
-import { and, desc, eq, inArray, sql } from 'drizzle-orm';
+import { and, desc, eq, inArray, sql } from './orm.ts';
 import type { DbOrTx } from './client.ts';
 import { actors, deadLetterActions } from './schema.ts';
 

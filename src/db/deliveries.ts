@@ -1,5 +1,5 @@
 /** SQL for `corral.deliveries`: one worker execution of one actor event, carrying the fence. */
-import { and, eq, inArray, sql } from 'drizzle-orm';
+import { and, eq, inArray, sql } from './orm.ts';
 import type { DbOrTx } from './client.ts';
 import { DELIVERY_LIVE, DELIVERY_UNACCEPTED, deliveries, type DeliveryState } from './schema.ts';
 

@@ -3,7 +3,7 @@
  * the steering inputs a result did not see. Both run inside the commit transaction, and only for
  * turns that have effects: the hot path of a turn without them runs none of this.
  */
-import { sql } from 'drizzle-orm';
+import { sql } from './orm.ts';
 import type { DbOrTx } from './client.ts';
 
 /** One recorded effect: the event it became. */

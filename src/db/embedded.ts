@@ -350,6 +350,21 @@ async function tryAttach(statePath: string, database: string): Promise<State | u
   }
 }
 
+function attachedServer(state: State, opts: EmbeddedOptions, database: string): EmbeddedServer {
+  const dataDir = state.dataDir ?? join(opts.homeDir, 'pg', 'data');
+  return { url: embeddedUrl(state, database), startedHere: false, dataDir, stop: stopper(opts.homeDir, opts) };
+}
+
+/**
+ * The server this home recorded, not checked: for a caller whose own first connection is the
+ * check of E1 (a server that accepts it is ours), and that calls `ensureEmbeddedPostgres` when it
+ * fails. Undefined when the home has none yet.
+ */
+export async function recordedEmbeddedPostgres(opts: EmbeddedOptions): Promise<EmbeddedServer | undefined> {
+  const state = await readState(paths(opts.homeDir).statePath);
+  return state ? attachedServer(state, opts, opts.database ?? 'corral') : undefined;
+}
+
 async function layoutFor(opts: EmbeddedOptions, state: State | undefined, ids: Ids): Promise<Layout> {
   const rootDir = opts.rootDir ?? DEFAULT_EMBEDDED_ROOT;
   const binDir = await reachableBinDir(ids, rootDir);
@@ -381,10 +396,7 @@ export async function ensureEmbeddedPostgres(opts: EmbeddedOptions): Promise<Emb
   await mkdir(opts.homeDir, { recursive: true });
 
   const attached = await tryAttach(statePath, database);
-  if (attached) {
-    const dataDir = attached.dataDir ?? join(opts.homeDir, 'pg', 'data');
-    return { url: embeddedUrl(attached, database), startedHere: false, dataDir, stop: stopper(opts.homeDir, opts) };
-  }
+  if (attached) return attachedServer(attached, opts, database);
 
   return withFileLock(
     lockPath,

@@ -10,7 +10,7 @@
  * transaction that then writes. Steer and cancel act on the actor's live turn, not on a worker's
  * reply: they lock the live activation instead (see TurnStore.steer / cancel).
  */
-import { sql, type SQL } from 'drizzle-orm';
+import { sql, type SQL } from './orm.ts';
 import { FenceRejected, type FenceReason } from '../errors.ts';
 import { isUuid } from '../uuid.ts';
 import type { ActivationRow } from './activations.ts';

@@ -14,7 +14,7 @@
  *  H3 every page is bounded by count and by bytes of content (`octet_length(content::text)`,
  *     which is never shorter than the compact JSON on the wire).
  */
-import { sql, type SQL } from 'drizzle-orm';
+import { sql, type SQL } from './orm.ts';
 import type { DbOrTx } from './client.ts';
 import { jobActiveOf, type Fence, type JobTable } from './fence.ts';
 import { ACTIVATION_LIVE, DELIVERY_LIVE, sqlList } from './schema.ts';

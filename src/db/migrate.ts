@@ -4,8 +4,7 @@
  */
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { drizzle } from 'drizzle-orm/node-postgres';
-import { migrate } from 'drizzle-orm/node-postgres/migrator';
+import { drizzle, migrate } from './orm.ts';
 
 export const MIGRATIONS_FOLDER = fileURLToPath(new URL('../../drizzle', import.meta.url));
 /** Arbitrary, stable: "corral" in ASCII. */

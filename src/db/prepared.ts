@@ -6,8 +6,7 @@
  * The statement is still written with Drizzle's `sql` template; only its execution goes to the
  * connection the caller's transaction holds, with a name. A name must always carry the same text.
  */
-import type { SQL } from 'drizzle-orm';
-import { PgDialect } from 'drizzle-orm/pg-core';
+import { PgDialect, type SQL } from './orm.ts';
 import type { QueryResultRow } from 'pg';
 import type { DbOrTx } from './client.ts';
 

@@ -3,7 +3,7 @@
  * back under their SQL names and, through Drizzle's `execute`, timestamps as text. These turn
  * them into the schema's row types, from the schema itself, so a column change is made once.
  */
-import { getTableColumns, sql, type Column, type InferSelectModel, type SQL, type Table } from 'drizzle-orm';
+import { getTableColumns, sql, type Column, type InferSelectModel, type SQL, type Table } from './orm.ts';
 import pg from 'pg';
 
 const parseTimestamptz = pg.types.getTypeParser(pg.types.builtins.TIMESTAMPTZ) as (v: string) => Date;

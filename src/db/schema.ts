@@ -13,8 +13,8 @@
  *  I3' at most one succeeded turn per event (partial unique index `turns_one_success_per_event`).
  *  D1 at most one live delivery per event (partial unique index `deliveries_one_live_per_event`).
  */
-import { sql } from 'drizzle-orm';
 import {
+  sql,
   bigint,
   bigserial,
   boolean,
@@ -28,7 +28,7 @@ import {
   timestamp,
   uniqueIndex,
   uuid,
-} from 'drizzle-orm/pg-core';
+} from './orm.ts';
 
 export const corral = pgSchema('corral');
 

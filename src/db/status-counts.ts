@@ -1,5 +1,5 @@
 /** Counts for `corral status` and the metrics gauges, and the server's clock. */
-import { count, inArray, isNotNull, sql } from 'drizzle-orm';
+import { count, inArray, isNotNull, sql } from './orm.ts';
 import type { DbOrTx } from './client.ts';
 import { ACTIVATION_LIVE, activations, actors, workers, type WorkerStatus } from './schema.ts';
 

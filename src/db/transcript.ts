@@ -4,7 +4,7 @@
  * (src/db/turn-rows.ts) in the fenced commit, or by `recordCancelledInput` in a cancel, which
  * holds the live activation's lock and completes the job.
  */
-import { and, asc, eq, sql } from 'drizzle-orm';
+import { and, asc, eq, sql } from './orm.ts';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import { conversations, DELIVERY_LIVE, messages, sqlList, turns, type MessageRole, type TurnStatus } from './schema.ts';

@@ -6,7 +6,7 @@
  *
  * They run inside the caller's transaction, after the fence check (`lockFence`) where one applies.
  */
-import { sql } from 'drizzle-orm';
+import { sql } from './orm.ts';
 import { randomUUID } from 'node:crypto';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';

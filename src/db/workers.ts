@@ -1,5 +1,5 @@
 /** SQL for `corral.workers`: the durable view of connected workers (for operators and recovery). */
-import { and, eq, lt, ne, or, sql } from 'drizzle-orm';
+import { and, eq, lt, ne, or, sql } from './orm.ts';
 import type { DbOrTx } from './client.ts';
 import { workers, type WorkerStatus } from './schema.ts';
 

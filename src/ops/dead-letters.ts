@@ -19,8 +19,8 @@
  *     replayed". Re-sending an id that exists is a no-op in pg-boss (ON CONFLICT DO NOTHING).
  *  3. A block is lifted only by the event that set it (`blocked_by_event_id = event id`).
  */
-import { sql } from 'drizzle-orm';
-import { fromDrizzle, type PgBoss } from 'pg-boss';
+import { sql } from '../db/orm.ts';
+import type { PgBoss } from 'pg-boss';
 import type { Db, DbOrTx, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
 import { CorralError } from '../errors.ts';
@@ -216,8 +216,18 @@ async function absentResults(db: DbOrTx, ids: string[]): Promise<ActionResult[]>
   });
 }
 
+/**
+ * pg-boss's adapter that runs its statements in `tx`. pg-boss loads here, at the first replay or
+ * discard (whose caller has started a pg-boss by then), not with this module: listing and showing
+ * dead letters, and `corral status`, need none of it, and it is ~60 ms of their start-up.
+ */
+async function bossDb(tx: Tx) {
+  const { fromDrizzle } = await import('pg-boss');
+  return fromDrizzle(tx, sql);
+}
+
 async function replayOne(boss: PgBoss, tx: Tx, q: Queues, d: DeadLetter): Promise<ActionResult> {
-  const db = fromDrizzle(tx, sql);
+  const db = await bossDb(tx);
   const original = await jobState(tx, q.schema, q.events, d.eventId, { lock: true });
   let outcome: ActionOutcome;
   if (original === 'failed') {
@@ -253,7 +263,7 @@ async function closeDeadLetter(
   outcome: ActionOutcome,
   replayed: boolean,
 ): Promise<boolean> {
-  await boss.deleteJob(q.deadLetter, d.id, { db: fromDrizzle(tx, sql) });
+  await boss.deleteJob(q.deadLetter, d.id, { db: await bossDb(tx) });
   const unblocked = await clearBlockIf(tx, d, d.eventId);
   await recordDeadLetterAction(tx, {
     action,
@@ -269,7 +279,7 @@ async function closeDeadLetter(
 }
 
 async function discardOne(boss: PgBoss, tx: Tx, q: Queues, d: DeadLetter): Promise<ActionResult> {
-  const db = fromDrizzle(tx, sql);
+  const db = await bossDb(tx);
   const original = await jobState(tx, q.schema, q.events, d.eventId, { lock: true });
   let outcome: ActionOutcome = 'discarded';
   if (original === 'failed') {

@@ -14,15 +14,12 @@ import { PgBoss, type Db as BossDb, type Queue } from 'pg-boss';
 import { CorralError } from '../errors.ts';
 import type { Config } from '../config.ts';
 import type { Queues } from '../db/boss-jobs.ts';
+import { queuesOf } from './names.ts';
 
 export const TEN_YEARS_S = 10 * 365 * 24 * 3600;
 
 export type { Queues };
-
-/** The one place queue names are made: the actor queue and `<queue>-dlq`, in pg-boss's schema. */
-export function queuesOf(config: Pick<Config, 'queueName' | 'bossSchema'>): Queues {
-  return { schema: config.bossSchema, events: config.queueName, deadLetter: `${config.queueName}-dlq` };
-}
+export { queuesOf };
 
 export type QueueConfig = Pick<
   Config,

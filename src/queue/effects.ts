@@ -13,7 +13,7 @@
  *  E3 a result whose `emit` breaks the limits (count, size, actor key, delay) is rejected before
  *     any transaction (`turn_rejected{emit_limit}`): nothing of it is written.
  */
-import { sql } from 'drizzle-orm';
+import { sql } from '../db/orm.ts';
 import { fromDrizzle, type PgBoss } from 'pg-boss';
 import { formatActorKey, parseActorKey, type ActorKey } from '../actor-key.ts';
 import { CorralError } from '../errors.ts';

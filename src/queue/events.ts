@@ -3,7 +3,7 @@
  * the actor key and whose id is a client-generated UUIDv7: pg-boss breaks ties between jobs of one
  * transaction by id, so increasing ids keep events enqueued together in enqueue order (I4).
  */
-import { sql } from 'drizzle-orm';
+import { sql } from '../db/orm.ts';
 import { fromDrizzle, type PgBoss } from 'pg-boss';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';

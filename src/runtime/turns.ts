@@ -9,7 +9,7 @@
  *  I3 transcript rows are written only in `commit`, under a fence that held, in the transaction
  *     that completes the job with its attempt fence `{ id, retryCount }`.
  */
-import { sql } from 'drizzle-orm';
+import { sql } from '../db/orm.ts';
 import { fromDrizzle, type PgBoss } from 'pg-boss';
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { DeadLetterMode } from '../config.ts';

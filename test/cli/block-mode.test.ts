@@ -6,7 +6,7 @@
  * another's outcome or order).
  */
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { sql } from 'drizzle-orm';
+import { sql } from '../../src/db/orm.ts';
 import { actorKey } from '../../src/actor-key.ts';
 import { readTranscript } from '../../src/db/transcript.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';

@@ -5,7 +5,7 @@
  * command-line contract. Independent read-only commands run concurrently to keep it quick.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { sql } from 'drizzle-orm';
+import { sql } from '../../src/db/orm.ts';
 import { actorKey } from '../../src/actor-key.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';

@@ -86,6 +86,21 @@ describe('a fresh CORRAL_HOME', () => {
     expect(await daemon.exited).toBe(0);
   }, 180_000);
 
+  it('a command that finds the recorded server stopped starts it', async () => {
+    const home = await freshHome();
+    const env = embeddedEnv(home, await freePort());
+    const migrated = await run([CORRAL, 'db', 'migrate'], env, { timeoutMs: 90_000 });
+    expect(migrated.code, migrated.stderr).toBe(0);
+    // Read commands and `send` connect to the recorded server first; stopped, it is started.
+    for (const args of [['status'], ['send', 'restart/s', '{"text":"x"}']]) {
+      expect((await run([CORRAL, 'db', 'stop'], env)).stdout).toMatch(/stopped/);
+      expect(postmastersOf(home)).toBe(0);
+      const res = await run([CORRAL, ...args], env, { timeoutMs: 90_000 });
+      expect(res.code, res.stderr).toBe(0);
+      expect(postmastersOf(home)).toBe(1);
+    }
+  }, 180_000);
+
   it('recovers from a start killed with -9 while it holds the lock', async () => {
     const home = await freshHome();
     const env = embeddedEnv(home, await freePort());

@@ -12,9 +12,10 @@ import { ROOT, run, RUN_TS } from '../cli/helpers.ts';
 function scratchCopy(): string {
   const dir = mkdtempSync(join(tmpdir(), 'corral-db-check-test-'));
   mkdirSync(join(dir, 'src', 'db'), { recursive: true });
-  cpSync(join(ROOT, 'src', 'db', 'schema.ts'), join(dir, 'src', 'db', 'schema.ts'));
+  // The schema and the module it loads Drizzle through.
+  for (const f of ['schema.ts', 'orm.ts']) cpSync(join(ROOT, 'src', 'db', f), join(dir, 'src', 'db', f));
   cpSync(join(ROOT, 'drizzle'), join(dir, 'drizzle'), { recursive: true });
-  // drizzle-orm (imported by the schema) and drizzle-kit resolve from the copy's node_modules.
+  // drizzle-orm (loaded by orm.ts) and drizzle-kit resolve from the copy's node_modules.
   symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'), 'dir');
   return dir;
 }

@@ -4,7 +4,7 @@
  * (order, original ids, idempotence, racing replays), discard and the action record.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { sql } from 'drizzle-orm';
+import { sql } from '../../src/db/orm.ts';
 import type { PgBoss } from 'pg-boss';
 import { actorKey } from '../../src/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';

@@ -1,5 +1,5 @@
 /** Dead letters made by the real runtime: a test daemon with retryLimit 0 and the example worker. */
-import { sql } from 'drizzle-orm';
+import { sql } from '../../src/db/orm.ts';
 import type { ActorKey } from '../../src/actor-key.ts';
 import type { Config } from '../../src/config.ts';
 import type { DbOrTx } from '../../src/db/client.ts';

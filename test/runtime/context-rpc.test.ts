@@ -4,7 +4,7 @@
  * whose turn_ref does not name a live turn of the worker reads nothing.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { sql } from 'drizzle-orm';
+import { sql } from '../../src/db/orm.ts';
 import pg from 'pg';
 import { actorKey } from '../../src/actor-key.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';

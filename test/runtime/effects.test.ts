@@ -3,7 +3,7 @@
  * once with the turn, never without it; bounded count and size; delayed events wait.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { sql } from 'drizzle-orm';
+import { sql } from '../../src/db/orm.ts';
 import { actorKey } from '../../src/actor-key.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';

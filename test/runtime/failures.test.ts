@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, it } from 'vitest';
-import { sql } from 'drizzle-orm';
+import { sql } from '../../src/db/orm.ts';
 import pg from 'pg';
 import { actorKey } from '../../src/actor-key.ts';
 import { retryWindowSeconds } from '../../src/backoff.ts';

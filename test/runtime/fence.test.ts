@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { sql } from 'drizzle-orm';
+import { sql } from '../../src/db/orm.ts';
 import { actorKey } from '../../src/actor-key.ts';
 import { isUniqueViolation } from '../../src/errors.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';

@@ -5,7 +5,7 @@
  * job completed.
  */
 import { randomUUID } from 'node:crypto';
-import { sql } from 'drizzle-orm';
+import { sql } from '../../src/db/orm.ts';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { actorKey } from '../../src/actor-key.ts';
 import type { Fence } from '../../src/db/fence.ts';

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { sql } from 'drizzle-orm';
+import { sql } from '../../src/db/orm.ts';
 import { actorKey, formatActorKey } from '../../src/actor-key.ts';
 import { readTranscript } from '../../src/db/transcript.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';

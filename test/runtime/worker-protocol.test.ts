@@ -3,7 +3,7 @@
  * gets its turns back at once, an accepted turn_error is answered, the welcome tells the timings.
  */
 import { afterEach, describe, expect, it } from 'vitest';
-import { sql } from 'drizzle-orm';
+import { sql } from '../../src/db/orm.ts';
 import { actorKey } from '../../src/actor-key.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer } from '../helpers/raw-peer.ts';

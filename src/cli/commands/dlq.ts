@@ -22,7 +22,7 @@ import {
   type DeadLetter,
   type DeadLetterFilter,
 } from '../../ops/dead-letters.ts';
-import { queuesOf } from '../../queue/boss.ts';
+import { queuesOf } from '../../queue/names.ts';
 import { openCommandContext } from '../context.ts';
 import { EXIT } from '../exit.ts';
 import { fmtTime, renderTable } from './status.ts';
@@ -77,7 +77,7 @@ export interface ListFlags extends FilterFlags {
 export async function runDlqList(config: Config, flags: ListFlags, io: Io): Promise<number> {
   const filter = parseFilter(flags);
   if (flags.after !== undefined) assertJobId(flags.after, '--after id');
-  const ctx = await openCommandContext(config);
+  const ctx = await openCommandContext(config, { connections: 1 });
   try {
     const list = await listDeadLetters(ctx.database.db, queuesOf(config), filter, {
       limit: flags.limit,
@@ -103,7 +103,7 @@ export async function runDlqList(config: Config, flags: ListFlags, io: Io): Prom
 
 export async function runDlqShow(config: Config, id: string, flags: { json?: boolean }, io: Io): Promise<number> {
   assertJobId(id);
-  const ctx = await openCommandContext(config);
+  const ctx = await openCommandContext(config, { connections: 1 });
   try {
     const d = await showDeadLetter(ctx.database.db, queuesOf(config), id);
     if (flags.json) {

@@ -14,7 +14,7 @@ import { CorralError, toError } from '../../errors.ts';
 import { directSend } from '../../queue/direct-send.ts';
 import { actorEventJob, type ActorEventJob } from '../../queue/event-job.ts';
 import type { Logger } from '../../logger.ts';
-import { commandLogger, resolveDatabase, unreachable } from '../database.ts';
+import { commandLogger, connectDatabase } from '../database.ts';
 import { readJsonInput, type JsonSource } from '../event-input.ts';
 
 export interface SendIo {
@@ -32,16 +32,17 @@ export async function runSendCommand(config: Config, actor: string, source: Json
   });
   const job = actorEventJob(key, event, config.maxEventBytes);
   const logger = commandLogger(config);
-  const db = await resolveDatabase(config, logger);
-  const { url } = db;
-  const client = new pg.Client({ connectionString: url, application_name: 'corral-cli', connectionTimeoutMillis: 10_000 });
-  client.on('error', (e) => logger.warn({ err: e.message }, 'database connection error'));
-  try {
-    await client.connect();
-  } catch (e) {
-    await client.end().catch(() => undefined);
-    throw unreachable(db, e);
-  }
+  const { client, url } = await connectDatabase(config, logger, async (url) => {
+    const client = new pg.Client({ connectionString: url, application_name: 'corral-cli', connectionTimeoutMillis: 10_000 });
+    client.on('error', (e) => logger.warn({ err: e.message }, 'database connection error'));
+    try {
+      await client.connect();
+      return { client, url };
+    } catch (e) {
+      await client.end().catch(() => undefined);
+      throw e;
+    }
+  });
   let sent: boolean;
   try {
     // before anything is written: a database that is not corral's gets nothing, not even pg-boss

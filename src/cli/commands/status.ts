@@ -9,7 +9,7 @@ import { CorralError } from '../../errors.ts';
 import { errorLine } from '../../ops/dead-letters.ts';
 import { describeActivation } from '../../ops/actor-state.ts';
 import { actorStatus, systemStatus, type SystemStatus } from '../../ops/status.ts';
-import { queuesOf } from '../../queue/boss.ts';
+import { queuesOf } from '../../queue/names.ts';
 import { openCommandContext } from '../context.ts';
 
 type Out = NodeJS.WritableStream;
@@ -51,7 +51,7 @@ export function oneLine(v: unknown, max = 60): string {
 }
 
 export async function runStatusCommand(config: Config, opts: { json?: boolean }, out: Out): Promise<number> {
-  const ctx = await openCommandContext(config);
+  const ctx = await openCommandContext(config, { connections: 1 });
   try {
     const s = await systemStatus(ctx.database.db, queuesOf(config), { defaultStaleMs: config.workerStaleMs });
     if (opts.json) {
@@ -122,7 +122,7 @@ function writeDaemons(out: Out, daemons: SystemStatus['daemons']): void {
 
 export async function runActorCommand(config: Config, actor: string, opts: { json?: boolean }, out: Out): Promise<number> {
   const key = parseActorKey(actor);
-  const ctx = await openCommandContext(config);
+  const ctx = await openCommandContext(config, { connections: 1 });
   try {
     const s = await actorStatus(ctx.database.db, queuesOf(config), key);
     if (!s.known) throw new CorralError('not_found', `actor ${s.actor} is unknown (no events, turns or dead letters)`);

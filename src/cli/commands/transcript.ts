@@ -22,7 +22,7 @@ export async function runTranscriptCommand(
   out: NodeJS.WritableStream,
 ): Promise<number> {
   const key = parseActorKey(actor);
-  const ctx = await openCommandContext(config);
+  const ctx = await openCommandContext(config, { connections: 1 });
   try {
     const turns = await readTranscript(ctx.database.db, key);
     if (opts.json) {
