@@ -130,7 +130,8 @@ export async function runDaemonCommand(config: Config, opts: DaemonCommandOption
     }
     stopRequestedAtMs = Date.now();
     logger.info({ ...detail, drainMs: config.drainMs }, 'shutting down: in-flight turns may finish first (signal again to force)');
-    stopping = daemon?.stop({ deadlineMs: 10_000 });
+    // a daemon still starting stops once its start is over (see below), not in the middle of it
+    if (daemon?.state === 'running') stopping = daemon.stop({ deadlineMs: 10_000 });
   };
   const onSignal = (signal: NodeJS.Signals) => requestStop('signal', { signal });
   process.on('SIGINT', onSignal);
@@ -168,7 +169,7 @@ export async function runDaemonCommand(config: Config, opts: DaemonCommandOption
       throw e;
     }
     if (requests.requested) {
-      await (stopping ?? running.stop());
+      await running.stop();
       return 0;
     }
     const handle = running.startSupervisor();
