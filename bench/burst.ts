@@ -14,7 +14,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { DEFAULT_WORKER_CAPACITY } from '../src/worker/defaults.ts';
+import { DEFAULT_WORKER_CAPACITY } from '../src/defaults.ts';
 import { actorKey } from '../src/actor-key.ts';
 import { openDatabase } from '../src/db/client.ts';
 import { Cleanup, progress, runBench, sleep } from './lib/common.ts';

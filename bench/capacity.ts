@@ -83,7 +83,7 @@ async function runOne(serverUrl: string, capacity: number, opts: ReturnType<type
       if ((rows[0]?.n ?? 0) >= opts.workers) break;
       await new Promise((r) => setTimeout(r, 100));
     }
-    const queue = createEventQueue(boss, DEFAULTS.queueName);
+    const queue = createEventQueue(boss, DEFAULTS.queueName, { maxEventBytes: DEFAULTS.maxEventBytes });
     const data = opts.delayMs > 0 ? { text: 'x', delayMs: opts.delayMs } : { text: 'x' };
     const t0 = performance.now();
     await queue.enqueueActorEvents(

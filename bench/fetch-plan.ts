@@ -99,7 +99,7 @@ async function main(): Promise<void> {
     const table = `pgboss.${rows[0]!.t}`;
     const client = openDatabase(db.url, { max: 2 });
     cleanup.defer('close client', () => client.close());
-    const queue = createEventQueue(boss, DEFAULTS.queueName);
+    const queue = createEventQueue(boss, DEFAULTS.queueName, { maxEventBytes: DEFAULTS.maxEventBytes });
     let queued = 0;
     process.stdout.write(
       `key_strict_fifo fetch (batch ${DEFAULTS.fetchBatchSize}) on ${table}, ${perActor} queued event(s) per actor, EXPLAIN ANALYZE, rolled back\n`,

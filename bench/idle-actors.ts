@@ -21,7 +21,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { DEFAULT_WORKER_CAPACITY } from '../src/worker/defaults.ts';
+import { DEFAULT_WORKER_CAPACITY } from '../src/defaults.ts';
 import { actorKey } from '../src/actor-key.ts';
 import { freePort } from '../src/net.ts';
 import { progress, runBench, sleep, summarise, until } from './lib/common.ts';

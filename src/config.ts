@@ -4,8 +4,13 @@
  */
 import { resolve } from 'node:path';
 import { CorralError } from './errors.ts';
-import { DEFAULT_PROGRESS_INTERVAL_MS } from './fabric/defaults.ts';
-import { DEFAULT_CONTEXT_CACHE_BYTES } from './runtime/context-cache.ts';
+import {
+  DEFAULT_CONTEXT_CACHE_BYTES,
+  DEFAULT_HEARTBEAT_INTERVAL_MS,
+  DEFAULT_MAX_EVENT_BYTES,
+  DEFAULT_MAX_MESSAGE_BYTES,
+  DEFAULT_PROGRESS_INTERVAL_MS,
+} from './defaults.ts';
 
 export const DEAD_LETTER_MODES = ['continue', 'block'] as const;
 export type DeadLetterMode = (typeof DEAD_LETTER_MODES)[number];
@@ -76,116 +81,150 @@ function oneOf<const T extends readonly string[]>(values: T): Rule<T[number]> {
       : { message: `Invalid option: expected one of ${values.map((v) => JSON.stringify(v)).join('|')}` };
 }
 
-function flag(): Rule<boolean> {
-  return (input) =>
+/** A yes/no setting: its environment variable is true for `1`, `true` or `yes`. */
+function flag(): Rule<boolean> & { readonly boolean: true } {
+  const rule: Rule<boolean> = (input) =>
     typeof input === 'boolean' ? { value: input } : { message: `Invalid input: expected boolean, received ${typeName(input)}` };
+  return Object.assign(rule, { boolean: true as const });
 }
 
 function optional<T>(rule: Rule<T>): OptionalRule<T> {
   return Object.assign((input: unknown) => (input === undefined ? { value: undefined } : rule(input)), { optional: true as const });
 }
 
-const RULES = {
+/**
+ * One setting: the environment variable that sets it, its default, its rule. A setting without
+ * a default has an optional rule and stays unset unless a flag or the environment sets it.
+ */
+interface Setting<T> {
+  env: string;
+  default?: T;
+  rule: Rule<T>;
+}
+
+function setting<T>(s: { env: string; rule: OptionalRule<T> }): Setting<T | undefined> & { rule: OptionalRule<T> };
+function setting<T>(s: { env: string; default: NoInfer<T>; rule: Rule<T> }): Setting<T> & { default: T };
+function setting<T>(s: Setting<T>): Setting<T> {
+  return s;
+}
+
+/**
+ * Every setting, in one table: flag > environment variable > default, then the rule. The order is
+ * the order faults are looked for in. `DEFAULTS` and `ENV_NAMES` are read off it, and a test keeps
+ * the README's configuration table equal to them.
+ */
+const SETTINGS = {
   /** External PostgreSQL; when absent, the embedded server under `homeDir` is used. */
-  databaseUrl: optional(
-    text({
-      min: 1,
-      pattern: { test: isConnectionString },
-      message: 'expected a postgres:// or postgresql:// URL (or a socket: a path starting with /, or socket://)',
-    }),
-  ),
+  databaseUrl: setting({
+    env: 'DATABASE_URL',
+    rule: optional(
+      text({
+        min: 1,
+        pattern: { test: isConnectionString },
+        message: 'expected a postgres:// or postgresql:// URL (or a socket: a path starting with /, or socket://)',
+      }),
+    ),
+  }),
   /** Folder for the embedded database and local state (git-ignored `.corral/`). */
-  homeDir: text({ min: 1 }),
+  homeDir: setting({ env: 'CORRAL_HOME', default: '.corral', rule: text({ min: 1 }) }),
   /**
    * Run as root, where the embedded PostgreSQL's binaries and data go when the `postgres` OS
    * user cannot reach them in place (a checkout or CORRAL_HOME under a closed folder).
    */
-  embeddedRootDir: text({ min: 1 }),
+  embeddedRootDir: setting({ env: 'CORRAL_EMBEDDED_ROOT', default: '/var/lib/corral', rule: text({ min: 1 }) }),
   /** The broker's ROUTER endpoint. */
-  endpoint: text({ pattern: /^(tcp|ipc|inproc):\/\/.+/, message: 'expected tcp://host:port, ipc://path or inproc://name' }),
-  queueName: text({ pattern: /^[A-Za-z0-9_.-]{1,50}$/ }),
-  bossSchema: text({ pattern: /^[a-z_][a-z0-9_]{0,62}$/ }),
+  endpoint: setting({
+    env: 'CORRAL_ENDPOINT',
+    default: 'tcp://127.0.0.1:5555',
+    rule: text({ pattern: /^(tcp|ipc|inproc):\/\/.+/, message: 'expected tcp://host:port, ipc://path or inproc://name' }),
+  }),
+  queueName: setting({ env: 'CORRAL_QUEUE', default: 'actor-events', rule: text({ pattern: /^[A-Za-z0-9_.-]{1,50}$/ }) }),
+  bossSchema: setting({ env: 'CORRAL_BOSS_SCHEMA', default: 'pgboss', rule: text({ pattern: /^[a-z_][a-z0-9_]{0,62}$/ }) }),
   /** Lease granted to an activation per dispatch / heartbeat. */
-  leaseMs: int(100),
+  leaseMs: setting({ env: 'CORRAL_LEASE_MS', default: 60_000, rule: int(100) }),
   /** How often a worker reports progress on a running turn (extends the lease). */
-  progressIntervalMs: int(50),
-  workerHeartbeatMs: int(50),
+  progressIntervalMs: setting({ env: 'CORRAL_PROGRESS_INTERVAL_MS', default: DEFAULT_PROGRESS_INTERVAL_MS, rule: int(50) }),
+  workerHeartbeatMs: setting({ env: 'CORRAL_WORKER_HEARTBEAT_MS', default: DEFAULT_HEARTBEAT_INTERVAL_MS, rule: int(50) }),
   /** A worker silent for this long is stale: its unaccepted deliveries go elsewhere. */
-  workerStaleMs: int(100),
+  workerStaleMs: setting({ env: 'CORRAL_WORKER_STALE_MS', default: 10_000, rule: int(100) }),
   /** A warm activation with no current event is stopped after this long. */
-  idleTimeoutMs: int(100),
+  idleTimeoutMs: setting({ env: 'CORRAL_IDLE_TIMEOUT_MS', default: 300_000, rule: int(100) }),
   /**
    * After a busy spell, once no turn was fetched and none is in flight for this long, the daemon
    * gives the memory it grew to back to the system (one memory-reducing GC); 0 = never.
    */
-  heapTrimIdleMs: int(0, 86_400_000),
-  watchdogIntervalMs: int(10),
+  heapTrimIdleMs: setting({ env: 'CORRAL_HEAP_TRIM_IDLE_MS', default: 10_000, rule: int(0, 86_400_000) }),
+  watchdogIntervalMs: setting({ env: 'CORRAL_WATCHDOG_INTERVAL_MS', default: 1_000, rule: int(10) }),
   /** On a graceful stop, how long in-flight turns may take to finish. */
-  drainMs: int(0, 3_600_000),
-  recoveryIntervalMs: int(100),
+  drainMs: setting({ env: 'CORRAL_DRAIN_MS', default: 10_000, rule: int(0, 3_600_000) }),
+  recoveryIntervalMs: setting({ env: 'CORRAL_RECOVERY_INTERVAL_MS', default: 30_000, rule: int(100) }),
   /** pg-boss retry policy for actor events (seconds); the default is the 5–120 s contract. */
-  retryLimit: int(0, 1000),
-  retryDelaySeconds: int(1, 3600),
-  retryDelayMaxSeconds: int(1, 86_400),
+  retryLimit: setting({ env: 'CORRAL_RETRY_LIMIT', default: 5, rule: int(0, 1000) }),
+  retryDelaySeconds: setting({ env: 'CORRAL_RETRY_DELAY_S', default: 5, rule: int(1, 3600) }),
+  retryDelayMaxSeconds: setting({ env: 'CORRAL_RETRY_DELAY_MAX_S', default: 120, rule: int(1, 86_400) }),
   /** Backstop: pg-boss expires an active job that no daemon settled for this long. */
-  jobExpireSeconds: int(5, 7 * 86_400),
+  jobExpireSeconds: setting({ env: 'CORRAL_JOB_EXPIRE_S', default: 86_400, rule: int(5, 7 * 86_400) }),
   /**
    * The daemon touches the jobs of its in-flight turns; pg-boss fails (retries) an active job
    * left untouched this long, e.g. when its daemon died before writing an activation.
    */
-  jobHeartbeatSeconds: int(10, 3_600),
-  deadLetterMode: oneOf(DEAD_LETTER_MODES),
+  jobHeartbeatSeconds: setting({ env: 'CORRAL_JOB_HEARTBEAT_S', default: 30, rule: int(10, 3_600) }),
+  deadLetterMode: setting({ env: 'CORRAL_DEAD_LETTER_MODE', default: 'continue', rule: oneOf(DEAD_LETTER_MODES) }),
   /** Completed actor events are deleted after this long (0 = never); failed ones never are. */
-  completedRetentionSeconds: int(0, 10 * 365 * 86_400),
-  fetchBatchSize: int(1, 500),
+  completedRetentionSeconds: setting({ env: 'CORRAL_COMPLETED_RETENTION_S', default: 7 * 86_400, rule: int(0, 10 * 365 * 86_400) }),
+  fetchBatchSize: setting({ env: 'CORRAL_FETCH_BATCH', default: 50, rule: int(1, 500) }),
   /** Fallback poll for delayed retries (NOTIFY wakes new events at once). */
-  pollIntervalMs: int(20),
-  maxMessageBytes: int(1024),
+  pollIntervalMs: setting({ env: 'CORRAL_POLL_INTERVAL_MS', default: 1_000, rule: int(20) }),
+  maxMessageBytes: setting({ env: 'CORRAL_MAX_MESSAGE_BYTES', default: DEFAULT_MAX_MESSAGE_BYTES, rule: int(1024) }),
   /**
    * Largest event payload accepted at enqueue (its JSON, in bytes). Well under
    * `maxMessageBytes`, so a turn_start always fits on the wire with its envelope.
    */
-  maxEventBytes: int(16),
+  maxEventBytes: setting({ env: 'CORRAL_MAX_EVENT_BYTES', default: DEFAULT_MAX_EVENT_BYTES, rule: int(16) }),
   /** `turn_start` context: at most this many latest transcript messages (0 = no context). */
-  contextMessages: int(0, 1000),
+  contextMessages: setting({ env: 'CORRAL_CONTEXT_MESSAGES', default: 50, rule: int(0, 1000) }),
   /**
    * `turn_start` context: at most this many bytes of message content (JSON). Capped at a quarter
    * of `maxMessageBytes` (the turn_start carries the event too), see `contextLimits`.
    */
-  contextBytes: int(0),
+  contextBytes: setting({ env: 'CORRAL_CONTEXT_BYTES', default: 64 * 1024, rule: int(0) }),
   /**
    * Memory for the contexts kept between turns, so the database does not read them again (0 =
    * none kept); dropped whenever the daemon idles (see `heapTrimIdleMs`).
    */
-  contextCacheBytes: int(0),
+  contextCacheBytes: setting({ env: 'CORRAL_CONTEXT_CACHE_BYTES', default: DEFAULT_CONTEXT_CACHE_BYTES, rule: int(0) }),
   /** Worker RPC: requests served at once per worker; more are answered `busy`. */
-  rpcConcurrency: int(1, 1000),
+  rpcConcurrency: setting({ env: 'CORRAL_RPC_CONCURRENCY', default: 8, rule: int(1, 1000) }),
   /** Worker RPC: a request not served within this long is answered `timeout`. */
-  rpcTimeoutMs: int(10, 600_000),
+  rpcTimeoutMs: setting({ env: 'CORRAL_RPC_TIMEOUT_MS', default: 10_000, rule: int(10, 600_000) }),
   /** CURVE off (and any worker admitted). Never implied: `--insecure` or CORRAL_INSECURE=1. */
-  insecure: flag(),
+  insecure: setting({ env: 'CORRAL_INSECURE', default: false, rule: flag() }),
   /** With `insecure`, also allow binding a non-loopback address. */
-  insecureRemote: flag(),
+  insecureRemote: setting({ env: 'CORRAL_INSECURE_REMOTE', default: false, rule: flag() }),
   /** The daemon's keypair file; default `<homeDir>/keys/daemon.key`, created on first start. */
-  daemonKeyFile: optional(text({ min: 1 })),
+  daemonKeyFile: setting({ env: 'CORRAL_DAEMON_KEY_FILE', rule: optional(text({ min: 1 })) }),
   /** The worker allow-list; default `<homeDir>/keys/workers.json`. */
-  allowlistFile: optional(text({ min: 1 })),
+  allowlistFile: setting({ env: 'CORRAL_ALLOWLIST_FILE', rule: optional(text({ min: 1 })) }),
   /** How often the daemon checks the allow-list for changes (revocations take effect within this). */
-  keyPollMs: int(20, 60_000),
+  keyPollMs: setting({ env: 'CORRAL_KEY_POLL_MS', default: 200, rule: int(20, 60_000) }),
   /** A worker's key file (`corral keys add-worker`). */
-  workerKeyFile: optional(text({ min: 1 })),
+  workerKeyFile: setting({ env: 'CORRAL_WORKER_KEY_FILE', rule: optional(text({ min: 1 })) }),
   /** The daemon's public key (Z85), overriding the one in the worker's key file. */
-  serverKey: optional(text({ length: 40 })),
+  serverKey: setting({ env: 'CORRAL_SERVER_KEY', rule: optional(text({ length: 40 })) }),
   /** Most worker ids registered with one daemon at once. */
-  maxWorkers: int(1, 100_000),
+  maxWorkers: setting({ env: 'CORRAL_MAX_WORKERS', default: 256, rule: int(1, 100_000) }),
   /** Most connections to the broker at once (ZAP refuses the rest). */
-  maxConnections: int(1, 1_000_000),
+  maxConnections: setting({ env: 'CORRAL_MAX_CONNECTIONS', default: 1024, rule: int(1, 1_000_000) }),
   /** A turn running longer than this is failed (retried), even while it reports progress. */
-  maxTurnMs: int(100),
-  metricsPort: optional(int(0, 65_535)),
-  metricsHost: text({ min: 1 }),
-  logLevel: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
-  logPretty: flag(),
+  maxTurnMs: setting({ env: 'CORRAL_MAX_TURN_MS', default: 6 * 3_600_000, rule: int(100) }),
+  metricsPort: setting({ env: 'CORRAL_METRICS_PORT', rule: optional(int(0, 65_535)) }),
+  metricsHost: setting({ env: 'CORRAL_METRICS_HOST', default: '127.0.0.1', rule: text({ min: 1 }) }),
+  logLevel: setting({
+    env: 'CORRAL_LOG_LEVEL',
+    default: 'info',
+    rule: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
+  }),
+  logPretty: setting({ env: 'CORRAL_LOG_PRETTY', default: false, rule: flag() }),
 };
 
 /** Conditions between settings, checked once every setting is valid; `key` is the one blamed. */
@@ -228,104 +267,25 @@ export function isLocalEndpoint(endpoint: string): boolean {
   return host === 'localhost' || host === '::1' || /^127\.\d+\.\d+\.\d+$/.test(host);
 }
 
-type Rules = typeof RULES;
-type ValueOf<R> = R extends Rule<infer T> ? T : never;
-type Values = { [K in keyof Rules]: ValueOf<Rules[K]> };
-type OptionalKey = { [K in keyof Rules]: Rules[K] extends { optional: true } ? K : never }[keyof Rules];
-/** The settings; each one's meaning is documented on its rule in `RULES`. */
-export type Config = Pick<Values, Exclude<keyof Rules, OptionalKey>> & Partial<Pick<Values, OptionalKey>>;
+type Settings = typeof SETTINGS;
+type ValueOf<S> = S extends { rule: Rule<infer T> } ? T : never;
+type Values = { [K in keyof Settings]: ValueOf<Settings[K]> };
+type OptionalKey = { [K in keyof Settings]: Settings[K]['rule'] extends { optional: true } ? K : never }[keyof Settings];
+type RequiredKey = Exclude<keyof Settings, OptionalKey>;
+/** The settings; each one's meaning is documented on its row of `SETTINGS`. */
+export type Config = Pick<Values, RequiredKey> & Partial<Pick<Values, OptionalKey>>;
 
-export const DEFAULTS: Omit<Config, 'homeDir'> = {
-  embeddedRootDir: '/var/lib/corral',
-  endpoint: 'tcp://127.0.0.1:5555',
-  queueName: 'actor-events',
-  bossSchema: 'pgboss',
-  leaseMs: 60_000,
-  progressIntervalMs: DEFAULT_PROGRESS_INTERVAL_MS,
-  workerHeartbeatMs: 2_000,
-  workerStaleMs: 10_000,
-  idleTimeoutMs: 300_000,
-  heapTrimIdleMs: 10_000,
-  watchdogIntervalMs: 1_000,
-  drainMs: 10_000,
-  recoveryIntervalMs: 30_000,
-  retryLimit: 5,
-  retryDelaySeconds: 5,
-  retryDelayMaxSeconds: 120,
-  jobExpireSeconds: 86_400,
-  jobHeartbeatSeconds: 30,
-  deadLetterMode: 'continue',
-  completedRetentionSeconds: 7 * 86_400,
-  fetchBatchSize: 50,
-  pollIntervalMs: 1_000,
-  maxMessageBytes: 1024 * 1024,
-  maxEventBytes: 256 * 1024,
-  contextMessages: 50,
-  contextBytes: 64 * 1024,
-  contextCacheBytes: DEFAULT_CONTEXT_CACHE_BYTES,
-  rpcConcurrency: 8,
-  rpcTimeoutMs: 10_000,
-  insecure: false,
-  insecureRemote: false,
-  keyPollMs: 200,
-  maxWorkers: 256,
-  maxConnections: 1024,
-  maxTurnMs: 6 * 3_600_000,
-  metricsHost: '127.0.0.1',
-  logLevel: 'info',
-  logPretty: false,
-};
+const SETTING_ROWS = Object.entries(SETTINGS) as [keyof Config, Setting<unknown>][];
 
-/** Environment variable for each setting (documented in the README). */
-export const ENV_NAMES: Partial<Record<keyof Config, string>> = {
-  databaseUrl: 'DATABASE_URL',
-  homeDir: 'CORRAL_HOME',
-  embeddedRootDir: 'CORRAL_EMBEDDED_ROOT',
-  endpoint: 'CORRAL_ENDPOINT',
-  queueName: 'CORRAL_QUEUE',
-  bossSchema: 'CORRAL_BOSS_SCHEMA',
-  leaseMs: 'CORRAL_LEASE_MS',
-  progressIntervalMs: 'CORRAL_PROGRESS_INTERVAL_MS',
-  workerHeartbeatMs: 'CORRAL_WORKER_HEARTBEAT_MS',
-  workerStaleMs: 'CORRAL_WORKER_STALE_MS',
-  idleTimeoutMs: 'CORRAL_IDLE_TIMEOUT_MS',
-  heapTrimIdleMs: 'CORRAL_HEAP_TRIM_IDLE_MS',
-  watchdogIntervalMs: 'CORRAL_WATCHDOG_INTERVAL_MS',
-  drainMs: 'CORRAL_DRAIN_MS',
-  recoveryIntervalMs: 'CORRAL_RECOVERY_INTERVAL_MS',
-  retryLimit: 'CORRAL_RETRY_LIMIT',
-  retryDelaySeconds: 'CORRAL_RETRY_DELAY_S',
-  retryDelayMaxSeconds: 'CORRAL_RETRY_DELAY_MAX_S',
-  jobExpireSeconds: 'CORRAL_JOB_EXPIRE_S',
-  jobHeartbeatSeconds: 'CORRAL_JOB_HEARTBEAT_S',
-  deadLetterMode: 'CORRAL_DEAD_LETTER_MODE',
-  completedRetentionSeconds: 'CORRAL_COMPLETED_RETENTION_S',
-  fetchBatchSize: 'CORRAL_FETCH_BATCH',
-  pollIntervalMs: 'CORRAL_POLL_INTERVAL_MS',
-  maxMessageBytes: 'CORRAL_MAX_MESSAGE_BYTES',
-  maxEventBytes: 'CORRAL_MAX_EVENT_BYTES',
-  contextMessages: 'CORRAL_CONTEXT_MESSAGES',
-  contextBytes: 'CORRAL_CONTEXT_BYTES',
-  contextCacheBytes: 'CORRAL_CONTEXT_CACHE_BYTES',
-  rpcConcurrency: 'CORRAL_RPC_CONCURRENCY',
-  rpcTimeoutMs: 'CORRAL_RPC_TIMEOUT_MS',
-  insecure: 'CORRAL_INSECURE',
-  insecureRemote: 'CORRAL_INSECURE_REMOTE',
-  daemonKeyFile: 'CORRAL_DAEMON_KEY_FILE',
-  allowlistFile: 'CORRAL_ALLOWLIST_FILE',
-  keyPollMs: 'CORRAL_KEY_POLL_MS',
-  workerKeyFile: 'CORRAL_WORKER_KEY_FILE',
-  serverKey: 'CORRAL_SERVER_KEY',
-  maxWorkers: 'CORRAL_MAX_WORKERS',
-  maxConnections: 'CORRAL_MAX_CONNECTIONS',
-  maxTurnMs: 'CORRAL_MAX_TURN_MS',
-  metricsPort: 'CORRAL_METRICS_PORT',
-  metricsHost: 'CORRAL_METRICS_HOST',
-  logLevel: 'CORRAL_LOG_LEVEL',
-  logPretty: 'CORRAL_LOG_PRETTY',
-};
+/** The default of every setting that has one (all but the optional ones). */
+export const DEFAULTS: Readonly<Pick<Config, RequiredKey>> = Object.freeze(
+  Object.fromEntries(SETTING_ROWS.filter(([, s]) => s.default !== undefined).map(([k, s]) => [k, s.default])) as Pick<Config, RequiredKey>,
+);
 
-const BOOLEAN_KEYS = new Set(['logPretty', 'insecure', 'insecureRemote']);
+/** The environment variable of every setting (documented in the README). */
+export const ENV_NAMES: Readonly<Record<keyof Config, string>> = Object.freeze(
+  Object.fromEntries(SETTING_ROWS.map(([k, s]) => [k, s.env])) as Record<keyof Config, string>,
+);
 
 /**
  * Resolves the configuration: `overrides` (flags) win over `env`, which wins over defaults.
@@ -333,13 +293,13 @@ const BOOLEAN_KEYS = new Set(['logPretty', 'insecure', 'insecureRemote']);
  */
 export function loadConfig(overrides: Partial<Config> = {}, env: Record<string, string | undefined> = {}, cwd = process.cwd()): Config {
   const fromEnv: Record<string, unknown> = {};
-  for (const [key, name] of Object.entries(ENV_NAMES)) {
-    const raw = name ? env[name] : undefined;
+  for (const [key, { env: name, rule }] of SETTING_ROWS) {
+    const raw = env[name];
     if (raw === undefined || raw === '') continue;
-    fromEnv[key] = BOOLEAN_KEYS.has(key) ? ['1', 'true', 'yes'].includes(raw.toLowerCase()) : raw;
+    fromEnv[key] = 'boolean' in rule ? ['1', 'true', 'yes'].includes(raw.toLowerCase()) : raw;
   }
   const defined = Object.fromEntries(Object.entries(overrides).filter(([, v]) => v !== undefined));
-  const merged = { ...DEFAULTS, homeDir: '.corral', ...fromEnv, ...defined };
+  const merged = { ...DEFAULTS, ...fromEnv, ...defined };
   const c = validate(merged);
   return {
     ...c,
@@ -351,11 +311,11 @@ export function loadConfig(overrides: Partial<Config> = {}, env: Record<string, 
   };
 }
 
-/** `input` checked against `RULES`, then `CHECKS`: the first fault (in the order of `RULES`) is reported. */
+/** `input` checked against the rules of `SETTINGS`, then `CHECKS`: the first fault (in table order) is reported. */
 function validate(input: Record<string, unknown>): Config {
   const out: Record<string, unknown> = {};
   let fault: { key?: string; message: string } | undefined;
-  for (const [key, rule] of Object.entries(RULES) as [string, Rule<unknown>][]) {
+  for (const [key, { rule }] of SETTING_ROWS) {
     const checked = rule(input[key]);
     if ('message' in checked) {
       fault = { key, message: checked.message };
@@ -377,7 +337,10 @@ function validate(input: Record<string, unknown>): Config {
 }
 
 /** The effective context limits of `turn_start`: the byte budget capped at a quarter of the wire limit. */
-export function contextLimits(c: Config): { maxMessages: number; maxBytes: number } {
+export function contextLimits(c: Pick<Config, 'contextMessages' | 'contextBytes' | 'maxMessageBytes'>): {
+  maxMessages: number;
+  maxBytes: number;
+} {
   return { maxMessages: c.contextMessages, maxBytes: Math.min(c.contextBytes, Math.floor(c.maxMessageBytes / 4)) };
 }
 

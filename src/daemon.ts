@@ -8,7 +8,7 @@ import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { PgBoss } from 'pg-boss';
 import { systemClock, type Clock } from './clock.ts';
-import { contextLimits, type Config } from './config.ts';
+import type { Config } from './config.ts';
 import { openDatabase, type Database } from './db/client.ts';
 import { migrateDatabase } from './db/migrate.ts';
 import { markOwnerWorkersGone } from './db/workers.ts';
@@ -29,9 +29,8 @@ import { keyHeadFetch, queueTable, type KeyHeadFetch } from './db/boss-fetch.ts'
 import { createEventQueue, type EventQueue } from './queue/events.ts';
 import { Recovery } from './runtime/recovery.ts';
 import { Runtime } from './runtime/runtime.ts';
-import { RpcServer } from './runtime/rpc.ts';
 import type { SessionController } from './runtime/directory.ts';
-import { TurnStore } from './runtime/turns.ts';
+import { cancelTurn, steerTurn } from './ops/turn-control.ts';
 import { Watchdog } from './runtime/watchdog.ts';
 import { JobKeeper } from './runtime/job-keeper.ts';
 import { Periodic } from './runtime/periodic.ts';
@@ -71,9 +70,6 @@ export class Daemon {
   /** CURVE keys and the worker allow-list; undefined with `insecure`. */
   readonly security: FabricSecurity | undefined;
   readonly runtime: Runtime;
-  /** Worker RPC (history.read, actor.status), served off the broker loop. */
-  readonly rpc: RpcServer;
-  readonly store: TurnStore;
   readonly consumer: QueueConsumer;
   /** The actor queue's fetch, once pg-boss's queue exists (prepare). */
   private fetchHeads: KeyHeadFetch | undefined;
@@ -114,42 +110,19 @@ export class Daemon {
     });
     this.queues = queuesOf(config);
     this.events = createEventQueue(this.boss, this.queues.events, { maxEventBytes: config.maxEventBytes });
-    this.store = new TurnStore({
-      db: this.database.db,
-      boss: this.boss,
-      queueName: this.queues.events,
-      ownerId: this.ownerId,
-      config: {
-        leaseMs: config.leaseMs,
-        deadLetterMode: config.deadLetterMode,
-        bossSchema: config.bossSchema,
-        maxEventBytes: config.maxEventBytes,
-        context: contextLimits(config),
-        contextCacheBytes: config.contextCacheBytes,
-      },
-    });
     let consumer: QueueConsumer | undefined;
     this.runtime = new Runtime({
       db: this.database.db,
-      store: this.store,
+      boss: this.boss,
+      queues: this.queues,
+      config,
+      // the broker is built below: it hands its events to the runtime
       transport: { send: (id, msg) => this.broker.send(id, msg), forget: (id) => void this.broker.forget(id) },
       clock,
       logger,
       ownerId: this.ownerId,
-      workerStaleMs: config.workerStaleMs,
       onCapacity: () => consumer?.wakeForCapacity(),
       ...(deps.metrics ? { metrics: deps.metrics } : {}),
-      maxEventBytes: config.maxEventBytes,
-    });
-    this.rpc = new RpcServer({
-      db: this.database.db,
-      jobs: this.store.jobs,
-      transport: { send: (id, msg) => this.broker.send(id, msg) },
-      clock,
-      logger,
-      concurrency: config.rpcConcurrency,
-      timeoutMs: config.rpcTimeoutMs,
-      maxMessageBytes: config.maxMessageBytes,
     });
     const security = (this.security = config.insecure
       ? undefined
@@ -185,8 +158,7 @@ export class Daemon {
             },
           }
         : {}),
-      // worker RPC goes to its own server (bounded, off the broker loop); the rest to the runtime
-      onEvent: (e) => (e.kind === 'rpc_request' ? this.rpc.handle(e) : this.runtime.handleBrokerEvent(e)),
+      onEvent: (e) => this.runtime.handleBrokerEvent(e),
     });
     consumer = this.consumer = new QueueConsumer({
       boss: this.boss,
@@ -208,7 +180,7 @@ export class Daemon {
     });
     this.watchdog = new Watchdog({
       db: this.database.db,
-      store: this.store,
+      failures: this.runtime.failures,
       dispatcher: this.runtime.dispatcher,
       workers: this.runtime.workers,
       clock,
@@ -235,7 +207,7 @@ export class Daemon {
       inFlight: () => this.runtime.inFlightCount(),
       // an idle daemon keeps no contexts: the next turns read theirs from the database
       trim: () => {
-        this.store.contexts.clear();
+        this.runtime.contexts.clear();
         memoryReducingGc();
       },
     });
@@ -254,7 +226,8 @@ export class Daemon {
       firstPass: 'after-interval',
     });
     this.jobKeeper = new JobKeeper({
-      store: this.store,
+      boss: this.boss,
+      queueName: this.queues.events,
       dispatcher: this.runtime.dispatcher,
       clock,
       logger,
@@ -262,7 +235,7 @@ export class Daemon {
     });
     this.recovery = new Recovery({
       db: this.database.db,
-      store: this.store,
+      failures: this.runtime.failures,
       clock,
       logger,
       intervalMs: config.recoveryIntervalMs,
@@ -331,12 +304,12 @@ export class Daemon {
 
   /** Steers the live turn of `key` (library API; `corral steer` does the same). */
   steer(key: ActorKey, input: unknown): Promise<Fence> {
-    return this.store.steer(key, input);
+    return steerTurn({ db: this.database.db }, key, input);
   }
 
   /** Cancels the live turn of `key` (library API; `corral cancel` does the same). */
   cancel(key: ActorKey, reason = 'cancelled by operator'): Promise<Fence> {
-    return this.store.cancel(key, reason);
+    return cancelTurn({ db: this.database.db, boss: this.boss, queueName: this.queues.events }, key, reason);
   }
 
   /**
@@ -442,7 +415,6 @@ export class Daemon {
     const result = await this.handle?.shutdown({ deadlineMs: opts.deadlineMs ?? 10_000 });
     this.abort.abort();
     await this.runtime.drain();
-    await this.rpc.drain();
     await this.controlListener?.close().catch(() => undefined);
     this.security?.stop();
     this.insecureWarning?.cancel();

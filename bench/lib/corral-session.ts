@@ -326,7 +326,7 @@ export class CorralSession {
       return { key: this.keys[i % this.keys.length]!, event: { text: `e${i}` } };
     });
     const elu0 = performance.eventLoopUtilization();
-    const contexts0 = this.daemon.store.contexts.stats;
+    const contexts0 = this.daemon.runtime.contexts.stats;
     if (this.sampler) this.sampler.on = true;
     const workers0 = await this.workerCpuMs();
     // slot occupancy: worker slots taken in the daemon, sampled every 5 ms of the round
@@ -365,7 +365,7 @@ export class CorralSession {
     this.busyMs += totalMs;
     const r: RoundResult = { events: n, enqueueMs: run.tEnq - run.t0, totalMs, turnsPerSec: (n * 1000) / totalMs };
     this.rounds.push(r);
-    const contexts = this.daemon.store.contexts.stats;
+    const contexts = this.daemon.runtime.contexts.stats;
     const cached = contexts.hits - contexts0.hits;
     const read = contexts.misses - contexts0.misses;
     this.contexts.cached += cached;

@@ -124,7 +124,7 @@ export async function openBenchClient(url: string, cleanup: Cleanup): Promise<Be
   const boss = createBoss(url, DEFAULTS, { max: 2 });
   await boss.start();
   cleanup.defer('stop bench pg-boss', () => boss.stop({ graceful: false, close: true, timeout: 5_000 }));
-  const queue = createEventQueue(boss, DEFAULTS.queueName);
+  const queue = createEventQueue(boss, DEFAULTS.queueName, { maxEventBytes: DEFAULTS.maxEventBytes });
   return {
     db,
     boss,

@@ -13,7 +13,7 @@ import { dropOutputOnClosedPipe, exitCodeFor, messageFor, EXIT } from './exit.ts
 import { registerDlqCommands } from './commands/dlq-cli.ts';
 import { registerKeysCommands } from './commands/keys.ts';
 import { intArg } from './args.ts';
-import { DEFAULT_WORKER_CAPACITY } from '../worker/defaults.ts';
+import { DEFAULT_WORKER_CAPACITY } from '../defaults.ts';
 
 interface Globals {
   logLevel?: Config['logLevel'];

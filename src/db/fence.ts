@@ -8,7 +8,7 @@
  * and `loadFenceRowsMany` (a batch) take the row locks; `checkFence` decides. Every fenced
  * operation on a turn (accept, progress, commit, fail, redirect) goes through them, inside the
  * transaction that then writes. Steer and cancel act on the actor's live turn, not on a worker's
- * reply: they lock the live activation instead (see TurnStore.steer / cancel).
+ * reply: they lock the live activation instead (see src/ops/turn-control.ts).
  */
 import { sql, type SQL } from './orm.ts';
 import { FenceRejected, type FenceReason } from '../errors.ts';
@@ -35,6 +35,21 @@ export interface Fence {
   eventId: string;
   revision: number;
   deliveryId: string;
+}
+
+/** The fence a delivery row (or an activation with its event and delivery) carries. */
+export function fenceOf(
+  d: Pick<DeliveryRow, 'agentUid' | 'sessionId' | 'activationUid' | 'actorEpoch' | 'eventId' | 'revision' | 'deliveryId'>,
+): Fence {
+  return {
+    agentUid: d.agentUid,
+    sessionId: d.sessionId,
+    activationUid: d.activationUid,
+    actorEpoch: d.actorEpoch,
+    eventId: d.eventId,
+    revision: d.revision,
+    deliveryId: d.deliveryId,
+  };
 }
 
 export interface FenceRows {

@@ -18,9 +18,7 @@ import { z } from 'zod';
 import { FENCE_REASONS } from '../errors.ts';
 
 export const PROTOCOL_VERSION = 1;
-export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024;
-export const DEFAULT_HEARTBEAT_INTERVAL_MS = 2000;
-export { DEFAULT_PROGRESS_INTERVAL_MS } from './defaults.ts';
+export { DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PROGRESS_INTERVAL_MS } from '../defaults.ts';
 export const MAX_RESULT_MESSAGES = 1000;
 export const MAX_CAPACITY = 1024;
 /** Longest `turn_ref` (as JSON) accepted from a worker. */

@@ -69,7 +69,7 @@ export function observabilityChild(opts: ObservabilityChildOptions): ChildSpec<D
     factory: async (daemon, signal) => {
       opts.metrics.setSource(databaseSource(daemon.database.db, queuesOf(daemon.config)));
       opts.metrics.setBrokerSource(() => daemon.broker.stats());
-      opts.metrics.setContextSource(() => daemon.store.contexts.stats);
+      opts.metrics.setContextSource(() => daemon.runtime.contexts.stats);
       const server = bound ?? (await listenForObservability(daemon, opts));
       bound = undefined;
       opts.logger.info({ url: server.url, endpoints: ['/metrics', '/healthz', '/readyz'] }, 'observability server listening');

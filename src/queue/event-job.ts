@@ -28,9 +28,6 @@ export interface ActorEventJob {
   singletonKey: string;
 }
 
-/** Default for `maxEventBytes` when the caller does not pass one (same as the config default). */
-export const DEFAULT_MAX_EVENT_BYTES = 256 * 1024;
-
 /**
  * The payload as it will be stored, checked before anything is written: JSON-serialisable,
  * storable by jsonb (no NUL, no lone surrogate, no number JSON cannot keep), and at most
@@ -56,7 +53,7 @@ function toJsonPayload(event: unknown, maxBytes: number): unknown {
   return JSON.parse(text) as unknown;
 }
 
-export function actorEventJob(key: ActorKey, event: unknown, maxEventBytes = DEFAULT_MAX_EVENT_BYTES): ActorEventJob {
+export function actorEventJob(key: ActorKey, event: unknown, maxEventBytes: number): ActorEventJob {
   const data: ActorEventJobData = {
     agentUid: key.agentUid,
     sessionId: key.sessionId,

@@ -8,7 +8,7 @@ import { fromDrizzle, type PgBoss } from 'pg-boss';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
 import { CorralError } from '../errors.ts';
-import { DEFAULT_MAX_EVENT_BYTES, actorEventJob, type EnqueuedEvent } from './event-job.ts';
+import { actorEventJob, type EnqueuedEvent } from './event-job.ts';
 
 export type { ActorEventJobData, EnqueuedEvent } from './event-job.ts';
 
@@ -20,8 +20,8 @@ export interface EventQueue {
   enqueueActorEvents(dbOrTx: DbOrTx, events: { key: ActorKey; event: unknown }[]): Promise<EnqueuedEvent[]>;
 }
 
-export function createEventQueue(boss: PgBoss, queueName: string, opts: { maxEventBytes?: number } = {}): EventQueue {
-  const maxBytes = opts.maxEventBytes ?? DEFAULT_MAX_EVENT_BYTES;
+export function createEventQueue(boss: PgBoss, queueName: string, opts: { maxEventBytes: number }): EventQueue {
+  const maxBytes = opts.maxEventBytes;
   const jobOf = (key: ActorKey, event: unknown) => actorEventJob(key, event, maxBytes);
   return {
     queueName,

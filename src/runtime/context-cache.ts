@@ -42,9 +42,6 @@ export interface CachedContext {
  */
 export type MessageLines = string;
 
-/** Memory for contexts kept between turns, by default (CORRAL_CONTEXT_CACHE_BYTES). */
-export const DEFAULT_CONTEXT_CACHE_BYTES = 32 * 1024 * 1024;
-
 const ENTRY_OVERHEAD = 160;
 const ELEMENT_OVERHEAD = 48;
 

@@ -17,7 +17,7 @@ import type { Clock, TimerHandle } from '../clock.ts';
 import { toError } from '../errors.ts';
 import { SerialQueue } from '../serial-queue.ts';
 import type { Fence } from '../db/fence.ts';
-import type { StartedTurn } from './turns.ts';
+import type { StartedTurn } from './turn-begin.ts';
 
 /** An actor's turn in flight in this process: one attempt of one event. */
 export interface InFlightTurn {

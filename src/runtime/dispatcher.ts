@@ -22,7 +22,8 @@ import type { RuntimeParts } from './transport.ts';
 import type { InFlightTurn, SessionController } from './directory.ts';
 import { attemptFields, fenceFields, toWire, type AttemptRef, type Fence } from './fence.ts';
 import { GroupWriter } from './group-writer.ts';
-import type { BeginRequest, FailOutcome, FetchedJob, StartedTurn } from './turns.ts';
+import type { FailOutcome } from './attempt-failure.ts';
+import type { BeginRequest, FetchedJob, StartedTurn } from './turn-begin.ts';
 
 /** A turn is never offered to more than this many routes that turn out dead in one dispatch. */
 const MAX_DEAD_ROUTES_PER_DISPATCH = 3;
@@ -50,8 +51,8 @@ export class Dispatcher {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'dispatcher' });
     this.begins = new GroupWriter({
-      many: (requests) => opts.store.beginMany(requests),
-      one: (r) => opts.store.begin(r.job, r.workerId),
+      many: (requests) => opts.begin.beginMany(requests),
+      one: (r) => opts.begin.begin(r.job, r.workerId),
       onBatch: (size, fellBack) => this.log.debug({ size, fellBack }, fellBack ? 'begin batch failed; begun one by one' : 'begin batch'),
     });
   }
@@ -164,7 +165,7 @@ export class Dispatcher {
     const f = this.turnOf(eventId);
     if (!f) return;
     try {
-      f.fence = await this.opts.store.redirect(f.fence, workerId, reason, endState);
+      f.fence = await this.opts.begin.redirect(f.fence, workerId, reason, endState);
       f.workerId = workerId;
     } catch (e) {
       if (e instanceof FenceRejected) {
@@ -253,7 +254,7 @@ export class Dispatcher {
       if (!f || now - f.startedAtMs < maxTurnMs) continue;
       const fence = f.fence;
       const workerId = f.workerId;
-      const outcome = await c.run(() => this.opts.store.failOverdue(fence, maxTurnMs));
+      const outcome = await c.run(() => this.opts.failures.failOverdue(fence, maxTurnMs));
       if (!outcome) continue;
       failed++;
       if (workerId) await this.tell(workerId, { v: 1, type: 'turn_cancel', turn_ref: toWire(fence), reason: 'turn_timeout' });

@@ -1,5 +1,4 @@
 /** Conversions between the wire `turn_ref` (snake_case), the rows and the runtime `Fence`. */
-import type { DeliveryRow } from '../db/deliveries.ts';
 import type { Fence } from '../db/fence.ts';
 import type { TurnRef } from '../fabric/protocol.ts';
 
@@ -52,20 +51,5 @@ export function fenceFields(f: Fence): Record<string, unknown> {
     eventId: f.eventId,
     revision: f.revision,
     deliveryId: f.deliveryId,
-  };
-}
-
-/** The fence a delivery row (or an activation with its event and delivery) carries. */
-export function fenceOf(
-  d: Pick<DeliveryRow, 'agentUid' | 'sessionId' | 'activationUid' | 'actorEpoch' | 'eventId' | 'revision' | 'deliveryId'>,
-): Fence {
-  return {
-    agentUid: d.agentUid,
-    sessionId: d.sessionId,
-    activationUid: d.activationUid,
-    actorEpoch: d.actorEpoch,
-    eventId: d.eventId,
-    revision: d.revision,
-    deliveryId: d.deliveryId,
   };
 }

@@ -4,17 +4,27 @@
  * writing an activation gets retried). Touching three times per period leaves room for a slow
  * database; a stalled daemon stops touching and its jobs are retried elsewhere.
  */
+import type { PgBoss } from 'pg-boss';
 import type { Clock } from '../clock.ts';
 import type { Logger } from '../logger.ts';
 import type { Dispatcher } from './dispatcher.ts';
-import type { TurnStore } from './turns.ts';
 import { Periodic } from './periodic.ts';
+
+export interface JobKeeperOptions {
+  boss: PgBoss;
+  /** The actor queue. */
+  queueName: string;
+  dispatcher: Pick<Dispatcher, 'inFlightAttempts'>;
+  clock: Clock;
+  logger: Logger;
+  jobHeartbeatSeconds: number;
+}
 
 export class JobKeeper {
   private readonly log: Logger;
-  private readonly opts: { store: TurnStore; dispatcher: Dispatcher; clock: Clock; logger: Logger; jobHeartbeatSeconds: number };
+  private readonly opts: JobKeeperOptions;
 
-  constructor(opts: { store: TurnStore; dispatcher: Dispatcher; clock: Clock; logger: Logger; jobHeartbeatSeconds: number }) {
+  constructor(opts: JobKeeperOptions) {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'job-keeper' });
   }
@@ -26,7 +36,7 @@ export class JobKeeper {
   /** Touches every in-flight job once. Returns how many. */
   async tick(): Promise<number> {
     const attempts = this.opts.dispatcher.inFlightAttempts();
-    await this.opts.store.touchJobs(attempts);
+    if (attempts.length > 0) await this.opts.boss.touch(this.opts.queueName, attempts);
     return attempts.length;
   }
 

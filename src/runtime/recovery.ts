@@ -12,12 +12,12 @@ import type { Logger } from '../logger.ts';
 import type { Db } from '../db/client.ts';
 import * as transcript from '../db/transcript.ts';
 import * as activations from '../db/activations.ts';
-import type { TurnStore } from './turns.ts';
+import type { AttemptFailures } from './attempt-failure.ts';
 import { Periodic } from './periodic.ts';
 
 export interface RecoveryOptions {
   db: Db;
-  store: TurnStore;
+  failures: Pick<AttemptFailures, 'expire' | 'repairOrphanTurn'>;
   clock: Clock;
   logger: Logger;
   intervalMs: number;
@@ -58,10 +58,10 @@ export class Recovery {
   private async pass(): Promise<RecoveryReport> {
     const report: RecoveryReport = { expiredActivations: 0, repairedTurns: 0, retriedEvents: 0 };
     for (const a of await activations.listExpiredInFlight(this.opts.db, 1000)) {
-      if (await this.opts.store.expire(a.activationUid)) report.expiredActivations++;
+      if (await this.opts.failures.expire(a.activationUid)) report.expiredActivations++;
     }
     for (const turn of await transcript.orphanedStartedTurns(this.opts.db, 1000)) {
-      const outcome = await this.opts.store.repairOrphanTurn(turn);
+      const outcome = await this.opts.failures.repairOrphanTurn(turn);
       if (!outcome) continue;
       report.repairedTurns++;
       if (outcome.jobFailed) report.retriedEvents++;

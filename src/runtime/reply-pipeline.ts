@@ -19,9 +19,8 @@ import type { Dispatcher } from './dispatcher.ts';
 import { fenceFields, fromWire, type Fence, type WireTurnRef } from './fence.ts';
 import { GroupWriter } from './group-writer.ts';
 import type { RuntimeParts } from './transport.ts';
-import type { ReplyOutcome, ReplyRequest } from './turns.ts';
+import type { ReplyOutcome, ReplyRequest } from './turn-commit.ts';
 import { checkEmits } from '../queue/effects.ts';
-import { DEFAULT_MAX_EVENT_BYTES } from '../queue/event-job.ts';
 
 /** turn_error codes meaning "the worker did not run this turn": it goes elsewhere, no retry is spent. */
 const HANDED_BACK = new Set(['over_capacity', 'worker_stopping']);
@@ -32,7 +31,7 @@ type ErrorEvent = Extract<BrokerEvent, { kind: 'turn_error' }>;
 export interface ReplyPipelineOptions extends RuntimeParts {
   dispatcher: Dispatcher;
   /** Largest emitted event payload (CORRAL_MAX_EVENT_BYTES). */
-  maxEventBytes?: number;
+  maxEventBytes: number;
 }
 
 export class ReplyPipeline {
@@ -49,10 +48,10 @@ export class ReplyPipeline {
     this.log = opts.logger.child({ component: 'replies' });
     this.writer = new GroupWriter<ReplyRequest, ReplyOutcome>({
       many: async (requests) =>
-        (await opts.store.replyMany(requests)).map((o) =>
+        (await opts.commits.replyMany(requests)).map((o) =>
           o.outcome === 'rejected' ? { ok: false as const, error: new FenceRejected(o.reason) } : { ok: true as const, value: o },
         ),
-      one: (r) => opts.store.replyOne(r),
+      one: (r) => opts.commits.replyOne(r),
       onBatch: (size, fellBack) => this.log.debug({ size, fellBack }, fellBack ? 'reply batch failed; applied one by one' : 'reply batch'),
     });
   }
@@ -84,7 +83,7 @@ export class ReplyPipeline {
       return;
     }
     // effects hook: a result whose `emit` breaks the limits is refused before any transaction
-    const effects = checkEmits(e.emit, this.opts.maxEventBytes ?? DEFAULT_MAX_EVENT_BYTES);
+    const effects = checkEmits(e.emit, this.opts.maxEventBytes);
     if (!effects.ok) {
       this.refuseUnstorable(e.workerId, e.turnRef, effects.detail, 'emit_limit');
       return;
@@ -127,7 +126,7 @@ export class ReplyPipeline {
     this.dropAccept(e.turnRef.delivery_id);
     this.fenced(e.workerId, e.turnRef, 'fail', async (fence) => {
       // an error text is diagnostic: make it storable rather than lose the failure
-      const outcome = await this.opts.store.fail(fence, e.workerId, {
+      const outcome = await this.opts.commits.fail(fence, e.workerId, {
         ...e.error,
         code: storableText(e.error.code),
         message: storableText(e.error.message),
@@ -175,7 +174,7 @@ export class ReplyPipeline {
     });
     this.fenced(workerId, ref, 'fail', async (fence) => {
       const code = reason === 'unstorable' ? 'unstorable_result' : 'emit_limit';
-      const outcome = await this.opts.store.fail(fence, workerId, { code, message: storableText(why.slice(0, 1000)) });
+      const outcome = await this.opts.commits.fail(fence, workerId, { code, message: storableText(why.slice(0, 1000)) });
       this.opts.dispatcher.attemptFailed(fence, outcome, `unstorable result: ${why.slice(0, 200)}`);
     });
   }

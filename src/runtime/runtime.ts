@@ -2,9 +2,15 @@
  * The Runtime: the event path's parts, wired together, and the router from the broker to them.
  *
  *   broker event ─┬─ worker_ready / heartbeat / worker_gone → WorkerRegistry (+ Dispatcher)
- *                 └─ turn_accepted / progress / result / error → ReplyPipeline (group commit)
+ *                 ├─ turn_accepted / progress / result / error → ReplyPipeline (group commit)
+ *                 └─ rpc_request → RpcServer (bounded, off the broker loop)
  *   fetched jobs ─── Dispatcher (slots, group begin, turn_start, parking, redirects)
  *   control NOTIFY ─ Dispatcher (steer / cancel of a turn it dispatched)
+ *
+ * The steps' transactions, one file each: the begin (turn-begin.ts), the commit
+ * (turn-commit.ts), the attempt failure (attempt-failure.ts). The runtime builds them from the
+ * resolved configuration; the daemon composes the runtime with the broker, the queue consumer
+ * and the periodic components (watchdog, recovery, job keeper).
  *
  * Invariants:
  *  1. (I5) The runtime never touches the socket: it sends through `Transport`, the broker's
@@ -13,8 +19,11 @@
  *  3. Per actor, operations run one at a time through the actor's SessionController, which owns
  *     the actor's in-flight turn in this process.
  */
+import type { PgBoss } from 'pg-boss';
 import type { Clock } from '../clock.ts';
+import { contextLimits, type Config } from '../config.ts';
 import type { Db } from '../db/client.ts';
+import type { Queues } from '../db/boss-jobs.ts';
 import type { ControlMessage } from '../db/control.ts';
 import type { BrokerEvent } from '../fabric/broker.ts';
 import type { Logger } from '../logger.ts';
@@ -25,27 +34,53 @@ import { Dispatcher } from './dispatcher.ts';
 import { noopMetrics, type RuntimeMetrics } from './metrics.ts';
 import { ReplyPipeline } from './reply-pipeline.ts';
 import type { Transport } from './transport.ts';
-import type { FetchedJob, TurnStore } from './turns.ts';
+import { AttemptFailures } from './attempt-failure.ts';
+import { ContextCache } from './context-cache.ts';
+import { RpcServer } from './rpc.ts';
+import { TurnBeginner, type FetchedJob } from './turn-begin.ts';
+import { TurnCommits } from './turn-commit.ts';
 import { WorkerRegistry } from './worker-registry.ts';
 
 export type { Transport };
 
+/** The settings the runtime reads, as resolved once (src/config.ts). */
+export type RuntimeConfig = Pick<
+  Config,
+  | 'leaseMs'
+  | 'deadLetterMode'
+  | 'maxEventBytes'
+  | 'maxMessageBytes'
+  | 'contextMessages'
+  | 'contextBytes'
+  | 'contextCacheBytes'
+  | 'workerStaleMs'
+  | 'rpcConcurrency'
+  | 'rpcTimeoutMs'
+>;
+
 export interface RuntimeOptions {
   db: Db;
-  store: TurnStore;
+  boss: PgBoss;
+  /** pg-boss's schema and the actor queue (`queuesOf(config)`). */
+  queues: Queues;
+  config: RuntimeConfig;
   transport: Transport;
   clock: Clock;
   logger: Logger;
   ownerId: string;
-  workerStaleMs: number;
   /** Called whenever capacity may have freed up (the consumer fetches again). */
   onCapacity?: () => void;
   metrics?: RuntimeMetrics;
-  /** Largest emitted event payload (CORRAL_MAX_EVENT_BYTES). */
-  maxEventBytes?: number;
 }
 
 export class Runtime {
+  /** The contexts of the conversations this daemon ran lately (a begin checks them against the database). */
+  readonly contexts: ContextCache;
+  readonly failures: AttemptFailures;
+  readonly begin: TurnBeginner;
+  readonly commits: TurnCommits;
+  /** Worker RPC (history.read, actor.status). */
+  readonly rpc: RpcServer;
   readonly directory: ActorDirectory;
   readonly workers: WorkerRegistry;
   readonly dispatcher: Dispatcher;
@@ -60,6 +95,40 @@ export class Runtime {
     this.metrics = opts.metrics ?? noopMetrics;
     this.background = new BackgroundWork(this.log);
     const retry = databaseRetry({ clock: opts.clock, log: this.log, stopping: () => this.stopping });
+    const { config, db, boss } = opts;
+    const jobs = { schema: opts.queues.schema, queue: opts.queues.events };
+    const limits = contextLimits(config);
+    const context = limits.maxMessages > 0 ? limits : undefined;
+    this.contexts = new ContextCache(context ?? { maxMessages: 0, maxBytes: 0 }, context ? config.contextCacheBytes : 0);
+    this.failures = new AttemptFailures({ db, boss, jobs, deadLetterMode: config.deadLetterMode });
+    this.begin = new TurnBeginner({
+      db,
+      ownerId: opts.ownerId,
+      leaseMs: config.leaseMs,
+      jobs,
+      failures: this.failures,
+      context,
+      contexts: this.contexts,
+    });
+    this.commits = new TurnCommits({
+      db,
+      boss,
+      jobs,
+      leaseMs: config.leaseMs,
+      maxEventBytes: config.maxEventBytes,
+      contexts: this.contexts,
+      failures: this.failures,
+    });
+    this.rpc = new RpcServer({
+      db,
+      jobs,
+      transport: opts.transport,
+      clock: opts.clock,
+      logger: opts.logger,
+      concurrency: config.rpcConcurrency,
+      timeoutMs: config.rpcTimeoutMs,
+      maxMessageBytes: config.maxMessageBytes,
+    });
     this.directory = new ActorDirectory({ clock: opts.clock, onError: (e) => this.log.error({ err: e }, 'directory') });
     this.workers = new WorkerRegistry({
       db: opts.db,
@@ -67,11 +136,13 @@ export class Runtime {
       clock: opts.clock,
       logger: opts.logger,
       background: this.background,
-      staleMs: opts.workerStaleMs,
+      staleMs: config.workerStaleMs,
       ...(opts.transport.forget ? { forgetSession: (id: string) => opts.transport.forget?.(id) } : {}),
     });
     const parts = {
-      store: opts.store,
+      begin: this.begin,
+      commits: this.commits,
+      failures: this.failures,
       transport: opts.transport,
       workers: this.workers,
       directory: this.directory,
@@ -88,13 +159,16 @@ export class Runtime {
     this.replies = new ReplyPipeline({
       ...parts,
       dispatcher: this.dispatcher,
-      ...(opts.maxEventBytes === undefined ? {} : { maxEventBytes: opts.maxEventBytes }),
+      maxEventBytes: config.maxEventBytes,
     });
   }
 
   /** Called synchronously from the broker's receive loop: schedules, never awaits. */
   handleBrokerEvent(e: BrokerEvent): void {
     switch (e.kind) {
+      case 'rpc_request':
+        this.rpc.handle(e);
+        return;
       case 'worker_ready':
         this.background.track(this.onWorkerReady(e.workerId, e.capacity, e.instance), { workerId: e.workerId });
         return;
@@ -158,6 +232,7 @@ export class Runtime {
   /** Waits for scheduled background work (tests, shutdown). */
   async drain(): Promise<void> {
     await this.background.drain();
+    await this.rpc.drain();
   }
 
   /** Stops retrying database work and parked turns (shutdown). */

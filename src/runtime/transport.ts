@@ -10,7 +10,9 @@ import type { BackgroundWork } from './background.ts';
 import type { DatabaseRetry } from './db-retry.ts';
 import type { ActorDirectory } from './directory.ts';
 import type { RuntimeMetrics } from './metrics.ts';
-import type { TurnStore } from './turns.ts';
+import type { AttemptFailures } from './attempt-failure.ts';
+import type { TurnBeginner } from './turn-begin.ts';
+import type { TurnCommits } from './turn-commit.ts';
 import type { WorkerRegistry } from './worker-registry.ts';
 
 export interface Transport {
@@ -21,7 +23,12 @@ export interface Transport {
 
 /** What the dispatcher and the reply pipeline both work with (wired by the Runtime). */
 export interface RuntimeParts {
-  store: TurnStore;
+  /** The begin step (T2) and its re-dispatch. */
+  begin: TurnBeginner;
+  /** The commit step (T5, T5'). */
+  commits: TurnCommits;
+  /** The attempt-failure step. */
+  failures: AttemptFailures;
   transport: Transport;
   workers: WorkerRegistry;
   directory: ActorDirectory;

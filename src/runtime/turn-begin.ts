@@ -1,22 +1,42 @@
 /**
- * T2, the begin of fetched jobs (docs/failure-semantics.md): each job's actor gets an activation
+ * The begin step, T2 (docs/failure-semantics.md): each fetched job's actor gets an activation
  * (its warm one, else a new one under a higher epoch), and the job a delivery carrying the fence
  * and a `started` turn. Batched: the actors of a batch with a warm activation in one statement,
  * those with none live in another, the rest (a stale live activation to supersede) in one
- * transaction.
+ * transaction. A turn whose delivery could not be sent, or whose worker was lost before it ran,
+ * is dispatched again under the same fence with a new delivery (`redirect`).
  */
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
-import type { Db, DbOrTx, Tx } from '../db/client.ts';
+import type { Db, DbOrTx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
 import * as activations from '../db/activations.ts';
 import type { ActivationRow } from '../db/activations.ts';
 import type { ContextLimits } from '../db/history.ts';
 import * as turnRows from '../db/turn-rows.ts';
+import * as deliveries from '../db/deliveries.ts';
+import * as transcript from '../db/transcript.ts';
+import { fenceOf, lockFence, type Fence, type JobTable } from '../db/fence.ts';
+import { DELIVERY_LIVE } from '../db/schema.ts';
 import { CorralError, isConnectionError } from '../errors.ts';
-import { fenceOf } from './fence.ts';
+import type { ConsumedJob } from '../queue/consumer.ts';
+import type { AttemptFailures } from './attempt-failure.ts';
 import { contextJson, type ContextCache } from './context-cache.ts';
 import type { Settlement } from './group-writer.ts';
-import type { FetchedJob, StartedTurn } from './turns.ts';
+
+/** A job fetched from the actor queue. */
+export type FetchedJob = ConsumedJob;
+
+/** A turn begun: its fence, and what its turn_start carries. */
+export interface StartedTurn {
+  fence: Fence;
+  payload: unknown;
+  enqueuedAt: string;
+  attempt: number;
+  leaseExpiresAt: Date;
+  workerId: string | null;
+  /** The conversation so far as the JSON text of turn_start's `context` (src/runtime/context-cache.ts `contextJson`). */
+  contextJson?: string | undefined;
+}
 
 /** A fetched job to begin, and the worker whose slot it holds (null: it waits for one). */
 export interface BeginRequest {
@@ -30,8 +50,10 @@ export interface TurnBeginnerDeps {
   db: Db;
   ownerId: string;
   leaseMs: number;
+  /** Where the events' jobs are (a redirect checks the fence, the job's attempt included). */
+  jobs: JobTable;
   /** Fails a live activation still holding an older attempt of an actor being begun (rare). */
-  supersede(tx: Tx, stale: ActivationRow): Promise<unknown>;
+  failures: Pick<AttemptFailures, 'supersede'>;
   /** turn_start's context limits; undefined: turns get no context. */
   context: ContextLimits | undefined;
   /** The contexts this daemon knows (the database checks them, and reads only the others). */
@@ -43,6 +65,43 @@ export class TurnBeginner {
 
   constructor(deps: TurnBeginnerDeps) {
     this.deps = deps;
+  }
+
+  /** T2 for one fetched job; its error, if any, is thrown. */
+  async begin(job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
+    const [settled] = await this.beginMany([{ job, workerId }]);
+    if (!settled!.ok) throw settled!.error;
+    return settled!.value;
+  }
+
+  /**
+   * The delivery could not be sent (`send_failed`), or its worker was lost before running it or
+   * handed it back (`superseded`): end it and write a new delivery of the same event for
+   * `nextWorkerId`, same fence otherwise. Fenced: a delivery the watchdog already failed is not
+   * redirected.
+   */
+  async redirect(
+    fence: Fence,
+    nextWorkerId: string,
+    reason: string,
+    endState: 'send_failed' | 'superseded' = 'send_failed',
+  ): Promise<Fence> {
+    return inTransaction(this.deps.db, async (tx) => {
+      const { activation, delivery } = await lockFence(tx, this.deps.jobs, fence);
+      await deliveries.transitionDelivery(tx, delivery.deliveryId, DELIVERY_LIVE, endState, reason);
+      await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: { code: endState, message: reason } });
+      const [deliveryId] = await turnRows.insertTurnRowsMany(tx, [
+        {
+          activation,
+          eventId: delivery.eventId,
+          jobRetryCount: delivery.jobRetryCount,
+          workerId: nextWorkerId,
+          input: await transcript.turnInput(tx, delivery.deliveryId),
+        },
+      ]);
+      await activations.extendLease(tx, activation.activationUid, this.deps.leaseMs);
+      return fenceOf({ ...activation, eventId: delivery.eventId, deliveryId: deliveryId! });
+    });
   }
 
   /**
@@ -155,7 +214,7 @@ export class TurnBeginner {
         tx,
         requests.map((r) => keyOf(r.job)),
       )) {
-        await this.deps.supersede(tx, stale);
+        await this.deps.failures.supersede(tx, stale);
       }
       const started = await this.beginStatement(tx, 'new', requests);
       const missing = requests.filter((_, i) => started[i] === undefined);

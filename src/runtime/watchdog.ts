@@ -14,7 +14,7 @@ import * as deliveries from '../db/deliveries.ts';
 import * as workersDb from '../db/workers.ts';
 import { pruneDaemons } from '../db/daemons.ts';
 import type { Dispatcher } from './dispatcher.ts';
-import type { TurnStore } from './turns.ts';
+import type { AttemptFailures } from './attempt-failure.ts';
 import type { WorkerRegistry } from './worker-registry.ts';
 import { Periodic } from './periodic.ts';
 
@@ -26,7 +26,7 @@ const WORKER_PRUNE_INTERVAL_MS = 60_000;
 
 export interface WatchdogOptions {
   db: Db;
-  store: TurnStore;
+  failures: Pick<AttemptFailures, 'expire'>;
   dispatcher: Dispatcher;
   workers: WorkerRegistry;
   clock: Clock;
@@ -76,10 +76,10 @@ export class Watchdog {
 
   private async pass(): Promise<WatchdogReport> {
     const report: WatchdogReport = { expired: 0, deadLettered: 0, stoppedIdle: 0, staleWorkers: [], redispatched: 0, overdue: 0 };
-    const { db, store, dispatcher, workers } = this.opts;
+    const { db, failures, dispatcher, workers } = this.opts;
 
     for (const a of await activations.listExpiredInFlight(db)) {
-      const outcome = await store.expire(a.activationUid);
+      const outcome = await failures.expire(a.activationUid);
       if (!outcome || a.currentEventId === null) continue;
       report.expired++;
       if (outcome.deadLettered) report.deadLettered++;

@@ -9,6 +9,7 @@ import { DELIVERY_LIVE } from '../../src/db/schema.ts';
 import { migrateDatabase } from '../../src/db/migrate.ts';
 import { createBoss, ensureQueues } from '../../src/queue/boss.ts';
 import { createEventQueue, type EventQueue } from '../../src/queue/events.ts';
+import { DEFAULTS } from '../../src/config.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';
 import { QUEUE, queueConfig, type ChaosDatabase, type ChaosTimings } from './environment.ts';
 import { checkInvariants, type CheckResult } from './invariants.ts';
@@ -46,7 +47,7 @@ export class ScenarioDb {
     // Jobs copy the retry policy at insert time: the queue must carry the short delays before
     // the first event is enqueued (the daemon would only update it when it starts).
     await ensureQueues(s.boss, queueConfig(timings));
-    s.events = createEventQueue(s.boss, QUEUE.events);
+    s.events = createEventQueue(s.boss, QUEUE.events, { maxEventBytes: DEFAULTS.maxEventBytes });
     return s;
   }
 

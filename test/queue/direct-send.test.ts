@@ -39,13 +39,13 @@ describe('directSend', () => {
     listener.on('notification', (n) => heard.push(n.channel));
     await listener.query(`listen "${bossNotifyChannel(DEFAULTS.bossSchema)}"`);
 
-    const direct = actorEventJob(actorKey('direct', 's'), { text: 'a' });
+    const direct = actorEventJob(actorKey('direct', 's'), { text: 'a' }, DEFAULTS.maxEventBytes);
     expect(await directSend(client, DEFAULTS.bossSchema, DEFAULTS.queueName, direct)).toBe(true);
     await waitFor(() => heard.length > 0, { what: 'the NOTIFY of the direct insert' });
 
     const boss = createBoss(db.url, DEFAULTS, { max: 2 });
     await boss.start();
-    const viaBoss = actorEventJob(actorKey('boss', 's'), { text: 'a' });
+    const viaBoss = actorEventJob(actorKey('boss', 's'), { text: 'a' }, DEFAULTS.maxEventBytes);
     await boss.send(DEFAULTS.queueName, viaBoss.data as unknown as object, { id: viaBoss.id, singletonKey: viaBoss.singletonKey });
     await boss.stop({ graceful: false, close: true });
     await listener.end();
@@ -62,7 +62,7 @@ describe('directSend', () => {
   });
 
   it('steps aside, writing nothing, for a queue that does not exist', async () => {
-    const job = actorEventJob(actorKey('nowhere', 's'), {});
+    const job = actorEventJob(actorKey('nowhere', 's'), {}, DEFAULTS.maxEventBytes);
     expect(await directSend(client, DEFAULTS.bossSchema, 'no-such-queue', job)).toBe(false);
     expect(await directSend(client, 'no_such_schema', DEFAULTS.queueName, job)).toBe(false);
     expect((await client.query('select 1 from pgboss.job where id = $1', [job.id])).rowCount).toBe(0);

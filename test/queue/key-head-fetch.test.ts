@@ -37,7 +37,7 @@ afterAll(async () => {
 async function send(key: ActorKey, n: number, startAfter?: Date): Promise<string[]> {
   const ids: string[] = [];
   for (let i = 0; i < n; i++) {
-    const job = actorEventJob(key, { i });
+    const job = actorEventJob(key, { i }, DEFAULTS.maxEventBytes);
     await boss.send(q.events, job.data as unknown as object, {
       id: job.id,
       singletonKey: job.singletonKey,

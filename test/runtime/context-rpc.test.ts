@@ -256,13 +256,13 @@ describe('contexts kept between turns (src/runtime/context-cache.ts)', () => {
       [{ role: 'assistant', content: 'y'.repeat(40) }],
       [{ role: 'assistant', content: [] }],
     ];
-    const before = t.daemon.store.contexts.stats;
+    const before = t.daemon.runtime.contexts.stats;
     for (const [i, messages] of replies.entries()) {
       const s = await start('exact', { turn: i, text: `ünïcode ${i}` });
       expect(s.context).toEqual(await contextInDatabase('exact'));
       await commit(s, messages);
     }
-    const after = t.daemon.store.contexts.stats;
+    const after = t.daemon.runtime.contexts.stats;
     // the first turn read its (empty) conversation; every later one came from the cache
     expect(after.misses - before.misses).toBe(1);
     expect(after.hits - before.hits).toBe(replies.length - 1);
@@ -284,17 +284,17 @@ describe('contexts kept between turns (src/runtime/context-cache.ts)', () => {
       insert into corral.messages (conversation_id, turn_id, seq, role, content)
       select tu.conversation_id, tu.id, c.first + x.o, x.role, x.content
         from tu, c, (values (0, 'user', '"elsewhere"'::jsonb), (1, 'assistant', '{"by": "another daemon"}'::jsonb)) as x(o, role, content)`);
-    const before = t.daemon.store.contexts.stats;
+    const before = t.daemon.runtime.contexts.stats;
     const next = await start('moved', { n: 2 });
     const c = next.context as Ctx;
     expect(c).toEqual(await contextInDatabase('moved'));
     expect(c.messages.map((m) => m.content)).toEqual([{ n: 1 }, 'here', 'elsewhere', { by: 'another daemon' }]);
-    expect(t.daemon.store.contexts.stats.misses - before.misses).toBe(1);
+    expect(t.daemon.runtime.contexts.stats.misses - before.misses).toBe(1);
     await commit(next, []);
     // and the cache follows from there
     const third = await start('moved', { n: 3 });
     expect(third.context).toEqual(await contextInDatabase('moved'));
-    expect(t.daemon.store.contexts.stats.hits - before.hits).toBe(1);
+    expect(t.daemon.runtime.contexts.stats.hits - before.hits).toBe(1);
   });
 });
 
@@ -313,14 +313,14 @@ describe('contexts kept between turns, when the daemon idles', () => {
         return s.context as Ctx;
       };
       await run(1);
-      expect(t.daemon.store.contexts.stats.entries).toBe(1);
+      expect(t.daemon.runtime.contexts.stats.entries).toBe(1);
       const deadline = Date.now() + 10_000;
-      while (t.daemon.store.contexts.stats.entries > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
-      expect(t.daemon.store.contexts.stats).toMatchObject({ entries: 0, bytes: 0 });
-      const misses = t.daemon.store.contexts.stats.misses;
+      while (t.daemon.runtime.contexts.stats.entries > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      expect(t.daemon.runtime.contexts.stats).toMatchObject({ entries: 0, bytes: 0 });
+      const misses = t.daemon.runtime.contexts.stats.misses;
       const c = await run(2);
       expect(c.messages.map((m) => m.content)).toEqual([{ n: 1 }, 1]);
-      expect(t.daemon.store.contexts.stats.misses).toBe(misses + 1);
+      expect(t.daemon.runtime.contexts.stats.misses).toBe(misses + 1);
     } finally {
       await w.close();
       await t.stop();

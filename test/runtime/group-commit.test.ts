@@ -1,5 +1,5 @@
 /**
- * Group commit: results of many turns in one transaction (TurnStore.commitMany and the
+ * Group commit: results of many turns in one transaction (TurnCommits.commitMany and the
  * runtime's commit pipeline). Valid, stale, duplicate and foreign results mixed in one batch each
  * get their own outcome, checked from the database; a batch never lets a turn stand without its
  * job completed.
@@ -10,7 +10,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { actorKey } from '../../src/actor-key.ts';
 import type { Fence } from '../../src/db/fence.ts';
 import { fromWire } from '../../src/runtime/fence.ts';
-import type { CommitRequest } from '../../src/runtime/turns.ts';
+import type { CommitRequest } from '../../src/runtime/turn-commit.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 
@@ -67,7 +67,7 @@ describe('group commit', () => {
 
   it('gives each result of a mixed batch its own outcome, and writes only the valid ones', async () => {
     const [a, b, c, d, e] = (await startTurns('mix', 5)).map(fromWire) as [Fence, Fence, Fence, Fence, Fence];
-    const outcomes = await t.daemon.store.commitMany([
+    const outcomes = await t.daemon.runtime.commits.commitMany([
       request(a),
       request({ ...c, revision: c.revision + 1 }), // stale revision
       request(b),
@@ -99,7 +99,7 @@ describe('group commit', () => {
     for (const f of [c, d, e]) expect((await state(f.eventId)).job_state).toBe('active');
 
     // A later batch with the same results: duplicates for the committed, commits for the rest.
-    const again = await t.daemon.store.commitMany([request(a), request(c), request(d), request(e)]);
+    const again = await t.daemon.runtime.commits.commitMany([request(a), request(c), request(d), request(e)]);
     expect(again).toEqual([{ outcome: 'duplicate' }, { outcome: 'committed' }, { outcome: 'committed' }, { outcome: 'committed' }]);
     for (const f of [c, d, e])
       expect(await state(f.eventId)).toEqual({ turn: 'succeeded', messages: 2, job_state: 'completed', delivery: 'completed' });
@@ -110,7 +110,7 @@ describe('group commit', () => {
     const before = await db().execute<{ lease: Date }>(
       sql`select lease_expires_at as lease from corral.activations where activation_uid = ${x.activationUid}`,
     );
-    const outcomes = await t.daemon.store.replyMany([
+    const outcomes = await t.daemon.runtime.commits.replyMany([
       { kind: 'accept', fence: x, workerId: 'raw-gc' },
       { kind: 'progress', fence: x, workerId: 'raw-gc' },
       { kind: 'accept', fence: y, workerId: 'someone-else' },
@@ -128,7 +128,7 @@ describe('group commit', () => {
 
   it('begins a batch of warm, new and superseding actors: a statement each for warm and new ones, a transaction for the superseding one', async () => {
     const [w] = (await startTurns('begin-warm', 1)).map(fromWire) as [Fence];
-    expect(await t.daemon.store.commitMany([request(w)])).toEqual([{ outcome: 'committed' }]);
+    expect(await t.daemon.runtime.commits.commitMany([request(w)])).toEqual([{ outcome: 'committed' }]);
     const [stale] = (await startTurns('begin-stale', 1)).map(fromWire) as [Fence];
     const job = (agentUid: string, payload: unknown) => ({
       id: randomUUID(),
@@ -137,7 +137,7 @@ describe('group commit', () => {
     });
     const jobs = [job('begin-warm-0', { x: 1 }), job('begin-new', null), job('begin-stale-0', [1, 2])];
     // the second waits for a worker: its delivery is `created`; the others go out at once: `sent`
-    const settled = await t.daemon.store.beginMany(jobs.map((j, i) => ({ job: j, workerId: i === 1 ? null : 'raw-gc' })));
+    const settled = await t.daemon.runtime.begin.beginMany(jobs.map((j, i) => ({ job: j, workerId: i === 1 ? null : 'raw-gc' })));
     const started = settled.map((s) => (s.ok ? s.value : expect.unreachable(String(s.error))));
 
     expect(started.map((s) => s.fence.eventId)).toEqual(jobs.map((j) => j.id));
@@ -177,7 +177,7 @@ describe('group commit', () => {
     const [a, b] = (await startTurns('jobfence', 2)).map(fromWire) as [Fence, Fence];
     // b's job attempt is no longer the one its delivery holds (pg-boss settled and retried it)
     await db().execute(sql`update pgboss.job set retry_count = retry_count + 1 where id = ${b.eventId}`);
-    expect(await t.daemon.store.commitMany([request(a), request(b)])).toEqual([
+    expect(await t.daemon.runtime.commits.commitMany([request(a), request(b)])).toEqual([
       { outcome: 'committed' },
       { outcome: 'rejected', reason: 'job_not_active' },
     ]);
@@ -201,7 +201,7 @@ describe('group commit', () => {
         for each row when (new.delivery_id = '${b.deliveryId}') execute function pg_temp_settle_b();`),
     );
     try {
-      await expect(t.daemon.store.commitMany([request(a), request(b)])).rejects.toThrow(/did not settle/);
+      await expect(t.daemon.runtime.commits.commitMany([request(a), request(b)])).rejects.toThrow(/did not settle/);
       expect((await state(a.eventId)).turn).toBe('started');
       expect((await state(a.eventId)).job_state).toBe('active');
     } finally {

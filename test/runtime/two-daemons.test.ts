@@ -119,7 +119,7 @@ describe('two daemons on one database', () => {
     boss = createBoss(db.url, DEFAULTS, { max: 2 });
     await boss.start();
     database = openDatabase(db.url, { max: 2 });
-    const queue = createEventQueue(boss, DEFAULTS.queueName);
+    const queue = createEventQueue(boss, DEFAULTS.queueName, { maxEventBytes: DEFAULTS.maxEventBytes });
     for (let k = 0; k < EVENTS_PER_ACTOR; k++) {
       await queue.enqueueActorEvents(
         database.db,

@@ -2,21 +2,14 @@
 import { formatActorKey, parseActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
 import { MAX_STEERING_BYTES } from '../../db/control.ts';
-import { TurnStore } from '../../runtime/turns.ts';
+import { cancelTurn, steerTurn } from '../../ops/turn-control.ts';
 import { openCommandContext, type CommandContext } from '../context.ts';
 import { readJsonInput, type JsonSource } from '../event-input.ts';
 
-async function withStore<T>(config: Config, fn: (store: TurnStore, ctx: CommandContext) => Promise<T>): Promise<T> {
+async function withContext<T>(config: Config, fn: (ctx: CommandContext) => Promise<T>): Promise<T> {
   const ctx = await openCommandContext(config);
   try {
-    const store = new TurnStore({
-      db: ctx.database.db,
-      boss: await ctx.boss(),
-      queueName: config.queueName,
-      ownerId: 'cli',
-      config: { leaseMs: config.leaseMs, deadLetterMode: config.deadLetterMode },
-    });
-    return await fn(store, ctx);
+    return await fn(ctx);
   } finally {
     await ctx.close();
   }
@@ -30,7 +23,7 @@ export async function runSteerCommand(
 ): Promise<number> {
   const key = parseActorKey(actor);
   const input = await readJsonInput(source, { what: 'steering input', maxBytes: MAX_STEERING_BYTES, stdin: io.stdin });
-  const fence = await withStore(config, (store) => store.steer(key, input));
+  const fence = await withContext(config, (ctx) => steerTurn({ db: ctx.database.db }, key, input));
   io.out.write(`steered ${formatActorKey(key)}: event ${fence.eventId} now at revision ${fence.revision}\n`);
   return 0;
 }
@@ -42,7 +35,10 @@ export async function runCancelCommand(
   out: NodeJS.WritableStream,
 ): Promise<number> {
   const key = parseActorKey(actor);
-  const fence = await withStore(config, (store) => store.cancel(key, opts.reason ?? 'cancelled by operator'));
+  const reason = opts.reason ?? 'cancelled by operator';
+  const fence = await withContext(config, async (ctx) =>
+    cancelTurn({ db: ctx.database.db, boss: await ctx.boss(), queueName: config.queueName }, key, reason),
+  );
   out.write(`cancelled the turn of ${formatActorKey(key)} for event ${fence.eventId} (epoch ${fence.actorEpoch})\n`);
   return 0;
 }

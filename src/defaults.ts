@@ -1,0 +1,30 @@
+/**
+ * Defaults that more than one layer uses: the configuration's, and the same values where the
+ * fabric and the worker SDK run without one (a broker in a test, a worker written against the
+ * SDK). One constant each, so the daemon, the SDK and the docs agree.
+ *
+ * No imports: every command loads this at start (the protocol module's schemas alone are ~15 ms
+ * of start-up that only the daemon and the workers need).
+ */
+
+/** How often a worker reports progress on a running turn (`CORRAL_PROGRESS_INTERVAL_MS`). */
+export const DEFAULT_PROGRESS_INTERVAL_MS = 10_000;
+
+/** How often a worker sends a heartbeat (`CORRAL_WORKER_HEARTBEAT_MS`). */
+export const DEFAULT_HEARTBEAT_INTERVAL_MS = 2_000;
+
+/** Largest frame on the wire, either way (`CORRAL_MAX_MESSAGE_BYTES`). */
+export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024;
+
+/** Largest event payload, its JSON in bytes (`CORRAL_MAX_EVENT_BYTES`). */
+export const DEFAULT_MAX_EVENT_BYTES = 256 * 1024;
+
+/** Memory for the conversation contexts a daemon keeps between turns (`CORRAL_CONTEXT_CACHE_BYTES`). */
+export const DEFAULT_CONTEXT_CACHE_BYTES = 32 * 1024 * 1024;
+
+/**
+ * Turns one worker process runs at once. An agent's turn mostly waits on a model or a tool; 32
+ * is within noise of the best rate for instant turns and 25× capacity 1 for 0.5 s turns
+ * (`npm run bench:capacity`, docs/benchmarks.md#worker-capacity).
+ */
+export const DEFAULT_WORKER_CAPACITY = 32;

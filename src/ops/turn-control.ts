@@ -1,0 +1,88 @@
+/**
+ * Steering and cancelling an actor's live turn: operator use-cases (`corral steer`, `corral
+ * cancel`, `Daemon.steer` / `Daemon.cancel`), from any process that reaches the database.
+ *
+ * They act on the actor's live turn, not on a worker's reply: each locks the live activation,
+ * changes the rows in one transaction, and commits a control notification with the change
+ * (src/db/control.ts), so the daemon holding the worker's connection tells the worker
+ * (`turn_steer`, `turn_cancel`). No daemon has to run for the change to hold: a steered turn's
+ * old revision and a cancelled turn's result are refused by the fence either way.
+ */
+import { fromDrizzle, type PgBoss } from 'pg-boss';
+import { formatActorKey, type ActorKey } from '../actor-key.ts';
+import type { Db, Tx } from '../db/client.ts';
+import { inTransaction } from '../db/tx.ts';
+import * as activations from '../db/activations.ts';
+import * as deliveries from '../db/deliveries.ts';
+import * as transcript from '../db/transcript.ts';
+import { MAX_STEERING_BYTES, notifyControl } from '../db/control.ts';
+import { fenceOf, type Fence } from '../db/fence.ts';
+import { sql } from '../db/orm.ts';
+import { DELIVERY_LIVE } from '../db/schema.ts';
+import { CorralError } from '../errors.ts';
+import { unstorableReason } from '../json-safety.ts';
+
+export interface TurnControlDeps {
+  db: Db;
+  boss: PgBoss;
+  /** The actor queue: a cancel completes the event's job there. */
+  queueName: string;
+}
+
+/**
+ * Steers the live turn of `key` in place: bumps the activation's revision (and the delivery's
+ * and turn's copies), so only a result carrying the new revision can commit. The daemon holding
+ * the worker connection is told through a control notification committed with the change.
+ */
+export async function steerTurn(deps: Pick<TurnControlDeps, 'db'>, key: ActorKey, input: unknown): Promise<Fence> {
+  const unstorable = unstorableReason(input);
+  if (unstorable) throw new CorralError('invalid_argument', `the steering input cannot be stored: ${unstorable}`);
+  const bytes = Buffer.byteLength(JSON.stringify(input ?? null));
+  if (bytes > MAX_STEERING_BYTES) {
+    throw new CorralError('invalid_argument', `the steering input is ${bytes} bytes; the limit is ${MAX_STEERING_BYTES}`);
+  }
+  return inTransaction(deps.db, async (tx) => {
+    const { delivery } = await lockLiveTurn(tx, key);
+    const revision = await activations.bumpRevision(tx, delivery.activationUid);
+    await deliveries.setDeliveryRevision(tx, delivery.deliveryId, revision);
+    await transcript.setTurnRevision(tx, delivery.deliveryId, revision, input ?? null);
+    const fence = { ...fenceOf(delivery), revision };
+    await notifyControl(tx, { kind: 'steer', fence, input: input ?? null });
+    return fence;
+  });
+}
+
+/**
+ * Cancels the live turn of `key`: the turn is recorded as cancelled with the event's `user`
+ * message (so the person sees what they sent), the activation ends (a late result is rejected
+ * with `cancelled`) and the event's job completes, so the actor moves on.
+ */
+export async function cancelTurn(deps: TurnControlDeps, key: ActorKey, reason: string): Promise<Fence> {
+  return inTransaction(deps.db, async (tx) => {
+    const { activation, delivery } = await lockLiveTurn(tx, key);
+    const error = { code: 'cancelled', message: reason };
+    await deliveries.transitionDelivery(tx, delivery.deliveryId, DELIVERY_LIVE, 'failed', 'cancelled');
+    await transcript.finishTurn(tx, delivery.deliveryId, 'cancelled', { error });
+    await transcript.recordCancelledInput(tx, delivery.deliveryId);
+    await activations.endActivation(tx, activation.activationUid, 'failed', 'cancelled');
+    for (const id of await deliveries.supersedeDeliveriesOf(tx, activation.activationUid, 'cancelled')) {
+      await transcript.finishTurn(tx, id, 'cancelled', { error });
+    }
+    await deps.boss.complete(
+      deps.queueName,
+      { id: delivery.eventId, retryCount: delivery.jobRetryCount },
+      { cancelled: true, reason },
+      { db: fromDrizzle(tx, sql) },
+    );
+    const fence = fenceOf(delivery);
+    await notifyControl(tx, { kind: 'cancel', fence, reason });
+    return fence;
+  });
+}
+
+async function lockLiveTurn(tx: Tx, key: ActorKey) {
+  const live = await activations.lockLiveActivation(tx, key);
+  const delivery = live?.currentEventId ? await deliveries.liveDeliveryOfEvent(tx, live.currentEventId) : undefined;
+  if (!live || !delivery) throw new CorralError('not_found', `${formatActorKey(key)} has no turn in flight`);
+  return { activation: live, delivery };
+}

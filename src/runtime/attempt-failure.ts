@@ -1,0 +1,154 @@
+/**
+ * The attempt-failure step: an attempt of an event that will not commit is ended, and its job is
+ * failed with its attempt fence `{ id, retryCount }`, so that pg-boss retries it (5–120 s backoff)
+ * under a new epoch, or dead-letters it. One transaction each; pg-boss runs inside it.
+ *
+ * Who fails an attempt:
+ * - the commit step, for a worker's `turn_error` (src/runtime/turn-commit.ts);
+ * - the begin step, for a live activation still holding an older attempt (`superseded`);
+ * - the watchdog: a lease that expired in flight (`expire`), a turn past the maximum turn time
+ *   (`failOverdue`);
+ * - recovery: expired leases of dead daemons (`expire`), a turn left `started` without a live
+ *   delivery (`repairOrphanTurn`).
+ *
+ * Every path re-checks its condition under the activation's row lock, so a heartbeat or a
+ * commit that got there first wins and the failure changes nothing.
+ */
+import { fromDrizzle, type PgBoss } from 'pg-boss';
+import type { DeadLetterMode } from '../config.ts';
+import type { Db, Tx } from '../db/client.ts';
+import { inTransaction } from '../db/tx.ts';
+import type { Fence, JobTable } from '../db/fence.ts';
+import * as activations from '../db/activations.ts';
+import type { ActivationRow } from '../db/activations.ts';
+import * as deliveries from '../db/deliveries.ts';
+import * as transcript from '../db/transcript.ts';
+import { setBlockedBy } from '../db/actors.ts';
+import { sql } from '../db/orm.ts';
+
+export type FailureKind = 'turn_error' | 'lease_expired' | 'worker_lost' | 'superseded' | 'recovered' | 'turn_timeout';
+
+export interface FailOutcome {
+  /** The job went to the dead-letter queue (its retries are exhausted). */
+  deadLettered: boolean;
+  /** The job's attempt was still current and was failed (false: it had already settled). */
+  jobFailed: boolean;
+}
+
+export interface AttemptFailureDeps {
+  db: Db;
+  boss: PgBoss;
+  /** Where the events' jobs are. */
+  jobs: JobTable;
+  deadLetterMode: DeadLetterMode;
+}
+
+export class AttemptFailures {
+  private readonly deps: AttemptFailureDeps;
+
+  constructor(deps: AttemptFailureDeps) {
+    this.deps = deps;
+  }
+
+  /**
+   * The watchdog's transaction: fail a live activation whose lease expired while it ran an event.
+   * Re-checks expiry under the row lock (a late heartbeat may have extended it meanwhile).
+   */
+  async expire(activationUid: string): Promise<FailOutcome | undefined> {
+    return inTransaction(this.deps.db, async (tx) => {
+      const activation = await activations.lockActivationIf(tx, activationUid, 'expired_in_flight');
+      if (!activation) return undefined;
+      return this.failActivationInTx(tx, activation, 'lease_expired', { message: 'lease expired' }, true);
+    });
+  }
+
+  /**
+   * The maximum turn duration passed: fail the attempt (it is retried under a new epoch) even
+   * though its lease is alive, so a worker that keeps reporting progress cannot hold a turn
+   * forever. Acts only while the activation is still live on that event.
+   */
+  async failOverdue(fence: Fence, maxTurnMs: number): Promise<FailOutcome | undefined> {
+    return inTransaction(this.deps.db, async (tx) => {
+      const activation = await activations.lockActivationIf(tx, fence.activationUid, 'live');
+      if (!activation || activation.currentEventId !== fence.eventId) return undefined;
+      const error = { code: 'turn_timeout', message: `turn ran longer than the maximum of ${maxTurnMs} ms` };
+      return this.failActivationInTx(tx, activation, 'turn_timeout', error, true);
+    });
+  }
+
+  /**
+   * Recovery: a turn left `started` whose delivery is no longer live (or is gone). The turn is
+   * failed; if its job attempt is still active, the attempt is failed so the event is retried
+   * under a new epoch. Returns whether the job attempt was failed.
+   */
+  async repairOrphanTurn(turn: transcript.TurnRow): Promise<FailOutcome | undefined> {
+    return inTransaction(this.deps.db, async (tx) => {
+      const finished = await transcript.finishTurn(tx, turn.deliveryId, 'failed', {
+        error: { code: 'recovered', message: 'turn left started without a live delivery' },
+      });
+      if (!finished) return undefined;
+      const delivery = await deliveries.getDelivery(tx, turn.deliveryId);
+      if (delivery) return { deadLettered: false, jobFailed: false };
+      const key = await transcript.actorOfConversation(tx, turn.conversationId);
+      const live = key ? await activations.lockLiveActivation(tx, key) : undefined;
+      if (live && live.currentEventId === turn.eventId) {
+        return this.failActivationInTx(tx, live, 'recovered', { message: 'fence rows lost' }, true, turn.attempt - 1);
+      }
+      const res = (await this.deps.boss.fail(
+        this.deps.jobs.queue,
+        { id: turn.eventId, retryCount: turn.attempt - 1 },
+        { error: { code: 'recovered', message: 'fence rows lost' } },
+        { db: fromDrizzle(tx, sql) },
+      )) as { affected?: number };
+      return { deadLettered: false, jobFailed: res.affected === 1 };
+    });
+  }
+
+  /** The begin step met a live activation still holding an older attempt: it ends, its job stays as it is. */
+  supersede(tx: Tx, stale: ActivationRow): Promise<FailOutcome> {
+    return this.failActivationInTx(tx, stale, 'superseded', { message: 'superseded by a newer attempt' }, false);
+  }
+
+  /**
+   * Ends `activation` as failed, supersedes its live deliveries, fails their started turns and,
+   * when it was running an event and `failJob`, fails the job's attempt so pg-boss schedules the
+   * retry (5–120 s backoff) or dead-letters it. Runs in the caller's transaction, which holds the
+   * activation's row lock.
+   */
+  async failActivationInTx(
+    tx: Tx,
+    activation: ActivationRow,
+    kind: FailureKind,
+    error: { code?: string; message: string },
+    failJob: boolean,
+    knownRetryCount?: number,
+  ): Promise<FailOutcome> {
+    const { boss, jobs } = this.deps;
+    await activations.endActivation(tx, activation.activationUid, 'failed', kind);
+    const superseded = await deliveries.supersedeDeliveriesOf(tx, activation.activationUid, kind);
+    const errorRecord = { code: error.code ?? kind, message: error.message };
+    for (const id of superseded) await transcript.finishTurn(tx, id, 'failed', { error: errorRecord });
+    const eventId = activation.currentEventId;
+    if (!failJob || eventId === null) return { deadLettered: false, jobFailed: false };
+
+    const retryCount = knownRetryCount ?? (await deliveries.latestJobRetryCount(tx, activation.activationUid, eventId));
+    if (retryCount === undefined) return { deadLettered: false, jobFailed: false };
+    const db = fromDrizzle(tx, sql);
+    const res = (await boss.fail(jobs.queue, { id: eventId, retryCount }, { error: errorRecord, kind }, { db })) as {
+      affected?: number;
+    };
+    if (res.affected !== 1) return { deadLettered: false, jobFailed: false };
+    const job = await boss.getJobById(jobs.queue, eventId, { db });
+    const deadLettered = job?.state === 'failed';
+    if (deadLettered) {
+      const key = { agentUid: activation.agentUid, sessionId: activation.sessionId };
+      if (this.deps.deadLetterMode === 'continue') {
+        // The dead-letter copy keeps the event; the failed original would hold the actor's queue.
+        await boss.deleteJob(jobs.queue, eventId, { db });
+      } else {
+        await setBlockedBy(tx, key, eventId);
+      }
+    }
+    return { deadLettered, jobFailed: true };
+  }
+}
