@@ -6,6 +6,7 @@ import { resolve } from 'node:path';
 import { CorralError } from './errors.ts';
 import {
   DEFAULT_CONTEXT_CACHE_BYTES,
+  DEFAULT_EMBEDDED_ROOT,
   DEFAULT_HEARTBEAT_INTERVAL_MS,
   DEFAULT_MAX_EVENT_BYTES,
   DEFAULT_MAX_MESSAGE_BYTES,
@@ -131,7 +132,7 @@ const SETTINGS = {
    * Run as root, where the embedded PostgreSQL's binaries and data go when the `postgres` OS
    * user cannot reach them in place (a checkout or CORRAL_HOME under a closed folder).
    */
-  embeddedRootDir: setting({ env: 'CORRAL_EMBEDDED_ROOT', default: '/var/lib/corral', rule: text({ min: 1 }) }),
+  embeddedRootDir: setting({ env: 'CORRAL_EMBEDDED_ROOT', default: DEFAULT_EMBEDDED_ROOT, rule: text({ min: 1 }) }),
   /** The broker's ROUTER endpoint. */
   endpoint: setting({
     env: 'CORRAL_ENDPOINT',

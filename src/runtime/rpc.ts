@@ -22,7 +22,7 @@ import type { BrokerEvent } from '../fabric/broker.ts';
 import { RPC_METHODS, type DaemonMessage, type RpcErrorCode } from '../fabric/protocol.ts';
 import type { Logger } from '../logger.ts';
 import { fromWire } from './fence.ts';
-import type { Transport } from './runtime.ts';
+import type { Transport } from './transport.ts';
 
 export type RpcRequestEvent = Extract<BrokerEvent, { kind: 'rpc_request' }>;
 
