@@ -23,7 +23,7 @@ import { createEventQueue } from '../src/queue/events.ts';
 import { Cleanup, progress } from './lib/common.ts';
 import { openBenchDatabase } from './lib/database.ts';
 import { freshDatabase } from './lib/daemon-process.ts';
-import { claimStatement } from '../src/db/boss-fetch.ts';
+import { claimStatement } from '../src/db/boss-internals.ts';
 
 const { values } = parseArgs({
   options: {

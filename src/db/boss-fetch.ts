@@ -1,6 +1,7 @@
 /**
  * The actor queue's fetch: pg-boss's `key_strict_fifo` claim, written so its cost follows the
- * batch, not the backlog.
+ * batch, not the backlog. Its statement is `claimStatement` in src/db/boss-internals.ts (S5 of
+ * pg-boss's internals corral relies on); this module runs it.
  *
  * pg-boss's own fetch first takes the head of *every* key with queued jobs (a materialized
  * `DISTINCT ON (singleton_key)` over the whole backlog), then the oldest of them: ~5–10 µs per
@@ -22,58 +23,17 @@
  * attempt fence, heartbeats, retries and dead letters work on these jobs unchanged. A unique
  * violation (a concurrent fetch won a key: pg-boss's `job_i8`) is an empty fetch, as in pg-boss.
  */
-import pg from 'pg';
 import type { Queues } from './boss-jobs.ts';
+import { claimStatement, queueTable } from './boss-internals.ts';
 import { sqlState } from '../errors.ts';
 import type { Queryable } from './prepared.ts';
+
+export { claimStatement, queueTable };
 
 export interface ClaimedJob<T = unknown> {
   id: string;
   retryCount: number;
   data: T;
-}
-
-/** The table pg-boss keeps the queue's jobs in (`job_common` unless the queue is partitioned). */
-export async function queueTable(db: pg.Pool | pg.Client, q: Pick<Queues, 'schema' | 'events'>): Promise<string> {
-  const res = await db.query<{ table_name: string }>(`select table_name from ${pg.escapeIdentifier(q.schema)}.queue where name = $1`, [
-    q.events,
-  ]);
-  const table = res.rows[0]?.table_name;
-  if (!table) throw new Error(`pg-boss queue ${q.events} does not exist`);
-  return table;
-}
-
-/** The claim's text: `$1` the queue's name, `$2` the limit. */
-export function claimStatement(schema: string, table: string): string {
-  const s = pg.escapeIdentifier(schema);
-  const t = `${s}.${pg.escapeIdentifier(table)}`;
-  return `
-    with next as (
-      select j.id
-        from ${t} j
-       where j.name = $1 and j.state < 'active' and not j.blocked and j.policy = 'key_strict_fifo'
-         and j.start_after <= ${s}.job_now()
-         and j.id = (
-           select h.id from ${t} h
-            where h.name = $1 and h.singleton_key = j.singleton_key
-              and h.state < 'active' and not h.blocked and h.policy = 'key_strict_fifo'
-              and h.start_after <= ${s}.job_now()
-            order by h.state desc, h.created_on, h.id
-            limit 1)
-         and not exists (
-           select 1 from ${t} b
-            where b.name = $1 and b.singleton_key = j.singleton_key
-              and b.state in ('active', 'retry', 'failed') and b.policy = 'key_strict_fifo' and b.id <> j.id
-            offset 0)
-       order by j.priority desc, j.created_on
-       limit $2
-       for update of j skip locked
-    )
-    update ${t} j
-       set state = 'active', started_on = ${s}.job_now(), heartbeat_on = ${s}.job_now(),
-           retry_count = case when started_on is not null then retry_count + 1 else retry_count end
-     where j.name = $1 and j.id = any(array(select id from next))
-    returning j.id, j.retry_count, j.data`;
 }
 
 /** A fetch of up to `limit` key heads of the actor queue, claimed for this caller. */

@@ -6,6 +6,10 @@
  * but one: `makeLastAttempt`, since pg-boss has no public "fail without retry" for a fetched job
  * and makes its dead-letter copy only when a failure exhausts the job's retries.
  *
+ * pg-boss's tables, columns and states come from src/db/boss-internals.ts (S7, S8 there), as
+ * Drizzle fragments (`bossSql`), so every name of pg-boss's a statement here uses is one that
+ * module lists and test/queue/boss-internals.test.ts checks.
+ *
  * Counting touches only live states (created, retry, active, failed): pg-boss's partial index
  * `job_i14` covers them, while completed jobs (kept forever on the actor queue) are never scanned.
  */
@@ -13,10 +17,37 @@ import { sql, type SQL } from './orm.ts';
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import { toDate } from './rows.ts';
 import type { DbOrTx } from './client.ts';
+import {
+  BOSS_FAILURE_MESSAGE,
+  BOSS_TABLE,
+  HOLDING_STATES,
+  JOB,
+  JOB_STATE,
+  LIVE_STATES,
+  QUEUED_STATES,
+  jobColumns,
+  stateList,
+  stateLiteral,
+  type JobColumn,
+  type JobState,
+} from './boss-internals.ts';
 
-export type JobState = 'created' | 'retry' | 'active' | 'completed' | 'cancelled' | 'failed';
+export type { JobState };
 
-/** A dead-lettered event: the copy pg-boss made in the dead-letter queue. */
+/** pg-boss's names as Drizzle fragments: its job table in a schema, its columns, its states. */
+export const bossSql = {
+  job: (schema: string): SQL => sql`${sql.identifier(schema)}.${sql.raw(BOSS_TABLE.job)}`,
+  col: Object.fromEntries(Object.entries(JOB).map(([k, v]) => [k, sql.raw(v)])) as Record<JobColumn, SQL>,
+  state: Object.fromEntries(Object.values(JOB_STATE).map((s) => [s, sql.raw(stateLiteral(s))])) as Record<JobState, SQL>,
+  states: (states: readonly JobState[]): SQL => sql.raw(stateList(states)),
+  columns: (keys: readonly JobColumn[], alias?: string): SQL => sql.raw(jobColumns(keys, alias)),
+};
+
+const c = bossSql.col;
+const st = bossSql.state;
+const job = bossSql.job;
+const LIVE = bossSql.states(LIVE_STATES);
+
 /** Where corral's queues live: pg-boss's schema, the actor queue and its dead-letter queue. */
 export interface Queues {
   schema: string;
@@ -24,6 +55,7 @@ export interface Queues {
   deadLetter: string;
 }
 
+/** A dead-lettered event: the copy pg-boss made in the dead-letter queue. */
 export interface DeadLetter {
   /** The copy's job id in the dead-letter queue (what `corral dlq show/replay/discard` take). */
   id: string;
@@ -61,8 +93,6 @@ export interface Page {
   after?: string;
 }
 
-const job = (schema: string) => sql`${sql.identifier(schema)}.job`;
-
 interface DeadLetterRow {
   id: string;
   source_id: string | null;
@@ -74,7 +104,16 @@ interface DeadLetterRow {
   source_output: unknown;
 }
 
-const DEAD_LETTER_COLUMNS = sql.raw('id, source_id, singleton_key, data, source_created_on, created_on, source_retry_count, source_output');
+const DEAD_LETTER_COLUMNS = bossSql.columns([
+  'id',
+  'source_id',
+  'singleton_key',
+  'data',
+  'source_created_on',
+  'created_on',
+  'source_retry_count',
+  'source_output',
+]);
 
 /**
  * The text `--error` matches, lower-cased: the error's code and message (corral's
@@ -82,8 +121,10 @@ const DEAD_LETTER_COLUMNS = sql.raw('id, source_id, singleton_key, data, source_
  * the job itself, e.g. a heartbeat timeout) and the failure kind. Not the raw JSON, whose keys
  * would match everything.
  */
+const [bossValue, bossMessage] = BOSS_FAILURE_MESSAGE;
 const errorText = sql.raw(
-  "lower(concat_ws(' ', source_output->'error'->>'code', source_output->'error'->>'message', source_output->'value'->>'message', source_output->>'message', source_output->>'kind'))",
+  `lower(concat_ws(' ', ${JOB.source_output}->'error'->>'code', ${JOB.source_output}->'error'->>'message', ` +
+    `${JOB.source_output}->'${bossValue}'->>'${bossMessage}', ${JOB.source_output}->>'message', ${JOB.source_output}->>'kind'))`,
 );
 
 function toDeadLetter(r: DeadLetterRow): DeadLetter {
@@ -109,10 +150,10 @@ function toDeadLetter(r: DeadLetterRow): DeadLetter {
 
 function filterSql(f: DeadLetterFilter): SQL[] {
   const where: SQL[] = [];
-  if (f.actor) where.push(sql`singleton_key = ${formatActorKey(f.actor)}`);
-  if (f.sinceMs !== undefined) where.push(sql`created_on >= now() - ${f.sinceMs} * interval '1 millisecond'`);
+  if (f.actor) where.push(sql`${c.singleton_key} = ${formatActorKey(f.actor)}`);
+  if (f.sinceMs !== undefined) where.push(sql`${c.created_on} >= now() - ${f.sinceMs} * interval '1 millisecond'`);
   if (f.error) where.push(sql`strpos(${errorText}, ${f.error.toLowerCase()}) > 0`);
-  if (f.ids) where.push(sql`id = any(${sql.param([...f.ids])}::uuid[])`);
+  if (f.ids) where.push(sql`${c.id} = any(${sql.param([...f.ids])}::uuid[])`);
   return where;
 }
 
@@ -123,17 +164,17 @@ export async function findDeadLetters(
   filter: DeadLetterFilter,
   page: Page = {},
 ): Promise<DeadLetter[]> {
-  const where = [sql`name = ${q.deadLetter}`, ...filterSql(filter)];
+  const where = [sql`${c.name} = ${q.deadLetter}`, ...filterSql(filter)];
   if (page.after) {
     where.push(
-      sql`(created_on, id) > (select a.created_on, a.id from ${job(q.schema)} a where a.name = ${q.deadLetter} and a.id = ${page.after}::uuid)`,
+      sql`(${c.created_on}, ${c.id}) > (select a.${c.created_on}, a.${c.id} from ${job(q.schema)} a where a.${c.name} = ${q.deadLetter} and a.${c.id} = ${page.after}::uuid)`,
     );
   }
   const limit = page.limit === undefined ? sql`` : sql` limit ${page.limit}`;
   const res = await db.execute<DeadLetterRow & Record<string, unknown>>(sql`
     select ${DEAD_LETTER_COLUMNS} from ${job(q.schema)}
     where ${sql.join(where, sql` and `)}
-    order by created_on, id${limit}`);
+    order by ${c.created_on}, ${c.id}${limit}`);
   return res.rows.map(toDeadLetter);
 }
 
@@ -143,9 +184,9 @@ export async function countDeadLetters(
   q: Pick<Queues, 'schema' | 'deadLetter'>,
   filter: DeadLetterFilter = {},
 ): Promise<{ deadLetters: number; actors: number }> {
-  const where = [sql`name = ${q.deadLetter}`, ...filterSql(filter)];
+  const where = [sql`${c.name} = ${q.deadLetter}`, ...filterSql(filter)];
   const res = await db.execute<{ n: number; actors: number }>(sql`
-    select count(*)::int as n, count(distinct singleton_key)::int as actors from ${job(q.schema)}
+    select count(*)::int as n, count(distinct ${c.singleton_key})::int as actors from ${job(q.schema)}
     where ${sql.join(where, sql` and `)}`);
   return { deadLetters: res.rows[0]?.n ?? 0, actors: res.rows[0]?.actors ?? 0 };
 }
@@ -154,7 +195,7 @@ export async function countDeadLetters(
 export async function getDeadLetter(db: DbOrTx, q: Pick<Queues, 'schema' | 'deadLetter'>, id: string): Promise<DeadLetter | undefined> {
   const res = await db.execute<DeadLetterRow & Record<string, unknown>>(sql`
     select ${DEAD_LETTER_COLUMNS} from ${job(q.schema)}
-    where name = ${q.deadLetter} and id = ${id}::uuid`);
+    where ${c.name} = ${q.deadLetter} and ${c.id} = ${id}::uuid`);
   const row = res.rows[0];
   return row ? toDeadLetter(row) : undefined;
 }
@@ -167,8 +208,8 @@ export async function lockDeadLetters(db: DbOrTx, q: Pick<Queues, 'schema' | 'de
   if (ids.length === 0) return [];
   const res = await db.execute<DeadLetterRow & Record<string, unknown>>(sql`
     select ${DEAD_LETTER_COLUMNS} from ${job(q.schema)}
-    where name = ${q.deadLetter} and id = any(${sql.param([...ids])}::uuid[])
-    order by id for update`);
+    where ${c.name} = ${q.deadLetter} and ${c.id} = any(${sql.param([...ids])}::uuid[])
+    order by ${c.id} for update`);
   return res.rows.map(toDeadLetter);
 }
 
@@ -181,8 +222,8 @@ export async function jobState(
   opts: { lock?: boolean } = {},
 ): Promise<JobState | undefined> {
   const res = await db.execute<{ state: JobState }>(sql`
-    select state::text as state from ${job(schema)}
-    where name = ${queue} and id = ${id}::uuid${opts.lock ? sql` for update` : sql``}`);
+    select ${c.state}::text as state from ${job(schema)}
+    where ${c.name} = ${queue} and ${c.id} = ${id}::uuid${opts.lock ? sql` for update` : sql``}`);
   return res.rows[0]?.state;
 }
 
@@ -205,11 +246,11 @@ export async function pendingJobsOf(db: DbOrTx, schema: string, queue: string, k
     start_after: unknown;
     payload: unknown;
   }>(sql`
-    select id, state::text as state, retry_count, created_on, start_after, data->'payload' as payload
+    select ${bossSql.columns(['id'])}, ${c.state}::text as state, ${bossSql.columns(['retry_count', 'created_on', 'start_after'])}, ${c.data}->'payload' as payload
     from ${job(schema)}
-    where name = ${queue} and singleton_key = ${formatActorKey(key)}
-      and state in ('created', 'retry', 'active', 'failed')
-    order by (state in ('active', 'retry', 'failed')) desc, created_on, id
+    where ${c.name} = ${queue} and ${c.singleton_key} = ${formatActorKey(key)}
+      and ${c.state} in ${LIVE}
+    order by (${c.state} in ${bossSql.states(HOLDING_STATES)}) desc, ${c.created_on}, ${c.id}
     limit ${limit}`);
   return res.rows.map((r) => ({
     id: r.id,
@@ -254,18 +295,18 @@ export async function queueDepth(db: DbOrTx, q: Queues): Promise<QueueDepth> {
     oldest_age: number | null;
   }>(sql`
     with ev as (
-      select state, start_after, created_on, id from ${job(q.schema)}
-      where name = ${q.events} and state in ('created', 'retry', 'active', 'failed')
+      select ${bossSql.columns(['state', 'start_after', 'created_on', 'id'])} from ${job(q.schema)}
+      where ${c.name} = ${q.events} and ${c.state} in ${LIVE}
     ), oldest as (
-      select created_on, id from ev where state in ('created', 'retry') order by created_on, id limit 1
+      select created_on, id from ev where state in ${bossSql.states(QUEUED_STATES)} order by created_on, id limit 1
     )
     select
-      (select count(*) from ev where state = 'created' and start_after <= now())::int as ready,
-      (select count(*) from ev where state = 'created' and start_after > now())::int as deferred,
-      (select count(*) from ev where state = 'retry')::int as retrying,
-      (select count(*) from ev where state = 'active')::int as active,
-      (select count(*) from ev where state = 'failed')::int as failed,
-      (select count(*) from ${job(q.schema)} where name = ${q.deadLetter} and state in ('created', 'retry', 'active', 'failed'))::int as dead,
+      (select count(*) from ev where state = ${st.created} and start_after <= now())::int as ready,
+      (select count(*) from ev where state = ${st.created} and start_after > now())::int as deferred,
+      (select count(*) from ev where state = ${st.retry})::int as retrying,
+      (select count(*) from ev where state = ${st.active})::int as active,
+      (select count(*) from ev where state = ${st.failed})::int as failed,
+      (select count(*) from ${job(q.schema)} where ${c.name} = ${q.deadLetter} and ${c.state} in ${LIVE})::int as dead,
       (select created_on from oldest) as oldest_at,
       (select id from oldest) as oldest_id,
       (select greatest(0, extract(epoch from now() - created_on))::float8 from oldest) as oldest_age`);
@@ -292,9 +333,9 @@ export async function completedJobsOlderThan(
   limit: number,
 ): Promise<string[]> {
   const res = await db.execute<{ id: string }>(sql`
-    select id from ${sql.identifier(schema)}.job
-     where name = ${queue} and state = 'completed'
-       and completed_on < now() - ${olderThanSeconds} * interval '1 second'
+    select ${bossSql.columns(['id'])} from ${job(schema)}
+     where ${c.name} = ${queue} and ${c.state} = ${st.completed}
+       and ${c.completed_on} < now() - ${olderThanSeconds} * interval '1 second'
      limit ${limit}`);
   return res.rows.map((r) => r.id);
 }
@@ -307,7 +348,7 @@ export async function completedJobsOlderThan(
  */
 export async function makeLastAttempt(tx: DbOrTx, schema: string, queue: string, id: string, retryCount: number): Promise<boolean> {
   const res = await tx.execute(sql`
-    update ${sql.identifier(schema)}.job set retry_limit = retry_count
-     where name = ${queue} and id = ${id} and retry_count = ${retryCount} and state = 'active'`);
+    update ${job(schema)} set ${c.retry_limit} = ${c.retry_count}
+     where ${c.name} = ${queue} and ${c.id} = ${id} and ${c.retry_count} = ${retryCount} and ${c.state} = ${st.active}`);
   return (res.rowCount ?? 0) > 0;
 }

@@ -19,6 +19,9 @@ import type { DeliveryRow } from './deliveries.ts';
 import { activations, deliveries, ACTIVATION_LIVE } from './schema.ts';
 import { executeNamed } from './prepared.ts';
 import { fromRawRow, prefixedColumns } from './rows.ts';
+import { bossSql } from './boss-jobs.ts';
+
+const c = bossSql.col;
 
 /** Where the events' pg-boss jobs live: pg-boss's schema and the actor queue's name. */
 export interface JobTable {
@@ -109,12 +112,13 @@ export const NO_FENCE_ROWS: FenceRows = {
 /**
  * True when the pg-boss job of delivery `d` (a row in scope) is active in the attempt the delivery
  * carries: the fence's job check, for the statements that apply it in SQL (fence rows, fenced reads).
+ * pg-boss's names are S6 of src/db/boss-internals.ts.
  */
 export function jobActiveOf(jobs: JobTable, d: string): SQL {
   const del = sql.raw(d);
-  return sql`exists (select 1 from ${sql.identifier(jobs.schema)}.job j
-                      where j.name = ${jobs.queue} and j.id = ${del}.event_id
-                        and j.state = 'active' and j.retry_count = ${del}.job_retry_count)`;
+  return sql`exists (select 1 from ${bossSql.job(jobs.schema)} j
+                      where j.${c.name} = ${jobs.queue} and j.${c.id} = ${del}.event_id
+                        and j.${c.state} = ${bossSql.state.active} and j.${c.retry_count} = ${del}.job_retry_count)`;
 }
 
 /**

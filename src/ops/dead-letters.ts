@@ -25,6 +25,7 @@ import type { Db, DbOrTx, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
 import { CorralError } from '../errors.ts';
 import { findDeadLetters, getDeadLetter, jobState, lockDeadLetters, type DeadLetter, type DeadLetterFilter } from '../db/boss-jobs.ts';
+import { JOB_STATE } from '../db/boss-internals.ts';
 import {
   actionsOnEvent,
   clearBlockIf,
@@ -230,7 +231,7 @@ async function replayOne(boss: PgBoss, tx: Tx, q: Queues, d: DeadLetter): Promis
   const db = await bossDb(tx);
   const original = await jobState(tx, q.schema, q.events, d.eventId, { lock: true });
   let outcome: ActionOutcome;
-  if (original === 'failed') {
+  if (original === JOB_STATE.failed) {
     // Mode block: the failed original still holds the actor's key; retrying it keeps its place.
     const res = (await boss.retry(q.events, d.eventId, { db })) as { affected?: number };
     outcome = res.affected === 1 ? 'retried' : 'already_queued';
@@ -239,7 +240,7 @@ async function replayOne(boss: PgBoss, tx: Tx, q: Queues, d: DeadLetter): Promis
     const id = await boss.send(q.events, d.data, { id: d.eventId, singletonKey: d.actor, db });
     outcome = id === d.eventId ? 'reinserted' : 'already_queued';
   } else {
-    outcome = original === 'completed' || original === 'cancelled' ? 'already_done' : 'already_queued';
+    outcome = original === JOB_STATE.completed || original === JOB_STATE.cancelled ? 'already_done' : 'already_queued';
   }
   const replayed = outcome === 'retried' || outcome === 'reinserted';
   const unblocked = await closeDeadLetter(boss, tx, q, d, 'replay', outcome, replayed);
@@ -282,7 +283,7 @@ async function discardOne(boss: PgBoss, tx: Tx, q: Queues, d: DeadLetter): Promi
   const db = await bossDb(tx);
   const original = await jobState(tx, q.schema, q.events, d.eventId, { lock: true });
   let outcome: ActionOutcome = 'discarded';
-  if (original === 'failed') {
+  if (original === JOB_STATE.failed) {
     // Mode block: the failed original holds the actor; it goes too, so the actor proceeds.
     await boss.deleteJob(q.events, d.eventId, { db });
     outcome = 'discarded_with_original';

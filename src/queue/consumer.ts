@@ -6,11 +6,12 @@
  * with corral's claim of key heads (src/db/boss-fetch.ts: pg-boss's key_strict_fifo claim at a
  * cost that follows the batch, not the backlog),
  * wakes on LISTEN/NOTIFY when an event is enqueued (pg-boss notifies for queues created with
- * `notify: true`), when capacity frees up, and otherwise polls slowly for delayed retries.
+ * `notify: true`; its channel is S9 of src/db/boss-internals.ts), when capacity frees up, and
+ * otherwise polls slowly for delayed retries.
  */
-import { createHash } from 'node:crypto';
 import type { PgBoss } from 'pg-boss';
 import { backoffDelayMs } from '../backoff.ts';
+import { bossNotifyChannel, notifiesQueue } from '../db/boss-internals.ts';
 import type { Clock } from '../clock.ts';
 import { errorMessage, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
@@ -44,12 +45,6 @@ export interface ConsumerOptions {
   capacity: () => number;
   /** Receives fetched jobs; must not throw or block. */
   onJobs: (jobs: ConsumedJob[]) => void;
-}
-
-/** pg-boss's NOTIFY channel for a schema (the same expression pg-boss evaluates in SQL). */
-export function bossNotifyChannel(schema: string): string {
-  const name = /^".*"$/.test(schema) ? schema.slice(1, -1) : schema;
-  return `pgboss_${createHash('sha224').update(name).digest('hex').slice(0, 24)}`;
 }
 
 export class QueueConsumer {
@@ -135,7 +130,7 @@ export class QueueConsumer {
       return await db.listen(
         bossNotifyChannel(this.opts.bossSchema),
         (payload) => {
-          if (payload === this.opts.queueName) this.wake();
+          if (notifiesQueue(payload, this.opts.queueName)) this.wake();
         },
         () => this.wake(),
       );

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { actorKey } from '../../src/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';
 import { createBoss } from '../../src/queue/boss.ts';
-import { bossNotifyChannel } from '../../src/queue/consumer.ts';
+import { bossNotifyChannel } from '../../src/db/boss-internals.ts';
 import { directSend } from '../../src/queue/direct-send.ts';
 import { actorEventJob } from '../../src/queue/event-job.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';

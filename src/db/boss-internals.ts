@@ -1,0 +1,292 @@
+/**
+ * Everything corral relies on of pg-boss beyond its public API, in one place. pg-boss is pinned in
+ * package.json to the releases test/queue/boss-internals.test.ts has passed on; how to move the pin
+ * is docs/migrations.md, "Upgrading pg-boss".
+ *
+ * The surface, where it is used, and why instead of a public API:
+ *
+ *  S1 Plans: `pg-boss/dist/plans.js`'s `getVersion`, `getQueues` and `insertJobs` (`bossPlans`,
+ *     imported here and nowhere else), and the payload its `send` builds (`sendPayload`).
+ *     queue/direct-send.ts: `corral send` enqueues without starting pg-boss, whose module graph
+ *     and start-up round trips cost more than the insert. pg-boss has no public "insert on this
+ *     connection without start()".
+ *  S2 The schema version (`BOSS_SCHEMA_VERSION`, pg-boss's package.json `pgboss.schema`): the
+ *     direct path writes only into a schema at this version; any other takes the full path
+ *     (`start()` migrates it). A constant, not read from the installed package, so the direct
+ *     path never writes into a schema of a version this module has not been checked against.
+ *  S3 Tables (`BOSS_TABLE`): `<schema>.job`, partitioned by queue name (every statement names the
+ *     queue first); the queue's own job table, named by `queue.table_name` (`job_common` unless the
+ *     queue is partitioned: `queueTable`); `<schema>.queue`; `<schema>.version`; pg-boss's clock
+ *     `<schema>.job_now()`.
+ *  S4 Columns (`JOB`, `QUEUE`, with their types in `JOB_TYPES`, `QUEUE_TYPES`) and the states of
+ *     `<schema>.job_state` in enum order (`JOB_STATE`, `JOB_STATE_ORDER`: `state < 'active'` is
+ *     "queued", `state desc` puts a retry before created jobs), and the policy `key_strict_fifo`.
+ *  S5 The actor queue's fetch (`claimStatement`, run by db/boss-fetch.ts): pg-boss's
+ *     `key_strict_fifo` fetch first takes the head of every key with queued jobs, a cost that
+ *     follows the backlog; this claim reproduces its conditions and its update at a cost that
+ *     follows the batch (`claimMirrorsFetch` lists what it copies, as pg-boss writes it). It
+ *     relies on the indexes `BOSS_INDEXES` (job_i8's uniqueness makes a concurrent claim of one
+ *     key fail with 23505, which pg-boss's fetch and this claim both take for an empty fetch).
+ *  S6 The attempt fence in SQL (db/fence.ts `jobActiveOf`): a reply counts only while its job is
+ *     `active` at the delivery's retry count (pg-boss's attempt: every claim after the first adds
+ *     one), read in the statement that locks corral's own fence rows; `getJobById` would be one
+ *     more round trip per reply, outside that statement.
+ *  S7 `makeLastAttempt` (db/boss-jobs.ts) writes `retry_limit = retry_count`: pg-boss has no public
+ *     "fail without retry" for a fetched job, and its `fail` dead-letters (state `failed`, the copy
+ *     in the dead-letter queue) exactly when `retry_count >= retry_limit`.
+ *  S8 Operator reads (db/boss-jobs.ts): dead letters with their provenance (`source_*` columns,
+ *     which pg-boss stamps on the dead-letter copy), pg-boss's own failure output (`{ value: {
+ *     message } }`, `BOSS_FAILURE_MESSAGE`), the live jobs of one actor, queue depths, and the
+ *     completed jobs the retention sweep deletes (queue/retention.ts; deleted through pg-boss's
+ *     `deleteJob`). pg-boss has no query by actor or error text, and its queue counts are as old as
+ *     its last monitor pass.
+ *  S9 The NOTIFY channel (`bossNotifyChannel`) and payload (the queue's name, `notifiesQueue`):
+ *     queue/consumer.ts LISTENs itself, since corral fetches with its own claim rather than
+ *     pg-boss's `work()`, whose notifier wakes only its own workers.
+ *  S10 drizzle/0002_boss_job_autovacuum.sql (`corral.tune_boss_job_tables`) reads `queue.table_name`
+ *     and `queue.policy` (a migration: it cannot import these names; the test checks them).
+ *
+ * Tests: test/queue/boss-internals.test.ts checks S1–S10 piece by piece, each failure naming its
+ * piece; test/queue/direct-send.test.ts compares a direct insert with `boss.send`'s row, column by
+ * column; test/queue/key-head-fetch.test.ts compares the claim with pg-boss's own fetch on one
+ * backlog; test/queue/notify-channel.test.ts compares the channel with pg-boss's SQL expression.
+ *
+ * It loads neither Drizzle nor pg-boss (only `pg`; the plans on first use): short commands import it.
+ */
+import { createHash } from 'node:crypto';
+import pg from 'pg';
+import type * as Plans from 'pg-boss/dist/plans.js';
+
+/** S2: the version of pg-boss's schema these statements were tested against (its package.json `pgboss.schema`). */
+export const BOSS_SCHEMA_VERSION = 46;
+
+/** S1: the plans corral runs, loaded on first use (the module is large; the read commands never need it). */
+export type BossPlans = Pick<typeof Plans, 'getVersion' | 'getQueues' | 'insertJobs'>;
+
+let plans: Promise<BossPlans> | undefined;
+export function bossPlans(): Promise<BossPlans> {
+  plans ??= import('pg-boss/dist/plans.js');
+  return plans;
+}
+
+/**
+ * S1: the payload pg-boss's `send` inserts for a job with only an id, data and a singleton key
+ * (manager's `#toJobPayload`, with `send`'s default priority and no trace context); the fields it
+ * leaves out take the queue's settings in `insertJobs`.
+ */
+export function sendPayload(queue: string, job: { id: string; data: unknown; singletonKey: string }): Record<string, unknown> {
+  return {
+    id: job.id,
+    name: queue,
+    data: job.data,
+    priority: 0,
+    singletonKey: job.singletonKey,
+    singletonOffset: 0,
+    groupId: null,
+    groupTier: null,
+    deadLetter: null,
+    __traceContext: null,
+  };
+}
+
+/** S3: pg-boss's tables (in its schema) and its clock function. */
+export const BOSS_TABLE = { job: 'job', commonJob: 'job_common', queue: 'queue', version: 'version' } as const;
+export const BOSS_NOW = 'job_now';
+
+/** S4: the job states, by name, and in the order of the enum `<schema>.job_state`. */
+export const JOB_STATE = {
+  created: 'created',
+  retry: 'retry',
+  active: 'active',
+  completed: 'completed',
+  cancelled: 'cancelled',
+  failed: 'failed',
+} as const;
+export type JobState = (typeof JOB_STATE)[keyof typeof JOB_STATE];
+export const JOB_STATE_ORDER: readonly JobState[] = ['created', 'retry', 'active', 'completed', 'cancelled', 'failed'];
+/** The states pg-boss counts as live (its index job_i14): every one but completed and cancelled. */
+export const LIVE_STATES: readonly JobState[] = ['created', 'retry', 'active', 'failed'];
+/** The states that hold a `key_strict_fifo` key (its index job_i8): at most one job per key in them. */
+export const HOLDING_STATES: readonly JobState[] = ['active', 'retry', 'failed'];
+/** The states of a queued job (created or retry), before `active` in the enum. */
+export const QUEUED_STATES: readonly JobState[] = ['created', 'retry'];
+
+/** S4: the queue policy of the actor queue. */
+export const KEY_STRICT_FIFO = 'key_strict_fifo';
+
+/**
+ * S4: the columns of `<schema>.job` corral reads or writes, keyed by the name corral's statements
+ * give them (`jobColumns` aliases a column pg-boss renamed back to its key).
+ */
+export const JOB = {
+  id: 'id',
+  name: 'name',
+  data: 'data',
+  state: 'state',
+  priority: 'priority',
+  policy: 'policy',
+  blocked: 'blocked',
+  retry_count: 'retry_count',
+  retry_limit: 'retry_limit',
+  singleton_key: 'singleton_key',
+  start_after: 'start_after',
+  created_on: 'created_on',
+  started_on: 'started_on',
+  completed_on: 'completed_on',
+  heartbeat_on: 'heartbeat_on',
+  source_id: 'source_id',
+  source_created_on: 'source_created_on',
+  source_retry_count: 'source_retry_count',
+  source_output: 'source_output',
+} as const;
+export type JobColumn = keyof typeof JOB;
+
+/** Their types, as `information_schema.columns.udt_name` spells them. */
+export const JOB_TYPES: Record<JobColumn, string> = {
+  id: 'uuid',
+  name: 'text',
+  data: 'jsonb',
+  state: 'job_state',
+  priority: 'int4',
+  policy: 'text',
+  blocked: 'bool',
+  retry_count: 'int4',
+  retry_limit: 'int4',
+  singleton_key: 'text',
+  start_after: 'timestamptz',
+  created_on: 'timestamptz',
+  started_on: 'timestamptz',
+  completed_on: 'timestamptz',
+  heartbeat_on: 'timestamptz',
+  source_id: 'uuid',
+  source_created_on: 'timestamptz',
+  source_retry_count: 'int4',
+  source_output: 'jsonb',
+};
+
+/** S4: the columns of `<schema>.queue` corral reads (here and in drizzle/0002), and `<schema>.version`'s. */
+export const QUEUE = { name: 'name', table_name: 'table_name', policy: 'policy' } as const;
+export const QUEUE_TYPES: Record<keyof typeof QUEUE, string> = { name: 'text', table_name: 'text', policy: 'text' };
+export const VERSION_COLUMN = { version: 'int4' } as const;
+
+/** S8: where pg-boss's own failures (expiry, lost heartbeat) and a `fail` with non-object data put the message in a job's output. */
+export const BOSS_FAILURE_MESSAGE = ['value', 'message'] as const;
+
+/** `keys` as a select list (on `alias`, if given), each column named by its key. */
+export function jobColumns(keys: readonly JobColumn[], alias?: string): string {
+  const at = alias ? `${alias}.` : '';
+  return keys.map((k) => (JOB[k] === k ? `${at}${k}` : `${at}${JOB[k]} as ${k}`)).join(', ');
+}
+
+/** A state as an SQL literal; `states` as a parenthesised list of them. */
+export const stateLiteral = (state: JobState): string => `'${state}'`;
+export const stateList = (states: readonly JobState[]): string => `(${states.map(stateLiteral).join(', ')})`;
+
+/**
+ * S5: the indexes of the queue's job table the claim and the counts rely on, as `pg_get_indexdef`
+ * renders them from `USING` on, the schema left out, `UNIQUE` first for a unique one (pg-boss names
+ * the index `<table>_<key>`).
+ */
+export const BOSS_INDEXES = {
+  i8:
+    "UNIQUE btree (name, singleton_key) WHERE ((state = ANY (ARRAY['active'::job_state, 'retry'::job_state, 'failed'::job_state])) " +
+    "AND (policy = 'key_strict_fifo'::text))",
+  i10:
+    'btree (name, singleton_key, state DESC, created_on, id) INCLUDE (start_after) ' +
+    "WHERE ((state < 'active'::job_state) AND (NOT blocked) AND (policy = 'key_strict_fifo'::text))",
+  i11: "btree (name, priority DESC, created_on, start_after) WHERE ((state < 'active'::job_state) AND (NOT blocked))",
+  i14:
+    "btree (name, state, blocked, start_after) WHERE (state = ANY (ARRAY['created'::job_state, 'retry'::job_state, " +
+    "'active'::job_state, 'failed'::job_state]))",
+} as const;
+
+/** S3: the table pg-boss keeps the queue's jobs in (`job_common` unless the queue is partitioned). */
+export async function queueTable(db: pg.Pool | pg.Client, q: { schema: string; events: string }): Promise<string> {
+  const res = await db.query<{ table_name: string }>(
+    `select ${QUEUE.table_name} as table_name from ${pg.escapeIdentifier(q.schema)}.${BOSS_TABLE.queue} where ${QUEUE.name} = $1`,
+    [q.events],
+  );
+  const table = res.rows[0]?.table_name;
+  if (!table) throw new Error(`pg-boss queue ${q.events} does not exist`);
+  return table;
+}
+
+const J = JOB;
+const S = JOB_STATE;
+
+/**
+ * S5: the claim's text (see db/boss-fetch.ts for how it walks the queue): `$1` the queue's name,
+ * `$2` the limit. Rows: `id`, `retry_count` (the attempt), `data`.
+ */
+export function claimStatement(schema: string, table: string): string {
+  const s = pg.escapeIdentifier(schema);
+  const t = `${s}.${pg.escapeIdentifier(table)}`;
+  const now = `${s}.${BOSS_NOW}()`;
+  const queued = (a: string, indent: string) =>
+    `${a}.${J.state} < '${S.active}' and not ${a}.${J.blocked} and ${a}.${J.policy} = '${KEY_STRICT_FIFO}'\n${indent}and ${a}.${J.start_after} <= ${now}`;
+  return `
+    with next as (
+      select j.${J.id}
+        from ${t} j
+       where j.${J.name} = $1 and ${queued('j', '         ')}
+         and j.${J.id} = (
+           select h.${J.id} from ${t} h
+            where h.${J.name} = $1 and h.${J.singleton_key} = j.${J.singleton_key}
+              and ${queued('h', '              ')}
+            order by h.${J.state} desc, h.${J.created_on}, h.${J.id}
+            limit 1)
+         and not exists (
+           select 1 from ${t} b
+            where b.${J.name} = $1 and b.${J.singleton_key} = j.${J.singleton_key}
+              and b.${J.state} in ${stateList(HOLDING_STATES)} and b.${J.policy} = '${KEY_STRICT_FIFO}' and b.${J.id} <> j.${J.id}
+            offset 0)
+       order by j.${J.priority} desc, j.${J.created_on}
+       limit $2
+       for update of j skip locked
+    )
+    update ${t} j
+       set ${J.state} = '${S.active}', ${J.started_on} = ${now}, ${J.heartbeat_on} = ${now},
+           ${J.retry_count} = case when ${J.started_on} is not null then ${J.retry_count} + 1 else ${J.retry_count} end
+     where j.${J.name} = $1 and j.${J.id} = any(array(select ${J.id} from next))
+    returning ${jobColumns(['id', 'retry_count', 'data'], 'j')}`;
+}
+
+/**
+ * S5: what the claim copies from pg-boss's `key_strict_fifo` fetch (`fetchNextJob`), each as both
+ * statements contain it once whitespace and letter case are set aside (`schema` as written in
+ * them, e.g. `"pgboss"`). The test holds both statements to every one.
+ */
+export function claimMirrorsFetch(schema: string): { what: string; text: string }[] {
+  const now = `${schema}.${BOSS_NOW}()`;
+  return [
+    {
+      what: "a key's head is its first queued, unblocked, due job",
+      text: `h.state < 'active' and not h.blocked and h.policy = 'key_strict_fifo'`,
+    },
+    { what: "a head is due by pg-boss's clock", text: `h.start_after <= ${now}` },
+    { what: 'the head order (a retry before created jobs, then age, then id)', text: 'h.state desc, h.created_on, h.id' },
+    { what: 'a candidate is queued and unblocked', text: `j.state < 'active' and not j.blocked` },
+    { what: 'a candidate is due', text: `j.start_after <= ${now}` },
+    {
+      what: 'a key with a job active, waiting to retry or failed is held',
+      text: `b.singleton_key = j.singleton_key and b.state in ('active', 'retry', 'failed') and b.policy = 'key_strict_fifo' and b.id <> j.id`,
+    },
+    { what: 'the fetch order', text: 'order by j.priority desc, j.created_on' },
+    { what: 'the lock', text: 'for update of j skip locked' },
+    {
+      what: 'the claim update (a re-claim adds one attempt)',
+      text:
+        `set state = 'active', started_on = ${now}, heartbeat_on = ${now}, ` +
+        'retry_count = case when started_on is not null then retry_count + 1 else retry_count end',
+    },
+  ];
+}
+
+/** S9: pg-boss's NOTIFY channel for a schema (the expression pg-boss evaluates in SQL, `notifyChannelSql`). */
+export function bossNotifyChannel(schema: string): string {
+  const name = /^".*"$/.test(schema) ? schema.slice(1, -1) : schema;
+  return `pgboss_${createHash('sha224').update(name).digest('hex').slice(0, 24)}`;
+}
+
+/** S9: whether a notification on that channel is for `queue` (pg-boss sends the queue's name). */
+export const notifiesQueue = (payload: string, queue: string): boolean => payload === queue;
