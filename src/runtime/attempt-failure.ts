@@ -24,6 +24,7 @@ import type { ActivationRow } from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
 import { setBlockedBy } from '../db/actors.ts';
+import { JOB_STATE } from '../db/boss-internals.ts';
 import { sql } from '../db/orm.ts';
 
 export type FailureKind = 'turn_error' | 'lease_expired' | 'worker_lost' | 'superseded' | 'recovered' | 'turn_timeout';
@@ -139,7 +140,7 @@ export class AttemptFailures {
     };
     if (res.affected !== 1) return { deadLettered: false, jobFailed: false };
     const job = await boss.getJobById(jobs.queue, eventId, { db });
-    const deadLettered = job?.state === 'failed';
+    const deadLettered = job?.state === JOB_STATE.failed;
     if (deadLettered) {
       const key = { agentUid: activation.agentUid, sessionId: activation.sessionId };
       if (this.deps.deadLetterMode === 'continue') {

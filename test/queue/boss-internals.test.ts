@@ -82,7 +82,7 @@ const normalized = (text: string) => text.replaceAll(pg.escapeIdentifier(schema)
 
 /** Sends a job of a fresh actor through pg-boss, recording the statements it runs. */
 async function sendRecorded(session: string) {
-  const job = actorEventJob(actorKey('internals', session), { session });
+  const job = actorEventJob(actorKey('internals', session), { session }, DEFAULTS.maxEventBytes);
   const calls: { text: string; values: unknown[] }[] = [];
   const recorder = {
     executeSql: (text: string, values?: unknown[]) => {
