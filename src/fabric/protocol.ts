@@ -243,6 +243,11 @@ export const workerWelcomeSchema = z.object({
   worker_id: workerId,
   heartbeat_interval_ms: z.int().min(1),
   progress_interval_ms: z.int().min(1),
+  /**
+   * The capacity the daemon registered: the worker's own, or lower when its allow-list entry
+   * caps it. The daemon sends at most this many turns at once. Absent from older daemons.
+   */
+  capacity: z.int().min(1).max(MAX_CAPACITY).optional(),
   /** Lease per dispatch / progress: a turn with no progress for this long fails its attempt. */
   lease_ms: z.int().min(1).optional(),
   /** A worker silent (no message) for this long is declared stale and must register again. */

@@ -142,6 +142,7 @@ describe('daemon messages', () => {
       v: 1,
       type: 'worker_welcome',
       worker_id: 'w-1',
+      capacity: 4,
       heartbeat_interval_ms: 2000,
       progress_interval_ms: 10000,
       lease_ms: 60000,
@@ -183,6 +184,11 @@ describe('daemon messages', () => {
     const start = makeTurnStart({}, ref);
     expect(parseDaemonMessage(buf({ ...start, lease_expires_at: '2026-01-01T00:00:00.000+02:00' })).ok).toBe(true);
     expect(parseDaemonMessage(buf({ ...start, lease_expires_at: '2026-01-01T00:00:00' })).ok).toBe(false);
+  });
+
+  it("refuses a welcome's capacity outside 1..1024", () => {
+    const welcome = { v: 1, type: 'worker_welcome', worker_id: 'w-1', heartbeat_interval_ms: 2000, progress_interval_ms: 10000 };
+    for (const capacity of [0, 1025, 1.5, '2']) expect(parseDaemonMessage(buf({ ...welcome, capacity })).ok).toBe(false);
   });
 
   it('reports unknown daemon types as unknown_type (workers skip them)', () => {
