@@ -7,7 +7,10 @@ export interface BackoffPolicy {
   maxMs: number;
 }
 
-/** Full jitter: a uniform delay in [base·2^(attempt−1) / 2, min(max, base·2^(attempt−1))]. */
+/**
+ * Equal jitter: a uniform delay in [c/2, c], where c = min(max, base·2^(attempt−1)). Half the
+ * delay is fixed, so even the first attempt waits at least base/2.
+ */
 export function backoffDelayMs(attempt: number, policy: BackoffPolicy, random: () => number = Math.random): number {
   const n = Math.max(1, Math.floor(attempt));
   const ceiling = Math.min(policy.maxMs, policy.baseMs * 2 ** Math.min(n - 1, 30));

@@ -261,8 +261,9 @@ export class Broker {
   /**
    * Revoke a worker (its key left the allow-list): its session is dropped at once, it is told
    * `error{unauthorized}` once, and `worker_gone` is emitted so its turns go elsewhere. A ROUTER
-   * cannot close one peer's connection; the connection stays open but receives nothing and
-   * every message it sends is refused, and a reconnect fails the ZAP check.
+   * cannot close one peer's connection; the connection stays open, is never sent a turn again,
+   * and every message it sends is refused like an unregistered connection's (`unauthorized` for
+   * a `worker_ready` of the revoked id, else `not_registered`); a reconnect fails the ZAP check.
    */
   revoke(workerId: string, reason: string): boolean {
     const rid = this.byWorker.get(workerId);
@@ -469,6 +470,7 @@ export class Broker {
         v: PROTOCOL_VERSION,
         type: 'worker_welcome',
         worker_id: msg.worker_id,
+        capacity,
         heartbeat_interval_ms: this.heartbeatIntervalMs,
         progress_interval_ms: this.progressIntervalMs,
         ...(this.opts.welcome

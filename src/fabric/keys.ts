@@ -1,6 +1,7 @@
 /**
  * CURVE key material on disk: the daemon's long-term keypair, one key file per worker, and the
- * allow-list that binds each worker public key to one worker id.
+ * allow-list that lists, per worker id, the public key admitted for it and its token's hash (a
+ * registration is bound to the token; the key only admits the connection, see src/fabric/auth.ts).
  *
  * Rules:
  * 1. Every file written here is mode 0600, and a folder created for it 0700: a secret key or

@@ -37,12 +37,12 @@ export const MAX_EMITS = 32;
 export const MAX_EMIT_DELAY_MS = 30 * 86_400_000;
 
 /**
- * Reasons the daemon gives in `turn_rejected`: every fence reason, `invalid`, `unstorable`
- * (a result PostgreSQL cannot store) and `emit_limit` (a result's `emit` breaks the limits:
- * too many entries, an entry too large, an unknown actor key or delay). The list may grow;
- * receivers must accept others.
+ * Reasons the daemon gives in `turn_rejected`: every fence reason, `unstorable` (a result
+ * PostgreSQL cannot store) and `emit_limit` (a result's `emit` breaks the limits: too many
+ * entries, an entry too large, an unknown actor key or delay). The list may grow; receivers
+ * must accept others.
  */
-export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'invalid', 'unstorable', 'emit_limit'] as const;
+export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'unstorable', 'emit_limit'] as const;
 
 /** Codes of the protocol-level `error` message. */
 export const PROTOCOL_ERROR_CODES = [
@@ -241,6 +241,11 @@ export const workerWelcomeSchema = z.object({
   worker_id: workerId,
   heartbeat_interval_ms: z.int().min(1),
   progress_interval_ms: z.int().min(1),
+  /**
+   * The capacity the daemon registered: the worker's own, or lower when its allow-list entry
+   * caps it. The daemon sends at most this many turns at once. Absent from older daemons.
+   */
+  capacity: z.int().min(1).max(MAX_CAPACITY).optional(),
   /** Lease per dispatch / progress: a turn with no progress for this long fails its attempt. */
   lease_ms: z.int().min(1).optional(),
   /** A worker silent (no message) for this long is declared stale and must register again. */

@@ -14,6 +14,7 @@ import { PgBoss, type Db as BossDb, type Queue } from 'pg-boss';
 import { CorralError } from '../errors.ts';
 import type { Config } from '../config.ts';
 import type { Queues } from '../db/boss-jobs.ts';
+import { tuneBossJobTables } from '../db/boss-tuning.ts';
 import { queuesOf } from './names.ts';
 
 export const TEN_YEARS_S = 10 * 365 * 24 * 3600;
@@ -93,7 +94,7 @@ export async function ensureQueues(boss: PgBoss, config: QueueConfig, opts: { up
   await upsertQueue(boss, names.events, events, update);
   // Fresh planner statistics for the actor queue's job table (drizzle/0002_boss_job_autovacuum.sql):
   // pg-boss creates its tables after corral's migrations ran, so the settings are applied here.
-  if (update) await boss.getDb().executeSql('select corral.tune_boss_job_tables($1)', [config.bossSchema]);
+  if (update) await tuneBossJobTables(boss.getDb(), config.bossSchema);
   return names;
 }
 

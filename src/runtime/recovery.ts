@@ -4,8 +4,8 @@
  *  - fails in-flight activations whose lease expired (their owner died; the watchdog's rule),
  *  - repairs turns left `started` whose delivery is no longer live or is gone: the turn is failed
  *    and, if its job attempt is still active, the attempt is failed so the event is retried
- *    under a new epoch,
- *  - marks worker rows whose heartbeats stopped as stale.
+ *    under a new epoch.
+ * Stale workers are the watchdog's (src/runtime/watchdog.ts), not recovery's.
  */
 import type { Clock } from '../clock.ts';
 import type { Logger } from '../logger.ts';

@@ -1,6 +1,6 @@
 /**
  * The worker RPC server: `rpc_request {id, method, params, turn_ref}` → `rpc_response {id,
- * result | error}` on the worker's own connection (docs/protocol.md §10).
+ * result | error}` on the worker's own connection (docs/protocol.md §15).
  *
  * Invariants:
  *  R1 served off the broker loop: `handle` only schedules (the broker calls it synchronously).

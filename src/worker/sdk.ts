@@ -11,7 +11,8 @@
  * 3. Registration is re-established by the worker, never assumed: `worker_ready` is re-sent
  *    on `error{not_registered}` (the daemon restarted or forgot us), on every reconnect
  *    handshake, and on the heartbeat tick while no welcome has come back.
- * 4. At most `capacity` handlers run at once; an over-sent turn_start is refused with a
+ * 4. At most `capacity` handlers run at once, or the lower capacity the daemon's welcome says it
+ *    registered (an allow-list entry may cap it); an over-sent turn_start is refused with a
  *    retryable turn_error `over_capacity`, never queued (the daemon owns queueing).
  * 5. Results are kept until the daemon answers them (turn_committed / turn_rejected) and are
  *    re-sent after a re-registration: the fence makes a duplicate harmless, and a result
@@ -101,6 +102,11 @@ export interface Worker {
   inFlight(): number;
   /** True between a worker_welcome and the next sign the daemon forgot this worker. */
   isRegistered(): boolean;
+  /**
+   * How many turns this worker runs at once: its `capacity`, or the lower one the daemon's last
+   * welcome said it registered.
+   */
+  capacity(): number;
 }
 
 export const SDK_NAME = 'corral-ts/0.1';
@@ -118,7 +124,10 @@ class WorkerRuntime implements Worker {
   /** One per process run: lets the daemon tell a reconnect from a restart. */
   private readonly instance = randomUUID();
   private readonly opts: WorkerOptions;
-  private readonly capacity: number;
+  /** The capacity asked for in every `worker_ready`. */
+  private readonly requestedCapacity: number;
+  /** The capacity the daemon registered (welcome), at most `requestedCapacity` (invariant 4). */
+  private effectiveCapacity: number;
   private readonly clock: Clock;
   private readonly log: Logger;
   private readonly maxMessageBytes: number;
@@ -138,6 +147,7 @@ class WorkerRuntime implements Worker {
   private handshakes = 0;
   private connected = false;
   private reconnects = 0;
+  private handshakeFailureLogged = false;
   private reconnectTimer: TimerHandle | null = null;
   private stopPromise: Promise<void> | null = null;
   /** Open RPC requests by id. */
@@ -154,7 +164,8 @@ class WorkerRuntime implements Worker {
     }
     this.opts = opts;
     this.workerId = opts.workerId;
-    this.capacity = capacity;
+    this.requestedCapacity = capacity;
+    this.effectiveCapacity = capacity;
     this.clock = opts.clock ?? systemClock;
     this.log = (opts.logger ?? silentLogger).child({ component: 'worker', workerId: opts.workerId });
     this.maxMessageBytes = opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
@@ -180,6 +191,7 @@ class WorkerRuntime implements Worker {
     this.socket = socket;
     socket.events.on('handshake', () => {
       this.connected = true;
+      this.handshakeFailureLogged = false;
       this.reconnects = 0;
       // The first handshake delivers the worker_ready queued in start(); a later one is a
       // reconnect, possibly to a restarted daemon that does not know us (invariant 3).
@@ -197,11 +209,23 @@ class WorkerRuntime implements Worker {
     socket.events.on('handshake:error:auth', (ev) => {
       this.log.error({ status: ev.error.message }, "the daemon refused this worker's key (not on its allow-list?)");
     });
+    // docs/protocol.md §13: a wrong daemon public key fails without detail, again on every retry;
+    // a NULL/CURVE mismatch fails with a ZMTP protocol error. Said once until a handshake succeeds.
+    socket.events.on('handshake:error:protocol', (ev) => {
+      if (this.handshakeFailureLogged) return;
+      this.handshakeFailureLogged = true;
+      this.log.error({ err: ev.error.message }, 'handshake failed: the daemon and this worker disagree on CURVE (one of them insecure?)');
+    });
+    socket.events.on('handshake:error:other', (ev) => {
+      if (this.handshakeFailureLogged) return;
+      this.handshakeFailureLogged = true;
+      this.log.error({ err: ev.error.message }, "handshake failed without detail (the daemon's public key, server_key, wrong?); retrying");
+    });
     socket.connect(this.opts.endpoint);
     this.loopDone = this.receiveLoop(socket);
     this.sendReady(true);
     this.restartHeartbeat();
-    this.log.info({ endpoint: this.opts.endpoint, capacity: this.capacity }, 'worker started');
+    this.log.info({ endpoint: this.opts.endpoint, capacity: this.requestedCapacity }, 'worker started');
   }
 
   /**
@@ -237,6 +261,10 @@ class WorkerRuntime implements Worker {
 
   isRegistered(): boolean {
     return this.registered;
+  }
+
+  capacity(): number {
+    return this.effectiveCapacity;
   }
 
   stop(opts: StopOptions = {}): Promise<void> {
@@ -326,7 +354,7 @@ class WorkerRuntime implements Worker {
           // one lost progress message would then cost the lease: say so, the daemon's config is off
           this.log.warn({ progressMs: msg.progress_interval_ms, leaseMs: msg.lease_ms }, 'progress interval is more than half the lease');
         }
-        return this.onWelcome(msg.heartbeat_interval_ms, msg.progress_interval_ms);
+        return this.onWelcome(msg.heartbeat_interval_ms, msg.progress_interval_ms, msg.capacity);
       case 'turn_start':
         return this.onTurnStart(msg);
       case 'turn_steer': {
@@ -366,8 +394,17 @@ class WorkerRuntime implements Worker {
     }
   }
 
-  private onWelcome(heartbeatMs: number, progressMs: number): void {
+  private onWelcome(heartbeatMs: number, progressMs: number, capacity: number | undefined): void {
     const wasRegistered = this.registered;
+    // a daemon older than the field registered what we asked for
+    const effective = Math.min(this.requestedCapacity, capacity ?? this.requestedCapacity);
+    if (effective < this.requestedCapacity && effective !== this.effectiveCapacity) {
+      this.log.warn(
+        { requested: this.requestedCapacity, registered: effective },
+        'the daemon registered a lower capacity (allow-list cap)',
+      );
+    }
+    this.effectiveCapacity = effective;
     this.registered = true;
     this.readySentAtMs = null;
     this.progressMs = progressMs;
@@ -391,9 +428,9 @@ class WorkerRuntime implements Worker {
     const refuse = (code: string, message: string): void =>
       this.send({ v: PROTOCOL_VERSION, type: 'turn_error', turn_ref: ref, error: { code, message, retryable: true } });
     if (this.state !== 'running') return refuse('worker_stopping', 'worker is stopping');
-    if (this.turns.size >= this.capacity) {
-      this.log.warn({ deliveryId: ref.delivery_id, capacity: this.capacity }, 'turn_start over capacity');
-      return refuse('over_capacity', `worker ${this.workerId} is at capacity ${this.capacity}`);
+    if (this.turns.size >= this.effectiveCapacity) {
+      this.log.warn({ deliveryId: ref.delivery_id, capacity: this.effectiveCapacity }, 'turn_start over capacity');
+      return refuse('over_capacity', `worker ${this.workerId} is at capacity ${this.effectiveCapacity}`);
     }
     const turn = new RunningTurn(msg, {
       handler: this.opts.handler,
@@ -472,7 +509,7 @@ class WorkerRuntime implements Worker {
       v: PROTOCOL_VERSION,
       type: 'worker_ready',
       worker_id: this.workerId,
-      capacity: this.capacity,
+      capacity: this.requestedCapacity,
       sdk: this.opts.sdk ?? SDK_NAME,
       instance: this.instance,
       ...(this.opts.auth ? { auth: this.opts.auth } : {}),

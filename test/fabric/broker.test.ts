@@ -49,7 +49,14 @@ describe('Broker', () => {
     const w = peer(broker.endpoint, 'w-1');
     await w.sendJson({ ...ready('w-1', 3), sdk: 'raw/1' });
     const [welcome] = await w.waitFor('worker_welcome');
-    expect(welcome).toEqual({ v: 1, type: 'worker_welcome', worker_id: 'w-1', heartbeat_interval_ms: 150, progress_interval_ms: 250 });
+    expect(welcome).toEqual({
+      v: 1,
+      type: 'worker_welcome',
+      worker_id: 'w-1',
+      capacity: 3,
+      heartbeat_interval_ms: 150,
+      progress_interval_ms: 250,
+    });
     expect(events).toEqual([{ kind: 'worker_ready', workerId: 'w-1', capacity: 3, reconnect: false, sdk: 'raw/1' }]);
     expect(broker.isRegistered('w-1')).toBe(true);
     expect(broker.workers()).toMatchObject([{ workerId: 'w-1', capacity: 3, registrations: 1 }]);
@@ -169,6 +176,17 @@ describe('Broker', () => {
     await w.sendJson({ ...ready('w-t'), auth: { scheme: 'token', credential: 's3cret' } });
     await w.waitFor('worker_welcome');
     expect(events.at(-1)).toMatchObject({ kind: 'worker_ready', workerId: 'w-t' });
+  });
+
+  it('registers at most the capacity the authenticator allows, and the welcome tells the worker', async () => {
+    const { broker, events } = await startBroker({ authenticator: { verify: () => ({ ok: true, maxCapacity: 2 }) } });
+    const w = peer(broker.endpoint, 'w-cap');
+    await w.sendJson(ready('w-cap', 8));
+    expect((await w.waitFor('worker_welcome'))[0]).toMatchObject({ worker_id: 'w-cap', capacity: 2 });
+    expect(events.at(-1)).toMatchObject({ kind: 'worker_ready', workerId: 'w-cap', capacity: 2 });
+    // under the cap the worker's own capacity stands
+    await w.sendJson(ready('w-cap', 1));
+    expect((await w.waitFor('worker_welcome', 2))[1]).toMatchObject({ capacity: 1 });
   });
 
   it('returns unknown_route for unknown or disconnected workers (sends never wait for a route)', async () => {

@@ -142,6 +142,7 @@ describe('daemon messages', () => {
       v: 1,
       type: 'worker_welcome',
       worker_id: 'w-1',
+      capacity: 4,
       heartbeat_interval_ms: 2000,
       progress_interval_ms: 10000,
       lease_ms: 60000,
@@ -185,6 +186,11 @@ describe('daemon messages', () => {
     expect(parseDaemonMessage(buf({ ...start, lease_expires_at: '2026-01-01T00:00:00' })).ok).toBe(false);
   });
 
+  it("refuses a welcome's capacity outside 1..1024", () => {
+    const welcome = { v: 1, type: 'worker_welcome', worker_id: 'w-1', heartbeat_interval_ms: 2000, progress_interval_ms: 10000 };
+    for (const capacity of [0, 1025, 1.5, '2']) expect(parseDaemonMessage(buf({ ...welcome, capacity })).ok).toBe(false);
+  });
+
   it('reports unknown daemon types as unknown_type (workers skip them)', () => {
     const r = parseDaemonMessage(buf({ v: 1, type: 'turn_pause', turn_ref: ref }));
     expect(r).toMatchObject({ ok: false, code: 'unknown_type' });
@@ -218,11 +224,11 @@ describe('frames', () => {
 });
 
 describe('turn_rejected reasons', () => {
-  it('are the fence reasons plus invalid and unstorable, and docs/protocol.md lists exactly them', async () => {
+  it('are the fence reasons plus unstorable and emit_limit, and docs/protocol.md lists exactly them', async () => {
     const { readFile } = await import('node:fs/promises');
     const { FENCE_REASONS } = await import('../../src/errors.ts');
     const { TURN_REJECTED_REASONS } = await import('../../src/fabric/protocol.ts');
-    expect([...TURN_REJECTED_REASONS]).toEqual([...FENCE_REASONS, 'invalid', 'unstorable', 'emit_limit']);
+    expect([...TURN_REJECTED_REASONS]).toEqual([...FENCE_REASONS, 'unstorable', 'emit_limit']);
     const doc = await readFile(new URL('../../docs/protocol.md', import.meta.url), 'utf8');
     const table = doc.slice(doc.indexOf('| reason | meaning | what the worker should do |'));
     const rows = table.split('\n').slice(2);

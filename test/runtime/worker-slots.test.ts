@@ -8,7 +8,6 @@ import pg from 'pg';
 import { actorKey } from '../../src/actor-key.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
-import { sleep } from '../helpers/wait.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string };
 
@@ -42,8 +41,9 @@ describe('worker slots', () => {
     const a = await enqueue('a');
     const first = await w.next('turn_start', startOf(a.eventId));
     const b = await enqueue('b');
-    // the only slot is taken: b waits
-    await sleep(300);
+    // the only slot is taken, so the consumer fetches nothing: b waits
+    expect(t.daemon.runtime.workers.workerOf(a.eventId)).toBe('slot-1');
+    expect(t.daemon.runtime.dispatcher.fetchCapacity()).toBe(0);
     expect(w.inbox.filter((m) => m.type === 'turn_start')).toEqual([]);
 
     // hold the commit of a's turn: its delivery row is locked elsewhere
@@ -78,13 +78,19 @@ describe('worker slots', () => {
     const c2 = await enqueue('c2');
     await idle.next('turn_start', startOf(c2.eventId));
 
-    // a forged result (the other worker), and one naming another delivery of the event: no slot freed
+    // a forged result (the other worker), and one naming another delivery of the event
+    const forgedDelivery = '00000000-0000-4000-8000-000000000000';
     await idle.send({ type: 'turn_result', turn_ref: ref, messages: [] });
-    await holder.send({ type: 'turn_result', turn_ref: { ...ref, delivery_id: '00000000-0000-4000-8000-000000000000' }, messages: [] });
+    await holder.send({ type: 'turn_result', turn_ref: { ...ref, delivery_id: forgedDelivery }, messages: [] });
+    // both are answered, so both were handled (a slot is freed on arrival, before the answer): no
+    // slot was freed, and the consumer may fetch nothing
+    const rejected = (deliveryId: string) => (m: Msg) => (m.turn_ref as Ref).delivery_id === deliveryId;
+    await idle.next('turn_rejected', rejected(ref.delivery_id));
+    await holder.next('turn_rejected', rejected(forgedDelivery));
+    expect(t.daemon.runtime.workers.workerOf(a.eventId)).toBe(holder.id);
+    expect(t.daemon.runtime.workers.freeSlots()).toBe(0);
+    expect(t.daemon.runtime.dispatcher.fetchCapacity()).toBe(0);
     const d = await enqueue('d');
-    await sleep(400);
-    const dispatchedD = [...w.inbox, ...other.inbox].filter((m) => m.type === 'turn_start' && startOf(d.eventId)(m));
-    expect(dispatchedD).toEqual([]);
 
     // the real result frees the holder's slot: d goes to it
     await holder.send({ type: 'turn_result', turn_ref: ref, messages: [] });

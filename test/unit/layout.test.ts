@@ -31,7 +31,11 @@ const SQL_KEYWORD = /\b(select|insert|update|delete|with|create|drop|alter|trunc
 const SQL_PATTERNS: { what: string; re: RegExp; keyword?: boolean }[] = [
   { what: 'drizzle sql`…` template', re: /\bsql\s*`/g },
   { what: 'sql.raw(…)', re: /\bsql\.raw\s*\(/g },
-  { what: '.query/.execute with SQL text', re: /\.(query|execute)\s*(<[^>()]*>)?\s*\(\s*[`'"][^`'"]*/g, keyword: true },
+  {
+    what: '.query/.execute/.executeSql with SQL text',
+    re: /\.(query|execute|executeSql)\s*(<[^>()]*>)?\s*\(\s*[`'"][^`'"]*/g,
+    keyword: true,
+  },
   {
     what: 'SQL statement in a string',
     re: /[`'"][^`'"]*?\b(select\s[^`'"]*?\sfrom\s|insert\s+into\s|delete\s+from\s|update\s+[\w."]+\s+set\s)/gi,
@@ -65,10 +69,13 @@ describe('layout', () => {
       '// select x from y: a comment',
       'await client.query<{ version: string }>(getVersion(schema));',
       "log.info('selected a worker from the pool');",
+      "await boss.getDb().executeSql('select corral.tune_boss_job_tables($1)', [schema]);",
+      'await db.executeSql(text, values);',
     ].join('\n');
     const lines = new Set(findSql('sample.ts', sample).map((x) => Number(x.split(':')[1])));
-    // lines 1–4 carry SQL; the comment, pg-boss's own statement and the log line do not
-    expect([...lines].sort((a, b) => a - b)).toEqual([1, 2, 3, 4]);
+    // lines 1–4 and 8 carry SQL; the comment, pg-boss's own statement, the log line and a statement
+    // passed on do not
+    expect([...lines].sort((a, b) => a - b)).toEqual([1, 2, 3, 4, 8]);
   });
 
   it('has no SQL text outside src/db', () => {

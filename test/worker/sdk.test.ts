@@ -1,5 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
-import { Broker, type BrokerEvent } from '../../src/fabric/broker.ts';
+import { StaticTokenAuthenticator } from '../../src/fabric/auth.ts';
+import { Broker, type BrokerEvent, type BrokerOptions } from '../../src/fabric/broker.ts';
 import type { DaemonMessage, TurnRef } from '../../src/fabric/protocol.ts';
 import { silentLogger } from '../../src/logger.ts';
 import { createExampleHandler, runExampleWorker } from '../../src/worker/example.ts';
@@ -17,13 +18,18 @@ interface Harness {
   of<K extends BrokerEvent['kind']>(kind: K, deliveryId?: string): Extract<BrokerEvent, { kind: K }>[];
 }
 
-async function startBroker(endpoint = 'tcp://127.0.0.1:0', events: BrokerEvent[] = []): Promise<Harness> {
+async function startBroker(
+  endpoint = 'tcp://127.0.0.1:0',
+  events: BrokerEvent[] = [],
+  over: Partial<BrokerOptions> = {},
+): Promise<Harness> {
   const broker = new Broker({
     endpoint,
     logger: silentLogger,
     heartbeatIntervalMs: 100,
     progressIntervalMs: 50,
     onEvent: (e) => events.push(e),
+    ...over,
   });
   await broker.start();
   cleanups.push(() => broker.stop());
@@ -172,6 +178,72 @@ describe('worker SDK end to end', () => {
     await waitFor(() => h.of('worker_heartbeat').some((e) => e.inFlight === 2), 'heartbeat in_flight 2');
     await waitFor(() => h.of('turn_result').length === 2, 'two results');
     expect(h.of('turn_accepted', refs[2]!.delivery_id)).toEqual([]);
+  });
+
+  it('runs no more turns than the capacity the daemon registered, lower than its own when the allow-list caps it', async () => {
+    // the cap an allow-list entry sets (KeyAuthenticator), without the keys
+    const h = await startBroker(undefined, [], { authenticator: { verify: () => ({ ok: true, maxCapacity: 1 }) } });
+    const worker = await startWorker(h, { capacity: 3 });
+    expect(h.of('worker_ready')[0]).toMatchObject({ capacity: 1 });
+    expect(worker.capacity()).toBe(1);
+    const [first, second] = [makeTurnRef(), makeTurnRef()];
+    await dispatch(h, { delayMs: 300, text: 'a' }, first);
+    await dispatch(h, { delayMs: 300, text: 'b' }, second);
+    const [refused] = await waitFor(
+      () => h.of('turn_error', second!.delivery_id).length && h.of('turn_error', second!.delivery_id),
+      'refusal',
+    );
+    expect(refused?.error).toMatchObject({ code: 'over_capacity', retryable: true });
+    expect(worker.inFlight()).toBe(1);
+    await waitFor(() => h.of('turn_result', first!.delivery_id).length, "the first turn's result");
+    expect(h.of('turn_result', second!.delivery_id)).toEqual([]);
+  });
+
+  it('keeps its own capacity with a daemon whose welcome does not say one', async () => {
+    const h = await startBroker();
+    const worker = await startWorker(h, {
+      capacity: 2,
+      // a daemon older than the welcome's `capacity` field
+      hooks: {
+        onReceive: (m) => {
+          if (m.type === 'worker_welcome') delete (m as { capacity?: number }).capacity;
+        },
+      },
+    });
+    expect(worker.capacity()).toBe(2);
+    const refs = [makeTurnRef(), makeTurnRef()];
+    for (const ref of refs) await dispatch(h, { delayMs: 100, text: 'c' }, ref);
+    await waitFor(() => h.of('turn_result').length === 2, 'two results');
+    expect(h.of('turn_error')).toEqual([]);
+  });
+
+  it('two processes sharing one id and token take the route from each other in turn (neither is starved)', async () => {
+    const h = await startBroker(undefined, [], { authenticator: new StaticTokenAuthenticator({ 'w-twin': 'twin-token' }) });
+    const welcomes = [0, 0];
+    const twins = await Promise.all(
+      [0, 1].map(async (i) => {
+        const w = createWorker({
+          endpoint: h.broker.endpoint,
+          workerId: 'w-twin',
+          handler: createExampleHandler(),
+          logger: silentLogger,
+          heartbeatIntervalMs: 100,
+          auth: { scheme: 'token', credential: 'twin-token' },
+          hooks: { onReceive: (m) => void (m.type === 'worker_welcome' && welcomes[i]!++) },
+        });
+        cleanups.push(() => w.stop());
+        await w.start();
+        return w;
+      }),
+    );
+    // each one's next heartbeat after losing the route is answered not_registered, and it registers again
+    await waitFor(() => welcomes.every((n) => n >= 4), 'both twins welcomed again and again', 15_000);
+    const instances = h.of('worker_ready').map((e) => e.instance);
+    expect(new Set(instances).size).toBe(2);
+    // the route moved between the two runs (each move a new `instance`: a daemon re-dispatches the worker's turns)
+    const moves = instances.filter((x, i) => i > 0 && x !== instances[i - 1]).length;
+    expect(moves).toBeGreaterThanOrEqual(6);
+    expect(twins).toHaveLength(2);
   });
 
   it('re-registers after not_registered (daemon forgot the worker)', async () => {
