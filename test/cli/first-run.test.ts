@@ -6,11 +6,10 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { chmod } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { CORRAL, ROOT, run } from './helpers.ts';
+import { CORRAL, ROOT, freshHomes, run } from './helpers.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import {
   childPids,
@@ -25,14 +24,8 @@ import {
 } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
-const homes: string[] = [];
-
-async function freshHome(): Promise<string> {
-  const home = await mkdtemp(join(tmpdir(), 'corral-first-run-'));
-  await chmod(home, 0o755);
-  homes.push(home);
-  return home;
-}
+const homes = freshHomes('corral-first-run-');
+const freshHome = () => homes.make();
 
 /** The environment of a user with no DATABASE_URL: the embedded server under `home`. */
 const embeddedEnv = (home: string, port: number) => ({ CORRAL_HOME: home, DATABASE_URL: '', CORRAL_ENDPOINT: `tcp://127.0.0.1:${port}` });
@@ -49,12 +42,7 @@ afterEach(async () => {
   killAll();
   for (const db of databases.splice(0)) await db.drop();
 });
-afterAll(async () => {
-  for (const home of homes) {
-    await run([CORRAL, 'db', 'stop'], { CORRAL_HOME: home, DATABASE_URL: '' }).catch(() => undefined);
-    await rm(home, { recursive: true, force: true });
-  }
-});
+afterAll(() => homes.removeAll());
 
 describe('a fresh CORRAL_HOME', () => {
   it('serves five commands and a daemon started together from one embedded server', async () => {

@@ -1,5 +1,6 @@
 /** Runs the real `corral` CLI (or a script) as a subprocess: stdout, stderr and exit code. */
 import { spawn } from 'node:child_process';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -99,4 +100,27 @@ export function json<T>(r: CliResult): T {
   } catch {
     throw new Error(`not JSON (exit ${r.code}): ${r.stdout}\nstderr: ${r.stderr}`);
   }
+}
+
+/**
+ * Fresh CORRAL_HOME folders for one test file (mode 0755, so that the embedded PostgreSQL, run as
+ * the `postgres` user under root, can reach them). `removeAll()`, in `afterAll`, stops the
+ * embedded server of each and deletes it.
+ */
+export function freshHomes(prefix: string): { make(): Promise<string>; removeAll(): Promise<void> } {
+  const homes: string[] = [];
+  return {
+    async make() {
+      const home = await mkdtemp(join(tmpdir(), prefix));
+      await chmod(home, 0o755);
+      homes.push(home);
+      return home;
+    },
+    async removeAll() {
+      for (const home of homes.splice(0)) {
+        await run([CORRAL, 'db', 'stop'], { CORRAL_HOME: home, DATABASE_URL: '' }).catch(() => undefined);
+        await rm(home, { recursive: true, force: true });
+      }
+    },
+  };
 }

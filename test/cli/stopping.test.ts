@@ -8,11 +8,8 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer, type Server } from 'node:net';
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { CORRAL, ROOT, json, run } from './helpers.ts';
+import { CORRAL, ROOT, freshHomes, json, run } from './helpers.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import {
   descendants,
@@ -30,13 +27,8 @@ import { waitFor } from '../helpers/wait.ts';
 const DRAIN_MS = 10_000;
 const TURN_MS = 2_000;
 
-const homes: string[] = [];
-async function freshHome(): Promise<string> {
-  const home = await mkdtemp(join(tmpdir(), 'corral-stopping-'));
-  await chmod(home, 0o755);
-  homes.push(home);
-  return home;
-}
+const homes = freshHomes('corral-stopping-');
+const freshHome = () => homes.make();
 
 const databases: TestDatabase[] = [];
 const groups: number[] = [];
@@ -51,12 +43,7 @@ afterEach(async () => {
   for (const s of servers.splice(0)) await new Promise((r) => s.close(r));
   for (const db of databases.splice(0)) await db.drop();
 });
-afterAll(async () => {
-  for (const home of homes) {
-    await run([CORRAL, 'db', 'stop'], { CORRAL_HOME: home, DATABASE_URL: '' }).catch(() => undefined);
-    await rm(home, { recursive: true, force: true });
-  }
-});
+afterAll(() => homes.removeAll());
 
 interface Launched {
   launcher: ChildProcess;
