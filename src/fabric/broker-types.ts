@@ -6,7 +6,16 @@ import type { ResultMessage, TurnErrorBody, TurnRef } from './protocol.ts';
  * refused one (logged, counted, answered with `error`, then dropped).
  */
 export type BrokerEvent =
-  | { kind: 'worker_ready'; workerId: string; capacity: number; reconnect: boolean; sdk?: string; instance?: string }
+  | {
+      kind: 'worker_ready';
+      workerId: string;
+      capacity: number;
+      reconnect: boolean;
+      sdk?: string;
+      instance?: string;
+      /** The agents the worker's key may serve (src/agent-scope.ts); absent: every agent. */
+      agents?: readonly string[];
+    }
   | { kind: 'worker_heartbeat'; workerId: string; inFlight: number }
   | { kind: 'turn_accepted'; workerId: string; turnRef: TurnRef }
   | { kind: 'turn_progress'; workerId: string; turnRef: TurnRef; note?: string }

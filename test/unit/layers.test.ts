@@ -31,6 +31,7 @@ const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
       'src/net.ts',
       'src/logger.ts',
       'src/defaults.ts',
+      'src/agent-scope.ts',
     ],
     uses: [],
   },

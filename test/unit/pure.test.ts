@@ -8,6 +8,7 @@ import { CorralError } from '../../src/errors.ts';
 import { WorkerPool } from '../../src/runtime/worker-pool.ts';
 import { localWorkerId } from '../../src/cli/commands/daemon.ts';
 import { StopRequests } from '../../src/cli/stop-requests.ts';
+import { agentInScope, agentPatternProblem } from '../../src/agent-scope.ts';
 import { daemonHeartbeatMs } from '../../src/db/daemons.ts';
 import { daemonState, effectiveWorkerStatus } from '../../src/ops/status.ts';
 
@@ -276,5 +277,22 @@ describe('daemon liveness', () => {
     expect(daemonHeartbeatMs(3_000)).toBe(750);
     expect(daemonHeartbeatMs(600_000)).toBe(5_000);
     expect(daemonHeartbeatMs(100)).toBe(50);
+  });
+});
+
+describe('agent scopes', () => {
+  it('matches exact agents and prefixes ending in *; no scope is every agent', () => {
+    expect(agentInScope(undefined, 'any')).toBe(true);
+    expect(agentInScope(['*'], 'any')).toBe(true);
+    expect(agentInScope(['support-*', 'billing'], 'support-eu')).toBe(true);
+    expect(agentInScope(['support-*', 'billing'], 'billing')).toBe(true);
+    expect(agentInScope(['support-*', 'billing'], 'billing-2')).toBe(false);
+    expect(agentInScope(['support-*'], 'support')).toBe(false);
+    expect(agentInScope([], 'any')).toBe(false);
+  });
+
+  it('refuses patterns that no agent_uid could match', () => {
+    for (const ok of ['a', 'support-*', '*', `${'x'.repeat(128)}*`]) expect(agentPatternProblem(ok)).toBeUndefined();
+    for (const bad of ['', 'a/b', 'a*b', '**', 'sp ace', `${'x'.repeat(129)}`]) expect(agentPatternProblem(bad)).toMatch(/pattern/);
   });
 });
