@@ -196,6 +196,8 @@ const SETTINGS = {
   contextCacheBytes: setting({ env: 'CORRAL_CONTEXT_CACHE_BYTES', default: DEFAULT_CONTEXT_CACHE_BYTES, rule: int(0) }),
   /** Worker RPC: requests served at once per worker; more are answered `busy`. */
   rpcConcurrency: setting({ env: 'CORRAL_RPC_CONCURRENCY', default: 8, rule: int(1, 1000) }),
+  /** Worker RPC: requests one worker may start per second (a burst of one second's worth); more are answered `busy`. */
+  rpcPerSecond: setting({ env: 'CORRAL_RPC_PER_SECOND', default: 200, rule: int(1, 100_000) }),
   /** Worker RPC: a request not served within this long is answered `timeout`. */
   rpcTimeoutMs: setting({ env: 'CORRAL_RPC_TIMEOUT_MS', default: 10_000, rule: int(10, 600_000) }),
   /** CURVE off (and any worker admitted). Never implied: `--insecure` or CORRAL_INSECURE=1. */

@@ -38,11 +38,11 @@ export const MAX_EMIT_DELAY_MS = 30 * 86_400_000;
 
 /**
  * Reasons the daemon gives in `turn_rejected`: every fence reason, `unstorable` (a result
- * PostgreSQL cannot store) and `emit_limit` (a result's `emit` breaks the limits: too many
- * entries, an entry too large, an unknown actor key or delay). The list may grow; receivers
- * must accept others.
+ * PostgreSQL cannot store), `emit_limit` (a result's `emit` breaks the limits: too many
+ * entries, an entry too large, an unknown actor key or delay) and `emit_denied` (an emit to an
+ * agent outside the worker key's scope). The list may grow; receivers must accept others.
  */
-export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'unstorable', 'emit_limit'] as const;
+export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'unstorable', 'emit_limit', 'emit_denied'] as const;
 
 /** Codes of the protocol-level `error` message. */
 export const PROTOCOL_ERROR_CODES = [

@@ -97,6 +97,17 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     help: 'Malformed or unknown messages received from workers',
     registers,
   });
+  const handBacks = new Counter({
+    name: 'corral_hand_backs_total',
+    help: 'Turns a worker handed back (over_capacity, worker_stopping): dispatched again, the worker waits behind its peers',
+    registers,
+  });
+  const rpcRefused = new Counter({
+    name: 'corral_rpc_refused_total',
+    help: "Worker RPC requests answered busy, by which of the worker's budgets they exceeded (requests at once, requests per second)",
+    labelNames: ['budget'] as const,
+    registers,
+  });
   const dispatchLatency = new Histogram({
     name: 'corral_dispatch_latency_seconds',
     help: 'Time from an event being enqueued to its turn being sent to a worker',
@@ -250,6 +261,8 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     failed: (deadLettered) => (deadLettered ? deadLetters.inc() : retries.inc()),
     rejected: (reason) => rejections.inc({ reason }),
     invalidMessage: () => invalid.inc(),
+    handedBack: () => handBacks.inc(),
+    rpcRefused: (budget) => rpcRefused.inc({ budget }),
     dispatchLatency: (s) => {
       if (Number.isFinite(s) && s >= 0) dispatchLatency.observe(s);
     },

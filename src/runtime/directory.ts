@@ -29,6 +29,8 @@ export interface InFlightTurn {
   sentAtMs?: number;
   /** When this process began the attempt (clock ms), for the maximum turn duration. */
   startedAtMs: number;
+  /** Its worker said `turn_accepted` for this delivery: it has the turn. */
+  accepted?: boolean;
 }
 
 export class SessionController {

@@ -85,7 +85,7 @@ export class Dispatcher {
       const key: ActorKey = { agentUid: job.data.agentUid, sessionId: job.data.sessionId };
       const controller = this.opts.directory.wake(key);
       // Reserve the slot now, not when the controller gets to it, so the next fetch sees it taken.
-      const workerId = this.opts.workers.acquire(job.id) ?? null;
+      const workerId = this.opts.workers.acquire(job.id, key.agentUid) ?? null;
       this.opts.background.track(
         controller.run(() => this.startTurn(controller, job, workerId)),
         {
@@ -138,7 +138,7 @@ export class Dispatcher {
       // deliveries; a reconnect of the same run can still finish them.
       if (res.reason === 'unknown_route' || res.reason === 'closed') this.opts.workers.forget(f.workerId);
       const capped = tried.size >= MAX_DEAD_ROUTES_PER_DISPATCH;
-      const next = capped ? undefined : this.opts.workers.acquire(eventId, tried);
+      const next = capped ? undefined : this.opts.workers.acquire(eventId, f.fence.agentUid, tried);
       if (next === undefined) {
         this.park(eventId, f);
         // The dead routes tried are forgotten; try again shortly rather than wait for the next
@@ -189,18 +189,24 @@ export class Dispatcher {
     }, PARKED_RETRY_MS);
   }
 
-  /** Gives free slots to parked turns, oldest first. */
+  /**
+   * Gives free slots to parked turns, oldest first. A turn no worker may take now (none free in
+   * its agent's scope) stays parked and does not hold back the turns behind it.
+   */
   dispatchParked(): void {
-    while (this.parked.length > 0) {
-      const eventId = this.parked[0]!;
+    for (let i = 0; i < this.parked.length && this.opts.workers.freeSlots() > 0;) {
+      const eventId = this.parked[i]!;
       const f = this.turnOf(eventId);
       if (!f) {
-        this.parked.shift();
+        this.parked.splice(i, 1);
         continue;
       }
-      const workerId = this.opts.workers.acquire(eventId);
-      if (workerId === undefined) return;
-      this.parked.shift();
+      const workerId = this.opts.workers.acquire(eventId, f.fence.agentUid);
+      if (workerId === undefined) {
+        i++;
+        continue;
+      }
+      this.parked.splice(i, 1);
       this.opts.background.track(
         this.opts.directory.wake(f.fence).run(async () => {
           await this.redirect(eventId, workerId, 'dispatched after waiting for a worker');
@@ -222,7 +228,11 @@ export class Dispatcher {
       this.opts.directory.wake(f.fence).run(async () => {
         const current = this.turnOf(eventId);
         if (!current) return;
-        const next = this.opts.workers.acquire(eventId, new Set(current.workerId && !mayReturn ? [current.workerId] : []));
+        const next = this.opts.workers.acquire(
+          eventId,
+          current.fence.agentUid,
+          new Set(current.workerId && !mayReturn ? [current.workerId] : []),
+        );
         if (next === undefined) {
           this.park(eventId, current);
           return;
@@ -234,10 +244,30 @@ export class Dispatcher {
     );
   }
 
-  /** A worker registered: the turns its previous run lost go elsewhere; parked turns get slots. */
-  workerReady(lostEvents: readonly string[]): void {
+  /** The worker of the delivery in flight here for `eventId` has it (it said `turn_accepted`). */
+  markAccepted(workerId: string, eventId: string, deliveryId: string): void {
+    const f = this.turnOf(eventId);
+    if (f && f.workerId === workerId && f.fence.deliveryId === deliveryId) f.accepted = true;
+  }
+
+  /**
+   * A worker registered: the turns its previous run lost go elsewhere; parked turns get slots.
+   * A reconnect of the same run keeps its turns, but a `turn_start` sent before the move may
+   * have gone to the connection it left: every turn it has not accepted is sent again now (a
+   * worker answers a repeated `turn_start` of a delivery it runs with `turn_accepted`, §7), so
+   * no turn caught in a move waits for its lease.
+   */
+  workerReady(workerId: string, lostEvents: readonly string[]): void {
     // The restarted worker itself may take them again (it may be the only worker).
     for (const eventId of lostEvents) this.reassign(eventId, 'worker restarted', undefined, true);
+    for (const [eventId, c] of this.holders) {
+      const f = c.turn;
+      if (!f || f.workerId !== workerId || f.accepted || f.sentAtMs === undefined) continue;
+      this.opts.background.track(
+        c.run(() => this.send(eventId)),
+        fenceFields(f.fence),
+      );
+    }
     this.dispatchParked();
     this.opts.onCapacity?.();
   }

@@ -10,6 +10,10 @@ export interface RuntimeMetrics {
   dispatchLatency?(seconds: number): void;
   /** Seconds from a turn's turn_start being sent to its fenced commit. */
   commitLatency?(seconds: number): void;
+  /** A worker handed a turn back (it waits behind its peers for a while). */
+  handedBack?(): void;
+  /** A worker RPC answered `busy`: over the worker's requests at once, or per second. */
+  rpcRefused?(reason: 'concurrency' | 'rate'): void;
 }
 
 export const noopMetrics: RuntimeMetrics = {
@@ -19,4 +23,6 @@ export const noopMetrics: RuntimeMetrics = {
   failed: () => undefined,
   rejected: () => undefined,
   invalidMessage: () => undefined,
+  handedBack: () => undefined,
+  rpcRefused: () => undefined,
 };

@@ -10,6 +10,7 @@
  *  3. A reply about a delivery this process is not running costs a transaction only within the
  *     worker's budget; beyond it, it is refused at once (`unknown_delivery`).
  */
+import { agentInScope } from '../agent-scope.ts';
 import { FenceRejected } from '../errors.ts';
 import type { BrokerEvent } from '../fabric/broker.ts';
 import type { DaemonMessage } from '../fabric/protocol.ts';
@@ -64,6 +65,7 @@ export class ReplyPipeline {
    */
   accepted(workerId: string, ref: WireTurnRef): void {
     if (!this.admit(workerId, ref)) return;
+    this.opts.dispatcher.markAccepted(workerId, ref.event_id, ref.delivery_id);
     this.pendingAccepts.set(ref.delivery_id, { workerId, ref });
     if (this.acceptsScheduled) return;
     this.acceptsScheduled = true;
@@ -88,6 +90,13 @@ export class ReplyPipeline {
       this.refuseUnstorable(e.workerId, e.turnRef, effects.detail, 'emit_limit');
       return;
     }
+    // a key scoped to some agents may not reach the others through its effects either
+    const scope = this.opts.workers.scopeOf(e.workerId);
+    const outside = effects.emits.find((x) => !agentInScope(scope, x.key.agentUid));
+    if (outside) {
+      this.refuseUnstorable(e.workerId, e.turnRef, `emit to agent ${outside.key.agentUid}: outside this worker key's scope`, 'emit_denied');
+      return;
+    }
     this.dropAccept(e.turnRef.delivery_id);
     this.fenced(e.workerId, e.turnRef, 'commit', async (fence) => {
       const outcome = await this.writer.submit({
@@ -100,6 +109,7 @@ export class ReplyPipeline {
       });
       if (outcome.outcome === 'committed') {
         this.opts.metrics.committed();
+        this.opts.workers.committed(e.workerId);
         const sentAtMs = this.opts.dispatcher.turnOf(fence.eventId)?.sentAtMs;
         if (sentAtMs !== undefined) this.opts.metrics.commitLatency?.((this.opts.clock.nowMs() - sentAtMs) / 1000);
         this.log.info({ ...fenceFields(fence), workerId: e.workerId }, 'turn committed');
@@ -115,6 +125,8 @@ export class ReplyPipeline {
   error(e: ErrorEvent): void {
     if (HANDED_BACK.has(e.error.code)) {
       this.log.info({ ...fenceFields(fromWire(e.turnRef)), workerId: e.workerId, code: e.error.code }, 'turn handed back');
+      this.opts.workers.handedBack(e.workerId);
+      this.opts.metrics.handedBack?.();
       this.opts.dispatcher.reassign(e.turnRef.event_id, `handed back by ${e.workerId}: ${e.error.code}`, e.workerId);
       this.opts.background.track(
         this.answer(e.workerId, { v: 1, type: 'turn_failed', turn_ref: e.turnRef, retry: true, dead_lettered: false, handed_back: true }),
@@ -166,14 +178,19 @@ export class ReplyPipeline {
    * A result PostgreSQL cannot store: answered `turn_rejected{unstorable}` at once, and the
    * attempt is failed (retried per the retry policy) instead of waiting for its lease.
    */
-  private refuseUnstorable(workerId: string, ref: WireTurnRef, why: string, reason: 'unstorable' | 'emit_limit' = 'unstorable'): void {
+  private refuseUnstorable(
+    workerId: string,
+    ref: WireTurnRef,
+    why: string,
+    reason: 'unstorable' | 'emit_limit' | 'emit_denied' = 'unstorable',
+  ): void {
     this.opts.metrics.rejected(reason);
     this.log.warn({ ...fenceFields(fromWire(ref)), workerId, why: why.slice(0, 200) }, 'result cannot be stored');
     this.opts.background.track(this.answer(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason, detail: why.slice(0, 500) }), {
       workerId,
     });
     this.fenced(workerId, ref, 'fail', async (fence) => {
-      const code = reason === 'unstorable' ? 'unstorable_result' : 'emit_limit';
+      const code = reason === 'unstorable' ? 'unstorable_result' : reason;
       const outcome = await this.opts.commits.fail(fence, workerId, { code, message: storableText(why.slice(0, 1000)) });
       this.opts.dispatcher.attemptFailed(fence, outcome, `unstorable result: ${why.slice(0, 200)}`);
     });

@@ -4,9 +4,11 @@
  *
  * Invariants:
  *  R1 served off the broker loop: `handle` only schedules (the broker calls it synchronously).
- *  R2 bounded per worker: at most `concurrency` requests of one worker run at once; more are
- *     answered `busy` at once, before any database work. A slot is freed only when its query has
- *     really ended, so a timed-out request still counts until then.
+ *  R2 bounded per worker (so per key: an allow-listed key is one worker id): at most
+ *     `concurrency` requests of one worker run at once, and at most `ratePerSecond` start per
+ *     second (a token bucket holding one second's worth); more are answered `busy` at once,
+ *     before any database work, and counted. A slot is freed only when its query has really
+ *     ended, so a timed-out request still counts until then.
  *  R3 every request is answered exactly once: its result, an error, or `timeout` after
  *     `timeoutMs` (a late result is then dropped).
  *  R4 fenced by `turn_ref`: each method reads in one statement that returns nothing unless the
@@ -22,6 +24,7 @@ import type { BrokerEvent } from '../fabric/broker.ts';
 import { RPC_METHODS, type DaemonMessage, type RpcErrorCode } from '../fabric/protocol.ts';
 import type { Logger } from '../logger.ts';
 import { fromWire } from './fence.ts';
+import { noopMetrics, type RuntimeMetrics } from './metrics.ts';
 import type { Transport } from './transport.ts';
 
 export type RpcRequestEvent = Extract<BrokerEvent, { kind: 'rpc_request' }>;
@@ -35,6 +38,9 @@ export interface RpcServerOptions {
   logger: Logger;
   /** Requests served at once per worker (R2). */
   concurrency: number;
+  /** Requests started per second per worker (R2). */
+  ratePerSecond: number;
+  metrics?: Pick<RuntimeMetrics, 'rpcRefused'>;
   timeoutMs: number;
   /** The wire limit: a history page is kept well under it. */
   maxMessageBytes: number;
@@ -56,6 +62,9 @@ export class RpcServer {
   private readonly opts: RpcServerOptions;
   private readonly log: Logger;
   private readonly running = new Map<string, number>();
+  /** R2's token buckets, by worker; idle ones are swept, so the map stays bounded by busy workers. */
+  private readonly buckets = new Map<string, { tokens: number; atMs: number }>();
+  private lastSweepMs = 0;
   private readonly background = new Set<Promise<void>>();
 
   constructor(opts: RpcServerOptions) {
@@ -72,7 +81,13 @@ export class RpcServer {
   handle(e: RpcRequestEvent): void {
     const n = this.runningOf(e.workerId);
     if (n >= this.opts.concurrency) {
+      (this.opts.metrics ?? noopMetrics).rpcRefused?.('concurrency');
       this.track(this.answer(e, { error: { code: 'busy', message: `at most ${this.opts.concurrency} requests at once per worker` } }));
+      return;
+    }
+    if (!this.takeToken(e.workerId)) {
+      (this.opts.metrics ?? noopMetrics).rpcRefused?.('rate');
+      this.track(this.answer(e, { error: { code: 'busy', message: `at most ${this.opts.ratePerSecond} requests per second per worker` } }));
       return;
     }
     this.running.set(e.workerId, n + 1);
@@ -82,6 +97,24 @@ export class RpcServer {
       else this.running.delete(e.workerId);
     });
     this.track(this.answerWithin(e, work));
+  }
+
+  /** R2: one token of `workerId`'s bucket, refilled at `ratePerSecond`; false when it is empty. */
+  private takeToken(workerId: string): boolean {
+    const now = this.opts.clock.nowMs();
+    const rate = this.opts.ratePerSecond;
+    if (now - this.lastSweepMs > 10_000) {
+      this.lastSweepMs = now;
+      // a bucket idle for a second is full again: forgetting it changes nothing
+      for (const [id, b] of this.buckets) if (now - b.atMs > 1_000) this.buckets.delete(id);
+    }
+    const b = this.buckets.get(workerId) ?? { tokens: rate, atMs: now };
+    b.tokens = Math.min(rate, b.tokens + ((now - b.atMs) / 1000) * rate);
+    b.atMs = now;
+    this.buckets.set(workerId, b);
+    if (b.tokens < 1) return false;
+    b.tokens -= 1;
+    return true;
   }
 
   /** Waits for every scheduled request (shutdown, tests). */

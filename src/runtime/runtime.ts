@@ -55,6 +55,7 @@ export type RuntimeConfig = Pick<
   | 'contextCacheBytes'
   | 'workerStaleMs'
   | 'rpcConcurrency'
+  | 'rpcPerSecond'
   | 'rpcTimeoutMs'
 >;
 
@@ -126,7 +127,9 @@ export class Runtime {
       clock: opts.clock,
       logger: opts.logger,
       concurrency: config.rpcConcurrency,
+      ratePerSecond: config.rpcPerSecond,
       timeoutMs: config.rpcTimeoutMs,
+      metrics: opts.metrics ?? noopMetrics,
       maxMessageBytes: config.maxMessageBytes,
     });
     this.directory = new ActorDirectory({ clock: opts.clock, onError: (e) => this.log.error({ err: e }, 'directory') });
@@ -170,7 +173,7 @@ export class Runtime {
         this.rpc.handle(e);
         return;
       case 'worker_ready':
-        this.background.track(this.onWorkerReady(e.workerId, e.capacity, e.instance), { workerId: e.workerId });
+        this.background.track(this.onWorkerReady(e.workerId, e.capacity, e.instance, e.agents), { workerId: e.workerId });
         return;
       case 'worker_heartbeat':
         this.workers.heartbeat(e.workerId, e.inFlight);
@@ -214,12 +217,12 @@ export class Runtime {
     return this.dispatcher.inFlightCount();
   }
 
-  private async onWorkerReady(workerId: string, capacity: number, instance?: string): Promise<void> {
-    const { restarted, lostEvents } = await this.workers.register(workerId, capacity, instance);
+  private async onWorkerReady(workerId: string, capacity: number, instance?: string, agents?: readonly string[]): Promise<void> {
+    const { restarted, lostEvents } = await this.workers.register(workerId, capacity, instance, agents);
     this.log.info({ workerId, capacity, restarted }, 'worker ready');
     // A worker process that restarted lost what it was running: those turns go elsewhere now
     // instead of waiting for their leases to run out. (A reconnect of the same run keeps them.)
-    this.dispatcher.workerReady(lostEvents);
+    this.dispatcher.workerReady(workerId, lostEvents);
   }
 
   /** The broker dropped the worker (revoked): nothing more goes to it; its turns go elsewhere now. */

@@ -1,7 +1,28 @@
 /**
  * The in-memory view of the workers connected to this daemon's broker, and their free slots.
  * A projection only: rebuilt from `worker_ready` messages; the database keeps the record.
+ *
+ * Who gets a turn (`acquire`):
+ *  P1 only a ready worker with a free slot whose key's scope covers the turn's agent
+ *     (src/agent-scope.ts): a scoped key is never given a turn of another agent;
+ *  P2 a worker that handed turns back is in back-off (`handBackBackoffMs`: doubling with each
+ *     consecutive hand-back, reset by a committed turn) and is offered a turn only when no other
+ *     worker able to take it is registered: its peers get first offer, and a worker that hands
+ *     back everything gets fewer and fewer offers instead of seeing every turn (and its data);
+ *  P3 among the rest, the one with the most free slots.
  */
+import { agentInScope, type AgentScope } from '../agent-scope.ts';
+
+/** First back-off after a hand-back, and the longest. */
+export const HAND_BACK_BACKOFF_MIN_MS = 200;
+export const HAND_BACK_BACKOFF_MAX_MS = 60_000;
+
+/** P2: how long a worker waits behind its peers after `consecutive` hand-backs in a row (0: not at all). */
+export function handBackBackoffMs(consecutive: number): number {
+  if (consecutive <= 0) return 0;
+  return Math.min(HAND_BACK_BACKOFF_MAX_MS, HAND_BACK_BACKOFF_MIN_MS * 2 ** Math.min(30, consecutive - 1));
+}
+
 export interface PooledWorker {
   id: string;
   /** The worker process run (from worker_ready), if it says. */
@@ -11,6 +32,12 @@ export interface PooledWorker {
   inFlight: Set<string>;
   lastSeenMs: number;
   status: 'ready' | 'stale';
+  /** The agents its key may serve; undefined: all. */
+  agents: AgentScope;
+  /** Turns handed back in a row since its last committed turn (P2). */
+  handBacks: number;
+  /** Until when it waits behind its peers (P2). */
+  backoffUntilMs: number;
 }
 
 export class WorkerPool {
@@ -22,19 +49,59 @@ export class WorkerPool {
    * none given) means the old run's turns are lost: they are returned, and their slots freed. A
    * reconnect of the same run keeps its turns.
    */
-  register(id: string, capacity: number, nowMs: number, instance?: string): { restarted: boolean; lostEvents: string[] } {
+  register(
+    id: string,
+    capacity: number,
+    nowMs: number,
+    instance?: string,
+    agents?: AgentScope,
+  ): { restarted: boolean; lostEvents: string[] } {
     const previous = this.workers.get(id);
     const sameRun = previous !== undefined && instance !== undefined && previous.instance === instance;
     if (previous && sameRun) {
       previous.capacity = capacity;
       previous.lastSeenMs = nowMs;
       previous.status = 'ready';
+      previous.agents = agents;
       return { restarted: false, lostEvents: [] };
     }
     const lostEvents = previous ? [...previous.inFlight] : [];
     for (const ev of lostEvents) this.eventToWorker.delete(ev);
-    this.workers.set(id, { id, instance, capacity, inFlight: new Set(), lastSeenMs: nowMs, status: 'ready' });
+    // a restart does not wipe a record of handing turns back
+    const handBacks = previous?.handBacks ?? 0;
+    this.workers.set(id, {
+      id,
+      instance,
+      capacity,
+      inFlight: new Set(),
+      lastSeenMs: nowMs,
+      status: 'ready',
+      agents,
+      handBacks,
+      backoffUntilMs: previous?.backoffUntilMs ?? 0,
+    });
     return { restarted: previous !== undefined, lostEvents };
+  }
+
+  /** The agents `id`'s key may serve (undefined: all, or not registered). */
+  scopeOf(id: string): AgentScope {
+    return this.workers.get(id)?.agents;
+  }
+
+  /** P2: `id` handed a turn back; it waits behind its peers for longer each time in a row. */
+  handedBack(id: string, nowMs: number): void {
+    const w = this.workers.get(id);
+    if (!w) return;
+    w.handBacks++;
+    w.backoffUntilMs = nowMs + handBackBackoffMs(w.handBacks);
+  }
+
+  /** P2: `id` committed a turn: its back-off is over. */
+  committed(id: string): void {
+    const w = this.workers.get(id);
+    if (!w || w.handBacks === 0) return;
+    w.handBacks = 0;
+    w.backoffUntilMs = 0;
   }
 
   seen(id: string, nowMs: number): boolean {
@@ -53,27 +120,42 @@ export class WorkerPool {
     return this.workers.get(id)?.status === 'ready';
   }
 
-  /** Total free slots over ready workers. */
-  freeSlots(): number {
+  /** Free slots over ready workers, leaving out those in back-off while a peer is ready (P2). */
+  freeSlots(nowMs: number): number {
+    const peerReady = [...this.workers.values()].some((w) => w.status === 'ready' && w.backoffUntilMs <= nowMs);
     let n = 0;
-    for (const w of this.workers.values()) if (w.status === 'ready') n += Math.max(0, w.capacity - w.inFlight.size);
+    for (const w of this.workers.values()) {
+      if (w.status !== 'ready' || (peerReady && w.backoffUntilMs > nowMs)) continue;
+      n += Math.max(0, w.capacity - w.inFlight.size);
+    }
     return n;
   }
 
-  /** Reserves a slot for `eventId` on the least loaded ready worker, avoiding `exclude`. */
-  acquire(eventId: string, exclude: ReadonlySet<string> = new Set()): string | undefined {
+  /**
+   * Reserves a slot for `eventId`, a turn of `agentUid`, on the worker P1–P3 choose, avoiding
+   * `exclude`. Undefined: no worker may take it now.
+   */
+  acquire(eventId: string, agentUid: string, nowMs: number, exclude: ReadonlySet<string> = new Set()): string | undefined {
     this.release(eventId);
     let best: PooledWorker | undefined;
+    let backedOff: PooledWorker | undefined;
+    let peer = false;
     for (const w of this.workers.values()) {
-      if (w.status !== 'ready' || exclude.has(w.id)) continue;
+      if (w.status !== 'ready' || exclude.has(w.id) || !agentInScope(w.agents, agentUid)) continue;
+      const inBackoff = w.backoffUntilMs > nowMs;
+      if (!inBackoff) peer = true;
       const free = w.capacity - w.inFlight.size;
       if (free <= 0) continue;
-      if (!best || free > best.capacity - best.inFlight.size) best = w;
+      if (inBackoff) {
+        if (!backedOff || w.backoffUntilMs < backedOff.backoffUntilMs) backedOff = w;
+      } else if (!best || free > best.capacity - best.inFlight.size) best = w;
     }
-    if (!best) return undefined;
-    best.inFlight.add(eventId);
-    this.eventToWorker.set(eventId, best.id);
-    return best.id;
+    // P2: a worker in back-off is offered a turn only when no peer could take it at all
+    const chosen = best ?? (peer ? undefined : backedOff);
+    if (!chosen) return undefined;
+    chosen.inFlight.add(eventId);
+    this.eventToWorker.set(eventId, chosen.id);
+    return chosen.id;
   }
 
   /** Frees the slot held for `eventId`, if any. Returns the worker it was on. */

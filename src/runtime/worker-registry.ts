@@ -3,6 +3,7 @@
  * heartbeats and staleness, and their durable rows in `corral.workers` (for operators: the
  * dispatch decisions use the in-memory pool, a projection rebuilt from `worker_ready`).
  */
+import type { AgentScope } from '../agent-scope.ts';
 import type { Clock } from '../clock.ts';
 import type { Db } from '../db/client.ts';
 import * as workersDb from '../db/workers.ts';
@@ -47,8 +48,13 @@ export class WorkerRegistry {
    * A worker said `worker_ready`. Returns the events a previous run of it held (a new process
    * run lost them; a reconnect of the same run keeps them).
    */
-  async register(workerId: string, capacity: number, instance?: string): Promise<{ restarted: boolean; lostEvents: string[] }> {
-    const registered = this.pool.register(workerId, capacity, this.opts.clock.nowMs(), instance);
+  async register(
+    workerId: string,
+    capacity: number,
+    instance?: string,
+    agents?: AgentScope,
+  ): Promise<{ restarted: boolean; lostEvents: string[] }> {
+    const registered = this.pool.register(workerId, capacity, this.opts.clock.nowMs(), instance, agents);
     await workersDb.upsertWorker(this.opts.db, { workerId, ownerId: this.opts.ownerId, capacity });
     return registered;
   }
@@ -78,9 +84,24 @@ export class WorkerRegistry {
     return true;
   }
 
-  /** Reserves a slot for `eventId` on the least loaded ready worker, avoiding `exclude`. */
-  acquire(eventId: string, exclude?: ReadonlySet<string>): string | undefined {
-    return this.pool.acquire(eventId, exclude);
+  /** Reserves a slot for `eventId`, a turn of `agentUid` (see WorkerPool.acquire), avoiding `exclude`. */
+  acquire(eventId: string, agentUid: string, exclude?: ReadonlySet<string>): string | undefined {
+    return this.pool.acquire(eventId, agentUid, this.opts.clock.nowMs(), exclude);
+  }
+
+  /** The agents `workerId`'s key may serve and emit to (undefined: all). */
+  scopeOf(workerId: string): AgentScope {
+    return this.pool.scopeOf(workerId);
+  }
+
+  /** `workerId` handed a turn back: its peers get first offer for a while (WorkerPool P2). */
+  handedBack(workerId: string): void {
+    this.pool.handedBack(workerId, this.opts.clock.nowMs());
+  }
+
+  /** `workerId` committed a turn: any hand-back back-off is over. */
+  committed(workerId: string): void {
+    this.pool.committed(workerId);
   }
 
   release(eventId: string): void {
@@ -88,7 +109,7 @@ export class WorkerRegistry {
   }
 
   freeSlots(): number {
-    return this.pool.freeSlots();
+    return this.pool.freeSlots(this.opts.clock.nowMs());
   }
 
   workerOf(eventId: string): string | undefined {

@@ -5,7 +5,7 @@ import { contextLimits, DEFAULTS, loadConfig } from '../../src/config.ts';
 import { DEFAULT_PROGRESS_INTERVAL_MS } from '../../src/fabric/protocol.ts';
 import { checkFence, type Fence, type FenceRows } from '../../src/db/fence.ts';
 import { CorralError } from '../../src/errors.ts';
-import { WorkerPool } from '../../src/runtime/worker-pool.ts';
+import { handBackBackoffMs, WorkerPool } from '../../src/runtime/worker-pool.ts';
 import { localWorkerId } from '../../src/cli/commands/daemon.ts';
 import { StopRequests } from '../../src/cli/stop-requests.ts';
 import { agentInScope, agentPatternProblem } from '../../src/agent-scope.ts';
@@ -150,36 +150,70 @@ describe('WorkerPool', () => {
     const pool = new WorkerPool();
     pool.register('w1', 2, 0);
     pool.register('w2', 1, 0);
-    expect(pool.freeSlots()).toBe(3);
-    expect(pool.acquire('e1')).toBe('w1');
-    expect(['w1', 'w2']).toContain(pool.acquire('e2'));
-    pool.acquire('e3');
-    expect(pool.freeSlots()).toBe(0);
-    expect(pool.acquire('e4')).toBeUndefined();
+    expect(pool.freeSlots(0)).toBe(3);
+    expect(pool.acquire('e1', 'agent', 0)).toBe('w1');
+    expect(['w1', 'w2']).toContain(pool.acquire('e2', 'agent', 0));
+    pool.acquire('e3', 'agent', 0);
+    expect(pool.freeSlots(0)).toBe(0);
+    expect(pool.acquire('e4', 'agent', 0)).toBeUndefined();
     expect(pool.release('e1')).toBe('w1');
-    expect(pool.freeSlots()).toBe(1);
+    expect(pool.freeSlots(0)).toBe(1);
   });
 
   it('marks silent workers stale and reports their in-flight events; re-registration reports lost events', () => {
     const pool = new WorkerPool();
     pool.register('w1', 2, 0);
-    pool.acquire('e1');
+    pool.acquire('e1', 'agent', 0);
     expect(pool.takeStale(500, 1_000)).toEqual([]);
     expect(pool.takeStale(1_000, 1_000)).toEqual([{ id: 'w1', events: ['e1'] }]);
-    expect(pool.freeSlots()).toBe(0);
+    expect(pool.freeSlots(0)).toBe(0);
     expect(pool.register('w1', 2, 2_000)).toEqual({ restarted: true, lostEvents: ['e1'] });
-    expect(pool.freeSlots()).toBe(2);
+    expect(pool.freeSlots(0)).toBe(2);
   });
 
   it('tells a reconnect of the same worker run (kept turns) from a restart (lost turns)', () => {
     const pool = new WorkerPool();
     pool.register('w1', 2, 0, 'run-a');
-    pool.acquire('e1');
+    pool.acquire('e1', 'agent', 0);
     expect(pool.register('w1', 2, 10, 'run-a')).toEqual({ restarted: false, lostEvents: [] });
     expect(pool.workerOf('e1')).toBe('w1');
-    expect(pool.freeSlots()).toBe(1);
+    expect(pool.freeSlots(0)).toBe(1);
     expect(pool.register('w1', 2, 20, 'run-b')).toEqual({ restarted: true, lostEvents: ['e1'] });
     expect(pool.workerOf('e1')).toBeUndefined();
+  });
+
+  it('gives a scoped worker turns of its agents only', () => {
+    const pool = new WorkerPool();
+    pool.register('support', 4, 0, 'a', ['support-*']);
+    pool.register('any', 1, 0, 'b');
+    expect(pool.acquire('e1', 'billing', 0)).toBe('any');
+    expect(pool.acquire('e2', 'billing', 0)).toBeUndefined();
+    expect(pool.acquire('e3', 'support-eu', 0)).toBe('support');
+    expect(pool.scopeOf('support')).toEqual(['support-*']);
+  });
+
+  it('offers a worker in hand-back back-off a turn only when no peer could take it; a commit ends the back-off', () => {
+    expect([1, 2, 3, 20].map(handBackBackoffMs)).toEqual([200, 400, 800, 60_000]);
+    const pool = new WorkerPool();
+    pool.register('bad', 8, 0, 'a');
+    pool.register('good', 1, 0, 'b');
+    pool.handedBack('bad', 0);
+    expect(pool.freeSlots(100)).toBe(1);
+    expect(pool.acquire('e1', 'x', 100)).toBe('good');
+    // the peer is full: the turn waits for it rather than going to the worker in back-off
+    expect(pool.acquire('e2', 'x', 100)).toBeUndefined();
+    expect(pool.acquire('e2', 'x', 200)).toBe('bad');
+    pool.handedBack('bad', 200);
+    pool.release('e2');
+    expect(pool.acquire('e2', 'x', 500)).toBeUndefined();
+    expect(pool.acquire('e2', 'x', 600)).toBe('bad');
+    pool.committed('bad');
+    expect(pool.acquire('e3', 'x', 600)).toBe('bad');
+    // alone, a worker in back-off still gets the turns: there is nobody to prefer
+    const lone = new WorkerPool();
+    lone.register('only', 1, 0, 'a');
+    lone.handedBack('only', 0);
+    expect(lone.acquire('e1', 'x', 1)).toBe('only');
   });
 });
 
