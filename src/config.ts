@@ -146,6 +146,12 @@ const SETTINGS = {
   /** How often a worker reports progress on a running turn (extends the lease). */
   progressIntervalMs: setting({ env: 'CORRAL_PROGRESS_INTERVAL_MS', default: DEFAULT_PROGRESS_INTERVAL_MS, rule: int(50) }),
   workerHeartbeatMs: setting({ env: 'CORRAL_WORKER_HEARTBEAT_MS', default: DEFAULT_HEARTBEAT_INTERVAL_MS, rule: int(50) }),
+  /**
+   * The turns a worker is given before it has accepted or committed any; one more for each it
+   * accepts or commits, up to its capacity (a worker that registers a large capacity and takes
+   * nothing is never handed a whole batch).
+   */
+  workerInitialTurns: setting({ env: 'CORRAL_WORKER_INITIAL_TURNS', default: 4, rule: int(1, 1024) }),
   /** A worker silent for this long is stale: its unaccepted deliveries go elsewhere. */
   workerStaleMs: setting({ env: 'CORRAL_WORKER_STALE_MS', default: 10_000, rule: int(100) }),
   /** A warm activation with no current event is stopped after this long. */

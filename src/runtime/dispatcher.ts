@@ -247,7 +247,12 @@ export class Dispatcher {
   /** The worker of the delivery in flight here for `eventId` has it (it said `turn_accepted`). */
   markAccepted(workerId: string, eventId: string, deliveryId: string): void {
     const f = this.turnOf(eventId);
-    if (f && f.workerId === workerId && f.fence.deliveryId === deliveryId) f.accepted = true;
+    if (!f || f.workerId !== workerId || f.fence.deliveryId !== deliveryId || f.accepted) return;
+    f.accepted = true;
+    this.opts.workers.accepted(workerId);
+    // its window grew: a parked turn, or the queue, may have a slot now
+    this.dispatchParked();
+    this.opts.onCapacity?.();
   }
 
   /**

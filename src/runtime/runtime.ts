@@ -54,6 +54,7 @@ export type RuntimeConfig = Pick<
   | 'contextBytes'
   | 'contextCacheBytes'
   | 'workerStaleMs'
+  | 'workerInitialTurns'
   | 'rpcConcurrency'
   | 'rpcPerSecond'
   | 'rpcTimeoutMs'
@@ -140,6 +141,7 @@ export class Runtime {
       logger: opts.logger,
       background: this.background,
       staleMs: config.workerStaleMs,
+      initialTurns: config.workerInitialTurns,
       ...(opts.transport.forget ? { forgetSession: (id: string) => opts.transport.forget?.(id) } : {}),
     });
     const parts = {

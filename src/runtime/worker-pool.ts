@@ -9,9 +9,15 @@
  *     consecutive hand-back, reset by a committed turn) and is offered a turn only when no other
  *     worker able to take it is registered: its peers get first offer, and a worker that hands
  *     back everything gets fewer and fewer offers instead of seeing every turn (and its data);
- *  P3 among the rest, the one with the most free slots.
+ *  P3 a worker holds at most its window of turns: `initialWindow` (CORRAL_WORKER_INITIAL_TURNS)
+ *     when it registers (a new run) or hands a turn back, one more for each turn it accepts or commits, up to its
+ *     capacity. A worker has to show it takes turns before it is given its full capacity, so one
+ *     that registers a large capacity and takes nothing cannot be offered a whole batch at once;
+ *     an honest one opens its window within a round trip per doubling;
+ *  P4 among the rest, the one with the most free slots in its window.
  */
 import { agentInScope, type AgentScope } from '../agent-scope.ts';
+
 
 /** First back-off after a hand-back, and the longest. */
 export const HAND_BACK_BACKOFF_MIN_MS = 200;
@@ -38,10 +44,21 @@ export interface PooledWorker {
   handBacks: number;
   /** Until when it waits behind its peers (P2). */
   backoffUntilMs: number;
+  /** The turns it may hold now (P3): up to `capacity`. */
+  window: number;
 }
+
+const freeOf = (w: PooledWorker) => Math.min(w.capacity, w.window) - w.inFlight.size;
 
 export class WorkerPool {
   private readonly workers = new Map<string, PooledWorker>();
+  /** P3: the turns a worker may hold before it has accepted or committed any. */
+  private readonly initialWindow: number;
+
+  constructor(opts: { initialWindow: number }) {
+    this.initialWindow = opts.initialWindow;
+  }
+
   private readonly eventToWorker = new Map<string, string>();
 
   /**
@@ -79,6 +96,7 @@ export class WorkerPool {
       agents,
       handBacks,
       backoffUntilMs: previous?.backoffUntilMs ?? 0,
+      window: this.initialWindow,
     });
     return { restarted: previous !== undefined, lostEvents };
   }
@@ -88,18 +106,26 @@ export class WorkerPool {
     return this.workers.get(id)?.agents;
   }
 
-  /** P2: `id` handed a turn back; it waits behind its peers for longer each time in a row. */
+  /** P2, P3: `id` handed a turn back; it waits behind its peers for longer each time in a row. */
   handedBack(id: string, nowMs: number): void {
     const w = this.workers.get(id);
     if (!w) return;
     w.handBacks++;
     w.backoffUntilMs = nowMs + handBackBackoffMs(w.handBacks);
+    w.window = this.initialWindow;
   }
 
-  /** P2: `id` committed a turn: its back-off is over. */
+  /** P3: `id` accepted a turn: its window grows by one. */
+  accepted(id: string): void {
+    const w = this.workers.get(id);
+    if (w) w.window = Math.min(w.capacity, w.window + 1);
+  }
+
+  /** P2, P3: `id` committed a turn: its back-off is over, its window grows by one. */
   committed(id: string): void {
     const w = this.workers.get(id);
-    if (!w || w.handBacks === 0) return;
+    if (!w) return;
+    w.window = Math.min(w.capacity, w.window + 1);
     w.handBacks = 0;
     w.backoffUntilMs = 0;
   }
@@ -126,13 +152,13 @@ export class WorkerPool {
     let n = 0;
     for (const w of this.workers.values()) {
       if (w.status !== 'ready' || (peerReady && w.backoffUntilMs > nowMs)) continue;
-      n += Math.max(0, w.capacity - w.inFlight.size);
+      n += Math.max(0, freeOf(w));
     }
     return n;
   }
 
   /**
-   * Reserves a slot for `eventId`, a turn of `agentUid`, on the worker P1–P3 choose, avoiding
+   * Reserves a slot for `eventId`, a turn of `agentUid`, on the worker P1–P4 choose, avoiding
    * `exclude`. Undefined: no worker may take it now.
    */
   acquire(eventId: string, agentUid: string, nowMs: number, exclude: ReadonlySet<string> = new Set()): string | undefined {
@@ -144,11 +170,11 @@ export class WorkerPool {
       if (w.status !== 'ready' || exclude.has(w.id) || !agentInScope(w.agents, agentUid)) continue;
       const inBackoff = w.backoffUntilMs > nowMs;
       if (!inBackoff) peer = true;
-      const free = w.capacity - w.inFlight.size;
+      const free = freeOf(w);
       if (free <= 0) continue;
       if (inBackoff) {
         if (!backedOff || w.backoffUntilMs < backedOff.backoffUntilMs) backedOff = w;
-      } else if (!best || free > best.capacity - best.inFlight.size) best = w;
+      } else if (!best || free > freeOf(best)) best = w;
     }
     // P2: a worker in back-off is offered a turn only when no peer could take it at all
     const chosen = best ?? (peer ? undefined : backedOff);

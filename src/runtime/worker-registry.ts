@@ -30,18 +30,21 @@ export interface WorkerRegistryOptions {
   background: BackgroundWork;
   /** A worker not heard from for this long is stale: out of dispatch until it registers again. */
   staleMs: number;
+  /** The turns a worker may hold before it accepted or committed any (WorkerPool P3). */
+  initialTurns: number;
   /** Drops a worker's broker session, so it must register again (a stale or removed worker). */
   forgetSession?: (workerId: string) => void;
 }
 
 export class WorkerRegistry {
-  private readonly pool = new WorkerPool();
+  private readonly pool: WorkerPool;
   private readonly opts: WorkerRegistryOptions;
   private readonly lastHeartbeatWrite = new Map<string, number>();
   private readonly unknownReplyBudget = new Map<string, { tokens: number; atMs: number }>();
 
   constructor(opts: WorkerRegistryOptions) {
     this.opts = opts;
+    this.pool = new WorkerPool({ initialWindow: opts.initialTurns });
   }
 
   /**
@@ -99,7 +102,12 @@ export class WorkerRegistry {
     this.pool.handedBack(workerId, this.opts.clock.nowMs());
   }
 
-  /** `workerId` committed a turn: any hand-back back-off is over. */
+  /** `workerId` accepted a turn: it may hold one more (WorkerPool P3). */
+  accepted(workerId: string): void {
+    this.pool.accepted(workerId);
+  }
+
+  /** `workerId` committed a turn: any hand-back back-off is over, and it may hold one more. */
   committed(workerId: string): void {
     this.pool.committed(workerId);
   }

@@ -326,8 +326,9 @@ describe('dispatch', () => {
     const other = new RawPeer(t.daemon.broker.endpoint, 'raw-other');
     workers.push(other);
     await other.register(1);
-    await waitFor(() => t.daemon.runtime.workers.freeSlots() === 9, { what: 'both workers registered' });
-    // the first worker (8 free slots, so the preferred one) disappears without a word
+    // raw-0's window of 4 turns (it has taken none yet) and raw-other's 1
+    await waitFor(() => t.daemon.runtime.workers.freeSlots() === 5, { what: 'both workers registered' });
+    // the first worker (more free slots, so the preferred one) disappears without a word
     await gone.close();
     await waitFor(
       async () => (await t.daemon.broker.send('raw-0', { v: 1, type: 'error', code: 'probe', message: 'probe' })).ok === false,

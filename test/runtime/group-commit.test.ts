@@ -51,7 +51,8 @@ describe('group commit', () => {
   });
 
   beforeAll(async () => {
-    t = await startTestDaemon();
+    // the raw peers take batches of turns without a word before their results: no window
+    t = await startTestDaemon({ workerInitialTurns: 1024 });
     worker = new RawPeer(t.daemon.broker.endpoint, 'raw-gc');
     await worker.register(64); // turns committed straight through the store keep their runtime slots
   });

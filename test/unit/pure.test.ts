@@ -147,7 +147,7 @@ describe('checkFence', () => {
 
 describe('WorkerPool', () => {
   it('reserves slots on the least loaded ready worker and frees them', () => {
-    const pool = new WorkerPool();
+    const pool = new WorkerPool({ initialWindow: 4 });
     pool.register('w1', 2, 0);
     pool.register('w2', 1, 0);
     expect(pool.freeSlots(0)).toBe(3);
@@ -161,7 +161,7 @@ describe('WorkerPool', () => {
   });
 
   it('marks silent workers stale and reports their in-flight events; re-registration reports lost events', () => {
-    const pool = new WorkerPool();
+    const pool = new WorkerPool({ initialWindow: 4 });
     pool.register('w1', 2, 0);
     pool.acquire('e1', 'agent', 0);
     expect(pool.takeStale(500, 1_000)).toEqual([]);
@@ -172,7 +172,7 @@ describe('WorkerPool', () => {
   });
 
   it('tells a reconnect of the same worker run (kept turns) from a restart (lost turns)', () => {
-    const pool = new WorkerPool();
+    const pool = new WorkerPool({ initialWindow: 4 });
     pool.register('w1', 2, 0, 'run-a');
     pool.acquire('e1', 'agent', 0);
     expect(pool.register('w1', 2, 10, 'run-a')).toEqual({ restarted: false, lostEvents: [] });
@@ -183,7 +183,7 @@ describe('WorkerPool', () => {
   });
 
   it('gives a scoped worker turns of its agents only', () => {
-    const pool = new WorkerPool();
+    const pool = new WorkerPool({ initialWindow: 4 });
     pool.register('support', 4, 0, 'a', ['support-*']);
     pool.register('any', 1, 0, 'b');
     expect(pool.acquire('e1', 'billing', 0)).toBe('any');
@@ -192,9 +192,26 @@ describe('WorkerPool', () => {
     expect(pool.scopeOf('support')).toEqual(['support-*']);
   });
 
+  it('gives a worker its window of turns: a few at first, one more per turn accepted or committed, a few again after a hand-back', () => {
+    const pool = new WorkerPool({ initialWindow: 4 });
+    pool.register('w', 10, 0, 'a');
+    const take = (n: number, from: number) => Array.from({ length: n }, (_, i) => pool.acquire(`e${from + i}`, 'x', 0));
+    expect(take(4, 0).every((w) => w === 'w')).toBe(true);
+    expect(pool.acquire('more', 'x', 0)).toBeUndefined();
+    expect(pool.freeSlots(0)).toBe(0);
+    pool.accepted('w');
+    pool.committed('w');
+    expect(take(2, 10)).toEqual(['w', 'w']);
+    expect(pool.acquire('more', 'x', 0)).toBeUndefined();
+    for (let i = 0; i < 20; i++) pool.committed('w');
+    expect(pool.freeSlots(0)).toBe(10 - 4 - 2);
+    pool.handedBack('w', 0);
+    expect(pool.freeSlots(1_000_000)).toBe(0);
+  });
+
   it('offers a worker in hand-back back-off a turn only when no peer could take it; a commit ends the back-off', () => {
     expect([1, 2, 3, 20].map(handBackBackoffMs)).toEqual([200, 400, 800, 60_000]);
-    const pool = new WorkerPool();
+    const pool = new WorkerPool({ initialWindow: 4 });
     pool.register('bad', 8, 0, 'a');
     pool.register('good', 1, 0, 'b');
     pool.handedBack('bad', 0);
@@ -210,7 +227,7 @@ describe('WorkerPool', () => {
     pool.committed('bad');
     expect(pool.acquire('e3', 'x', 600)).toBe('bad');
     // alone, a worker in back-off still gets the turns: there is nobody to prefer
-    const lone = new WorkerPool();
+    const lone = new WorkerPool({ initialWindow: 4 });
     lone.register('only', 1, 0, 'a');
     lone.handedBack('only', 0);
     expect(lone.acquire('e1', 'x', 1)).toBe('only');
