@@ -501,8 +501,8 @@ class WorkerRuntime implements Worker {
       return;
     }
     if (code === 'rate_limited') {
-      // registered again once per heartbeat interval (heartbeatTick), within the daemon's rate
-      this.registered = false;
+      // a registration this connection has stands; without one, the heartbeat tick asks again
+      // once per interval, within the daemon's rate
       this.log.warn({ message }, 'the daemon refused a registration for now: too many of this key');
       return;
     }
