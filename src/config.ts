@@ -224,6 +224,10 @@ const SETTINGS = {
   maxWorkers: setting({ env: 'CORRAL_MAX_WORKERS', default: 256, rule: int(1, 100_000) }),
   /** Most connections to the broker at once (ZAP refuses the rest). */
   maxConnections: setting({ env: 'CORRAL_MAX_CONNECTIONS', default: 1024, rule: int(1, 1_000_000) }),
+  /** Most connections one worker key may hold (ZAP refuses the rest): one key cannot take another's. */
+  maxConnectionsPerKey: setting({ env: 'CORRAL_MAX_CONNECTIONS_PER_KEY', default: 4, rule: int(1, 1_000_000) }),
+  /** Registrations accepted per worker key per second, in bursts of up to 5× (at least 5); more are refused `rate_limited`. */
+  maxRegistrationRate: setting({ env: 'CORRAL_MAX_REGISTRATION_RATE', default: 1, rule: int(1, 10_000) }),
   /** A turn running longer than this is failed (retried), even while it reports progress. */
   maxTurnMs: setting({ env: 'CORRAL_MAX_TURN_MS', default: 6 * 3_600_000, rule: int(100) }),
   metricsPort: setting({ env: 'CORRAL_METRICS_PORT', rule: optional(int(0, 65_535)) }),

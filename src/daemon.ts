@@ -143,6 +143,8 @@ export class Daemon {
       maxMessageBytes: config.maxMessageBytes,
       maxWorkers: config.maxWorkers,
       maxConnections: config.maxConnections,
+      maxConnectionsPerKey: config.maxConnectionsPerKey,
+      registrationsPerKeyPerS: config.maxRegistrationRate,
       welcome: {
         leaseMs: config.leaseMs,
         staleMs: config.workerStaleMs,
@@ -155,6 +157,7 @@ export class Daemon {
               publicKey: security.keys.publicKey,
               secretKey: security.keys.secretKey,
               isKeyAllowed: (k: string) => security.isKeyAllowed(k),
+              describeKey: (k: string) => security.describeKey(k),
             },
           }
         : {}),

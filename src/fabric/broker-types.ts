@@ -1,5 +1,8 @@
 /** The Broker's public types (kept apart so src/fabric/broker.ts stays readable). */
-import type { ResultMessage, TurnErrorBody, TurnRef } from './protocol.ts';
+import type { Clock } from '../clock.ts';
+import type { Logger } from '../logger.ts';
+import type { Authenticator } from './auth.ts';
+import type { ResultMessage, RetryPolicy, TurnErrorBody, TurnRef } from './protocol.ts';
 
 /**
  * What the broker hands to `onEvent`: one per valid worker message, and `invalid` for each
@@ -52,8 +55,15 @@ export interface WorkerSession {
 export interface BrokerStats {
   state: BrokerState;
   workers: number;
-  /** Live connections (accepted minus disconnected), registered or not. */
+  /**
+   * Connections counted against the limits, registered or not: live ones, admitted ones about to
+   * appear, and unattributed ones (`connectionsUnattributed`), see src/fabric/admission.ts.
+   */
   connections: number;
+  /** Admitted connections that never appeared: each stays counted against its key (src/fabric/admission.ts). */
+  connectionsUnattributed: number;
+  /** Handshakes waiting for their turn to be admitted. */
+  admissionsQueued: number;
   received: number;
   /** Frames over `maxMessageBytes` refused (larger ones make libzmq drop the connection). */
   oversize: number;
@@ -62,9 +72,17 @@ export interface BrokerStats {
   registrationRefused: number;
   /** Refusals neither logged nor answered because the peer exceeded its rate. */
   refusalsSuppressed: number;
-  /** Handshakes refused by the ZAP handler: over the connection cap / key not allowed. */
+  /** Handshakes refused by the ZAP handler: over the connection cap / key not allowed / over its key's connection limit. */
   connectionsRefused: number;
   keysRefused: number;
+  keyConnectionsRefused: number;
+  /** `worker_challenge`s sent, and challenges outstanding now. */
+  challenges: number;
+  challengesOutstanding: number;
+  /** Registrations refused `rate_limited` (the key's registrations per second). */
+  registrationsRateLimited: number;
+  /** Registration log lines left out (over the per-key budget). */
+  logsSuppressed: number;
   sent: number;
   invalid: number;
   sendFailed: Record<SendFailure, number>;
@@ -73,3 +91,50 @@ export interface BrokerStats {
 }
 
 export type BrokerState = 'idle' | 'starting' | 'running' | 'stopping' | 'stopped';
+
+export interface BrokerOptions {
+  /** Where to bind, e.g. `tcp://127.0.0.1:5555`; port 0 picks a free port (see `endpoint`). */
+  endpoint: string;
+  logger: Logger;
+  clock?: Clock;
+  /** Told to workers in `worker_welcome`; default 2000. */
+  heartbeatIntervalMs?: number;
+  /** Told to workers in `worker_welcome`; default 10000 (DEFAULT_PROGRESS_INTERVAL_MS). */
+  progressIntervalMs?: number;
+  /** Largest accepted frame; libzmq drops a connection that sends more. Default 1 MiB. */
+  maxMessageBytes?: number;
+  /**
+   * ZMTP-level ping interval; a peer silent for 3 intervals is disconnected, so a frozen
+   * worker's route disappears (sends then fail fast as `unknown_route`). 0 disables.
+   * Default: `heartbeatIntervalMs`.
+   */
+  zmtpHeartbeatMs?: number;
+  authenticator?: Authenticator;
+  /**
+   * CURVE: the broker's keypair (Z85) and the ZAP admission check. Absent = no encryption
+   * (`--insecure`); the ZAP handler then still enforces the connection cap.
+   */
+  curve?: {
+    publicKey: string;
+    secretKey: string;
+    isKeyAllowed: (publicKeyZ85: string) => boolean;
+    /** Names a key in log lines (its worker ids). */
+    describeKey?: (publicKeyZ85: string) => string;
+  };
+  /** Most worker ids registered at once; further new ids are refused. Default 256. */
+  maxWorkers?: number;
+  /** Most live connections; the ZAP handler refuses handshakes beyond it. Default 1024. */
+  maxConnections?: number;
+  /** Most live connections per CURVE key (not applied without CURVE). Default 4. */
+  maxConnectionsPerKey?: number;
+  /** Accepted registrations per key per second (bursts of 5×, at least 5); more are refused `rate_limited`. Default 1. */
+  registrationsPerKeyPerS?: number;
+  /** How long an admitted connection has to appear before it counts as unattributed (src/fabric/admission.ts). Default 1000. */
+  attachWaitMs?: number;
+  /** How long a peer may take to finish the ZMTP/CURVE handshake. Default 5000. */
+  handshakeIntervalMs?: number;
+  /** Told to workers in `worker_welcome` (lease, stale timeout, retry policy), so a worker can check its timings fit. */
+  welcome?: { leaseMs: number; staleMs: number; retry: RetryPolicy };
+  /** Receives every valid message (and every refusal as `invalid`). Called synchronously. */
+  onEvent: (e: BrokerEvent) => void;
+}

@@ -15,22 +15,30 @@
  * 5. No `handover`: a connection can never take over another connection's routing id. Workers
  *    connect with a fresh random routing id per connection; the worker id travels in
  *    `worker_ready`, so a reconnect is a new connection that registers again.
- * 6. A connection is a session only after an accepted `worker_ready` (allow-listed id, valid
- *    proof). Only sessions receive turns. An unregistered connection gets nothing but
- *    `error` answers, rate-limited per connection.
+ * 6. A connection is a session only after an accepted `worker_ready` (allow-listed id, token and,
+ *    with CURVE, the key proof over this connection's challenge: src/fabric/registration.ts).
+ *    Only sessions receive turns. An unregistered connection gets nothing but `error` and
+ *    `worker_challenge` answers, rate-limited per connection.
  * 7. One worker id, one live connection. A `worker_ready` for an id live on another connection
  *    moves the session only with a valid proof; without one it is a route takeover attempt:
  *    refused, logged and counted, and the live session is untouched.
  * 8. Everything a peer controls is bounded: frame size (libzmq drops a connection sending more
  *    than twice the limit; above the limit the broker refuses and counts), registered workers
- *    (`maxWorkers`), connections (`maxConnections`, enforced by the ZAP handler), and log lines
- *    (per-connection rate limit, fields truncated).
+ *    (`maxWorkers`), connections (`maxConnections` and `maxConnectionsPerKey`, enforced at the
+ *    handshake: src/fabric/admission.ts), registrations (per key per second), outstanding
+ *    challenges (one per connection), and log lines (per connection and per key, fields truncated).
+ * 9. The ROUTER reports each connection's start (ZMQ_ROUTER_NOTIFY: an empty first message) and
+ *    end (ZMQ_DISCONNECT_MSG: 32 random bytes chosen at start, which no peer knows); the
+ *    broker consumes both, so neither is ever taken for a peer's message.
  */
 import { Context, Router } from 'zeromq';
 import { systemClock, type Clock } from '../clock.ts';
 import { CorralError, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
-import { AllowAll, type AuthDecision, type Authenticator } from './auth.ts';
+import { randomBytes } from 'node:crypto';
+import { AllowAll, type Authenticator } from './auth.ts';
+import { ConnectionBook, NO_KEY } from './admission.ts';
+import { Registrar, type Conn } from './registration.ts';
 import {
   DEFAULT_HEARTBEAT_INTERVAL_MS,
   DEFAULT_MAX_MESSAGE_BYTES,
@@ -41,50 +49,14 @@ import {
   parseWorkerMessage,
   type DaemonMessage,
   type ProtocolErrorCode,
-  type RetryPolicy,
-  type WorkerReady,
 } from './protocol.ts';
 import { SerialQueue } from '../serial-queue.ts';
-import { ZapHandler, type ZapDecision, type ZapRequest } from './zap.ts';
+import { ZapHandler, type ZapAnswer, type ZapRequest } from './zap.ts';
 import { runReceiveLoop } from './receive-loop.ts';
-import type { BrokerEvent, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';
+import { WindowCounter } from './limits.ts';
+import type { BrokerEvent, BrokerOptions, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';
 
-export type { BrokerEvent, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';
-
-export interface BrokerOptions {
-  /** Where to bind, e.g. `tcp://127.0.0.1:5555`; port 0 picks a free port (see `endpoint`). */
-  endpoint: string;
-  logger: Logger;
-  clock?: Clock;
-  /** Told to workers in `worker_welcome`; default 2000. */
-  heartbeatIntervalMs?: number;
-  /** Told to workers in `worker_welcome`; default 10000 (DEFAULT_PROGRESS_INTERVAL_MS). */
-  progressIntervalMs?: number;
-  /** Largest accepted frame; libzmq drops a connection that sends more. Default 1 MiB. */
-  maxMessageBytes?: number;
-  /**
-   * ZMTP-level ping interval; a peer silent for 3 intervals is disconnected, so a frozen
-   * worker's route disappears (sends then fail fast as `unknown_route`). 0 disables.
-   * Default: `heartbeatIntervalMs`.
-   */
-  zmtpHeartbeatMs?: number;
-  authenticator?: Authenticator;
-  /**
-   * CURVE: the broker's keypair (Z85) and the ZAP admission check. Absent = no encryption
-   * (`--insecure`); the ZAP handler then still enforces the connection cap.
-   */
-  curve?: { publicKey: string; secretKey: string; isKeyAllowed: (publicKeyZ85: string) => boolean };
-  /** Most worker ids registered at once; further new ids are refused. Default 256. */
-  maxWorkers?: number;
-  /** Most live connections; the ZAP handler refuses handshakes beyond it. Default 1024. */
-  maxConnections?: number;
-  /** How long a peer may take to finish the ZMTP/CURVE handshake. Default 5000. */
-  handshakeIntervalMs?: number;
-  /** Told to workers in `worker_welcome` (lease, stale timeout, retry policy), so a worker can check its timings fit. */
-  welcome?: { leaseMs: number; staleMs: number; retry: RetryPolicy };
-  /** Receives every valid message (and every refusal as `invalid`). Called synchronously. */
-  onEvent: (e: BrokerEvent) => void;
-}
+export type { BrokerEvent, BrokerOptions, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';
 
 export class Broker {
   private readonly opts: BrokerOptions;
@@ -100,10 +72,13 @@ export class Broker {
   /** worker id → routing id (hex) of its live connection. */
   private readonly byWorker = new Map<string, string>();
   /** Per-connection budget for refusal logs and `error` answers (invariant 8). */
-  private readonly refusals = new Map<string, { windowStartMs: number; n: number }>();
+  private readonly refusals: WindowCounter;
   private readonly maxWorkers: number;
   private readonly maxConnections: number;
-  private liveConnections = 0;
+  private readonly book: ConnectionBook;
+  private readonly registrar: Registrar;
+  /** The last message of every connection (invariant 9). */
+  private readonly disconnectMsg = randomBytes(32);
   private zap: ZapHandler | null = null;
   private socket: Router | null = null;
   private boundEndpoint: string | null = null;
@@ -123,6 +98,10 @@ export class Broker {
     refusalsSuppressed: 0,
     connectionsRefused: 0,
     keysRefused: 0,
+    keyConnectionsRefused: 0,
+    challenges: 0,
+    registrationsRateLimited: 0,
+    logsSuppressed: 0,
     sendFailed: { unknown_route: 0, backpressure: 0, closed: 0, too_large: 0 } as Record<SendFailure, number>,
   };
 
@@ -136,15 +115,46 @@ export class Broker {
     this.authenticator = opts.authenticator ?? new AllowAll();
     this.maxWorkers = opts.maxWorkers ?? 256;
     this.maxConnections = opts.maxConnections ?? 1024;
+    const maxPerKey = opts.maxConnectionsPerKey ?? 4;
+    const registrationsPerKeyPerS = opts.registrationsPerKeyPerS ?? 1;
+    const attachWaitMs = opts.attachWaitMs ?? 1_000;
     for (const [name, val] of [
       ['maxWorkers', this.maxWorkers],
       ['maxConnections', this.maxConnections],
+      ['maxConnectionsPerKey', maxPerKey],
+      ['registrationsPerKeyPerS', registrationsPerKeyPerS],
+      ['attachWaitMs', attachWaitMs],
       ['heartbeatIntervalMs', this.heartbeatIntervalMs],
       ['progressIntervalMs', this.progressIntervalMs],
       ['maxMessageBytes', this.maxMessageBytes],
     ] as const) {
       if (!Number.isInteger(val) || val < 1) throw new CorralError('invalid_config', `broker ${name} must be a positive integer`);
     }
+    this.refusals = new WindowCounter(this.clock, REFUSALS_PER_SECOND, 1_000);
+    const describeKey = opts.curve?.describeKey;
+    this.book = new ConnectionBook({
+      maxConnections: this.maxConnections,
+      maxPerKey,
+      attachWaitMs,
+      clock: this.clock,
+      log: this.log,
+      ...(describeKey ? { describe: (k: string) => describeKey(k) } : {}),
+    });
+    this.registrar = new Registrar({
+      log: this.log,
+      clock: this.clock,
+      authenticator: this.authenticator,
+      maxWorkers: this.maxWorkers,
+      maxChallenges: this.maxConnections,
+      registrationsPerKeyPerS,
+      conns: this.conns,
+      byWorker: this.byWorker,
+      counters: this.counters,
+      welcome: (workerId, capacity) => this.welcome(workerId, capacity),
+      send: (routing, rid, msg) => void this.sendFrames(routing, encodeFrame(msg), rid, msg.type),
+      refuse: (routing, rid, code, reason) => this.invalid(routing, rid, code, reason),
+      emit: (e) => this.emit(e),
+    });
   }
 
   /** Bind the ROUTER. Idempotent. Resolves with the actual endpoint once bound. */
@@ -166,7 +176,7 @@ export class Broker {
     // One context per broker: the ZAP endpoint is per context, so two brokers in one process
     // (tests, a library user) each get their own handler.
     const context = new Context();
-    const zap = new ZapHandler({ context, clock: this.clock, log: this.log, admit: (r) => this.admit(r) });
+    const zap = new ZapHandler({ context, clock: this.clock, log: this.log, admit: (r, answer) => this.admit(r, answer) });
     await zap.start();
     this.zap = zap;
     const curve = this.opts.curve;
@@ -183,8 +193,16 @@ export class Broker {
       ...(curve ? { curveServer: true, curveSecretKey: curve.secretKey, curvePublicKey: curve.publicKey } : {}),
       ...(zmtp > 0 ? { heartbeatInterval: zmtp, heartbeatTimeout: zmtp * 3 } : {}),
     });
-    socket.events.on('accept', () => void this.liveConnections++);
-    socket.events.on('disconnect', () => void (this.liveConnections = Math.max(0, this.liveConnections - 1)));
+    try {
+      // invariant 9 (draft options of libzmq 4.3: ZMQ_ROUTER_NOTIFY = 97, NOTIFY_CONNECT = 1;
+      // ZMQ_DISCONNECT_MSG = 111); set before bind, so every connection carries them
+      (socket as unknown as RawOptions).setInt32Option(97, 1);
+      (socket as unknown as RawOptions).setStringOption(111, this.disconnectMsg);
+    } catch (e) {
+      socket.close();
+      await zap.stop();
+      throw new CorralError('invalid_config', `this libzmq lacks the draft options the broker needs: ${toError(e).message}`, { cause: e });
+    }
     try {
       await socket.bind(this.opts.endpoint);
     } catch (e) {
@@ -278,16 +296,24 @@ export class Broker {
   }
 
   stats(): BrokerStats {
+    const book = this.book.stats();
     return {
       state: this.state,
       workers: this.byWorker.size,
-      connections: this.liveConnections,
+      connections: book.connections,
+      connectionsUnattributed: book.unattributed,
+      admissionsQueued: book.queued,
       oversize: this.counters.oversize,
       takeoverRefused: this.counters.takeoverRefused,
       registrationRefused: this.counters.registrationRefused,
       refusalsSuppressed: this.counters.refusalsSuppressed,
       connectionsRefused: this.counters.connectionsRefused,
       keysRefused: this.counters.keysRefused,
+      keyConnectionsRefused: this.counters.keyConnectionsRefused,
+      challenges: this.counters.challenges,
+      challengesOutstanding: this.registrar.outstandingChallenges(),
+      registrationsRateLimited: this.counters.registrationsRateLimited,
+      logsSuppressed: this.counters.logsSuppressed,
       received: this.counters.received,
       sent: this.counters.sent,
       invalid: this.counters.invalid,
@@ -316,6 +342,7 @@ export class Broker {
       timeout.abort();
     }
     await this.loopDone;
+    this.book.stop();
     await this.zap?.stop().catch(() => undefined);
     this.zap = null;
     this.conns.clear();
@@ -338,13 +365,25 @@ export class Broker {
   }
 
   private handleFrames(frames: Buffer[]): void {
-    this.counters.received++;
     const routing = frames[0];
     if (!routing || routing.length === 0) {
+      this.counters.received++;
       this.invalid(null, '(none)', 'invalid_message', 'message without routing id');
       return;
     }
     const rid = routing.toString('hex');
+    // invariant 9: a connection's first and last messages are the ROUTER's, not the peer's
+    if (frames.length === 2 && frames[1]!.equals(this.disconnectMsg)) {
+      this.connectionEnded(rid);
+      return;
+    }
+    if (!this.book.isLive(rid)) {
+      this.book.connected(rid);
+      if (frames.length === 2 && frames[1]!.length === 0) return;
+      // a message without its connect notification first: libzmq gave the connection a routing
+      // id of its own (the peer reused a live one); from now on it is an ordinary connection
+    }
+    this.counters.received++;
     if (frames.length !== 2) {
       this.invalid(routing, rid, 'invalid_message', `expected exactly 1 payload frame, got ${frames.length - 1}`);
       return;
@@ -362,7 +401,7 @@ export class Broker {
     }
     const msg = parsed.msg;
     if (msg.type === 'worker_ready') {
-      this.onReady(routing, rid, msg);
+      this.registrar.onReady(routing, rid, msg);
       return;
     }
     const conn = this.conns.get(rid);
@@ -411,123 +450,62 @@ export class Broker {
     }
   }
 
-  private onReady(routing: Buffer, rid: string, msg: WorkerReady): void {
-    const current = this.conns.get(rid);
-    if (current && current.session.workerId !== msg.worker_id) {
-      this.counters.registrationRefused++;
-      this.invalid(routing, rid, 'identity_mismatch', `this connection is registered as ${current.session.workerId}`);
-      return;
-    }
-    const liveRid = this.byWorker.get(msg.worker_id);
-    const takeover = liveRid !== undefined && liveRid !== rid;
-    if (liveRid === undefined && this.byWorker.size >= this.maxWorkers) {
-      this.counters.registrationRefused++;
-      this.invalid(routing, rid, 'unauthorized', `worker limit reached (${this.maxWorkers})`);
-      return;
-    }
-    let decision: AuthDecision;
-    try {
-      decision = this.authenticator.verify(msg.worker_id, msg.auth, rid);
-    } catch (e) {
-      decision = { ok: false, reason: `authenticator failed: ${toError(e).message}` };
-    }
-    if (!decision.ok) {
-      this.counters.registrationRefused++;
-      if (takeover) {
-        // invariant 7: the live session stays; the attempt is logged even when refusals are
-        // being rate-limited, since it is what an operator must see
-        this.counters.takeoverRefused++;
-        this.log.warn({ workerId: msg.worker_id, routingId: rid.slice(0, 32), reason: decision.reason }, 'route takeover refused');
-      }
-      this.invalid(routing, rid, 'unauthorized', decision.reason);
-      return;
-    }
-    const capacity = decision.maxCapacity === undefined ? msg.capacity : Math.min(msg.capacity, decision.maxCapacity);
-    const now = this.clock.nowMs();
-    const prev = takeover ? this.conns.get(liveRid)?.session : current?.session;
-    if (takeover) {
-      // The proven owner of the id moved to a new connection (a reconnect): the old one is dead
-      // or about to be, and gets nothing more.
-      this.conns.delete(liveRid);
-      this.log.info({ workerId: msg.worker_id }, 'worker moved to a new connection');
-    }
-    const session: WorkerSession = {
-      workerId: msg.worker_id,
+  private welcome(workerId: string, capacity: number): DaemonMessage {
+    return {
+      v: PROTOCOL_VERSION,
+      type: 'worker_welcome',
+      worker_id: workerId,
       capacity,
-      ...(msg.sdk === undefined ? {} : { sdk: msg.sdk }),
-      registeredAtMs: now,
-      lastSeenMs: now,
-      registrations: (prev?.registrations ?? 0) + 1,
+      heartbeat_interval_ms: this.heartbeatIntervalMs,
+      progress_interval_ms: this.progressIntervalMs,
+      ...(this.opts.welcome
+        ? { lease_ms: this.opts.welcome.leaseMs, stale_ms: this.opts.welcome.staleMs, retry: this.opts.welcome.retry }
+        : {}),
     };
-    this.conns.set(rid, { routing: Buffer.from(routing), session });
-    this.byWorker.set(msg.worker_id, rid);
-    this.refusals.delete(rid);
-    // Queue the welcome before telling anyone, so it precedes any turn_start that onEvent
-    // might send synchronously.
-    void this.sendFrames(
-      routing,
-      encodeFrame({
-        v: PROTOCOL_VERSION,
-        type: 'worker_welcome',
-        worker_id: msg.worker_id,
-        capacity,
-        heartbeat_interval_ms: this.heartbeatIntervalMs,
-        progress_interval_ms: this.progressIntervalMs,
-        ...(this.opts.welcome
-          ? { lease_ms: this.opts.welcome.leaseMs, stale_ms: this.opts.welcome.staleMs, retry: this.opts.welcome.retry }
-          : {}),
-      }),
-      rid,
-      'worker_welcome',
-    );
-    this.log.info({ workerId: msg.worker_id, capacity, sdk: msg.sdk?.slice(0, 64), reconnect: prev !== undefined }, 'worker registered');
-    this.emit({
-      kind: 'worker_ready',
-      workerId: msg.worker_id,
-      capacity,
-      reconnect: prev !== undefined,
-      ...(msg.sdk === undefined ? {} : { sdk: msg.sdk }),
-      ...(msg.instance === undefined ? {} : { instance: msg.instance }),
-    });
   }
 
-  /** ZAP admission (runs in the ZAP handler's loop, synchronously): key allow-list and connection cap. */
-  private admit(req: ZapRequest): ZapDecision {
-    if (this.liveConnections > this.maxConnections) {
-      this.counters.connectionsRefused++;
-      this.logLimited('zap', { address: req.address.slice(0, 64) }, 'connection refused: connection limit reached');
-      return { ok: false, status: 400, reason: 'connection limit reached' };
-    }
+  /**
+   * The connection `rid` ended (its disconnect message): its limits are released and its
+   * challenge dropped. A session on it stays until it moves, goes stale or is revoked, as before:
+   * a worker that reconnects at once keeps its turns; sends to it fail `unknown_route` meanwhile.
+   */
+  private connectionEnded(rid: string): void {
+    this.book.disconnected(rid);
+    this.registrar.connectionEnded(rid);
+    this.refusals.delete(rid);
+  }
+
+  /**
+   * ZAP admission (runs in the ZAP handler's loop, synchronously): the key allow-list, then the
+   * connection limits, which may answer later (src/fabric/admission.ts).
+   */
+  private admit(req: ZapRequest, answer: ZapAnswer): void {
     const curve = this.opts.curve;
-    if (!curve) return { ok: true };
-    if (req.mechanism !== 'CURVE' || !req.publicKey || !curve.isKeyAllowed(req.publicKey)) {
+    if (curve && (req.mechanism !== 'CURVE' || !req.publicKey || !curve.isKeyAllowed(req.publicKey))) {
       this.counters.keysRefused++;
       this.logLimited(
         'zap',
         { address: req.address.slice(0, 64), mechanism: req.mechanism.slice(0, 16) },
         'connection refused: key not on the allow-list',
       );
-      return { ok: false, status: 400, reason: 'key not allowed' };
+      void answer({ ok: false, status: 400, reason: 'key not allowed' });
+      return;
     }
-    return { ok: true };
+    const key = curve ? req.publicKey! : NO_KEY;
+    const refusal = this.book.request(key, answer);
+    if (!refusal) return;
+    if (refusal.perKey) this.counters.keyConnectionsRefused++;
+    else this.counters.connectionsRefused++;
+    const fields = { address: req.address.slice(0, 64), ...(curve ? { key: curve.describeKey?.(key) ?? key.slice(0, 40) } : {}) };
+    this.logLimited(refusal.perKey ? `zap:${key}` : 'zap', fields, `connection refused: ${refusal.reason}`);
+    void answer(refusal);
   }
 
   /** True when `key` may still log/answer in this one-second window (invariant 8). */
   private withinBudget(key: string): boolean {
-    const now = this.clock.nowMs();
-    let b = this.refusals.get(key);
-    if (!b || now - b.windowStartMs >= 1_000) {
-      // the map is bounded: a flood of fresh connections cannot grow it without limit
-      if (!b && this.refusals.size >= 4_096) this.refusals.clear();
-      b = { windowStartMs: now, n: 0 };
-      this.refusals.set(key, b);
-    }
-    b.n++;
-    if (b.n > REFUSALS_PER_SECOND) {
-      this.counters.refusalsSuppressed++;
-      return false;
-    }
-    return true;
+    if (this.refusals.take(key).ok) return true;
+    this.counters.refusalsSuppressed++;
+    return false;
   }
 
   private logLimited(key: string, fields: Record<string, unknown>, msg: string): void {
@@ -589,7 +567,8 @@ export class Broker {
 /** Log/answer at most this many refusals per connection per second; the rest are only counted. */
 const REFUSALS_PER_SECOND = 10;
 
-interface Conn {
-  routing: Buffer;
-  session: WorkerSession;
+/** The protected option setters of zeromq.js sockets, for libzmq's draft options. */
+interface RawOptions {
+  setInt32Option(option: number, value: number): void;
+  setStringOption(option: number, value: string | Buffer | null): void;
 }

@@ -1,7 +1,8 @@
 /**
  * CURVE key material on disk: the daemon's long-term keypair, one key file per worker, and the
- * allow-list that lists, per worker id, the public key admitted for it and its token's hash (a
- * registration is bound to the token; the key only admits the connection, see src/fabric/auth.ts).
+ * allow-list that lists, per worker id, the public key admitted for it, its token's hash and its
+ * scope (a registration needs the token and a proof made with the id's own secret key, see
+ * src/fabric/auth.ts).
  *
  * Rules:
  * 1. Every file written here is mode 0600, and a folder created for it 0700: a secret key or
@@ -33,6 +34,7 @@ import { curveKeyPair } from 'zeromq';
 import { z } from 'zod';
 import { CorralError, toError } from '../errors.ts';
 import { MAX_CAPACITY, WORKER_ID_PATTERN } from './protocol.ts';
+import { MAX_PATTERN_CHARS, MAX_SCOPE_PATTERNS, agentPatternProblem } from '../agent-scope.ts';
 
 const Z85_CHARS = '0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#';
 /** A CURVE key in Z85: 40 characters for 32 bytes. */
@@ -50,6 +52,23 @@ export function z85Encode(data: Uint8Array): string {
       value = Math.floor(value / 85);
     }
     out += chunk.join('');
+  }
+  return out;
+}
+
+/** Decodes Z85 text (length a multiple of 5), e.g. a 40-character CURVE key to its 32 bytes. */
+export function z85Decode(text: string): Buffer {
+  if (text.length % 5 !== 0) throw new CorralError('invalid_argument', 'z85: length must be a multiple of 5');
+  const out = Buffer.alloc((text.length / 5) * 4);
+  for (let i = 0; i < text.length; i += 5) {
+    let value = 0;
+    for (let j = 0; j < 5; j++) {
+      const digit = Z85_CHARS.indexOf(text[i + j]!);
+      if (digit < 0) throw new CorralError('invalid_argument', 'z85: not a Z85 character');
+      value = value * 85 + digit;
+    }
+    if (value > 0xffffffff) throw new CorralError('invalid_argument', 'z85: group out of range');
+    out.writeUInt32BE(value, (i / 5) * 4);
   }
   return out;
 }
@@ -96,7 +115,7 @@ export const workerKeyFileSchema = z.object({
   secret_key: z85Key,
   /** The daemon's public key (`curve_serverkey`). */
   server_key: z85Key,
-  /** Sent in `worker_ready.auth` (scheme `token`) to prove the worker id. */
+  /** Sent in `worker_ready.auth` (scheme `key`), with the key proof, to register as the worker id. */
   token: z.string().min(16).max(256),
 });
 export type WorkerKeyFile = z.infer<typeof workerKeyFileSchema>;
@@ -106,6 +125,17 @@ const allowEntrySchema = z.object({
   public_key: z85Key,
   token_sha256: z.string().regex(/^[0-9a-f]{64}$/),
   capacity: z.int().min(1).max(MAX_CAPACITY).optional(),
+  /** The agents this key may be given turns of and emit to (src/agent-scope.ts); absent: every agent. */
+  agents: z
+    .array(
+      z
+        .string()
+        .max(MAX_PATTERN_CHARS)
+        .refine((p) => agentPatternProblem(p) === undefined, 'invalid agent pattern'),
+    )
+    .min(1)
+    .max(MAX_SCOPE_PATTERNS)
+    .optional(),
   created_at: z.string().optional(),
 });
 export type AllowEntry = z.infer<typeof allowEntrySchema>;
@@ -270,10 +300,16 @@ function withAllowlistLock<T>(paths: KeyPaths, fn: () => T): T {
  * Issues a key for `workerId`: a new keypair and token, an allow-list entry (replacing any
  * previous one for that id, which revokes the old key), and the key file's content.
  */
-export function addWorkerKey(paths: KeyPaths, serverPublicKey: string, workerId: string, opts: { capacity?: number } = {}): WorkerKeyFile {
+export function addWorkerKey(
+  paths: KeyPaths,
+  serverPublicKey: string,
+  workerId: string,
+  opts: { capacity?: number; agents?: readonly string[] } = {},
+): WorkerKeyFile {
   if (!WORKER_ID_PATTERN.test(workerId)) {
     throw new CorralError('invalid_argument', `invalid worker id ${JSON.stringify(workerId).slice(0, 80)}`);
   }
+  const agents = opts.agents === undefined ? undefined : checkedScope(opts.agents);
   const keys = newKeyPair();
   const token = newToken();
   withAllowlistLock(paths, () => {
@@ -283,6 +319,7 @@ export function addWorkerKey(paths: KeyPaths, serverPublicKey: string, workerId:
       public_key: keys.publicKey,
       token_sha256: tokenHash(token),
       ...(opts.capacity === undefined ? {} : { capacity: opts.capacity }),
+      ...(agents === undefined ? {} : { agents }),
       created_at: new Date().toISOString(),
     });
     writeAllowlist(paths.allowlist, entries);
@@ -295,6 +332,23 @@ export function addWorkerKey(paths: KeyPaths, serverPublicKey: string, workerId:
     server_key: serverPublicKey,
     token,
   };
+}
+
+/**
+ * A scope as given (`--agents`): each pattern valid, at least one, at most MAX_SCOPE_PATTERNS
+ * distinct ones. Throws `invalid_argument` naming the problem.
+ */
+export function checkedScope(patterns: readonly string[]): string[] {
+  const distinct = [...new Set(patterns)];
+  if (distinct.length === 0) throw new CorralError('invalid_argument', 'an agent scope needs at least one pattern');
+  if (distinct.length > MAX_SCOPE_PATTERNS) {
+    throw new CorralError('invalid_argument', `an agent scope holds at most ${MAX_SCOPE_PATTERNS} patterns (got ${distinct.length})`);
+  }
+  for (const p of distinct) {
+    const problem = agentPatternProblem(p);
+    if (problem) throw new CorralError('invalid_argument', problem);
+  }
+  return distinct;
 }
 
 export function formatWorkerKeyFile(k: WorkerKeyFile): string {
@@ -337,7 +391,7 @@ export function ensureLocalWorkerKey(paths: KeyPaths, workerId: string, opts: { 
   return file;
 }
 
-/** What the worker SDK needs from a key file: CURVE keys and the registration proof. */
+/** What the worker SDK needs from a key file: CURVE keys and the registration credentials (it adds the key proof). */
 export function workerCredentials(
   k: WorkerKeyFile,
   serverKey?: string,
@@ -347,6 +401,6 @@ export function workerCredentials(
 } {
   return {
     curve: { serverKey: serverKey ?? k.server_key, publicKey: k.public_key, secretKey: k.secret_key },
-    auth: { scheme: 'token', credential: k.token },
+    auth: { scheme: 'key', credential: k.token },
   };
 }

@@ -24,6 +24,9 @@ export const MAX_CAPACITY = 1024;
 /** Longest `turn_ref` (as JSON) accepted from a worker. */
 export const MAX_TURN_REF_CHARS = 2048;
 
+/** A challenge nonce or a key proof (src/fabric/proof.ts): 32 bytes as base64url without padding. */
+export const PROOF_TEXT_PATTERN = /^[A-Za-z0-9_-]{43}$/;
+
 /** A worker id appears in logs, metrics and the database: short, printable ASCII. */
 export const WORKER_ID_PATTERN = /^[A-Za-z0-9._:-]{1,64}$/;
 
@@ -51,6 +54,7 @@ export const PROTOCOL_ERROR_CODES = [
   'identity_mismatch',
   'unauthorized',
   'unsupported_version',
+  'rate_limited',
 ] as const;
 export type ProtocolErrorCode = (typeof PROTOCOL_ERROR_CODES)[number];
 
@@ -122,8 +126,19 @@ export const workerReadySchema = z.object({
    * same instance is a reconnect; with a new one, the process restarted and lost its turns.
    */
   instance: z.string().min(1).max(64).optional(),
-  /** The registration proof: `{ scheme: 'token', credential: <token from the key file> }` (see src/fabric/auth.ts). */
-  auth: z.object({ scheme: z.string().min(1).max(64), credential: z.string().max(1024) }).optional(),
+  /**
+   * The registration credentials (see src/fabric/auth.ts): with CURVE `{ scheme: 'key', credential:
+   * <token from the key file> }`, answered by a `worker_challenge`, then the same with the
+   * challenge's `nonce` and the key `proof` (src/fabric/proof.ts).
+   */
+  auth: z
+    .object({
+      scheme: z.string().min(1).max(64),
+      credential: z.string().max(1024),
+      nonce: z.string().regex(PROOF_TEXT_PATTERN, 'expected 43 characters of base64url').optional(),
+      proof: z.string().regex(PROOF_TEXT_PATTERN, 'expected 43 characters of base64url').optional(),
+    })
+    .optional(),
 });
 
 export const workerHeartbeatSchema = z.object({
@@ -253,6 +268,17 @@ export const workerWelcomeSchema = z.object({
   retry: retryPolicySchema.optional(),
 });
 
+/**
+ * The answer to a `worker_ready` that has no key proof yet: prove the key for `worker_id` over
+ * `nonce` (docs/protocol.md §13). Good for one attempt on this connection, for a few seconds.
+ */
+export const workerChallengeSchema = z.object({
+  v,
+  type: z.literal('worker_challenge'),
+  worker_id: workerId,
+  nonce: z.string().regex(PROOF_TEXT_PATTERN),
+});
+
 /** One transcript message as the daemon shows it to a worker (context, history.read). */
 export const transcriptMessageSchema = z.object({
   seq: z.int().min(1),
@@ -362,6 +388,7 @@ export const protocolErrorSchema = z.object({
 
 export const daemonMessageSchema = z.discriminatedUnion('type', [
   workerWelcomeSchema,
+  workerChallengeSchema,
   turnStartSchema,
   turnSteerSchema,
   turnCancelSchema,
@@ -373,6 +400,7 @@ export const daemonMessageSchema = z.discriminatedUnion('type', [
 ]);
 export type DaemonMessage = z.infer<typeof daemonMessageSchema>;
 export type WorkerWelcome = z.infer<typeof workerWelcomeSchema>;
+export type WorkerChallenge = z.infer<typeof workerChallengeSchema>;
 export type TurnStart = z.infer<typeof turnStartSchema>;
 export type TurnSteer = z.infer<typeof turnSteerSchema>;
 export type TurnCancel = z.infer<typeof turnCancelSchema>;

@@ -1,7 +1,8 @@
 /**
  * The daemon's side of fabric security: loads (or creates) its CURVE keypair, keeps the worker
  * allow-list in memory, notices changes to the allow-list file without a restart, and revokes
- * registered workers whose entry disappeared or was re-issued.
+ * registered workers whose entry disappeared, was re-issued or changed its agent scope (a
+ * revoked worker whose key is still listed registers again, under its new scope).
  *
  * Invariants:
  * 1. The in-memory allow-list is only replaced by a complete, valid file; a file that fails to
@@ -30,7 +31,7 @@ export interface FabricSecurityOptions {
 export class FabricSecurity {
   readonly paths: KeyPaths;
   readonly keys: KeyPair;
-  readonly authenticator = new KeyAuthenticator();
+  readonly authenticator: KeyAuthenticator;
   private readonly opts: FabricSecurityOptions;
   private readonly log: Logger;
   private stamp: string | null = null;
@@ -48,6 +49,7 @@ export class FabricSecurity {
     });
     const { keys, created } = ensureDaemonKey(this.paths);
     this.keys = keys;
+    this.authenticator = new KeyAuthenticator({ daemonSecretKey: keys.secretKey });
     if (created) this.log.info({ file: this.paths.daemonKey, publicKey: keys.publicKey }, 'created the daemon CURVE keypair');
     this.refresh();
   }
@@ -79,6 +81,12 @@ export class FabricSecurity {
     return this.authenticator.isKeyAllowed(publicKey);
   }
 
+  /** A key as log lines name it: the worker ids it is listed for, or the start of the key. */
+  describeKey(publicKey: string): string {
+    const ids = this.authenticator.idsOfKey(publicKey);
+    return ids.length > 0 ? ids.slice(0, 4).join(',') : `key ${publicKey.slice(0, 8)}…`;
+  }
+
   /** Re-reads the allow-list if its file changed. Returns the ids revoked by the change. */
   refresh(): string[] {
     const stamp = fileStamp(this.paths.allowlist);
@@ -94,20 +102,32 @@ export class FabricSecurity {
     this.stamp = stamp;
     const next = new Map(list.map((e) => [e.worker_id, e]));
     const revoked: string[] = [];
+    const reasons = new Map<string, string>();
     for (const [id, old] of this.entries) {
       const now = next.get(id);
-      if (!now || now.token_sha256 !== old.token_sha256 || now.public_key !== old.public_key) revoked.push(id);
+      if (!now || now.token_sha256 !== old.token_sha256 || now.public_key !== old.public_key) {
+        revoked.push(id);
+        reasons.set(id, 'key revoked or re-issued');
+      } else if (!sameScope(now.agents, old.agents)) {
+        revoked.push(id);
+        reasons.set(id, 'agent scope changed');
+      }
     }
     this.entries = next;
     this.authenticator.update(list);
     this.log.info({ workers: list.length, revoked: revoked.length }, 'allow-list loaded');
     for (const id of revoked) {
       try {
-        this.onRevoked(id, 'key revoked or re-issued');
+        this.onRevoked(id, reasons.get(id)!);
       } catch (e) {
         this.log.error({ err: toError(e), workerId: id }, 'revocation handler failed');
       }
     }
     return revoked;
   }
+}
+
+function sameScope(a: readonly string[] | undefined, b: readonly string[] | undefined): boolean {
+  if (a === undefined || b === undefined) return a === b;
+  return a.length === b.length && a.every((p, i) => p === b[i]);
 }

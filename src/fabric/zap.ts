@@ -1,14 +1,17 @@
 /**
- * The ZAP handler (ZeroMQ RFC 27): admits CURVE clients whose public key is on the allow-list,
- * and refuses new connections beyond the connection cap.
+ * The ZAP handler (ZeroMQ RFC 27): hands each handshake's request to `admit`, which answers it
+ * (the allow-list, the connection limits: see src/fabric/admission.ts), now or later.
  *
  * Invariants:
  * 1. It runs its own receive loop on a ROUTER bound to `inproc://zeromq.zap.01` in the broker's
  *    own context (one handler per context, so two brokers in one process do not collide).
- * 2. A decision is synchronous and in-memory (`admit`): libzmq holds the peer's handshake until
- *    the reply, and the broker's loop is never involved.
- * 3. Any malformed request is answered 500 when it can be addressed, else dropped; the loop
- *    survives everything.
+ * 2. `admit` is synchronous and in-memory; it may keep the `answer` and call it later (libzmq
+ *    holds the peer's handshake until the reply, at most the handshake interval). The broker's
+ *    loop never waits for it.
+ * 3. Replies are `mandatory`: `answer` resolves false when the peer's session is gone (it gave
+ *    up before the reply), so an admission that can never become a connection is known.
+ * 4. Any malformed request is answered 500 when it can be addressed, else dropped; the loop
+ *    survives everything. Each request is answered at most once.
  */
 import type { Context, Router as RouterType } from 'zeromq';
 import type { Clock } from '../clock.ts';
@@ -27,21 +30,24 @@ export interface ZapRequest {
   publicKey?: string;
 }
 
+/** Sends the reply to one ZAP request; resolves true when it reached the peer's session. */
+export type ZapAnswer = (decision: ZapDecision) => Promise<boolean>;
+
 export class ZapHandler {
   private socket: RouterType | null = null;
   private loop: Promise<void> = Promise.resolve();
   private sendChain: Promise<void> = Promise.resolve();
   readonly counters = { allowed: 0, denied: 0 };
 
-  private readonly opts: { context: Context; clock: Clock; log: Logger; admit: (req: ZapRequest) => ZapDecision };
+  private readonly opts: { context: Context; clock: Clock; log: Logger; admit: (req: ZapRequest, answer: ZapAnswer) => void };
 
-  constructor(opts: { context: Context; clock: Clock; log: Logger; admit: (req: ZapRequest) => ZapDecision }) {
+  constructor(opts: { context: Context; clock: Clock; log: Logger; admit: (req: ZapRequest, answer: ZapAnswer) => void }) {
     this.opts = opts;
   }
 
   async start(): Promise<void> {
     const { Router } = await import('zeromq');
-    const socket = new Router({ context: this.opts.context, linger: 0 });
+    const socket = new Router({ context: this.opts.context, linger: 0, mandatory: true, sendTimeout: 0 });
     await socket.bind(ZAP_ENDPOINT);
     this.socket = socket;
     this.loop = runReceiveLoop(socket, { clock: this.opts.clock, log: this.opts.log, what: 'zap', handle: (f) => this.handle(f) });
@@ -60,18 +66,26 @@ export class ZapHandler {
     // [routing, empty, version, request_id, domain, address, identity, mechanism, ...credentials]
     const [routing, , version, requestId, , address, , mechanism, ...creds] = frames;
     if (!routing || !requestId) return;
-    let decision: ZapDecision;
+    let answered = false;
+    const answer: ZapAnswer = (decision) => {
+      if (answered) return Promise.resolve(false);
+      answered = true;
+      return this.reply(routing, requestId, decision);
+    };
     if (version?.toString() !== '1.0' || !mechanism) {
-      decision = { ok: false, status: 500, reason: 'bad ZAP request' };
-    } else {
-      const mech = mechanism.toString();
-      const key = mech === 'CURVE' && creds[0]?.length === 32 ? z85Encode(creds[0]) : undefined;
-      try {
-        decision = this.opts.admit({ mechanism: mech, address: address?.toString() ?? '', ...(key ? { publicKey: key } : {}) });
-      } catch (e) {
-        decision = { ok: false, status: 500, reason: `zap handler failed: ${String(e)}` };
-      }
+      void answer({ ok: false, status: 500, reason: 'bad ZAP request' });
+      return;
     }
+    const mech = mechanism.toString();
+    const key = mech === 'CURVE' && creds[0]?.length === 32 ? z85Encode(creds[0]) : undefined;
+    try {
+      this.opts.admit({ mechanism: mech, address: address?.toString() ?? '', ...(key ? { publicKey: key } : {}) }, answer);
+    } catch (e) {
+      void answer({ ok: false, status: 500, reason: `zap handler failed: ${String(e)}` });
+    }
+  }
+
+  private reply(routing: Buffer, requestId: Buffer, decision: ZapDecision): Promise<boolean> {
     if (decision.ok) this.counters.allowed++;
     else this.counters.denied++;
     const status = decision.ok ? '200' : String(decision.status);
@@ -87,12 +101,18 @@ export class ZapHandler {
       Buffer.from(userId),
       Buffer.alloc(0),
     ];
-    this.sendChain = this.sendChain.then(async () => {
+    const sent = this.sendChain.then(async () => {
       try {
-        if (this.socket && !this.socket.closed) await this.socket.send(reply);
+        if (!this.socket || this.socket.closed) return false;
+        await this.socket.send(reply);
+        return true;
       } catch (e) {
-        this.opts.log.warn({ err: String(e) }, 'zap reply failed');
+        // EHOSTUNREACH: the peer's session ended before its reply (invariant 3)
+        if ((e as { code?: unknown }).code !== 'EHOSTUNREACH') this.opts.log.warn({ err: String(e) }, 'zap reply failed');
+        return false;
       }
     });
+    this.sendChain = sent.then(() => undefined);
+    return sent;
   }
 }

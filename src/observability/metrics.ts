@@ -213,11 +213,14 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     refusal_suppressed: 'refusalsSuppressed',
     connection_refused: 'connectionsRefused',
     key_refused: 'keysRefused',
+    key_connection_refused: 'keyConnectionsRefused',
+    registration_rate_limited: 'registrationsRateLimited',
+    log_suppressed: 'logsSuppressed',
     invalid: 'invalid',
   } as const satisfies Record<string, keyof BrokerStats>;
   new Counter({
     name: 'corral_fabric_refused_total',
-    help: 'What the broker refused, by kind: oversize frames, route takeover attempts, refused registrations, refusals not logged (rate limit), connections over the cap, keys not on the allow-list, invalid messages',
+    help: 'What the broker refused, by kind: oversize frames, route takeover attempts, refused registrations, refusals not logged (rate limit), connections over the cap, keys not on the allow-list, connections over the per-key limit, registrations over the per-key rate, registration log lines left out, invalid messages',
     labelNames: ['kind'] as const,
     registers,
     collect() {

@@ -104,7 +104,7 @@ export const duplicateResultHooks: WorkerHooks = {
   beforeSendResult: (msg: TurnResult): WorkerMessage[] => [msg, msg],
 };
 
-/** CURVE keys and registration proof (see `workerCredentials` in src/fabric/keys.ts). */
+/** CURVE keys and registration credentials; the SDK adds the key proof (see `workerCredentials` in src/fabric/keys.ts). */
 export interface WorkerCredentials {
   curve: { serverKey: string; publicKey: string; secretKey: string };
   auth: { scheme: string; credential: string };

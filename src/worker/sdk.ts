@@ -6,7 +6,9 @@
  * 1. One DEALER per worker, with a fresh random routing id per connection: the daemon's ROUTER
  *    never hands a live route to a new connection, so a reconnect under the old id could be
  *    muted while the daemon still holds the old connection. The worker id travels in
- *    `worker_ready`, with the proof (`auth`) issued with the worker's key.
+ *    `worker_ready`, with the credentials (`auth`) issued with the worker's key; with CURVE the
+ *    daemon answers a `worker_challenge`, and the worker proves its key over the challenge's
+ *    nonce (src/fabric/proof.ts), once per nonce.
  * 2. All sends go through one SerialQueue (zeromq.js allows one send in flight per socket).
  * 3. Registration is re-established by the worker, never assumed: `worker_ready` is re-sent
  *    on `error{not_registered}` (the daemon restarted or forgot us), on every reconnect
@@ -26,6 +28,7 @@ import { systemClock, type Clock, type TimerHandle } from '../clock.ts';
 import { CorralError, toError } from '../errors.ts';
 import { silentLogger, type Logger } from '../logger.ts';
 import type { WorkerAuth } from '../fabric/auth.ts';
+import { workerProof } from '../fabric/proof.ts';
 import {
   DEFAULT_HEARTBEAT_INTERVAL_MS,
   DEFAULT_MAX_MESSAGE_BYTES,
@@ -35,27 +38,19 @@ import {
   encodeFrame,
   isValidWorkerId,
   parseDaemonMessage,
-  type DaemonMessage,
   type TurnRef,
-  type TurnResult,
   type TurnStart,
   type WorkerMessage,
 } from '../fabric/protocol.ts';
 import { SerialQueue } from '../serial-queue.ts';
 import { runReceiveLoop } from '../fabric/receive-loop.ts';
 import { RunningTurn, type TurnHandler } from './turn.ts';
+import { logHandshakeFailures } from './handshake-log.ts';
+import { applySendHooks, type WorkerHooks } from './hooks.ts';
 
 export type { TurnContext, TurnHandler, TurnOutcome, SteerListener, HandlerError, HistoryPage, Emit } from './turn.ts';
 
-/**
- * Named fault points for tests (no-ops in production). Each `beforeSend*` maps one outgoing
- * message to the list actually sent: return `[msg, msg]` to duplicate, `[]` to drop.
- */
-export interface WorkerHooks {
-  beforeSend?(msg: WorkerMessage): WorkerMessage[];
-  beforeSendResult?(msg: TurnResult): WorkerMessage[];
-  onReceive?(msg: DaemonMessage): void;
-}
+export type { WorkerHooks } from './hooks.ts';
 
 export interface WorkerOptions {
   /** The daemon's ROUTER, e.g. `tcp://127.0.0.1:5555`. */
@@ -72,7 +67,10 @@ export interface WorkerOptions {
   /** Until the welcome says otherwise. Default 10000 (DEFAULT_PROGRESS_INTERVAL_MS). */
   progressIntervalMs?: number;
   maxMessageBytes?: number;
-  /** Proof of the worker id sent in `worker_ready` (with CURVE: `{ scheme: 'token', credential }`). */
+  /**
+   * Credentials sent in `worker_ready` (with CURVE: `{ scheme: 'key', credential: <token> }`, from
+   * `workerCredentials`); the key proof a daemon's challenge asks for is made from `curve`.
+   */
   auth?: WorkerAuth;
   /** CURVE keys (Z85): the daemon's public key and this worker's keypair. Absent = no CURVE. */
   curve?: { serverKey: string; publicKey: string; secretKey: string };
@@ -147,12 +145,14 @@ class WorkerRuntime implements Worker {
   private handshakes = 0;
   private connected = false;
   private reconnects = 0;
-  private handshakeFailureLogged = false;
+  private handshakeLog: { succeeded(): void } | null = null;
   private reconnectTimer: TimerHandle | null = null;
   private stopPromise: Promise<void> | null = null;
   /** Open RPC requests by id. */
   private readonly rpcPending = new Map<string, { resolve(v: unknown): void; reject(e: Error): void; timer: TimerHandle }>();
   private rpcSeq = 0;
+  /** The last challenge nonce answered: each is answered once (a repeated challenge is the same nonce). */
+  private answeredNonce: string | null = null;
 
   constructor(opts: WorkerOptions) {
     if (!isValidWorkerId(opts.workerId)) {
@@ -189,9 +189,10 @@ class WorkerRuntime implements Worker {
       reconnectMaxInterval: 5000,
     });
     this.socket = socket;
+    this.handshakeLog = logHandshakeFailures(socket, this.log);
     socket.events.on('handshake', () => {
       this.connected = true;
-      this.handshakeFailureLogged = false;
+      this.handshakeLog?.succeeded();
       this.reconnects = 0;
       // The first handshake delivers the worker_ready queued in start(); a later one is a
       // reconnect, possibly to a restarted daemon that does not know us (invariant 3).
@@ -205,21 +206,6 @@ class WorkerRuntime implements Worker {
       this.connected = false;
       if (wasConnected) this.log.warn('disconnected from daemon');
       this.scheduleReconnect(socket);
-    });
-    socket.events.on('handshake:error:auth', (ev) => {
-      this.log.error({ status: ev.error.message }, "the daemon refused this worker's key (not on its allow-list?)");
-    });
-    // docs/protocol.md §13: a wrong daemon public key fails without detail, again on every retry;
-    // a NULL/CURVE mismatch fails with a ZMTP protocol error. Said once until a handshake succeeds.
-    socket.events.on('handshake:error:protocol', (ev) => {
-      if (this.handshakeFailureLogged) return;
-      this.handshakeFailureLogged = true;
-      this.log.error({ err: ev.error.message }, 'handshake failed: the daemon and this worker disagree on CURVE (one of them insecure?)');
-    });
-    socket.events.on('handshake:error:other', (ev) => {
-      if (this.handshakeFailureLogged) return;
-      this.handshakeFailureLogged = true;
-      this.log.error({ err: ev.error.message }, "handshake failed without detail (the daemon's public key, server_key, wrong?); retrying");
     });
     socket.connect(this.opts.endpoint);
     this.loopDone = this.receiveLoop(socket);
@@ -355,6 +341,8 @@ class WorkerRuntime implements Worker {
           this.log.warn({ progressMs: msg.progress_interval_ms, leaseMs: msg.lease_ms }, 'progress interval is more than half the lease');
         }
         return this.onWelcome(msg.heartbeat_interval_ms, msg.progress_interval_ms, msg.capacity);
+      case 'worker_challenge':
+        return this.onChallenge(msg.worker_id, msg.nonce);
       case 'turn_start':
         return this.onTurnStart(msg);
       case 'turn_steer': {
@@ -415,6 +403,25 @@ class WorkerRuntime implements Worker {
     this.log.info({ heartbeatMs, progressMs, wasRegistered }, 'registered with daemon');
     // Invariant 5: results the daemon has not answered may have been lost with the old session.
     for (const msg of this.unsettled.values()) this.send(msg);
+  }
+
+  /** Proves this worker's key over the daemon's nonce: `worker_ready` again, with the proof. */
+  private onChallenge(workerId: string, nonce: string): void {
+    if (workerId !== this.workerId || nonce === this.answeredNonce || this.state !== 'running') return;
+    const curve = this.opts.curve;
+    if (!curve || !this.opts.auth) {
+      this.log.error('the daemon asks for a key proof, but this worker has no CURVE keys and credentials (a key file)');
+      return;
+    }
+    let proof: string;
+    try {
+      proof = workerProof(curve.secretKey, curve.serverKey, this.workerId, nonce);
+    } catch (e) {
+      this.log.error({ err: toError(e) }, 'cannot compute the key proof');
+      return;
+    }
+    this.answeredNonce = nonce;
+    this.sendReady(true, { ...this.opts.auth, nonce, proof });
   }
 
   private onTurnStart(msg: TurnStart): void {
@@ -493,6 +500,12 @@ class WorkerRuntime implements Worker {
       this.sendReady(false);
       return;
     }
+    if (code === 'rate_limited') {
+      // a registration this connection has stands; without one, the heartbeat tick asks again
+      // once per interval, within the daemon's rate
+      this.log.warn({ message }, 'the daemon refused a registration for now: too many of this key');
+      return;
+    }
     if (code === 'unauthorized' || code === 'identity_mismatch') this.registered = false;
     this.log.error({ code, message }, 'daemon reported a protocol error');
   }
@@ -500,7 +513,7 @@ class WorkerRuntime implements Worker {
   // ---- send path -----------------------------------------------------------------------
 
   /** Send worker_ready unless one is already awaiting its welcome (debounce bursts of errors). */
-  private sendReady(force: boolean): void {
+  private sendReady(force: boolean, auth: WorkerAuth | undefined = this.opts.auth): void {
     if (this.state !== 'running') return;
     const now = this.clock.nowMs();
     if (!force && this.readySentAtMs !== null && now - this.readySentAtMs < this.heartbeatMs) return;
@@ -512,7 +525,7 @@ class WorkerRuntime implements Worker {
       capacity: this.requestedCapacity,
       sdk: this.opts.sdk ?? SDK_NAME,
       instance: this.instance,
-      ...(this.opts.auth ? { auth: this.opts.auth } : {}),
+      ...(auth ? { auth } : {}),
     });
   }
 
@@ -542,22 +555,9 @@ class WorkerRuntime implements Worker {
    * hook applies. Never throws, never rejects.
    */
   private send(msg: WorkerMessage, onSent?: () => void, frame?: string): void {
-    const hooks = this.opts.hooks;
-    const resultHooked = msg.type === 'turn_result' && hooks?.beforeSendResult !== undefined;
-    const sendHooked = hooks?.beforeSend !== undefined;
-    if (!resultHooked && !sendHooked) {
-      this.queueFrames([frame === undefined ? msg : { type: msg.type, encoded: frame }], onSent);
-      return;
-    }
-    let out: WorkerMessage[];
-    try {
-      out = resultHooked ? hooks!.beforeSendResult!(msg as TurnResult) : [msg];
-      if (sendHooked) out = out.flatMap((m) => hooks!.beforeSend!(m));
-    } catch (e) {
-      this.log.error({ err: toError(e), type: msg.type }, 'send hook threw; sending unchanged');
-      out = [msg];
-    }
-    if (out.length === 0) onSent?.();
+    const out = applySendHooks(this.opts.hooks, msg, this.log);
+    if (out === undefined) this.queueFrames([frame === undefined ? msg : { type: msg.type, encoded: frame }], onSent);
+    else if (out.length === 0) onSent?.();
     else this.queueFrames(out, onSent);
   }
 

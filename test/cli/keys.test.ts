@@ -50,6 +50,30 @@ describe('corral keys', () => {
     for (const sub of ['init', 'add-worker', 'list', 'revoke']) expect((await corral('keys', sub, '--help')).code).toBe(0);
   });
 
+  it('add-worker --agents stores the scope, list shows it, and a bad scope exits 2 and issues nothing', async () => {
+    const scoped = await corral('keys', 'add-worker', 'w-scoped', '--agents', 'support-*', 'billing', 'support-*');
+    expect(scoped.code, scoped.stderr).toBe(0);
+    const list = await corral('keys', 'list', '--json');
+    const entries = JSON.parse(list.stdout) as Array<{ worker_id: string; agents?: string[] }>;
+    expect(entries.find((e) => e.worker_id === 'w-scoped')?.agents).toEqual(['support-*', 'billing']);
+    const text = (await corral('keys', 'list')).stdout;
+    expect(text).toMatch(/^w-scoped\t\S{40}\tcapacity=-\tagents=support-\*,billing\t/m);
+    expect(text).toMatch(/^w1\t\S{40}\tcapacity=2\tagents=all\t/m);
+
+    for (const [args, why] of [
+      [['--agents', 'bad agent'], /invalid agent pattern "bad agent"/],
+      [['--agents', 'a*b'], /invalid agent pattern "a\*b"/],
+      [['--agents', ''], /may not be empty/],
+      [['--agents', ...Array.from({ length: 65 }, (_, i) => `agent-${i}`)], /at most 64 patterns/],
+    ] as const) {
+      const r = await corral('keys', 'add-worker', 'w-bad', ...args);
+      expect(r.code, r.stderr).toBe(2);
+      expect(r.stderr).toMatch(why);
+    }
+    const after = JSON.parse((await corral('keys', 'list', '--json')).stdout) as Array<{ worker_id: string }>;
+    expect(after.map((e) => e.worker_id)).not.toContain('w-bad');
+  });
+
   it('add-worker --out leaves an existing folder as it is, and creates a missing one 0700', async () => {
     // an app's folder, which the embedded PostgreSQL (another OS user when run as root) must reach
     const shared = join(home, 'app');

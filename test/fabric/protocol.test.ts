@@ -21,6 +21,14 @@ const buf = (o: unknown): Buffer => Buffer.from(JSON.stringify(o));
 const validWorker: WorkerMessage[] = [
   { v: 1, type: 'worker_ready', worker_id: 'w-1', capacity: 4 },
   { v: 1, type: 'worker_ready', worker_id: 'host:a.b_c-9', capacity: 1024, sdk: 'x/1', auth: { scheme: 'token', credential: 's' } },
+  { v: 1, type: 'worker_ready', worker_id: 'w-1', capacity: 1, auth: { scheme: 'key', credential: 's' } },
+  {
+    v: 1,
+    type: 'worker_ready',
+    worker_id: 'w-1',
+    capacity: 1,
+    auth: { scheme: 'key', credential: 's', nonce: 'A'.repeat(43), proof: 'Nx176iIb1F4YfY5UyNc0-1M4wkQrLT8h2Mw9TbhCtWM' },
+  },
   { v: 1, type: 'worker_heartbeat', worker_id: 'w-1', in_flight: 0 },
   { v: 1, type: 'turn_accepted', turn_ref: ref },
   { v: 1, type: 'turn_progress', turn_ref: ref },
@@ -99,6 +107,19 @@ describe('parseWorkerMessage', () => {
       buf({ v: 1, type: 'turn_result', turn_ref: ref, messages: Array.from({ length: 1001 }, () => ({ role: 'tool', content: 1 })) }),
       'invalid_message',
     ],
+    ...(
+      [
+        ['nonce of 42 chars', { nonce: 'A'.repeat(42) }],
+        ['nonce of 44 chars', { nonce: 'A'.repeat(44) }],
+        ['nonce with padding', { nonce: `${'A'.repeat(42)}=` }],
+        ['proof with + (not base64url)', { proof: `${'A'.repeat(42)}+` }],
+        ['proof not a string', { proof: 7 }],
+      ] as const
+    ).map(([name, auth]): [string, Buffer, string] => [
+      name,
+      buf({ v: 1, type: 'worker_ready', worker_id: 'w', capacity: 1, auth: { scheme: 'key', credential: 's', ...auth } }),
+      'invalid_message',
+    ]),
     ['error without retryable', buf({ v: 1, type: 'turn_error', turn_ref: ref, error: { code: 'x', message: 'y' } }), 'invalid_message'],
   ];
   it.each(invalid)('refuses %s', (_name, frame, code) => {
@@ -170,6 +191,8 @@ describe('daemon messages', () => {
     { v: 1, type: 'turn_rejected', turn_ref: ref, reason: 'stale_epoch' },
     { v: 1, type: 'turn_rejected', turn_ref: ref, reason: 'lease_expired', detail: 'expired 3 s ago' },
     { v: 1, type: 'error', code: 'not_registered', message: 'send worker_ready first' },
+    { v: 1, type: 'error', code: 'rate_limited', message: 'too many registrations of this key' },
+    { v: 1, type: 'worker_challenge', worker_id: 'w-1', nonce: 'AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8' },
   ];
 
   it('round-trips every daemon message type', () => {
@@ -189,6 +212,14 @@ describe('daemon messages', () => {
   it("refuses a welcome's capacity outside 1..1024", () => {
     const welcome = { v: 1, type: 'worker_welcome', worker_id: 'w-1', heartbeat_interval_ms: 2000, progress_interval_ms: 10000 };
     for (const capacity of [0, 1025, 1.5, '2']) expect(parseDaemonMessage(buf({ ...welcome, capacity })).ok).toBe(false);
+  });
+
+  it('refuses a challenge whose nonce is not 43 characters of base64url, or without its worker id', () => {
+    const challenge = { v: 1, type: 'worker_challenge', worker_id: 'w-1', nonce: 'A'.repeat(43) };
+    for (const nonce of ['A'.repeat(42), 'A'.repeat(44), `${'A'.repeat(42)}/`, 43]) {
+      expect(parseDaemonMessage(buf({ ...challenge, nonce })).ok).toBe(false);
+    }
+    expect(parseDaemonMessage(buf({ ...challenge, worker_id: undefined })).ok).toBe(false);
   });
 
   it('reports unknown daemon types as unknown_type (workers skip them)', () => {
@@ -239,6 +270,22 @@ describe('turn_rejected reasons', () => {
       )
       .map((l) => /^\| `([a-z_]+)` \|/.exec(l)?.[1]);
     expect(documented.sort()).toEqual([...TURN_REJECTED_REASONS].sort());
+  });
+});
+
+describe('protocol error codes', () => {
+  it('are the ones docs/protocol.md §10 lists', async () => {
+    const { readFile } = await import('node:fs/promises');
+    const { PROTOCOL_ERROR_CODES } = await import('../../src/fabric/protocol.ts');
+    const doc = await readFile(new URL('../../docs/protocol.md', import.meta.url), 'utf8');
+    const rows = doc.slice(doc.indexOf('| code | cause |')).split('\n').slice(2);
+    const documented = rows
+      .slice(
+        0,
+        rows.findIndex((l) => !l.startsWith('|')),
+      )
+      .map((l) => /^\| `([a-z_]+)` \|/.exec(l)?.[1]);
+    expect(documented.sort()).toEqual([...PROTOCOL_ERROR_CODES].sort());
   });
 });
 

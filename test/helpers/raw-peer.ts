@@ -4,6 +4,7 @@
  */
 import { Dealer } from 'zeromq';
 import { parseDaemonMessage, type DaemonMessage } from '../../src/fabric/protocol.ts';
+import { workerProof } from '../../src/fabric/proof.ts';
 import { waitFor } from './wait.ts';
 
 /** A received message as loose JSON (tests read fields the protocol types do not name). */
@@ -89,11 +90,30 @@ export class RawPeer {
     return this.next('worker_welcome');
   }
 
-  /** Takes the first message of `type` (optionally matching `where`) from the inbox, waiting for it. */
+  /**
+   * Registers with a key file's credentials the way docs/protocol.md §13 says: `worker_ready`
+   * with the token, then again with the key proof over the challenge's nonce; waits for the
+   * welcome (or returns the `error` the daemon answered instead).
+   */
+  async registerWithKey(
+    key: { worker_id: string; token: string; secret_key: string; server_key: string },
+    capacity = 1,
+    extra: Record<string, unknown> = {},
+  ): Promise<Msg> {
+    const auth = { scheme: 'key', credential: key.token };
+    await this.send({ type: 'worker_ready', worker_id: key.worker_id, capacity, auth, ...extra });
+    const challenge = await this.next('worker_challenge', (m) => m.worker_id === key.worker_id);
+    const nonce = challenge.nonce as string;
+    const proof = workerProof(key.secret_key, key.server_key, key.worker_id, nonce);
+    await this.send({ type: 'worker_ready', worker_id: key.worker_id, capacity, auth: { ...auth, nonce, proof }, ...extra });
+    return this.next('', (m) => m.type === 'worker_welcome' || m.type === 'error');
+  }
+
+  /** Takes the first message of `type` ('' = any type) matching `where` from the inbox, waiting for it. */
   async next(type: string, where: (m: Msg) => boolean = () => true, timeoutMs = 15_000): Promise<Msg> {
     return waitFor(
       () => {
-        const i = this.inbox.findIndex((m) => m.type === type && where(m));
+        const i = this.inbox.findIndex((m) => (type === '' || m.type === type) && where(m));
         return i >= 0 ? this.inbox.splice(i, 1)[0] : undefined;
       },
       { timeoutMs, what: `${type} for ${this.id ?? 'a raw peer'}` },

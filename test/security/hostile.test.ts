@@ -5,7 +5,7 @@
  *  - a revoked worker is dropped without a restart, told why, refused from then on, and its turn
  *    commits on another worker;
  *  - under floods (garbage, oversized frames, ~24 MB of overlong turn_refs, 1000 registrations,
- *    3000 forged results, connections past the cap) the broker keeps running, `corral.workers`
+ *    3000 forged results, 100 connections of one key) the broker keeps running, `corral.workers`
  *    holds only allow-listed ids, a legitimate turn commits within 15 s, the process grows by
  *    less than 300 MB RSS, and the forged results cost fewer than 1500 transactions.
  */
@@ -259,18 +259,26 @@ describe('fabric security against hostile peers', () => {
     workers.delete('rev-1');
   });
 
-  it("binds a registration to the token, not to the key: any allow-listed key with a worker's token registers as that worker", async () => {
+  it("binds a worker id to its own key: another key's connection with the worker's token is refused unauthorized", async () => {
     const victim = addWorkerKey(paths(), serverKey(), 'victim');
     await waitFor(() => t.daemon.security!.authenticator.has('victim'), { what: 'victim allow-listed' });
-    // the intruder's keypair (admitted by ZAP) with the victim's token
+    const before = t.daemon.broker.stats().registrationRefused;
+    // the intruder's keypair (admitted by ZAP) with the victim's token: the token alone is refused
     const p = peer(intruderCurve());
     await p.sendJson({ v: 1, type: 'worker_ready', worker_id: 'victim', capacity: 1, auth: { scheme: 'token', credential: victim.token } });
-    const [welcome] = await p.waitFor('worker_welcome', 1, 10_000);
-    expect(welcome).toMatchObject({ worker_id: 'victim' });
-    expect(t.daemon.broker.isRegistered('victim')).toBe(true);
+    expect(await p.next('error')).toMatchObject({ code: 'unauthorized', message: expect.stringMatching(/prove the key/) });
+    // and with the key scheme it is challenged, but can only prove its own key
+    const answer = await p.registerWithKey({ ...victim, secret_key: intruder.secret_key });
+    expect(answer).toMatchObject({ type: 'error', code: 'unauthorized', message: 'bad key proof' });
+    expect(t.daemon.broker.isRegistered('victim')).toBe(false);
+    expect(p.ofType('worker_welcome')).toHaveLength(0);
+    expect(t.daemon.broker.stats().registrationRefused).toBe(before + 2);
+    // the victim's own key registers it
+    const own = peer(workerCredentials(victim).curve);
+    expect(await own.registerWithKey(victim)).toMatchObject({ type: 'worker_welcome', worker_id: 'victim' });
     expect(revokeWorkerKey(paths(), 'victim')).toBe(true);
     await waitFor(() => !t.daemon.broker.isRegistered('victim'), { what: 'victim revoked' });
-    await p.close();
+    await Promise.all([p.close(), own.close()]);
   });
 
   it('refuses an oversized event at enqueue and writes nothing', async () => {
@@ -334,14 +342,7 @@ describe('fabric security against hostile peers', () => {
 
     // 4. a registered insider floods forged replies for deliveries this daemon never made
     const insider = peer(intruderCurve());
-    await insider.sendJson({
-      v: 1,
-      type: 'worker_ready',
-      worker_id: 'intruder',
-      capacity: 1,
-      auth: { scheme: 'token', credential: intruder.token },
-    });
-    await insider.waitFor('worker_welcome', 1, 5_000);
+    expect(await insider.registerWithKey(intruder)).toMatchObject({ type: 'worker_welcome' });
     const xactBefore = await commits();
     for (let i = 0; i < 3_000; i++) {
       await insider.sendJson({ v: 1, type: 'turn_result', turn_ref: makeTurnRef({ agent_uid: 'legit' }), messages: [] });
@@ -349,10 +350,11 @@ describe('fabric security against hostile peers', () => {
     // each is answered (backpressure may drop some answers; the count is what matters)
     await insider.waitFor('turn_rejected', 1_000, 20_000);
 
-    // 5. many idle connections, past the connection cap
+    // 5. many idle connections with one key: refused past its per-key limit (the daemon's cap stays free)
     const idle: RawPeer[] = [];
     for (let i = 0; i < 100; i++) idle.push(peer(intruderCurve()));
-    await waitFor(() => broker.stats().connectionsRefused > 0, { what: 'connection cap enforced', timeoutMs: 10_000 });
+    await waitFor(() => broker.stats().keyConnectionsRefused >= 90, { what: 'per-key connection limit enforced', timeoutMs: 15_000 });
+    expect(broker.stats().connections).toBeLessThan(20);
 
     // the broker is alive, the legit workers still registered, and a legit turn commits in time
     expect(broker.stats().state).toBe('running');

@@ -6,6 +6,7 @@ import { silentLogger } from '../../src/logger.ts';
 import { createExampleHandler, runExampleWorker } from '../../src/worker/example.ts';
 import { createWorker, type TurnHandler, type Worker, type WorkerOptions } from '../../src/worker/sdk.ts';
 import { makeTurnRef, makeTurnStart, waitFor } from '../fabric/helpers.ts';
+import { startCurveBroker } from '../security/curve-broker.ts';
 
 const cleanups: Array<() => unknown> = [];
 afterEach(async () => {
@@ -215,6 +216,45 @@ describe('worker SDK end to end', () => {
     for (const ref of refs) await dispatch(h, { delayMs: 100, text: 'c' }, ref);
     await waitFor(() => h.of('turn_result').length === 2, 'two results');
     expect(h.of('turn_error')).toEqual([]);
+  });
+
+  it('with CURVE, answers the daemon’s challenge with the key proof, once per nonce, and runs turns', async () => {
+    const b = await startCurveBroker({ heartbeatIntervalMs: 100 });
+    cleanups.push(() => b.stop());
+    const key = b.issue('w-curve', { agents: ['agent-*'] });
+    const received: DaemonMessage[] = [];
+    const sent: string[] = [];
+    const worker = createWorker({
+      endpoint: b.broker.endpoint,
+      workerId: 'w-curve',
+      handler: createExampleHandler(),
+      logger: silentLogger,
+      heartbeatIntervalMs: 100,
+      curve: { serverKey: key.server_key, publicKey: key.public_key, secretKey: key.secret_key },
+      auth: { scheme: 'key', credential: key.token },
+      hooks: {
+        onReceive: (m) => void received.push(m),
+        beforeSend: (m) => {
+          if (m.type === 'worker_ready') sent.push(m.auth?.proof === undefined ? 'ask' : `proof:${m.auth.nonce}`);
+          return [m];
+        },
+      },
+    });
+    cleanups.push(() => worker.stop());
+    await worker.start();
+    await waitFor(() => worker.isRegistered() && b.broker.isRegistered('w-curve'), 'registration with a key proof');
+    const nonces = received.flatMap((m) => (m.type === 'worker_challenge' ? [m.nonce] : []));
+    expect(nonces.length).toBeGreaterThanOrEqual(1);
+    // each distinct nonce answered exactly once, even when the daemon sent it again
+    expect(sent.filter((x) => x.startsWith('proof:')).sort()).toEqual([...new Set(nonces)].map((n) => `proof:${n}`).sort());
+    expect(b.events.find((e) => e.kind === 'worker_ready')).toMatchObject({ workerId: 'w-curve', agents: ['agent-*'] });
+    const ref = makeTurnRef();
+    expect(await b.broker.send('w-curve', makeTurnStart({ text: 'proven' }, ref))).toEqual({ ok: true });
+    await waitFor(() => b.events.some((e) => e.kind === 'turn_result' && e.turnRef.delivery_id === ref.delivery_id), 'the result');
+
+    // forgotten by the daemon, it proves its key again over a new nonce
+    b.broker.forget('w-curve');
+    await waitFor(() => b.broker.isRegistered('w-curve') && new Set(sent.filter((x) => x.startsWith('proof:'))).size >= 2, 'proved again');
   });
 
   it('two processes sharing one id and token take the route from each other in turn (neither is starved)', async () => {

@@ -59,19 +59,28 @@ export function registerKeysCommands(program: Command, config: ConfigFn, run: Ru
     .argument('<id>', 'the worker id (1..64 chars of [A-Za-z0-9._:-])')
     .option('--capacity <n>', 'cap the capacity this worker may register with', capacityArg)
     .option(
+      '--agents <pattern...>',
+      'the agents this key may be given turns of and emit to: agent_uids, or prefixes ending in * (default: every agent)',
+    )
+    .option(
       '--out <file>',
       'write the key file here (mode 0600) instead of printing it; a missing folder is created 0700, an existing one is left as it is',
     )
     .option('--force', 'overwrite --out if it exists')
-    .action((id: string, o: { capacity?: number; out?: string; force?: boolean }) =>
+    .action((id: string, o: { capacity?: number; agents?: string[]; out?: string; force?: boolean }) =>
       run(
         (async () => {
           const { keys, paths: p } = await paths(config());
+          // checked before anything is written: a bad pattern issues no key
+          const agents = o.agents === undefined ? undefined : keys.checkedScope(o.agents);
           if (o.out && existsSync(o.out) && !o.force) {
             throw new CorralError('invalid_argument', `${o.out} exists (use --force to overwrite)`);
           }
           const { keys: pair } = keys.ensureDaemonKey(p);
-          const issued = keys.addWorkerKey(p, pair.publicKey, id, o.capacity === undefined ? {} : { capacity: o.capacity });
+          const issued = keys.addWorkerKey(p, pair.publicKey, id, {
+            ...(o.capacity === undefined ? {} : { capacity: o.capacity }),
+            ...(agents === undefined ? {} : { agents }),
+          });
           const text = keys.formatWorkerKeyFile(issued);
           if (o.out) {
             keys.writePrivateFile(resolve(o.out), text);
@@ -87,7 +96,7 @@ export function registerKeysCommands(program: Command, config: ConfigFn, run: Ru
 
   cmd
     .command('list')
-    .description('list the allow-listed workers (public keys only; no secrets)')
+    .description('list the allow-listed workers: public keys, capacity caps, agent scopes (no secrets)')
     .option('--json', 'JSON output')
     .action((o: { json?: boolean }) =>
       run(
@@ -106,7 +115,8 @@ export function registerKeysCommands(program: Command, config: ConfigFn, run: Ru
           }
           if (entries.length === 0) io.out.write(`no workers on the allow-list (${p.allowlist})\n`);
           for (const e of entries) {
-            io.out.write(`${e.worker_id}\t${e.public_key}\tcapacity=${e.capacity ?? '-'}\t${e.created_at ?? ''}\n`);
+            const agents = e.agents === undefined ? 'all' : e.agents.join(',');
+            io.out.write(`${e.worker_id}\t${e.public_key}\tcapacity=${e.capacity ?? '-'}\tagents=${agents}\t${e.created_at ?? ''}\n`);
           }
           return 0;
         })(),
