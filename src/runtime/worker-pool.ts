@@ -18,7 +18,6 @@
  */
 import { agentInScope, type AgentScope } from '../agent-scope.ts';
 
-
 /** First back-off after a hand-back, and the longest. */
 export const HAND_BACK_BACKOFF_MIN_MS = 200;
 export const HAND_BACK_BACKOFF_MAX_MS = 60_000;
