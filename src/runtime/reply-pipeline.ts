@@ -12,8 +12,8 @@
  */
 import { FenceRejected } from '../errors.ts';
 import type { BrokerEvent } from '../fabric/broker.ts';
-import type { DaemonMessage } from '../fabric/protocol.ts';
-import { storableText, unstorableReason } from '../json-safety.ts';
+import { resultValuesProblem, type DaemonMessage } from '../fabric/protocol.ts';
+import { storableText } from '../json-safety.ts';
 import type { Logger } from '../logger.ts';
 import type { Dispatcher } from './dispatcher.ts';
 import { fenceFields, fromWire, type Fence, type WireTurnRef } from './fence.ts';
@@ -77,9 +77,10 @@ export class ReplyPipeline {
 
   result(e: ResultEvent): void {
     this.opts.dispatcher.workerFinished(e.workerId, fromWire(e.turnRef));
-    const unstorable = unstorableReason({ messages: e.messages, output: e.output ?? null });
+    // the shape limits: each stored value is walked once, before any transaction
+    const unstorable = resultValuesProblem({ messages: e.messages, output: e.output });
     if (unstorable) {
-      this.refuseUnstorable(e.workerId, e.turnRef, unstorable);
+      this.refuseUnstorable(e.workerId, e.turnRef, unstorable.why);
       return;
     }
     // effects hook: a result whose `emit` breaks the limits is refused before any transaction

@@ -64,6 +64,24 @@ describe('unstorable content', () => {
     });
   }
 
+  it('the library refuses an event or a steering input nested deeper than 100 levels before writing anything', async () => {
+    const { daemon } = t;
+    let deep: unknown = 'x';
+    for (let i = 0; i < 10_000; i++) deep = { a: deep };
+    await expect(daemon.events.enqueueActorEvent(daemon.database.db, actorKey('unstorable', 'deep'), deep)).rejects.toMatchObject({
+      code: 'invalid_argument',
+      message: expect.stringMatching(/nested deeper than 100 levels/),
+    });
+    await expect(daemon.steer(actorKey('unstorable', 'deep'), deep)).rejects.toMatchObject({
+      code: 'invalid_argument',
+      message: expect.stringMatching(/nested deeper than 100 levels/),
+    });
+    const r = await daemon.database.pool.query(
+      `select 1 from corral.turns t join corral.conversations c on c.id = t.conversation_id where c.session_id = 'deep'`,
+    );
+    expect(r.rowCount).toBe(0);
+  });
+
   it('a clean result still commits', async () => {
     const { daemon } = t;
     const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('unstorable', 'clean'), { kind: 'ok' });
@@ -75,7 +93,7 @@ describe('unstorable content', () => {
   });
 
   it('corral send refuses such JSON with a usage error (exit 2) before touching the database', async () => {
-    for (const json of ['{"t":"a\\u0000b"}', '{"t":"\\ud800"}', '{"n":1e400}']) {
+    for (const json of ['{"t":"a\\u0000b"}', '{"t":"\\ud800"}', '{"n":1e400}', `${'['.repeat(101)}${']'.repeat(101)}`]) {
       // stdout and stderr are complete once the process has closed them
       const r = await run([CORRAL, 'send', 'a/b', json], { DATABASE_URL: 'postgres://nobody@127.0.0.1:1/none' });
       expect(r.code, r.stderr).toBe(2);
