@@ -2,6 +2,7 @@
 import { describe, expect, it } from 'vitest';
 import { isLocalEndpoint, loadConfig } from '../../src/config.ts';
 import { newToken, tokenHash, tokenMatches, z85Encode } from '../../src/fabric/keys.ts';
+import { loggableError } from '../../src/errors.ts';
 import { MAX_JSON_DEPTH, TOO_DEEP, pruneDeepJson, storableText, unstorableReason } from '../../src/json-safety.ts';
 
 describe('z85Encode', () => {
@@ -74,6 +75,15 @@ describe('unstorableReason', () => {
     expect(pruneDeepJson('[[1],[[2]],3]', 1)).toBe(`[${JSON.stringify(TOO_DEEP)},${JSON.stringify(TOO_DEEP)},3]`);
     const million = '['.repeat(1_000_000) + ']'.repeat(1_000_000);
     expect(pruneDeepJson(million, 2)).toBe(`[[${JSON.stringify(TOO_DEEP)}]]`);
+  });
+
+  it('loggableError bounds what an error puts in a log line', () => {
+    const huge = new Error(`Failed query: insert ... params: ${'['.repeat(500_000)}`, { cause: new Error('x'.repeat(10_000)) });
+    Object.assign(huge, { query: 'q'.repeat(100_000), params: ['p'.repeat(100_000)] });
+    const logged = loggableError(huge);
+    expect(JSON.stringify(logged).length).toBeLessThan(8_000);
+    expect(logged).toMatchObject({ type: 'Error', message: expect.stringMatching(/^Failed query.*more characters\)$/) });
+    expect(logged).not.toHaveProperty('params');
   });
 
   it('storableText replaces what cannot be stored', () => {
