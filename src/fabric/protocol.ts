@@ -51,11 +51,12 @@ export const MAX_EMIT_DELAY_MS = 30 * 86_400_000;
 
 /**
  * Reasons the daemon gives in `turn_rejected`: every fence reason, `unstorable` (a result
- * PostgreSQL cannot store, or nested deeper than MAX_JSON_DEPTH) and `emit_limit` (a result's
- * `emit` breaks the limits: too many entries, an entry too large, an unknown actor key or delay).
- * The list may grow; receivers must accept others.
+ * PostgreSQL cannot store, or nested deeper than MAX_JSON_DEPTH), `emit_limit` (a result's `emit`
+ * breaks the limits: too many entries, an entry too large, an unknown actor key or delay) and
+ * `commit_failed` (the daemon could not write the final message; the attempt is failed). The list
+ * may grow; receivers must accept others.
  */
-export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'unstorable', 'emit_limit'] as const;
+export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'unstorable', 'emit_limit', 'commit_failed'] as const;
 
 /** Codes of the protocol-level `error` message. */
 export const PROTOCOL_ERROR_CODES = [
