@@ -1,6 +1,8 @@
 /**
  * Content PostgreSQL cannot store (NUL, lone surrogates) and numbers JSON cannot keep: refused at
  * once with a clear reason, never left to hang until a lease runs out, never silently changed.
+ * The reference SDK refuses such an outcome itself (`turn_error{unstorable_result}`); the daemon's
+ * own refusal of a raw peer's result is in bounded-results.test.ts.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { actorKey } from '../../src/actor-key.ts';
@@ -39,20 +41,19 @@ describe('unstorable content', () => {
   });
 
   for (const kind of ['nul', 'surrogate'] as const) {
-    it(`answers a result with ${kind === 'nul' ? 'a NUL' : 'a lone surrogate'} with turn_rejected{unstorable} at once and fails the turn`, async () => {
+    it(`fails a turn whose outcome has ${kind === 'nul' ? 'a NUL' : 'a lone surrogate'} at once, without sending it`, async () => {
       const { daemon } = t;
       const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('unstorable', kind), { kind });
       const started = Date.now();
-      const rejected = await waitFor(() => received.find((m) => m.type === 'turn_rejected' && m.turn_ref.event_id === eventId), {
-        what: 'turn_rejected',
+      const failed = await waitFor(() => received.find((m) => m.type === 'turn_failed' && m.turn_ref.event_id === eventId), {
+        what: 'turn_failed',
         timeoutMs: 5_000,
       });
-      expect(rejected).toMatchObject({ reason: 'unstorable' });
-      expect(rejected.type === 'turn_rejected' && rejected.detail).toMatch(/cannot store/);
+      expect(failed).toMatchObject({ dead_lettered: true });
       const turn = await waitFor(
         async () =>
           (
-            await daemon.database.pool.query<{ status: string; error: { code: string } }>(
+            await daemon.database.pool.query<{ status: string; error: { code: string; message: string } }>(
               `select status, error from corral.turns where event_id = $1 and status = 'failed'`,
               [eventId],
             )
@@ -60,6 +61,7 @@ describe('unstorable content', () => {
         { what: 'turn failed', timeoutMs: 5_000 },
       );
       expect(turn.error.code).toBe('unstorable_result');
+      expect(turn.error.message).toMatch(/cannot store/);
       expect(Date.now() - started).toBeLessThan(5_000);
     });
   }
