@@ -89,6 +89,33 @@ export function errorMessage(e: unknown): string {
   return err.message;
 }
 
+/** Longest message (and stack) of an error as logged. */
+const LOGGED_ERROR_CHARS = 2_000;
+/** Lines of a stack trace kept in a log line. */
+const LOGGED_STACK_LINES = 12;
+
+/**
+ * An error as a log line holds it, bounded: its name, code, message and stack cut to a couple of
+ * KiB, its cause's message. Drizzle's messages carry the whole statement and its parameters (a
+ * worker's result, up to the frame limit) and enumerable fields repeat them: none of that is logged.
+ */
+export function loggableError(e: unknown): Record<string, unknown> {
+  const err = toError(e);
+  const out: Record<string, unknown> = { type: err.name, message: cut(err.message, LOGGED_ERROR_CHARS) };
+  const code = (err as { code?: unknown }).code;
+  if (typeof code === 'string' || typeof code === 'number') out.code = code;
+  if (typeof err.stack === 'string') {
+    const lines = err.stack.split('\n', LOGGED_STACK_LINES).map((l) => cut(l, 300));
+    out.stack = cut(lines.join('\n'), LOGGED_ERROR_CHARS);
+  }
+  if (err.cause !== undefined) out.cause = cut(errorMessage(err.cause), LOGGED_ERROR_CHARS);
+  return out;
+}
+
+function cut(s: string, max: number): string {
+  return s.length <= max ? s : `${s.slice(0, max)}… (${s.length - max} more characters)`;
+}
+
 /**
  * The database errors corral tells apart, in one place. Drivers and Drizzle wrap errors (a
  * DrizzleQueryError's cause is the driver's error): every check looks through `cause`.

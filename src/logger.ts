@@ -3,6 +3,7 @@
  * their name; the live path adds actor key, epoch and event id to every line.
  */
 import { pino, type Logger, type LevelWithSilent } from 'pino';
+import { loggableError } from './errors.ts';
 
 export type { Logger };
 
@@ -13,15 +14,19 @@ export interface LoggerOptions {
   destination?: number;
 }
 
+/** Every `err` field is logged bounded (src/errors.ts, `loggableError`). */
+const serializers = { err: loggableError };
+
 export function createLogger(opts: LoggerOptions = {}): Logger {
   const level = opts.level ?? 'info';
   if (opts.pretty) {
     return pino({
       level,
+      serializers,
       transport: { target: 'pino-pretty', options: { colorize: true, destination: opts.destination ?? 1 } },
     });
   }
-  return pino({ level, base: { pid: process.pid } }, pino.destination({ dest: opts.destination ?? 1, sync: false }));
+  return pino({ level, base: { pid: process.pid }, serializers }, pino.destination({ dest: opts.destination ?? 1, sync: false }));
 }
 
 /** A logger that drops everything (tests, library use without logging). */

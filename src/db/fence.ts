@@ -165,16 +165,22 @@ export async function loadFenceRowsMany(tx: DbOrTx, jobs: JobTable, deliveryIds:
   );
 }
 
-/** Locks the fence rows and throws `FenceRejected` unless the fence holds (for `workerId`, if given). */
+/**
+ * Locks the fence rows and throws `FenceRejected` unless the fence holds (for `workerId`, if
+ * given). With `lateSteer`, a fence that only missed later steers holds too (`checkFenceLateSteer`:
+ * a worker's final message about the turn, which it no longer runs).
+ */
 export async function lockFence(
   tx: DbOrTx,
   jobs: JobTable,
   fence: Fence,
   workerId?: string,
+  opts: { lateSteer?: boolean } = {},
 ): Promise<{ delivery: DeliveryRow; activation: ActivationRow }> {
   if (!isUuid(fence.deliveryId)) throw new FenceRejected('unknown_delivery');
   const rows = (await loadFenceRowsMany(tx, jobs, [fence.deliveryId])).get(fence.deliveryId) ?? NO_FENCE_ROWS;
-  const reason = checkFence(fence, rows, workerId);
+  let reason = checkFence(fence, rows, workerId);
+  if (reason === 'stale_revision' && opts.lateSteer) reason = checkFenceLateSteer(fence, rows, workerId);
   if (reason) throw new FenceRejected(reason);
   return { delivery: rows.delivery!, activation: rows.activation! };
 }

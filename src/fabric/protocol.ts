@@ -16,6 +16,7 @@
  */
 import { z } from 'zod';
 import { FENCE_REASONS } from '../errors.ts';
+import { MAX_JSON_DEPTH, pruneDeepJson, unstorableReason } from '../json-safety.ts';
 
 export const PROTOCOL_VERSION = 1;
 export { DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PROGRESS_INTERVAL_MS } from '../defaults.ts';
@@ -23,6 +24,18 @@ export const MAX_RESULT_MESSAGES = 1000;
 export const MAX_CAPACITY = 1024;
 /** Longest `turn_ref` (as JSON) accepted from a worker. */
 export const MAX_TURN_REF_CHARS = 2048;
+/**
+ * The deepest nesting a worker's frame keeps: the value of the deepest field that takes JSON
+ * (`messages[].content`, `emit[].data`: three levels down) may be MAX_JSON_DEPTH deep. Whatever
+ * opens deeper is cut before the frame is parsed (see `parseWorkerMessage`).
+ */
+export const MAX_FRAME_DEPTH = MAX_JSON_DEPTH + 3;
+/**
+ * The messages whose JSON values are judged after parsing: a value too deep in them is refused for
+ * its turn (`turn_rejected{unstorable}`, `emit_limit`) or its request (`invalid_params`). Any
+ * other message nested deeper than MAX_FRAME_DEPTH is `invalid_message`.
+ */
+const JUDGED_AFTER_PARSING: ReadonlySet<string> = new Set(['turn_result', 'rpc_request']);
 
 /** A challenge nonce or a key proof (src/fabric/proof.ts): 32 bytes as base64url without padding. */
 export const PROOF_TEXT_PATTERN = /^[A-Za-z0-9_-]{43}$/;
@@ -41,11 +54,13 @@ export const MAX_EMIT_DELAY_MS = 30 * 86_400_000;
 
 /**
  * Reasons the daemon gives in `turn_rejected`: every fence reason, `unstorable` (a result
- * PostgreSQL cannot store), `emit_limit` (a result's `emit` breaks the limits: too many
- * entries, an entry too large, an unknown actor key or delay) and `emit_denied` (an emit to an
- * agent outside the worker key's scope). The list may grow; receivers must accept others.
+ * PostgreSQL cannot store, or nested deeper than MAX_JSON_DEPTH), `emit_limit` (a result's `emit`
+ * breaks the limits: too many entries, an entry too large, an unknown actor key or delay),
+ * `emit_denied` (an emit to an agent outside the worker key's scope) and `commit_failed` (the
+ * daemon could not write the final message; the attempt is failed). The list may grow; receivers
+ * must accept others.
  */
-export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'unstorable', 'emit_limit', 'emit_denied'] as const;
+export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'unstorable', 'emit_limit', 'emit_denied', 'commit_failed'] as const;
 
 /** Codes of the protocol-level `error` message. */
 export const PROTOCOL_ERROR_CODES = [
@@ -182,6 +197,33 @@ export const turnResultSchema = z.object({
   /** Events to enqueue exactly once with the commit (at most MAX_EMITS; more is `emit_limit`). */
   emit: z.array(z.unknown()).optional(),
 });
+
+/**
+ * Why a result's stored values (each message's `content`, the `output`, and with `emit`, each
+ * entry's `data`) cannot be stored: nested deeper than MAX_JSON_DEPTH or holding what jsonb
+ * cannot keep (src/json-safety.ts). Names the field and the path of the first offender; null
+ * when every value can be stored. Each value is walked once.
+ */
+export function resultValuesProblem(result: {
+  messages: readonly { content?: unknown }[];
+  output?: unknown;
+  emit?: readonly unknown[] | undefined;
+}): { field: 'messages' | 'output' | 'emit'; why: string } | null {
+  for (let i = 0; i < result.messages.length; i++) {
+    const why = unstorableReason(result.messages[i]?.content ?? null, `$.messages[${i}].content`);
+    if (why) return { field: 'messages', why };
+  }
+  if (result.output !== undefined) {
+    const why = unstorableReason(result.output, '$.output');
+    if (why) return { field: 'output', why };
+  }
+  for (let i = 0; i < (result.emit?.length ?? 0); i++) {
+    const e = result.emit![i];
+    const why = unstorableReason(e !== null && typeof e === 'object' ? (e as { data?: unknown }).data : null, `$.emit[${i}].data`);
+    if (why) return { field: 'emit', why };
+  }
+  return null;
+}
 
 /** What a handler contributes to a `turn_result`: its `turn_ref` is the worker's own copy of the daemon's, checked on arrival. */
 export const turnResultBodySchema = turnResultSchema.pick({ messages: true, output: true, emit: true });
@@ -424,13 +466,20 @@ export type ParseResult<T> = { ok: true; msg: T } | { ok: false; error: string; 
 // fatal: a frame of arbitrary bytes must be refused, not silently decoded to U+FFFD.
 const utf8 = new TextDecoder('utf-8', { fatal: true });
 
-function parseWith<T>(buf: Uint8Array, schema: z.ZodType<T>, knownTypes: readonly string[]): ParseResult<T> {
+function parseWith<T>(buf: Uint8Array, schema: z.ZodType<T>, knownTypes: readonly string[], maxDepth?: number): ParseResult<T> {
   try {
     let text: string;
     try {
       text = utf8.decode(buf);
     } catch {
       return { ok: false, code: 'invalid_message', error: 'payload is not valid UTF-8' };
+    }
+    // a subtree opened too deep is cut before parsing: parsing it would build one object per level
+    let pruned = false;
+    if (maxDepth !== undefined) {
+      const kept = pruneDeepJson(text, maxDepth);
+      pruned = kept !== text;
+      text = kept;
     }
     let raw: unknown;
     try {
@@ -454,6 +503,9 @@ function parseWith<T>(buf: Uint8Array, schema: z.ZodType<T>, knownTypes: readonl
     if (!knownTypes.includes(envelope.type)) {
       return { ok: false, code: 'unknown_type', error: `unknown message type ${JSON.stringify(envelope.type).slice(0, 80)}` };
     }
+    if (pruned && !JUDGED_AFTER_PARSING.has(envelope.type)) {
+      return { ok: false, code: 'invalid_message', error: `${envelope.type}: nested deeper than ${maxDepth} levels` };
+    }
     const parsed = schema.safeParse(raw);
     if (!parsed.success) {
       return { ok: false, code: 'invalid_message', error: `${envelope.type}: ${summarise(parsed.error)}` };
@@ -472,9 +524,14 @@ function summarise(err: z.ZodError): string {
     .join('; ');
 }
 
-/** Decode and validate one frame sent by a worker. Never throws. */
+/**
+ * Decode and validate one frame sent by a worker. Never throws. Arrays and objects nested deeper
+ * than MAX_FRAME_DEPTH are cut: in a `turn_result` or `rpc_request` each becomes the string
+ * TOO_DEEP (src/json-safety.ts), which no stored value may hold, so the daemon refuses it where
+ * it judges that field; any other message so deep is refused `invalid_message`.
+ */
 export function parseWorkerMessage(buf: Uint8Array): ParseResult<WorkerMessage> {
-  return parseWith(buf, workerMessageSchema, WORKER_MESSAGE_TYPES);
+  return parseWith(buf, workerMessageSchema, WORKER_MESSAGE_TYPES, MAX_FRAME_DEPTH);
 }
 
 /** Decode and validate one frame sent by the daemon. Never throws. */

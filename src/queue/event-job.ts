@@ -30,8 +30,8 @@ export interface ActorEventJob {
 
 /**
  * The payload as it will be stored, checked before anything is written: JSON-serialisable,
- * storable by jsonb (no NUL, no lone surrogate, no number JSON cannot keep), and at most
- * `maxBytes` of JSON. An event too large for the wire would otherwise hold a worker slot until
+ * within the shape limits of src/json-safety.ts (nested at most MAX_JSON_DEPTH deep, no NUL, no
+ * lone surrogate, no number JSON cannot keep), and at most `maxBytes` of JSON. An event too large for the wire would otherwise hold a worker slot until
  * its lease ran out, on every retry.
  */
 function toJsonPayload(event: unknown, maxBytes: number): unknown {
@@ -50,7 +50,11 @@ function toJsonPayload(event: unknown, maxBytes: number): unknown {
       details: { bytes, maxBytes },
     });
   }
-  return JSON.parse(text) as unknown;
+  const payload = JSON.parse(text) as unknown;
+  // what is stored, checked again: a `toJSON` may have made something the value did not hold
+  const stored = unstorableReason(payload);
+  if (stored) throw new CorralError('invalid_argument', `the event payload cannot be stored: ${stored}`);
+  return payload;
 }
 
 export function actorEventJob(key: ActorKey, event: unknown, maxEventBytes: number): ActorEventJob {

@@ -6,8 +6,14 @@
  * handed it back.
  *
  * Invariants:
- *  1. A turn holds at most one worker slot; it is released when its worker sends the final
- *     message (the worker runs it no longer), or when the attempt settles here, whichever comes first.
+ *  1. A turn holds at most one worker slot, from dispatch until the attempt settles here, or until
+ *     its worker's result has passed every check that needs no database (`workerFinished`: the
+ *     worker runs it no longer), whichever comes first. A turn released that way is *finishing*:
+ *     the reply pipeline settles it without the worker (committed, or its attempt failed) and
+ *     answers the result. At most `capacity` turns of a worker are finishing at once; a further
+ *     result keeps its slot until its turn settles. So a worker never has more than `capacity`
+ *     turns running and `capacity` finishing: its live deliveries never exceed twice its
+ *     capacity, and no result frees a slot for a turn that then stays live.
  *  2. Per actor, its operations run one at a time on its SessionController.
  *  3. A redirect is fenced: a delivery the watchdog already failed is not redirected.
  *  4. It never touches the socket: it sends through `Transport`, the broker's send queue.
@@ -42,6 +48,13 @@ export class Dispatcher {
   private readonly holders = new Map<string, SessionController>();
   /** Turns begun while no worker was free; dispatched when one frees up or registers. */
   private readonly parked: string[] = [];
+  /**
+   * Turns whose worker sent a final message (invariant 1), by event id: the delivery it named and,
+   * for a finishing turn, the worker whose result freed the slot (null: the slot was kept).
+   */
+  private readonly finals = new Map<string, { deliveryId: string; freedBy: string | null }>();
+  /** How many finishing turns each worker has. */
+  private readonly finishingPerWorker = new Map<string, number>();
   private parkedRetry: TimerHandle | null = null;
   private stopping = false;
   /** Fetched jobs begin in groups: one transaction for the turns begun meanwhile. */
@@ -308,20 +321,46 @@ export class Dispatcher {
   }
 
   /**
-   * The worker holding the turn sent its final message (result or error): it runs the turn no
-   * longer, so its slot goes to the next turn now, while the reply is still being committed (the
-   * worker already counts the slot free). Only the worker the turn was dispatched to, naming the
-   * delivery in flight here, frees it. The turn stays in flight until the attempt settles.
+   * The worker holding the turn sent its final message. With `free` (a result that passed the
+   * checks that need no database) the worker runs the turn no longer, so its slot goes to the
+   * next turn now, while the reply is still being written (the worker already counts the slot
+   * free); the caller then settles the turn and answers the message (invariant 1). Only the
+   * worker the turn was dispatched to, naming the delivery in flight here, frees it; only its
+   * first final message counts (a refused result or an error followed by a good result frees
+   * nothing); and only while it has fewer than `capacity` turns finishing. The turn stays in
+   * flight until the attempt settles.
    */
-  workerFinished(workerId: string, ref: Fence): void {
+  workerFinished(workerId: string, ref: Fence, free: boolean): void {
     const f = this.turnOf(ref.eventId);
     if (!f || f.workerId !== workerId) return;
     if (f.fence.deliveryId !== ref.deliveryId || f.fence.activationUid !== ref.activationUid || f.fence.actorEpoch !== ref.actorEpoch)
       return;
     if (this.opts.workers.workerOf(ref.eventId) !== workerId) return;
+    if (this.finals.get(ref.eventId)?.deliveryId === ref.deliveryId) return;
+    const finishing = this.finishingOf(workerId);
+    if (!free || finishing >= this.opts.workers.capacityOf(workerId)) {
+      this.finals.set(ref.eventId, { deliveryId: ref.deliveryId, freedBy: null });
+      return;
+    }
+    this.finals.set(ref.eventId, { deliveryId: ref.deliveryId, freedBy: workerId });
+    this.finishingPerWorker.set(workerId, finishing + 1);
     this.opts.workers.release(ref.eventId);
     this.dispatchParked();
     this.opts.onCapacity?.();
+  }
+
+  /** Turns of `workerId` whose result freed their slot and that have not settled yet. */
+  finishingOf(workerId: string): number {
+    return this.finishingPerWorker.get(workerId) ?? 0;
+  }
+
+  private finished(eventId: string): void {
+    const workerId = this.finals.get(eventId)?.freedBy;
+    this.finals.delete(eventId);
+    if (workerId === undefined || workerId === null) return;
+    const left = this.finishingOf(workerId) - 1;
+    if (left > 0) this.finishingPerWorker.set(workerId, left);
+    else this.finishingPerWorker.delete(workerId);
   }
 
   /**
@@ -334,6 +373,7 @@ export class Dispatcher {
     if (holder?.turn && holder.turn.fence.activationUid === attempt.activationUid) {
       this.holders.delete(attempt.eventId);
       holder.letGo(attempt.eventId);
+      this.finished(attempt.eventId);
       this.opts.workers.release(attempt.eventId);
       const i = this.parked.indexOf(attempt.eventId);
       if (i >= 0) this.parked.splice(i, 1);

@@ -9,18 +9,30 @@
  *  2. Results, errors and progress of one actor run one at a time on its SessionController.
  *  3. A reply about a delivery this process is not running costs a transaction only within the
  *     worker's budget; beyond it, it is refused at once (`unknown_delivery`).
+ *  4. Every final message (result or error) is answered once it has been acted on: committed,
+ *     failed, or refused — a result breaking the shape limits (`unstorable`, `emit_limit`) before
+ *     any transaction, one whose commit failed for any reason but the fence or a lost database
+ *     (`commit_failed`) after the commit — and a refused result's attempt is failed at once,
+ *     before the answer, never left to its lease or the maximum turn time. (A database that stays
+ *     away past the retry leaves it unanswered: the worker re-sends it after re-registering.)
+ *  5. Only a result that passed the checks that need no database frees its worker's slot on
+ *     arrival (`Dispatcher.workerFinished`), and this pipeline then settles its turn (invariant
+ *     4), not the worker. A refused result, or a `turn_error`, keeps the slot until its attempt
+ *     has failed: messages that are refused or fail their turn never get a worker more turns than
+ *     its capacity.
  */
 import { agentInScope } from '../agent-scope.ts';
-import { FenceRejected } from '../errors.ts';
+import { FenceRejected, errorMessage, isConnectionError } from '../errors.ts';
 import type { BrokerEvent } from '../fabric/broker.ts';
-import type { DaemonMessage } from '../fabric/protocol.ts';
-import { storableText, unstorableReason } from '../json-safety.ts';
+import { resultValuesProblem, type DaemonMessage } from '../fabric/protocol.ts';
+import { storableText } from '../json-safety.ts';
 import type { Logger } from '../logger.ts';
 import type { Dispatcher } from './dispatcher.ts';
 import { fenceFields, fromWire, type Fence, type WireTurnRef } from './fence.ts';
 import { GroupWriter } from './group-writer.ts';
 import type { RuntimeParts } from './transport.ts';
 import type { ReplyOutcome, ReplyRequest } from './turn-commit.ts';
+import type { FailOutcome } from './attempt-failure.ts';
 import { checkEmits } from '../queue/effects.ts';
 
 /** turn_error codes meaning "the worker did not run this turn": it goes elsewhere, no retry is spent. */
@@ -78,35 +90,45 @@ export class ReplyPipeline {
   }
 
   result(e: ResultEvent): void {
-    this.opts.dispatcher.workerFinished(e.workerId, fromWire(e.turnRef));
-    const unstorable = unstorableReason({ messages: e.messages, output: e.output ?? null });
+    // the shape limits: each stored value is walked once, before any transaction
+    const unstorable = resultValuesProblem({ messages: e.messages, output: e.output });
     if (unstorable) {
-      this.refuseUnstorable(e.workerId, e.turnRef, unstorable);
+      this.refuse(e.workerId, e.turnRef, unstorable.why, 'unstorable');
       return;
     }
     // effects hook: a result whose `emit` breaks the limits is refused before any transaction
     const effects = checkEmits(e.emit, this.opts.maxEventBytes);
     if (!effects.ok) {
-      this.refuseUnstorable(e.workerId, e.turnRef, effects.detail, 'emit_limit');
+      this.refuse(e.workerId, e.turnRef, effects.detail, 'emit_limit');
       return;
     }
     // a key scoped to some agents may not reach the others through its effects either
     const scope = this.opts.workers.scopeOf(e.workerId);
     const outside = effects.emits.find((x) => !agentInScope(scope, x.key.agentUid));
     if (outside) {
-      this.refuseUnstorable(e.workerId, e.turnRef, `emit to agent ${outside.key.agentUid}: outside this worker key's scope`, 'emit_denied');
+      this.refuse(e.workerId, e.turnRef, `emit to agent ${outside.key.agentUid}: outside this worker key's scope`, 'emit_denied');
       return;
     }
+    // invariant 5: the pipeline settles the turn from here on, so its slot may go to the next one
+    this.opts.dispatcher.workerFinished(e.workerId, fromWire(e.turnRef), true);
     this.dropAccept(e.turnRef.delivery_id);
     this.fenced(e.workerId, e.turnRef, 'commit', async (fence) => {
-      const outcome = await this.writer.submit({
-        kind: 'commit',
-        fence,
-        workerId: e.workerId,
-        messages: e.messages,
-        ...(e.output === undefined ? {} : { output: e.output }),
-        ...(effects.emits.length > 0 ? { emit: effects.emits } : {}),
-      });
+      let outcome: ReplyOutcome;
+      try {
+        outcome = await this.writer.submit({
+          kind: 'commit',
+          fence,
+          workerId: e.workerId,
+          messages: e.messages,
+          ...(e.output === undefined ? {} : { output: e.output }),
+          ...(effects.emits.length > 0 ? { emit: effects.emits } : {}),
+        });
+      } catch (err) {
+        // the fence is answered by `judged`; a lost database is retried there
+        if (err instanceof FenceRejected || isConnectionError(err)) throw err;
+        await this.commitFailed(e.workerId, e.turnRef, fence, err);
+        return;
+      }
       if (outcome.outcome === 'committed') {
         this.opts.metrics.committed();
         this.opts.workers.committed(e.workerId);
@@ -134,16 +156,25 @@ export class ReplyPipeline {
       );
       return;
     }
-    this.opts.dispatcher.workerFinished(e.workerId, fromWire(e.turnRef));
+    // invariant 5: the slot is freed when the attempt has failed (`attemptFailed` settles it)
+    this.opts.dispatcher.workerFinished(e.workerId, fromWire(e.turnRef), false);
     this.dropAccept(e.turnRef.delivery_id);
     this.fenced(e.workerId, e.turnRef, 'fail', async (fence) => {
-      // an error text is diagnostic: make it storable rather than lose the failure
-      const outcome = await this.opts.commits.fail(fence, e.workerId, {
-        ...e.error,
-        code: storableText(e.error.code),
-        message: storableText(e.error.message),
-      });
-      this.opts.dispatcher.attemptFailed(fence, outcome, `turn_error: ${e.error.code}: ${e.error.message}`);
+      let outcome: FailOutcome;
+      try {
+        // an error text is diagnostic: make it storable rather than lose the failure
+        outcome = await this.opts.commits.fail(fence, e.workerId, {
+          ...e.error,
+          code: storableText(e.error.code),
+          message: storableText(e.error.message),
+        });
+      } catch (err) {
+        if (err instanceof FenceRejected || isConnectionError(err)) throw err;
+        // invariant 4: answered even so; the attempt ends with its lease
+        await this.answer(e.workerId, this.rejection(e.turnRef, 'commit_failed', `the error could not be written: ${errorMessage(err)}`));
+        throw err;
+      }
+      this.opts.dispatcher.attemptFailed(fence, outcome, `turn_error: ${e.error.code}: ${e.error.message.slice(0, 200)}`);
       // answered, so the worker knows it may stop re-sending the error
       await this.answer(e.workerId, {
         v: 1,
@@ -175,25 +206,60 @@ export class ReplyPipeline {
   }
 
   /**
-   * A result PostgreSQL cannot store: answered `turn_rejected{unstorable}` at once, and the
-   * attempt is failed (retried per the retry policy) instead of waiting for its lease.
+   * A result breaking the shape limits (nested too deep, holding what PostgreSQL cannot store, an
+   * `emit` over the limits): its attempt is failed at once (retried per the retry policy), which
+   * frees the worker's slot, then it is answered `turn_rejected{reason}` (invariants 4, 5). A
+   * fence that does not hold is answered with its own reason instead.
    */
-  private refuseUnstorable(
-    workerId: string,
-    ref: WireTurnRef,
-    why: string,
-    reason: 'unstorable' | 'emit_limit' | 'emit_denied' = 'unstorable',
-  ): void {
+  private refuse(workerId: string, ref: WireTurnRef, why: string, reason: 'unstorable' | 'emit_limit' | 'emit_denied'): void {
     this.opts.metrics.rejected(reason);
-    this.log.warn({ ...fenceFields(fromWire(ref)), workerId, why: why.slice(0, 200) }, 'result cannot be stored');
-    this.opts.background.track(this.answer(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason, detail: why.slice(0, 500) }), {
-      workerId,
-    });
+    this.log.warn({ ...fenceFields(fromWire(ref)), workerId, reason, why: why.slice(0, 200) }, 'result refused');
+    // invariant 5: the slot stays taken until the attempt has failed
+    this.opts.dispatcher.workerFinished(workerId, fromWire(ref), false);
+    this.dropAccept(ref.delivery_id);
     this.fenced(workerId, ref, 'fail', async (fence) => {
       const code = reason === 'unstorable' ? 'unstorable_result' : reason;
-      const outcome = await this.opts.commits.fail(fence, workerId, { code, message: storableText(why.slice(0, 1000)) });
-      this.opts.dispatcher.attemptFailed(fence, outcome, `unstorable result: ${why.slice(0, 200)}`);
+      try {
+        const outcome = await this.opts.commits.fail(
+          fence,
+          workerId,
+          { code, message: storableText(why.slice(0, 1000)) },
+          { lateSteer: true },
+        );
+        this.opts.dispatcher.attemptFailed(fence, outcome, `${reason} result: ${why.slice(0, 200)}`);
+      } catch (err) {
+        if (err instanceof FenceRejected || isConnectionError(err)) throw err;
+        await this.answer(workerId, this.rejection(ref, reason, why));
+        throw err;
+      }
+      await this.answer(workerId, this.rejection(ref, reason, why));
     });
+  }
+
+  /**
+   * The commit of a checked result failed for a reason that is neither the fence nor a lost
+   * database (the statement, an effect, the job's settlement): the attempt is failed at once
+   * (retried per the retry policy) and the worker told `turn_rejected{commit_failed}` (invariant 4).
+   */
+  private async commitFailed(workerId: string, ref: WireTurnRef, fence: Fence, err: unknown): Promise<void> {
+    const why = errorMessage(err).slice(0, 300);
+    this.opts.metrics.rejected('commit_failed');
+    this.log.error({ ...fenceFields(fence), workerId, err }, 'commit failed; failing the attempt');
+    try {
+      const outcome = await this.opts.retry(
+        () => this.opts.commits.fail(fence, workerId, { code: 'commit_failed', message: storableText(why) }, { lateSteer: true }),
+        { ...fenceFields(fence), workerId, op: 'fail' },
+      );
+      this.opts.dispatcher.attemptFailed(fence, outcome, `commit failed: ${why}`);
+    } catch (e) {
+      // the attempt is over already (the fence says so), or cannot be failed now: its lease ends it
+      this.log.warn({ ...fenceFields(fence), workerId, err: errorMessage(e).slice(0, 300) }, 'attempt not failed after a failed commit');
+    }
+    await this.answer(workerId, this.rejection(ref, 'commit_failed', `the result could not be written: ${why}`));
+  }
+
+  private rejection(ref: WireTurnRef, reason: string, detail: string): DaemonMessage {
+    return { v: 1, type: 'turn_rejected', turn_ref: ref, reason, detail: detail.slice(0, 500) };
   }
 
   /** Invariant 3: false when the reply was refused at once. */

@@ -14,12 +14,15 @@
  *  R4 fenced by `turn_ref`: each method reads in one statement that returns nothing unless the
  *     ref names a live turn of the requesting worker (src/db/history.ts, H1); otherwise
  *     `not_live`, and nothing was read.
+ *  R5 `params` within the shape limits of src/json-safety.ts (nested at most MAX_JSON_DEPTH
+ *     deep), else `invalid_params` at once, before any database work.
  */
 import type { Clock } from '../clock.ts';
 import type { DbOrTx } from '../db/client.ts';
 import type { JobTable } from '../db/fence.ts';
 import { readActorStatus, readHistoryPage } from '../db/history.ts';
 import { errorMessage } from '../errors.ts';
+import { unstorableReason } from '../json-safety.ts';
 import type { BrokerEvent } from '../fabric/broker.ts';
 import { RPC_METHODS, type DaemonMessage, type RpcErrorCode } from '../fabric/protocol.ts';
 import type { Logger } from '../logger.ts';
@@ -79,6 +82,11 @@ export class RpcServer {
 
   /** R1: schedules the request; never throws. */
   handle(e: RpcRequestEvent): void {
+    const shape = unstorableReason(e.params, '$.params');
+    if (shape) {
+      this.track(this.answer(e, { error: { code: 'invalid_params', message: shape.slice(0, 500) } }));
+      return;
+    }
     const n = this.runningOf(e.workerId);
     if (n >= this.opts.concurrency) {
       (this.opts.metrics ?? noopMetrics).rpcRefused?.('concurrency');

@@ -224,12 +224,19 @@ export class TurnCommits {
   }
 
   /**
-   * T5': the worker reported turn_error. Fenced; the event is retried under a new epoch, or
-   * dead-lettered: when its retries are exhausted, or at once when the error is not retryable.
+   * T5': the worker reported turn_error, or its result was refused or could not be committed.
+   * Fenced (with `lateSteer`, a result's fence that only missed later steers holds, as for a
+   * commit); the event is retried under a new epoch, or dead-lettered: when its retries are
+   * exhausted, or at once when the error is not retryable.
    */
-  async fail(fence: Fence, workerId: string, error: { code: string; message: string; retryable?: boolean }): Promise<FailOutcome> {
+  async fail(
+    fence: Fence,
+    workerId: string,
+    error: { code: string; message: string; retryable?: boolean },
+    opts: { lateSteer?: boolean } = {},
+  ): Promise<FailOutcome> {
     return inTransaction(this.deps.db, async (tx) => {
-      const { activation, delivery } = await lockFence(tx, this.deps.jobs, fence, workerId);
+      const { activation, delivery } = await lockFence(tx, this.deps.jobs, fence, workerId, opts);
       const record = { code: error.code, message: error.message };
       await deliveries.transitionDelivery(tx, delivery.deliveryId, DELIVERY_LIVE, 'failed', error.code);
       await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: record, workerId });

@@ -196,6 +196,11 @@ export class WorkerPool {
     return this.eventToWorker.get(eventId);
   }
 
+  /** The capacity `id` registered with (0 when it is not registered). */
+  capacityOf(id: string): number {
+    return this.workers.get(id)?.capacity ?? 0;
+  }
+
   /** Ready workers not seen since `nowMs - staleMs`; they are marked stale and their events returned. */
   takeStale(nowMs: number, staleMs: number): { id: string; events: string[] }[] {
     const out: { id: string; events: string[] }[] = [];

@@ -124,6 +124,10 @@ export class WorkerRegistry {
     return this.pool.workerOf(eventId);
   }
 
+  capacityOf(workerId: string): number {
+    return this.pool.capacityOf(workerId);
+  }
+
   /** Registered and not stale. */
   isReady(workerId: string): boolean {
     return this.pool.isReady(workerId);

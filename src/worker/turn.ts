@@ -18,6 +18,7 @@ import {
   PROTOCOL_VERSION,
   encodeFrame,
   frameBytesAbove,
+  resultValuesProblem,
   turnResultBodySchema,
   type JsonValue,
   type TurnErrorBody,
@@ -253,6 +254,21 @@ export class RunningTurn {
     if (!checked.success) {
       return {
         msg: this.invalidOutcome('invalid_result', `handler outcome is not a valid turn_result: ${checked.error.issues[0]?.message ?? ''}`),
+      };
+    }
+    // The daemon would refuse it (and encoding a value nested thousands deep would overflow the
+    // stack): the attempt fails here, retried per the daemon's policy, as after its refusal.
+    const unstorable = resultValuesProblem(checked.data);
+    if (unstorable) {
+      const code = unstorable.field === 'emit' ? 'emit_limit' : 'unstorable_result';
+      this.log.error({ code }, unstorable.why);
+      return {
+        msg: {
+          v: PROTOCOL_VERSION,
+          type: 'turn_error',
+          turn_ref: this.ref,
+          error: { code, message: unstorable.why.slice(0, 1000), retryable: true },
+        },
       };
     }
     // Send what the handler gave (not the parsed copy): turn_ref must stay verbatim.

@@ -7,12 +7,14 @@ import {
   encodeFrame,
   frameBytesAbove,
   isJsonValue,
+  MAX_FRAME_DEPTH,
   withRawField,
   parseDaemonMessage,
   parseWorkerMessage,
   type DaemonMessage,
   type WorkerMessage,
 } from '../../src/fabric/protocol.ts';
+import { MAX_JSON_DEPTH, TOO_DEEP, unstorableReason } from '../../src/json-safety.ts';
 import { makeTurnRef, makeTurnStart } from './helpers.ts';
 
 const ref = makeTurnRef({ actor_epoch: 3, revision: 2 });
@@ -254,12 +256,43 @@ describe('frames', () => {
   });
 });
 
+describe('nesting depth of worker frames', () => {
+  const deep = (n: number, inner = '0') => '['.repeat(n) + inner + ']'.repeat(n);
+  const frame = (type: string, body: string) => Buffer.from(`{"v":1,"type":"${type}","turn_ref":${JSON.stringify(ref)},${body}}`);
+
+  it('cuts a result value that opens deeper than MAX_FRAME_DEPTH to TOO_DEEP, keeping the rest', () => {
+    expect(MAX_FRAME_DEPTH).toBe(MAX_JSON_DEPTH + 3);
+    // content at frame depth 3: 100 levels fit, 101 are cut at the 101st (a string with a bracket inside stays)
+    const fits = parseWorkerMessage(frame('turn_result', `"messages":[{"role":"assistant","content":${deep(100, '"]]["')}}]`));
+    expect(fits.ok && fits.msg.type === 'turn_result' && JSON.stringify(fits.msg.messages[0]!.content)).toBe(
+      deep(100, JSON.stringify(']][')),
+    );
+    const cut = parseWorkerMessage(frame('turn_result', `"messages":[{"role":"assistant","content":${deep(1_000_000)}}],"output":1`));
+    expect(cut.ok).toBe(true);
+    if (!cut.ok || cut.msg.type !== 'turn_result') return;
+    expect(JSON.stringify(cut.msg.messages[0]!.content)).toBe(deep(100, JSON.stringify(TOO_DEEP)));
+    expect(cut.msg.output).toBe(1);
+    expect(unstorableReason(cut.msg.messages[0]!.content)).toMatch(/nested deeper than 100 levels/);
+  });
+
+  it('refuses any other message nested that deep as invalid_message, and cuts rpc params', () => {
+    const progress = parseWorkerMessage(Buffer.from(`{"v":1,"type":"turn_progress","turn_ref":${JSON.stringify(ref)},"x":${deep(200)}}`));
+    expect(progress).toMatchObject({ ok: false, code: 'invalid_message', error: expect.stringMatching(/nested deeper than 103/) });
+    const error = parseWorkerMessage(frame('turn_error', `"error":{"code":"c","message":"m","retryable":true,"details":${deep(10_000)}}`));
+    expect(error).toMatchObject({ ok: false, code: 'invalid_message' });
+    const rpc = parseWorkerMessage(frame('rpc_request', `"id":"r","method":"actor.status","params":${deep(10_000)}`));
+    expect(rpc.ok && rpc.msg.type === 'rpc_request' && unstorableReason(rpc.msg.params)).toMatch(/nested deeper/);
+    // unbalanced or garbage inside a cut subtree still fails as JSON when the frame cannot close
+    expect(parseWorkerMessage(Buffer.from(`{"v":1,"type":"turn_result","x":${'['.repeat(500)}`))).toMatchObject({ ok: false });
+  });
+});
+
 describe('turn_rejected reasons', () => {
-  it('are the fence reasons plus unstorable, emit_limit and emit_denied, and docs/protocol.md lists exactly them', async () => {
+  it('are the fence reasons plus unstorable, emit_limit, emit_denied and commit_failed, and docs/protocol.md lists exactly them', async () => {
     const { readFile } = await import('node:fs/promises');
     const { FENCE_REASONS } = await import('../../src/errors.ts');
     const { TURN_REJECTED_REASONS } = await import('../../src/fabric/protocol.ts');
-    expect([...TURN_REJECTED_REASONS]).toEqual([...FENCE_REASONS, 'unstorable', 'emit_limit', 'emit_denied']);
+    expect([...TURN_REJECTED_REASONS]).toEqual([...FENCE_REASONS, 'unstorable', 'emit_limit', 'emit_denied', 'commit_failed']);
     const doc = await readFile(new URL('../../docs/protocol.md', import.meta.url), 'utf8');
     const table = doc.slice(doc.indexOf('| reason | meaning | what the worker should do |'));
     const rows = table.split('\n').slice(2);

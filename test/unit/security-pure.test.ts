@@ -2,7 +2,8 @@
 import { describe, expect, it } from 'vitest';
 import { isLocalEndpoint, loadConfig } from '../../src/config.ts';
 import { newToken, tokenHash, tokenMatches, z85Encode } from '../../src/fabric/keys.ts';
-import { storableText, unstorableReason } from '../../src/json-safety.ts';
+import { loggableError } from '../../src/errors.ts';
+import { MAX_JSON_DEPTH, TOO_DEEP, pruneDeepJson, storableText, unstorableReason } from '../../src/json-safety.ts';
 
 describe('z85Encode', () => {
   it('matches the ZeroMQ RFC 32 test vector', () => {
@@ -49,6 +50,42 @@ describe('unstorableReason', () => {
     expect(unstorableReason({ n: JSON.parse('1e400') as number })).toMatch(/out of range/);
     expect(unstorableReason({ ok: ['😀', 1.5, null, true, { x: 'y' }] })).toBeNull();
   });
+  it('refuses values nested deeper than MAX_JSON_DEPTH, at any depth, without recursion', () => {
+    const nest = (n: number, inner: unknown = 1) => {
+      let v: unknown = inner;
+      for (let i = 0; i < n; i++) v = i % 2 ? [v] : { k: v };
+      return v;
+    };
+    expect(MAX_JSON_DEPTH).toBe(100);
+    expect(unstorableReason(nest(100))).toBeNull();
+    expect(unstorableReason(nest(101))).toMatch(/nested deeper than 100 levels/);
+    // a million levels: found at level 101, the path shortened
+    const why = unstorableReason(nest(1_000_000), '$.output')!;
+    expect(why).toMatch(/^\$\.output.*….*: nested deeper than 100 levels/);
+    expect(why.length).toBeLessThan(200);
+    expect(unstorableReason(nest(50, TOO_DEEP))).toMatch(/nested deeper/);
+    expect(unstorableReason(nest(3, 'fine'), '$', 3)).toBeNull();
+    expect(unstorableReason(nest(4), '$', 3)).toMatch(/deeper than 3/);
+  });
+
+  it('pruneDeepJson cuts what opens too deep, skipping strings, and leaves the rest as it is', () => {
+    const text = '{"a":[[["x"]]],"s":"[[[[\\"[[[","b":{"c":{"d":{}}}}';
+    expect(pruneDeepJson(text, 4)).toBe(text);
+    expect(JSON.parse(pruneDeepJson(text, 3))).toEqual({ a: [[TOO_DEEP]], s: '[[[["[[[', b: { c: { d: TOO_DEEP } } });
+    expect(pruneDeepJson('[[1],[[2]],3]', 1)).toBe(`[${JSON.stringify(TOO_DEEP)},${JSON.stringify(TOO_DEEP)},3]`);
+    const million = '['.repeat(1_000_000) + ']'.repeat(1_000_000);
+    expect(pruneDeepJson(million, 2)).toBe(`[[${JSON.stringify(TOO_DEEP)}]]`);
+  });
+
+  it('loggableError bounds what an error puts in a log line', () => {
+    const huge = new Error(`Failed query: insert ... params: ${'['.repeat(500_000)}`, { cause: new Error('x'.repeat(10_000)) });
+    Object.assign(huge, { query: 'q'.repeat(100_000), params: ['p'.repeat(100_000)] });
+    const logged = loggableError(huge);
+    expect(JSON.stringify(logged).length).toBeLessThan(8_000);
+    expect(logged).toMatchObject({ type: 'Error', message: expect.stringMatching(/^Failed query.*more characters\)$/) });
+    expect(logged).not.toHaveProperty('params');
+  });
+
   it('storableText replaces what cannot be stored', () => {
     expect(storableText('a\u0000b\ud800c')).toBe('a\ufffdb\ufffdc');
   });

@@ -427,6 +427,39 @@ describe('worker SDK end to end', () => {
     expect(err?.error).toMatchObject({ code: 'invalid_result', retryable: false });
   });
 
+  it('fails a turn whose outcome breaks the shape limits with a retryable turn_error, sending no result', async () => {
+    const h = await startBroker();
+    // 10,000 levels: JSON.stringify would overflow the stack; 101 levels: the daemon would refuse it
+    const nest = (n: number) => {
+      let v: unknown = 'x';
+      for (let i = 0; i < n; i++) v = [v];
+      return v;
+    };
+    const handler: TurnHandler = async (ctx) => {
+      const { n, where } = ctx.event.data as { n: number; where: string };
+      if (where === 'emit') return { messages: [], emit: [{ actor: 'a/b', data: nest(n) }] };
+      return where === 'output' ? { messages: [], output: nest(n) } : { messages: [{ role: 'assistant', content: nest(n) }] };
+    };
+    await startWorker(h, { handler, capacity: 4 });
+    for (const [n, where, code] of [
+      [10_000, 'content', 'unstorable_result'],
+      [101, 'output', 'unstorable_result'],
+      [101, 'emit', 'emit_limit'],
+    ] as const) {
+      const ref = await dispatch(h, { n, where });
+      const [err] = await waitFor(
+        () => h.of('turn_error', ref.delivery_id).length && h.of('turn_error', ref.delivery_id),
+        `${where} error`,
+      );
+      expect(err?.error).toMatchObject({ code, retryable: true });
+      expect(err?.error.message).toMatch(/nested deeper than 100 levels/);
+      expect(h.of('turn_result', ref.delivery_id)).toEqual([]);
+    }
+    // 100 levels is within the limit
+    const ok = await dispatch(h, { n: 100, where: 'output' });
+    await waitFor(() => h.of('turn_result', ok.delivery_id).length, 'a result 100 levels deep');
+  });
+
   it('refuses a result over the size limit, measured in UTF-8 bytes, and sends one that fits unchanged', async () => {
     const h = await startBroker();
     // 1,500 characters of 3 bytes each: under 2,048 counted in characters, over it in bytes
