@@ -171,7 +171,7 @@ export class Dispatcher {
 
   private async redirect(
     eventId: string,
-    workerId: string,
+    workerId: string | null,
     reason: string,
     endState: 'send_failed' | 'superseded' = 'send_failed',
   ): Promise<void> {
@@ -180,6 +180,7 @@ export class Dispatcher {
     try {
       f.fence = await this.opts.begin.redirect(f.fence, workerId, reason, endState);
       f.workerId = workerId;
+      f.accepted = false;
     } catch (e) {
       if (e instanceof FenceRejected) {
         // The attempt is over (the watchdog failed it); its retry comes back through the queue.
@@ -247,7 +248,11 @@ export class Dispatcher {
           new Set(current.workerId && !mayReturn ? [current.workerId] : []),
         );
         if (next === undefined) {
-          this.park(eventId, current);
+          // the worker it was on gave it back or is gone: that delivery ends now, so the worker
+          // holds no live delivery without a slot while the turn waits for another one
+          if (current.workerId !== null) await this.redirect(eventId, null, reason, 'superseded');
+          const waiting = this.turnOf(eventId);
+          if (waiting) this.park(eventId, waiting);
           return;
         }
         await this.redirect(eventId, next, reason, 'superseded');

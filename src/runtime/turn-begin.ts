@@ -77,12 +77,12 @@ export class TurnBeginner {
   /**
    * The delivery could not be sent (`send_failed`), or its worker was lost before running it or
    * handed it back (`superseded`): end it and write a new delivery of the same event for
-   * `nextWorkerId`, same fence otherwise. Fenced: a delivery the watchdog already failed is not
-   * redirected.
+   * `nextWorkerId` (null: none yet, the turn waits for one), same fence otherwise. Fenced: a
+   * delivery the watchdog already failed is not redirected.
    */
   async redirect(
     fence: Fence,
-    nextWorkerId: string,
+    nextWorkerId: string | null,
     reason: string,
     endState: 'send_failed' | 'superseded' = 'send_failed',
   ): Promise<Fence> {
