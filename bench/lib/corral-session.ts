@@ -294,7 +294,9 @@ export class CorralSession {
         }),
       );
     }
-    await until(() => daemon.runtime.workers.freeSlots() === w * capacity, performance.now() + 15_000, `${w} workers registered`);
+    const ids = Array.from({ length: w }, (_, i) => `bench-w${i}`);
+    // registered (their windows open with the warm-up below: each takes a few turns until it has taken some)
+    await until(() => ids.every((id) => daemon.runtime.workers.isReady(id)), performance.now() + 15_000, `${w} workers registered`);
     progress(`${w} workers × ${capacity} slots registered at ${daemon.broker.endpoint} (CURVE ${this.curve ? 'on' : 'off'})`);
 
     // Warm-up on other actors: JIT, connection pools, socket paths. Not measured.
