@@ -53,7 +53,7 @@ import {
 import { SerialQueue } from '../serial-queue.ts';
 import { ZapHandler, type ZapAnswer, type ZapRequest } from './zap.ts';
 import { runReceiveLoop } from './receive-loop.ts';
-import { WindowCounter } from './limits.ts';
+import { WindowCounter } from '../rate-limits.ts';
 import type { BrokerEvent, BrokerOptions, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';
 
 export type { BrokerEvent, BrokerOptions, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';

@@ -21,7 +21,7 @@ import { toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import type { AuthDecision, Authenticator } from './auth.ts';
 import type { BrokerEvent, WorkerSession } from './broker-types.ts';
-import { TokenBuckets, WindowCounter } from './limits.ts';
+import { TokenBuckets, WindowCounter } from '../rate-limits.ts';
 import { newNonce } from './proof.ts';
 import { PROTOCOL_VERSION, type DaemonMessage, type ProtocolErrorCode, type WorkerReady } from './protocol.ts';
 

@@ -28,6 +28,7 @@ import { RPC_METHODS, type DaemonMessage, type RpcErrorCode } from '../fabric/pr
 import type { Logger } from '../logger.ts';
 import { fromWire } from './fence.ts';
 import { noopMetrics, type RuntimeMetrics } from './metrics.ts';
+import { TokenBuckets } from '../rate-limits.ts';
 import type { Transport } from './transport.ts';
 
 export type RpcRequestEvent = Extract<BrokerEvent, { kind: 'rpc_request' }>;
@@ -65,13 +66,13 @@ export class RpcServer {
   private readonly opts: RpcServerOptions;
   private readonly log: Logger;
   private readonly running = new Map<string, number>();
-  /** R2's token buckets, by worker; idle ones are swept, so the map stays bounded by busy workers. */
-  private readonly buckets = new Map<string, { tokens: number; atMs: number }>();
-  private lastSweepMs = 0;
+  /** R2's requests per second, one bucket per worker (bounded: full buckets are dropped first). */
+  private readonly perSecond: TokenBuckets;
   private readonly background = new Set<Promise<void>>();
 
   constructor(opts: RpcServerOptions) {
     this.opts = opts;
+    this.perSecond = new TokenBuckets(opts.clock, opts.ratePerSecond, opts.ratePerSecond);
     this.log = opts.logger.child({ component: 'rpc' });
   }
 
@@ -93,7 +94,7 @@ export class RpcServer {
       this.track(this.answer(e, { error: { code: 'busy', message: `at most ${this.opts.concurrency} requests at once per worker` } }));
       return;
     }
-    if (!this.takeToken(e.workerId)) {
+    if (!this.perSecond.take(e.workerId)) {
       (this.opts.metrics ?? noopMetrics).rpcRefused?.('rate');
       this.track(this.answer(e, { error: { code: 'busy', message: `at most ${this.opts.ratePerSecond} requests per second per worker` } }));
       return;
@@ -105,24 +106,6 @@ export class RpcServer {
       else this.running.delete(e.workerId);
     });
     this.track(this.answerWithin(e, work));
-  }
-
-  /** R2: one token of `workerId`'s bucket, refilled at `ratePerSecond`; false when it is empty. */
-  private takeToken(workerId: string): boolean {
-    const now = this.opts.clock.nowMs();
-    const rate = this.opts.ratePerSecond;
-    if (now - this.lastSweepMs > 10_000) {
-      this.lastSweepMs = now;
-      // a bucket idle for a second is full again: forgetting it changes nothing
-      for (const [id, b] of this.buckets) if (now - b.atMs > 1_000) this.buckets.delete(id);
-    }
-    const b = this.buckets.get(workerId) ?? { tokens: rate, atMs: now };
-    b.tokens = Math.min(rate, b.tokens + ((now - b.atMs) / 1000) * rate);
-    b.atMs = now;
-    this.buckets.set(workerId, b);
-    if (b.tokens < 1) return false;
-    b.tokens -= 1;
-    return true;
   }
 
   /** Waits for every scheduled request (shutdown, tests). */

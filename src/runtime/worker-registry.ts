@@ -4,6 +4,7 @@
  * dispatch decisions use the in-memory pool, a projection rebuilt from `worker_ready`).
  */
 import type { AgentScope } from '../agent-scope.ts';
+import { TokenBuckets } from '../rate-limits.ts';
 import type { Clock } from '../clock.ts';
 import type { Db } from '../db/client.ts';
 import * as workersDb from '../db/workers.ts';
@@ -40,11 +41,12 @@ export class WorkerRegistry {
   private readonly pool: WorkerPool;
   private readonly opts: WorkerRegistryOptions;
   private readonly lastHeartbeatWrite = new Map<string, number>();
-  private readonly unknownReplyBudget = new Map<string, { tokens: number; atMs: number }>();
+  private readonly unknownReplyBudget: TokenBuckets;
 
   constructor(opts: WorkerRegistryOptions) {
     this.opts = opts;
     this.pool = new WorkerPool({ initialWindow: opts.initialTurns });
+    this.unknownReplyBudget = new TokenBuckets(opts.clock, UNKNOWN_REPLY_PER_SECOND, UNKNOWN_REPLY_BURST);
   }
 
   /**
@@ -77,14 +79,7 @@ export class WorkerRegistry {
 
   /** Takes one token from `workerId`'s unknown-reply budget; false when it is spent. */
   takeUnknownReplyToken(workerId: string): boolean {
-    const now = this.opts.clock.nowMs();
-    const b = this.unknownReplyBudget.get(workerId) ?? { tokens: UNKNOWN_REPLY_BURST, atMs: now };
-    b.tokens = Math.min(UNKNOWN_REPLY_BURST, b.tokens + ((now - b.atMs) / 1000) * UNKNOWN_REPLY_PER_SECOND);
-    b.atMs = now;
-    this.unknownReplyBudget.set(workerId, b);
-    if (b.tokens < 1) return false;
-    b.tokens -= 1;
-    return true;
+    return this.unknownReplyBudget.take(workerId);
   }
 
   /** Reserves a slot for `eventId`, a turn of `agentUid` (see WorkerPool.acquire), avoiding `exclude`. */

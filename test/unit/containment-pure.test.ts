@@ -22,7 +22,7 @@ import {
   z85Decode,
   z85Encode,
 } from '../../src/fabric/keys.ts';
-import { TokenBuckets, WindowCounter } from '../../src/fabric/limits.ts';
+import { TokenBuckets, WindowCounter } from '../../src/rate-limits.ts';
 import { curveSharedSecret, newNonce, proofMatches, registrationProof, workerProof } from '../../src/fabric/proof.ts';
 import { FabricSecurity } from '../../src/fabric/security.ts';
 import type { ZapDecision } from '../../src/fabric/zap.ts';

@@ -32,6 +32,7 @@ const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
       'src/logger.ts',
       'src/defaults.ts',
       'src/agent-scope.ts',
+      'src/rate-limits.ts',
     ],
     uses: [],
   },

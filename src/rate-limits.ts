@@ -1,8 +1,9 @@
 /**
- * The broker's rate limits, in memory and bounded whatever peers do: a fixed-window counter per
- * key (log lines, `error` answers, challenges) and token buckets per key (registrations).
+ * Rate limits, in memory and bounded whatever peers do: a fixed-window counter per key (the
+ * broker's log lines, `error` answers, challenges) and token buckets per key (registrations,
+ * worker RPC, replies about unknown deliveries).
  */
-import type { Clock } from '../clock.ts';
+import type { Clock } from './clock.ts';
 
 /** Most keys either structure remembers; beyond it, the least useful entries are dropped. */
 const MAX_KEYS = 4_096;
@@ -80,6 +81,11 @@ export class TokenBuckets {
     if (b.tokens < 1) return false;
     b.tokens--;
     return true;
+  }
+
+  /** Forgets `key` (its next take starts a full bucket). */
+  delete(key: string): void {
+    this.buckets.delete(key);
   }
 
   private prune(now: number): void {
