@@ -55,6 +55,13 @@ const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
     paths: ['src/cli/'],
     uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'daemon', 'observability'],
   },
+  {
+    // the package's entry points (`corral`, `corral/testing`; `corral/worker` is the worker layer's
+    // src/worker/index.ts): what an application imports, re-exported from the layers below
+    name: 'package',
+    paths: ['src/index.ts', 'src/testing.ts'],
+    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'runtime', 'daemon'],
+  },
 ];
 
 function filesUnder(dir: string): string[] {
