@@ -124,7 +124,7 @@ async function packagedBinDir(): Promise<string> {
  * the same way (relative, next to their library), before the binaries are first run; links that
  * exist are left alone. Idempotent and safe to run concurrently (a link made meanwhile is fine).
  */
-async function hydrateLinks(packageDir: string): Promise<void> {
+export async function hydrateLinks(packageDir: string): Promise<void> {
   let links: unknown;
   try {
     links = JSON.parse(await readFile(join(packageDir, 'native', 'pg-symlinks.json'), 'utf8'));
