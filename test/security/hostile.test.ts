@@ -219,6 +219,8 @@ describe('fabric security against hostile peers', () => {
     await startLegit('rev-1', { onReceive: (m) => void heard.push(m) });
     const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('revoke', 's'), { delayMs: 2_000, text: 'r' });
     await waitFor(() => daemon.runtime.workers.workerOf(eventId) === 'rev-1', { what: 'turn on rev-1', timeoutMs: 10_000 });
+    // the route is chosen before the frame is sent: wait for rev-1 to have heard its turn
+    await waitFor(() => heard.some((m) => m.type === 'turn_start' && m.event.id === eventId), { what: 'turn_start heard by rev-1' });
 
     const heardBefore = heard.length;
     expect(revokeWorkerKey(paths(), 'rev-1')).toBe(true);
