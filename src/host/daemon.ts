@@ -36,6 +36,11 @@ import type { ObservabilityServer } from '../observability/http.ts';
 import { createMetrics, type Metrics } from '../observability/metrics.ts';
 import { processChild, type ChildSpec } from '../supervisor/index.ts';
 
+export type { Config, DeadLetterMode } from '../config.ts';
+export type { DaemonState } from '../daemon.ts';
+export { CorralError, type ErrorCode } from '../errors.ts';
+export type { Logger } from '../logger.ts';
+
 const CORRAL_BIN = fileURLToPath(new URL('../../bin/corral.js', import.meta.url));
 
 /** Local example worker processes, supervised by the daemon (`corral daemon --workers N`). */

@@ -29,6 +29,9 @@ import type { Worker } from '../worker/types.ts';
 import { keyPaths, ensureLocalWorkerKey } from '../fabric/keys.ts';
 import { createDaemon, type CorralDaemon } from './daemon.ts';
 
+export type { CorralDaemon } from './daemon.ts';
+export type { TurnContext, TurnHandler, TurnOutcome, Worker } from '../worker/create.ts';
+
 export interface TestEnvironmentOptions {
   /** What the environment's workers run for each turn. Needed when `workers` is above 0. */
   handler?: TurnHandler;

@@ -30,7 +30,8 @@ import type { StopOptions, Worker } from './types.ts';
 export type { Emit, HandlerError, HistoryPage, SteerListener, TurnContext, TurnHandler, TurnOutcome } from './turn.ts';
 export type { StopOptions, Worker } from './types.ts';
 export type { WorkerKeyFile } from '../fabric/keys.ts';
-export type { JsonValue, TurnRef } from '../fabric/protocol.ts';
+export type { JsonValue, TranscriptMessage, TurnContextWire, TurnRef } from '../fabric/protocol.ts';
+export { CorralError, type ErrorCode } from '../errors.ts';
 
 /** How long `start()` waits for the welcome by default. */
 export const DEFAULT_START_TIMEOUT_MS = 30_000;
