@@ -2,7 +2,8 @@
  * The composition root: builds the database handle, pg-boss, the broker, the runtime, the queue
  * consumer, the watchdog and recovery, and owns their lifecycle. Start order: migrations →
  * pg-boss → broker → recovery pass → consumer / watchdog / recovery loops. Stop order is the
- * reverse. `corral daemon` wraps this in a supervisor with local worker processes.
+ * reverse. `createDaemon` (src/host/daemon.ts) runs it with its database, metrics server and local
+ * worker processes; `corral daemon` wraps that.
  */
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';

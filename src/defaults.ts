@@ -31,3 +31,6 @@ export const DEFAULT_EMBEDDED_ROOT = '/var/lib/corral';
  * (`npm run bench:capacity`, docs/benchmarks.md#worker-capacity).
  */
 export const DEFAULT_WORKER_CAPACITY = 32;
+
+/** Set by the daemon on the local worker processes it spawns: they stop when it is gone (src/cli/parent-watch.ts). */
+export const STOP_WITH_PARENT_ENV = 'CORRAL_STOP_WITH_PARENT';

@@ -17,6 +17,13 @@ export type ErrorCode =
   | 'invalid_timeout'
   | 'restart_intensity'
   | 'shutdown'
+  // a worker refused by its daemon (src/worker/refusals.ts): at the CURVE handshake, its key
+  // (unknown, revoked, or at a connection limit), the daemon's public key, CURVE on one side only;
+  // after it, its registration (`error{unauthorized}`: wrong id, token or key proof)
+  | 'key_refused'
+  | 'server_key_mismatch'
+  | 'curve_mismatch'
+  | 'registration_refused'
   | 'internal';
 
 /** Codes whose errors may succeed when tried again later (the database back, a peer ready). */

@@ -1,54 +1,21 @@
 /**
- * The logger of a command and the database it uses (the embedded server under `CORRAL_HOME`
- * when DATABASE_URL is unset, started on demand). Free of Drizzle and pg-boss, so that light
- * commands (`corral send`) load little.
+ * The logger of a command and its connection to the database it uses (src/db/resolve.ts: the
+ * embedded server under `CORRAL_HOME` when DATABASE_URL is unset, started on demand). Free of
+ * Drizzle and pg-boss, so that light commands (`corral send`) load little.
  */
 import type { Config } from '../config.ts';
-import { ensureEmbeddedPostgres, recordedEmbeddedPostgres, type EmbeddedServer } from '../db/embedded.ts';
+import { recordedEmbeddedPostgres } from '../db/embedded.ts';
+import { logEmbedded, resolveDatabase, type ResolvedDatabase } from '../db/resolve.ts';
 import { maskUrl } from '../config.ts';
 import { CorralError, isConnectionError, isDatabaseUnavailable, toError } from '../errors.ts';
 import { createLogger, type Logger } from '../logger.ts';
+
+export { resolveDatabase, type ResolvedDatabase } from '../db/resolve.ts';
 
 export function commandLogger(config: Config, opts: { daemon?: boolean } = {}): Logger {
   // Short commands keep stdout for their output: their logs go to stderr, warnings only.
   if (!opts.daemon) return createLogger({ level: config.logLevel === 'info' ? 'warn' : config.logLevel, destination: 2 });
   return createLogger({ level: config.logLevel, pretty: config.logPretty });
-}
-
-export interface ResolvedDatabase {
-  url: string;
-  embedded: EmbeddedServer | undefined;
-}
-
-export async function resolveDatabase(config: Config, logger: Logger): Promise<ResolvedDatabase> {
-  if (config.databaseUrl) return { url: config.databaseUrl, embedded: undefined };
-  try {
-    const embedded = await ensureEmbeddedPostgres({
-      homeDir: config.homeDir,
-      rootDir: config.embeddedRootDir,
-      onWait: (pid) =>
-        logger.info({ home: config.homeDir, holder: pid }, 'waiting for another corral process to start the embedded PostgreSQL'),
-    });
-    logEmbedded(config, logger, embedded);
-    return { url: embedded.url, embedded };
-  } catch (e) {
-    if (e instanceof CorralError) throw e;
-    throw new CorralError('database_unavailable', `could not start the embedded PostgreSQL: ${toError(e).message}`, {
-      cause: e,
-    });
-  }
-}
-
-function logEmbedded(config: Config, logger: Logger, embedded: EmbeddedServer): void {
-  logger.info(
-    {
-      home: config.homeDir,
-      data: embedded.dataDir,
-      ...(embedded.binDir ? { binaries: embedded.binDir } : {}),
-      started: embedded.startedHere,
-    },
-    embedded.startedHere ? 'started the embedded PostgreSQL' : 'using the embedded PostgreSQL',
-  );
 }
 
 /**

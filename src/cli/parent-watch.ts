@@ -9,8 +9,9 @@
  * watched and outlives its shell as usual.
  */
 
-/** Set by the daemon on the local workers it spawns. */
-export const STOP_WITH_PARENT_ENV = 'CORRAL_STOP_WITH_PARENT';
+import { STOP_WITH_PARENT_ENV } from '../defaults.ts';
+
+export { STOP_WITH_PARENT_ENV };
 
 /** Why this process should stop with its parent, or undefined. */
 export function parentWatchReason(env: NodeJS.ProcessEnv, role: 'daemon' | 'worker'): string | undefined {

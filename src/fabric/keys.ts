@@ -242,6 +242,25 @@ export function readWorkerKeyFile(path: string): WorkerKeyFile {
   return parseOrThrow(workerKeyFileSchema, readJson(path, 'worker key file'), 'worker key file', path);
 }
 
+/** A worker key given as a key file's content: the parsed object, or its JSON text. */
+export function parseWorkerKey(key: unknown): WorkerKeyFile {
+  let raw = key;
+  if (typeof key === 'string') {
+    try {
+      raw = JSON.parse(key) as unknown;
+    } catch {
+      // never echo the content: it holds a secret
+      throw new CorralError('invalid_config', 'the worker key given is not valid JSON');
+    }
+  }
+  const r = workerKeyFileSchema.safeParse(raw);
+  if (!r.success) {
+    const i = r.error.issues[0];
+    throw new CorralError('invalid_config', `the worker key given is invalid: ${i ? `${i.path.join('.')}: ${i.message}` : ''}`);
+  }
+  return r.data;
+}
+
 export function readAllowlist(path: string): AllowEntry[] {
   if (!existsSync(path)) return [];
   return parseOrThrow(allowlistSchema, readJson(path, 'allow-list'), 'allow-list', path).workers;

@@ -22,6 +22,7 @@ import type { Clock } from '../clock.ts';
 import { systemClock } from '../clock.ts';
 import type { Logger } from '../logger.ts';
 import type { JsonValue, TurnResult, WorkerMessage } from '../fabric/protocol.ts';
+import type { WorkerCredentials } from './credentials.ts';
 import { createWorker, type Emit, type TurnContext, type TurnOutcome, type Worker, type WorkerHooks } from './sdk.ts';
 
 const MAX_DELAY_MS = 24 * 60 * 60 * 1000;
@@ -104,11 +105,7 @@ export const duplicateResultHooks: WorkerHooks = {
   beforeSendResult: (msg: TurnResult): WorkerMessage[] => [msg, msg],
 };
 
-/** CURVE keys and registration credentials; the SDK adds the key proof (see `workerCredentials` in src/fabric/keys.ts). */
-export interface WorkerCredentials {
-  curve: { serverKey: string; publicKey: string; secretKey: string };
-  auth: { scheme: string; credential: string };
-}
+export type { WorkerCredentials } from './credentials.ts';
 
 export interface ExampleWorkerOptions {
   endpoint: string;

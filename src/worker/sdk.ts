@@ -45,12 +45,14 @@ import {
 import { SerialQueue } from '../serial-queue.ts';
 import { runReceiveLoop } from '../fabric/receive-loop.ts';
 import { RunningTurn, type TurnHandler } from './turn.ts';
-import { logHandshakeFailures } from './handshake-log.ts';
+import { registrationRefusal, watchHandshakes, type RefusalListener } from './refusals.ts';
 import { applySendHooks, type WorkerHooks } from './hooks.ts';
+import type { StopOptions, Worker } from './types.ts';
 
 export type { TurnContext, TurnHandler, TurnOutcome, SteerListener, HandlerError, HistoryPage, Emit } from './turn.ts';
 
 export type { WorkerHooks } from './hooks.ts';
+export type { StopOptions, Worker } from './types.ts';
 
 export interface WorkerOptions {
   /** The daemon's ROUTER, e.g. `tcp://127.0.0.1:5555`. */
@@ -79,32 +81,10 @@ export interface WorkerOptions {
   hooks?: WorkerHooks;
   /** How long `ctx.rpc` waits for the daemon's answer. Default 15000. */
   rpcTimeoutMs?: number;
-}
-
-export interface StopOptions {
-  /** Let running turns finish for up to this long before aborting them. Default 0. */
-  graceMs?: number;
-  /** After aborting, wait at most this long for handlers to settle. Default 5000. */
-  abortWaitMs?: number;
-  /** How long the socket may keep flushing final messages on close. Default 500. */
-  lingerMs?: number;
-}
-
-export interface Worker {
-  readonly workerId: string;
-  /** Connect and send worker_ready. Resolves without waiting for the daemon (it may be down). */
-  start(): Promise<void>;
-  /** Refuse new turns, abort running ones (after `graceMs`), flush, close. Idempotent. */
-  stop(opts?: StopOptions): Promise<void>;
-  /** Turns whose handler has not settled. */
-  inFlight(): number;
-  /** True between a worker_welcome and the next sign the daemon forgot this worker. */
-  isRegistered(): boolean;
-  /**
-   * How many turns this worker runs at once: its `capacity`, or the lower one the daemon's last
-   * welcome said it registered.
-   */
-  capacity(): number;
+  /** Each refusal by the daemon, typed (src/worker/refusals.ts); logged either way, and the worker goes on trying. */
+  onRefused?: RefusalListener;
+  /** Each welcome: the daemon registered this worker. */
+  onRegistered?: () => void;
 }
 
 export const SDK_NAME = 'corral-ts/0.1';
@@ -189,7 +169,7 @@ class WorkerRuntime implements Worker {
       reconnectMaxInterval: 5000,
     });
     this.socket = socket;
-    this.handshakeLog = logHandshakeFailures(socket, this.log);
+    this.handshakeLog = watchHandshakes(socket, this.log, { workerId: this.workerId, endpoint: this.opts.endpoint }, this.opts.onRefused);
     socket.events.on('handshake', () => {
       this.connected = true;
       this.handshakeLog?.succeeded();
@@ -401,6 +381,7 @@ class WorkerRuntime implements Worker {
       this.restartHeartbeat();
     }
     this.log.info({ heartbeatMs, progressMs, wasRegistered }, 'registered with daemon');
+    this.opts.onRegistered?.();
     // Invariant 5: results the daemon has not answered may have been lost with the old session.
     for (const msg of this.unsettled.values()) this.send(msg);
   }
@@ -508,6 +489,8 @@ class WorkerRuntime implements Worker {
     }
     if (code === 'unauthorized' || code === 'identity_mismatch') this.registered = false;
     this.log.error({ code, message }, 'daemon reported a protocol error');
+    const refused = registrationRefusal(code, message, { workerId: this.workerId, endpoint: this.opts.endpoint });
+    if (refused) this.opts.onRefused?.(refused);
   }
 
   // ---- send path -----------------------------------------------------------------------

@@ -14,8 +14,9 @@ const ROOT = join(import.meta.dirname, '../..');
 /**
  * Each layer and the layers it may import from (besides itself), lowest first. `base` holds the
  * leaf modules every layer may use. The composition root (`daemon`) wires the runtime to the
- * fabric, the queue and the supervisor; the CLI drives it and the operator use-cases, and never
- * reaches into the runtime itself.
+ * fabric, the queue and the supervisor; `host` runs it inside an application's process (with its
+ * database, metrics server and local workers) and builds the test environment; the CLI drives the
+ * host and the operator use-cases, and never reaches into the runtime itself.
  */
 const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
   {
@@ -51,9 +52,14 @@ const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
     uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'runtime', 'daemon'],
   },
   {
+    name: 'host',
+    paths: ['src/host/'],
+    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'daemon', 'observability'],
+  },
+  {
     name: 'cli',
     paths: ['src/cli/'],
-    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'daemon', 'observability'],
+    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'daemon', 'observability', 'host'],
   },
   {
     // the package's entry points (`corral`, `corral/testing`; `corral/worker` is the worker layer's

@@ -6,7 +6,7 @@ import { DEFAULT_PROGRESS_INTERVAL_MS } from '../../src/fabric/protocol.ts';
 import { checkFence, type Fence, type FenceRows } from '../../src/db/fence.ts';
 import { CorralError } from '../../src/errors.ts';
 import { handBackBackoffMs, WorkerPool } from '../../src/runtime/worker-pool.ts';
-import { localWorkerId } from '../../src/cli/commands/daemon.ts';
+import { localWorkerId } from '../../src/host/daemon.ts';
 import { StopRequests } from '../../src/cli/stop-requests.ts';
 import { agentInScope, agentPatternProblem } from '../../src/agent-scope.ts';
 import { daemonHeartbeatMs } from '../../src/db/daemons.ts';

@@ -1,8 +1,6 @@
 /** `corral worker`: runs the bundled example worker until SIGINT/SIGTERM. */
-import { hostname } from 'node:os';
 import type { Config } from '../../config.ts';
-import { CorralError } from '../../errors.ts';
-import type { WorkerCredentials } from '../../worker/example.ts';
+import type { WorkerCredentials } from '../../worker/credentials.ts';
 import { runExampleWorker } from '../../worker/example.ts';
 import { commandLogger } from '../database.ts';
 import { parentWatchReason, watchParent } from '../parent-watch.ts';
@@ -15,40 +13,25 @@ export interface WorkerCommandOptions {
 }
 
 /**
- * Where the worker's key comes from: `--key-file` (or CORRAL_WORKER_KEY_FILE); else a key issued
- * on first use under `CORRAL_HOME`, which works with a daemon using the same `CORRAL_HOME` (same
- * machine, same user). `--insecure` skips CURVE.
+ * Where the worker's key comes from (src/worker/credentials.ts): `--key-file` (or
+ * CORRAL_WORKER_KEY_FILE); else a key issued on first use under `CORRAL_HOME`, which works with a
+ * daemon using the same `CORRAL_HOME` (same machine, same user). `--insecure` skips CURVE.
  */
 export async function resolveWorkerCredentials(
   config: Config,
   requestedId: string | undefined,
 ): Promise<{ workerId: string; credentials: WorkerCredentials | undefined; source: string }> {
-  const defaultId = () =>
-    `${hostname()
-      .replace(/[^A-Za-z0-9._:-]/g, '-')
-      .slice(0, 40)}-${process.pid}`;
-  if (config.insecure) return { workerId: requestedId ?? defaultId(), credentials: undefined, source: 'insecure' };
-  const keys = await import('../../fabric/keys.ts');
-  if (config.workerKeyFile) {
-    const file = keys.readWorkerKeyFile(config.workerKeyFile);
-    if (requestedId !== undefined && requestedId !== file.worker_id) {
-      throw new CorralError('invalid_argument', `--id ${requestedId} differs from the key file's worker id ${file.worker_id}`);
-    }
-    return {
-      workerId: file.worker_id,
-      credentials: keys.workerCredentials(file, config.serverKey),
-      source: config.workerKeyFile,
-    };
-  }
-  const paths = keys.keyPaths(config.homeDir, {
+  const { resolveWorkerKey } = await import('../../worker/credentials.ts');
+  return resolveWorkerKey({
+    ...(config.workerKeyFile ? { keyFile: config.workerKeyFile } : {}),
+    ...(requestedId !== undefined ? { workerId: requestedId } : {}),
+    ...(config.serverKey ? { serverKey: config.serverKey } : {}),
+    homeDir: config.homeDir,
     ...(config.daemonKeyFile ? { daemonKeyFile: config.daemonKeyFile } : {}),
     ...(config.allowlistFile ? { allowlistFile: config.allowlistFile } : {}),
+    insecure: config.insecure,
+    idName: '--id',
   });
-  // The daemon's keypair is created by whichever of the daemon and its workers starts first
-  // (exclusively: both end up with the same one), so start order does not matter.
-  const workerId = requestedId ?? defaultId();
-  const file = keys.ensureLocalWorkerKey(paths, workerId);
-  return { workerId, credentials: keys.workerCredentials(keys.readWorkerKeyFile(file), config.serverKey), source: file };
 }
 
 export async function runWorkerCommand(config: Config, opts: WorkerCommandOptions): Promise<number> {
