@@ -17,6 +17,11 @@ export type ErrorCode =
   | 'invalid_timeout'
   | 'restart_intensity'
   | 'shutdown'
+  | 'idempotency_conflict'
+  | 'dead_lettered'
+  | 'cancelled'
+  | 'aborted'
+  | 'closed'
   | 'internal';
 
 /** Codes whose errors may succeed when tried again later (the database back, a peer ready). */
