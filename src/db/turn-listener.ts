@@ -12,6 +12,7 @@ import pg from 'pg';
 import { backoffDelayMs } from '../backoff.ts';
 import { CorralError, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
+import { SerialQueue } from '../serial-queue.ts';
 import { parseTurnNotices, type TurnNotice } from './turn-events.ts';
 
 export interface TurnSubscriber {
@@ -36,8 +37,6 @@ interface Channel {
   subscribers: Set<TurnSubscriber>;
   /** Whether the current connection LISTENs on it. */
   listening: boolean;
-  /** LISTEN/UNLISTEN on this channel, one after another. */
-  ops: Promise<void>;
 }
 
 export class TurnListener {
@@ -45,6 +44,8 @@ export class TurnListener {
   private client: pg.Client | undefined;
   private connecting: Promise<pg.Client> | undefined;
   private readonly channels = new Map<string, Channel>();
+  /** LISTEN and UNLISTEN, one after another (a pg connection runs one statement at a time). */
+  private readonly ops = new SerialQueue();
   private lostAt: Date | undefined;
   private reconnectTimer: NodeJS.Timeout | undefined;
   private failures = 0;
@@ -66,7 +67,7 @@ export class TurnListener {
     if (this.closed) throw new CorralError('closed', 'the client is closed');
     let ch = this.channels.get(channel);
     if (!ch) {
-      ch = { subscribers: new Set(), listening: false, ops: Promise.resolve() };
+      ch = { subscribers: new Set(), listening: false };
       this.channels.set(channel, ch);
     }
     ch.subscribers.add(subscriber);
@@ -105,26 +106,20 @@ export class TurnListener {
   }
 
   private listen(client: pg.Client, channel: string, ch: Channel): Promise<void> {
-    ch.ops = ch.ops
-      .catch(() => undefined)
-      .then(async () => {
-        if (ch.listening && this.client === client) return;
-        await this.query(client, `LISTEN ${pg.escapeIdentifier(channel)}`);
-        if (this.client === client) ch.listening = true;
-      });
-    return ch.ops;
+    return this.ops.run(async () => {
+      if (ch.listening && this.client === client) return;
+      await this.query(client, `LISTEN ${pg.escapeIdentifier(channel)}`);
+      if (this.client === client) ch.listening = true;
+    });
   }
 
   private unlisten(channel: string, ch: Channel): Promise<void> {
-    ch.ops = ch.ops
-      .catch(() => undefined)
-      .then(async () => {
-        if (ch.subscribers.size > 0 || !ch.listening) return;
-        ch.listening = false;
-        const client = this.client;
-        if (client) await this.query(client, `UNLISTEN ${pg.escapeIdentifier(channel)}`).catch(() => undefined);
-      });
-    return ch.ops;
+    return this.ops.run(async () => {
+      if (ch.subscribers.size > 0 || !ch.listening) return;
+      ch.listening = false;
+      const client = this.client;
+      if (client) await this.query(client, `UNLISTEN ${pg.escapeIdentifier(channel)}`).catch(() => undefined);
+    });
   }
 
   /** The connection, made if there is none (one attempt: a failure is thrown). */
