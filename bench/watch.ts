@@ -18,7 +18,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import pg from 'pg';
+import type pg from 'pg';
 import { connect, type Corral, type TurnEvent, type TurnWatch } from '../src/client/index.ts';
 import { DEFAULT_WORKER_CAPACITY } from '../src/defaults.ts';
 import { migrateDatabase } from '../src/db/migrate.ts';

@@ -14,7 +14,7 @@ import { ping, requireCorralSchema } from '../db/health.ts';
 import { connectDatabase } from '../db/resolve.ts';
 import { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, sendEvents } from '../db/send-event.ts';
 import { readTranscript, type TranscriptEntry } from '../db/transcript.ts';
-import { TurnListener } from '../db/turn-listener.ts';
+import { DEFAULT_LINGER_MS, TurnListener } from '../db/turn-listener.ts';
 import { CorralError } from '../errors.ts';
 import { unstorableReason } from '../json-safety.ts';
 import { silentLogger, type Logger } from '../logger.ts';
@@ -45,6 +45,11 @@ export interface ConnectOptions {
   applicationName?: string;
   /** Where the client logs (reconnects, background errors); default: nowhere. */
   logger?: Logger;
+  /**
+   * How long an actor's turn channel stays registered after the last watch or wait on it ended
+   * (default 30,000 ms): a client that watches and waits often does not register again each time.
+   */
+  watchLingerMs?: number;
 }
 
 /** Where a send's statement runs: a node-postgres `Client`/`PoolClient` inside `BEGIN`, a Drizzle transaction, or `{ executeSql }`. */
@@ -93,7 +98,7 @@ export interface ActorOptions {
 export interface ClientDiagnostics {
   /** Connections taken from the pool plus statements on the notification connection, since `connect`. */
   databaseCalls: number;
-  /** Turn channels listened on now. */
+  /** Turn channels listened on now (and registered: daemons notify them), lingering ones included. */
   listening: number;
   /** Times the notification connection was lost and made again. */
   reconnects: number;
@@ -110,6 +115,7 @@ export class Corral {
   private readonly database: Database;
   private readonly logger: Logger;
   private readonly applicationName: string;
+  private readonly lingerMs: number;
   private listenerInstance: TurnListener | undefined;
   private boss: Promise<PgBoss> | undefined;
   private readonly watches = new Set<ActorWatch>();
@@ -118,12 +124,13 @@ export class Corral {
   private closing: Promise<void> | undefined;
 
   /** Use `connect()`. */
-  constructor(config: Config, database: Database, opts: { logger: Logger; applicationName: string }) {
+  constructor(config: Config, database: Database, opts: { logger: Logger; applicationName: string; lingerMs: number }) {
     this.config = config;
     this.queues = queuesOf(config);
     this.database = database;
     this.logger = opts.logger;
     this.applicationName = opts.applicationName;
+    this.lingerMs = opts.lingerMs;
     database.pool.on('acquire', () => this.calls++);
   }
 
@@ -279,6 +286,7 @@ export class Corral {
       applicationName: `${this.applicationName}-listen`.slice(0, 63),
       logger: this.logger,
       onStatement: () => this.calls++,
+      lingerMs: this.lingerMs,
     });
     return this.listenerInstance;
   }
@@ -324,6 +332,10 @@ export async function connect(opts: ConnectOptions = {}): Promise<Corral> {
     throw new CorralError('invalid_argument', 'applicationName is a string of 1-63 characters');
   }
   const logger = opts.logger ?? silentLogger;
+  const lingerMs = opts.watchLingerMs ?? DEFAULT_LINGER_MS;
+  if (!Number.isInteger(lingerMs) || lingerMs < 0 || lingerMs > 3_600_000) {
+    throw new CorralError('invalid_argument', 'watchLingerMs is an integer from 0 to 3,600,000');
+  }
   const database = await connectDatabase(config, logger, async (url) => {
     const d = openDatabase(url, { max, applicationName, onError: (e) => logger.warn({ err: e.message }, 'database connection error') });
     try {
@@ -340,7 +352,7 @@ export async function connect(opts: ConnectOptions = {}): Promise<Corral> {
     await database.close();
     throw e;
   }
-  return new Corral(config, database, { logger, applicationName });
+  return new Corral(config, database, { logger, applicationName, lingerMs });
 }
 
 function checkedIdempotencyKey(key: unknown): string | undefined {

@@ -6,7 +6,8 @@
  *  - durable agent state: actors (the durable epoch counter), conversations, turns, messages;
  *  - runtime projections: activations, deliveries, workers, daemons. They can be rebuilt or failed on
  *    recovery; nothing that must survive lives only in them;
- *  - idempotency keys of enqueued events (src/db/send-event.ts), kept while their event's job is.
+ *  - idempotency keys of enqueued events (src/db/send-event.ts), kept while their event's job is;
+ *  - the turn channels watched now (src/db/turn-events.ts): turn events are notified only on those.
  *
  * Invariants enforced by the database itself:
  *  I1 at most one live activation per actor key (partial unique index `activations_one_live`).
@@ -286,4 +287,20 @@ export const idempotencyKeys = corral.table(
     index('idempotency_keys_created').on(t.createdAt),
     check('idempotency_keys_key_length', sql.raw(`char_length(key) between 1 and ${MAX_IDEMPOTENCY_KEY_LENGTH}`)),
   ],
+);
+
+/**
+ * Who listens for turn events, by channel (src/db/turn-events.ts, src/db/turn-listener.ts): the
+ * daemon's statements notify a channel only while a row names it, so turn events cost nothing
+ * while nobody watches. A row belongs to the backend (`pid`) that LISTENs; rows of backends that
+ * are gone are deleted by the next registration.
+ */
+export const turnWatchers = corral.table(
+  'turn_watchers',
+  {
+    channel: text('channel').notNull(),
+    pid: integer('pid').notNull(),
+    registeredAt: tz('registered_at').notNull().defaultNow(),
+  },
+  (t) => [primaryKey({ columns: [t.channel, t.pid] })],
 );

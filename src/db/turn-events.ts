@@ -11,6 +11,13 @@
  *    so a payload stays far below PostgreSQL's 8000-byte limit (a line is at most 339 bytes).
  * T3 Batched: the hot statements (src/db/turn-rows.ts) send one `pg_notify` per channel and chunk
  *    of their batch, inside the statement itself (`notifyTurnsCte`): no extra round trip.
+ * T4 Only while watched: a channel is notified only while `corral.turn_watchers` names it (a
+ *    listener registers there, src/db/turn-listener.ts). A NOTIFY serialises the commits of every
+ *    notifying transaction of the server (PostgreSQL holds one lock from NOTIFY's pre-commit
+ *    until the commit is flushed): unwatched, turn events cost the daemon one look at an empty
+ *    table per statement, not that. Every statement that notifies reads the table, and so holds
+ *    its ACCESS SHARE lock until its transaction ends: a registration waits for the transactions
+ *    holding it then (src/db/turn-listener.ts, L1), after which every statement sees the registration.
  */
 import { createHash } from 'node:crypto';
 import { sql, type SQL } from './orm.ts';
@@ -31,6 +38,9 @@ export const TURN_EVENTS_PER_NOTIFY = 20;
 export function turnChannelOf(actor: string): string {
   return `${TURN_CHANNEL_PREFIX}${createHash('md5').update(actor).digest('hex')[0]}`;
 }
+
+/** T4: whether a channel expression is watched now. */
+const WATCHED = (channel: string) => `exists (select 1 from corral.turn_watchers tw where tw.channel = ${channel})`;
 
 /** T1 in SQL, for an actor key text expression. */
 const channelSql = (actor: string) => `'${TURN_CHANNEL_PREFIX}' || left(md5(${actor}), 1)`;
@@ -83,6 +93,7 @@ export function notifyTurnsCte(kind: TurnEventKind, rows: string): SQL {
                      '${kind} ' || ${actor} || ' ' || n.event_id::text || ' ' || n.epoch::text || ' ' || n.attempt::text as line,
                      (row_number() over (partition by left(md5(${actor}), 1) order by n.event_id) - 1) / ${TURN_EVENTS_PER_NOTIFY} as chunk
                 from ${rows} n) x
+       where ${WATCHED('x.ch')}
        group by ch, chunk`);
 }
 
@@ -107,5 +118,8 @@ export async function notifyTurnEvents(tx: DbOrTx, notices: readonly TurnNotice[
       payloads.push(lines.slice(i, i + TURN_EVENTS_PER_NOTIFY).join('\n'));
     }
   }
-  await tx.execute(sql`select pg_notify(c, p) from unnest(${sql.param(channels)}::text[], ${sql.param(payloads)}::text[]) as x(c, p)`);
+  await tx.execute(
+    sql`select pg_notify(x.c, x.p) from unnest(${sql.param(channels)}::text[], ${sql.param(payloads)}::text[]) as x(c, p)
+         where ${sql.raw(WATCHED('x.c'))}`,
+  );
 }

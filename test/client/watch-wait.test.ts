@@ -107,7 +107,7 @@ describe('watch', () => {
     expect(s.corral.diagnostics().watches).toBe(1);
     await w2.close();
     expect(await w2.next()).toEqual({ value: undefined, done: true });
-    expect(s.corral.diagnostics()).toMatchObject({ watches: 0, listening: 0 });
+    expect(s.corral.diagnostics()).toMatchObject({ watches: 0 });
     const aborted = new AbortController();
     aborted.abort();
     const w3 = await s.corral.watch('w/abort', { signal: aborted.signal });
