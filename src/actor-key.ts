@@ -10,7 +10,9 @@ export interface ActorKey {
   readonly sessionId: string;
 }
 
-const PART = /^[A-Za-z0-9._:@-]{1,128}$/;
+/** What each part of an actor key is (also checked in SQL: src/db/send-event.ts). */
+export const ACTOR_PART = /^[A-Za-z0-9._:@-]{1,128}$/;
+const PART = ACTOR_PART;
 
 export function isValidActorPart(part: string): boolean {
   return PART.test(part);

@@ -24,6 +24,11 @@ export type ErrorCode =
   | 'server_key_mismatch'
   | 'curve_mismatch'
   | 'registration_refused'
+  | 'idempotency_conflict'
+  | 'dead_lettered'
+  | 'cancelled'
+  | 'aborted'
+  | 'closed'
   | 'internal';
 
 /** Codes whose errors may succeed when tried again later (the database back, a peer ready). */

@@ -45,8 +45,13 @@
  *     pg-boss's `work()`, whose notifier wakes only its own workers.
  *  S10 drizzle/0002_boss_job_autovacuum.sql (`corral.tune_boss_job_tables`) reads `queue.table_name`
  *     and `queue.policy` (a migration: it cannot import these names; the test checks them).
+ *  S11 The SQL enqueue (db/send-event.ts: `corral.send_event`, `corral.send_events`, what the client's
+ *     `send` runs too): `eventJobsInsertFunction` makes S1's insert (`insertJobs`, NOTIFY included)
+ *     the body of `corral.insert_event_jobs(jobs text)`, and `sendPayloadSql` is S1's payload as a SQL
+ *     expression. Generated when the queues are set up (a static migration cannot know the queue's
+ *     table or pg-boss's statement), so any language enqueues the row `boss.send` writes.
  *
- * Tests: test/queue/boss-internals.test.ts checks S1–S10 piece by piece, each failure naming its
+ * Tests: test/queue/boss-internals.test.ts checks S1–S11 piece by piece, each failure naming its
  * piece; test/queue/direct-send.test.ts compares a direct insert with `boss.send`'s row, column by
  * column; test/queue/key-head-fetch.test.ts compares the claim with pg-boss's own fetch on one
  * backlog; test/queue/notify-channel.test.ts compares the channel with pg-boss's SQL expression.
@@ -134,6 +139,7 @@ export const JOB = {
   started_on: 'started_on',
   completed_on: 'completed_on',
   heartbeat_on: 'heartbeat_on',
+  output: 'output',
   source_id: 'source_id',
   source_created_on: 'source_created_on',
   source_retry_count: 'source_retry_count',
@@ -158,6 +164,7 @@ export const JOB_TYPES: Record<JobColumn, string> = {
   started_on: 'timestamptz',
   completed_on: 'timestamptz',
   heartbeat_on: 'timestamptz',
+  output: 'jsonb',
   source_id: 'uuid',
   source_created_on: 'timestamptz',
   source_retry_count: 'int4',
@@ -290,3 +297,65 @@ export function bossNotifyChannel(schema: string): string {
 
 /** S9: whether a notification on that channel is for `queue` (pg-boss sends the queue's name). */
 export const notifiesQueue = (payload: string, queue: string): boolean => payload === queue;
+
+/** S11: the function S1's insert becomes (its one argument is the insert's `$1`: the payloads as JSON text). */
+export const EVENT_JOBS_INSERT_FUNCTION = 'corral.insert_event_jobs';
+
+/** S11: what S1's insert needs of a queue: its job table and whether it notifies (`getQueues`). */
+export interface InsertTarget {
+  table: string;
+  notify: boolean;
+}
+
+/** What runs S1's lookups: `boss.getDb()` or any `executeSql` adapter pg-boss takes. */
+export interface BossSqlRunner {
+  executeSql(text: string, values?: unknown[]): Promise<{ rows: unknown[] }>;
+}
+
+/** S11: the queue's insert target, or undefined when pg-boss's schema is not at S2's version or the queue does not exist. */
+export async function insertTargetOf(db: BossSqlRunner, schema: string, queue: string): Promise<InsertTarget | undefined> {
+  const { getVersion, getQueues } = await bossPlans();
+  const version = await db
+    .executeSql(getVersion(schema))
+    .then((r) => Number((r.rows[0] as { version?: unknown } | undefined)?.version))
+    .catch(() => undefined);
+  if (version !== BOSS_SCHEMA_VERSION) return undefined;
+  const q = getQueues(schema, [queue]);
+  const found = (await db.executeSql(q.text, q.values)).rows[0] as { table?: string; notify?: boolean } | undefined;
+  return found?.table ? { table: found.table, notify: Boolean(found.notify) } : undefined;
+}
+
+/**
+ * S11: `CREATE OR REPLACE FUNCTION corral.insert_event_jobs(jobs text) RETURNS SETOF uuid`, whose
+ * body is S1's insert for `queue` as pg-boss's `send` runs it (`returnId`, the queue's `notify`):
+ * it inserts the payloads (`sendPayloadSql`'s) and returns the ids inserted.
+ */
+export async function eventJobsInsertFunction(schema: string, queue: string, target: InsertTarget): Promise<string> {
+  const { insertJobs } = await bossPlans();
+  const body = insertJobs(schema, { table: target.table, name: queue, returnId: true, notify: target.notify });
+  const quote = '$corral_insert$';
+  if (body.includes(quote)) throw new Error(`pg-boss's insert holds ${quote}`);
+  return `CREATE OR REPLACE FUNCTION ${EVENT_JOBS_INSERT_FUNCTION}(jobs text) RETURNS SETOF uuid
+LANGUAGE sql VOLATILE AS ${quote}${body}${quote};`;
+}
+
+/**
+ * S11: the payload `sendPayload` builds, as a jsonb SQL expression of the job's `id` (uuid),
+ * `data` (jsonb) and `singletonKey` (text) expressions: the fields it sets itself are literals,
+ * read off `sendPayload`, so the two cannot drift apart.
+ */
+export function sendPayloadSql(queue: string, exprs: { id: string; data: string; singletonKey: string }): string {
+  const marks = { id: '\u0000id', data: '\u0000data', singletonKey: '\u0000key' };
+  const sqlOf = new Map<unknown, string>([
+    [marks.id, `to_jsonb((${exprs.id})::text)`],
+    [marks.data, `(${exprs.data})`],
+    [marks.singletonKey, `to_jsonb((${exprs.singletonKey})::text)`],
+  ]);
+  const fields = Object.entries(sendPayload(queue, marks)).map(([k, v]) => {
+    const value = sqlOf.get(v) ?? `${literal(JSON.stringify(v ?? null))}::jsonb`;
+    return `${literal(k)}, ${value}`;
+  });
+  return `jsonb_build_object(${fields.join(', ')})`;
+}
+
+const literal = (s: string) => `'${s.replaceAll("'", "''")}'`;

@@ -1,23 +1,23 @@
 /**
- * The database a daemon or a command uses: `databaseUrl` when set, else the embedded server under
- * `homeDir`, started on demand (src/db/embedded.ts). Free of Drizzle and pg-boss, so that light
- * commands (`corral send`) load little.
+ * The database a process uses: DATABASE_URL when set, else the embedded server under
+ * `CORRAL_HOME` (started on demand, shared by every corral process of that home). The CLI's
+ * commands and the client (`connect()`, src/client/) resolve it here, so both find the same one.
+ * Free of Drizzle and pg-boss, so that light commands (`corral send`) load little.
  */
 import type { Config } from '../config.ts';
-import { CorralError, toError } from '../errors.ts';
+import { ensureEmbeddedPostgres, recordedEmbeddedPostgres, type EmbeddedServer } from './embedded.ts';
+import { maskUrl } from '../config.ts';
+import { CorralError, isConnectionError, isDatabaseUnavailable, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
-import { ensureEmbeddedPostgres, type EmbeddedServer } from './embedded.ts';
+
+export type DatabaseConfig = Pick<Config, 'databaseUrl' | 'homeDir' | 'embeddedRootDir'>;
 
 export interface ResolvedDatabase {
   url: string;
-  /** The embedded server, when `databaseUrl` is unset (`startedHere`: this call started it). */
   embedded: EmbeddedServer | undefined;
 }
 
-export async function resolveDatabase(
-  config: Pick<Config, 'databaseUrl' | 'homeDir' | 'embeddedRootDir'>,
-  logger: Logger,
-): Promise<ResolvedDatabase> {
+export async function resolveDatabase(config: DatabaseConfig, logger: Logger): Promise<ResolvedDatabase> {
   if (config.databaseUrl) return { url: config.databaseUrl, embedded: undefined };
   try {
     const embedded = await ensureEmbeddedPostgres({
@@ -36,7 +36,7 @@ export async function resolveDatabase(
   }
 }
 
-export function logEmbedded(config: Pick<Config, 'homeDir'>, logger: Logger, embedded: EmbeddedServer): void {
+export function logEmbedded(config: DatabaseConfig, logger: Logger, embedded: EmbeddedServer): void {
   logger.info(
     {
       home: config.homeDir,
@@ -46,6 +46,43 @@ export function logEmbedded(config: Pick<Config, 'homeDir'>, logger: Logger, emb
     },
     embedded.startedHere ? 'started the embedded PostgreSQL' : 'using the embedded PostgreSQL',
   );
+}
+
+/**
+ * A short command's connection to its database, made by `connect` (which cleans up after itself
+ * when it fails). With the embedded server, the first try goes straight to the server the home
+ * recorded: the command's own connection is then the check that it runs and is ours (E1 in
+ * db/embedded.ts), instead of a check connection of its own before it, which costs the server a
+ * backend start (~20 ms of a read command). Only when that fails is the server ensured (started
+ * if need be) and `connect` tried again.
+ */
+export async function connectDatabase<T>(config: DatabaseConfig, logger: Logger, connect: (url: string) => Promise<T>): Promise<T> {
+  if (!config.databaseUrl) {
+    const recorded = await recordedEmbeddedPostgres({ homeDir: config.homeDir, rootDir: config.embeddedRootDir });
+    if (recorded) {
+      const connected = await connect(recorded.url).catch(() => undefined);
+      if (connected !== undefined) {
+        logEmbedded(config, logger, recorded);
+        return connected;
+      }
+    }
+  }
+  const resolved = await resolveDatabase(config, logger);
+  try {
+    return await connect(resolved.url);
+  } catch (e) {
+    throw unreachable(resolved, e);
+  }
+}
+
+/** A command's first contact with the database failed: a clear `database_unavailable`, or `e` as is. */
+export function unreachable(db: ResolvedDatabase, e: unknown): unknown {
+  if (!isDatabaseUnavailable(e)) return e;
+  // the embedded server is corral's own: only a DATABASE_URL can be wrong
+  const hint = isConnectionError(e) && !db.embedded ? ' (is DATABASE_URL right and the server up?)' : '';
+  return new CorralError('database_unavailable', `cannot reach the database at ${maskUrl(db.url)}: ${toError(e).message}${hint}`, {
+    cause: e,
+  });
 }
 
 /** The embedded server a daemon started goes with it (one that found it running leaves it). */

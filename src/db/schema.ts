@@ -5,7 +5,9 @@
  * Two families:
  *  - durable agent state: actors (the durable epoch counter), conversations, turns, messages;
  *  - runtime projections: activations, deliveries, workers, daemons. They can be rebuilt or failed on
- *    recovery; nothing that must survive lives only in them.
+ *    recovery; nothing that must survive lives only in them;
+ *  - idempotency keys of enqueued events (src/db/send-event.ts), kept while their event's job is;
+ *  - the turn channels watched now (src/db/turn-events.ts): turn events are notified only on those.
  *
  * Invariants enforced by the database itself:
  *  I1 at most one live activation per actor key (partial unique index `activations_one_live`).
@@ -259,4 +261,46 @@ export const deadLetterActions = corral.table(
     replayed: boolean('replayed').notNull().default(false),
   },
   (t) => [index('dead_letter_actions_dl').on(t.deadLetterId)],
+);
+
+/** The longest idempotency key a send takes (characters). */
+export const MAX_IDEMPOTENCY_KEY_LENGTH = 200;
+
+/**
+ * Idempotency keys of sent events (`corral.send_events`, src/db/send-event.ts): per actor, the
+ * event a key enqueued and the SHA-256 of its data (jsonb's text), so a send again with the key
+ * returns that event, and one with other data is refused. Written in the transaction that
+ * enqueues the event; pruned by the retention sweep once the event's job is gone.
+ */
+export const idempotencyKeys = corral.table(
+  'idempotency_keys',
+  {
+    agentUid: text('agent_uid').notNull(),
+    sessionId: text('session_id').notNull(),
+    key: text('key').notNull(),
+    eventId: uuid('event_id').notNull(),
+    dataSha256: text('data_sha256').notNull(),
+    createdAt: tz('created_at').notNull().defaultNow(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.agentUid, t.sessionId, t.key] }),
+    index('idempotency_keys_created').on(t.createdAt),
+    check('idempotency_keys_key_length', sql.raw(`char_length(key) between 1 and ${MAX_IDEMPOTENCY_KEY_LENGTH}`)),
+  ],
+);
+
+/**
+ * Who listens for turn events, by channel (src/db/turn-events.ts, src/db/turn-listener.ts): the
+ * daemon's statements notify a channel only while a row names it, so turn events cost nothing
+ * while nobody watches. A row belongs to the backend (`pid`) that LISTENs; rows of backends that
+ * are gone are deleted by the next registration.
+ */
+export const turnWatchers = corral.table(
+  'turn_watchers',
+  {
+    channel: text('channel').notNull(),
+    pid: integer('pid').notNull(),
+    registeredAt: tz('registered_at').notNull().defaultNow(),
+  },
+  (t) => [primaryKey({ columns: [t.channel, t.pid] })],
 );

@@ -15,6 +15,7 @@ import { executeNamed } from './prepared.ts';
 import { fromRawRow, prefixedColumns, toDate } from './rows.ts';
 import { contextLinesOf, type ContextLimits } from './history.ts';
 import { activations, ACTIVATION_LIVE, DELIVERY_LIVE, DELIVERY_UNACCEPTED, sqlList } from './schema.ts';
+import { notifyTurnsCte, turnsNotified } from './turn-events.ts';
 
 const LIVE = sqlList(ACTIVATION_LIVE);
 const DELIVERY_LIVE_LIST = sqlList(DELIVERY_LIVE);
@@ -51,6 +52,18 @@ const TURN_ROWS = sql.raw(`conv_new as (
         from w join conv using (agent_uid, session_id) join d using (delivery_id)
       returning delivery_id
     )`);
+
+/** Watchers hear of each begun turn (src/db/turn-events.ts), with the statement's commit. */
+const STARTED_NOTIFY = notifyTurnsCte(
+  'started',
+  '(select w.agent_uid, w.session_id, w.event_id, w.actor_epoch as epoch, w.job_retry_count + 1 as attempt from w join t using (delivery_id))',
+);
+
+/** And of each committed one. */
+const COMMITTED_NOTIFY = notifyTurnsCte(
+  'committed',
+  '(select c.agent_uid, c.session_id, t.event_id, t.actor_epoch as epoch, t.attempt from t join c on c.id = t.conversation_id)',
+);
 
 /** One fetched job to begin (at most one per actor in a batch). */
 export interface BeginInput {
@@ -169,12 +182,15 @@ export async function beginTurnsMany(
       select i.agent_uid, i.session_id, i.event_id, i.delivery_id, i.turn_id, i.conv_id, i.job_retry_count, i.worker_id, i.input,
              i.known_conv, i.known_seq, a.activation_uid, a.actor_epoch, a.revision
         from i join a using (agent_uid, session_id)
-    ), ${TURN_ROWS}
+    ), ${TURN_ROWS}, n as (
+      ${STARTED_NOTIFY}
+    )
     select ${prefixedColumns(activations, 'a', '')}, t.delivery_id, ${context}
       from a
       join w on w.activation_uid = a.activation_uid
       join t on t.delivery_id = w.delivery_id
-      join conv on conv.agent_uid = a.agent_uid and conv.session_id = a.session_id`,
+      join conv on conv.agent_uid = a.agent_uid and conv.session_id = a.session_id
+     where ${turnsNotified('n')}`,
   );
   if (rows.length !== new Set(rows.map((r) => r.delivery_id)).size) throw new Error('a begin returned one turn twice');
   return new Map(
@@ -298,14 +314,14 @@ export async function commitTurnRowsMany(
              output = i.output->'v'
         from i
        where tu.delivery_id = i.delivery_id and tu.status = 'started'
-      returning tu.id, tu.conversation_id, tu.input, tu.delivery_id, i.activation_uid, i.messages,
-                1 + jsonb_array_length(i.messages) as count
+      returning tu.id, tu.conversation_id, tu.input, tu.delivery_id, tu.event_id, tu.actor_epoch, tu.attempt, i.activation_uid,
+                i.messages, 1 + jsonb_array_length(i.messages) as count
     ), c as (
       update corral.conversations cv
          set next_seq = cv.next_seq + t.count, updated_at = now()
         from t
        where cv.id = t.conversation_id
-      returning cv.id, cv.next_seq - t.count as first
+      returning cv.id, cv.agent_uid, cv.session_id, cv.next_seq - t.count as first
     ), items as (
       select t.delivery_id, t.id as turn_id, t.conversation_id, t.count, 1::bigint as ord, 'user'::text as role,
              coalesce(t.input, 'null'::jsonb) as content from t
@@ -332,10 +348,12 @@ export async function commitTurnRowsMany(
         from t
        where av.activation_uid = t.activation_uid and av.status in ${LIVE}
       returning 1
+    ), n as (
+      ${COMMITTED_NOTIFY}
     )
     select delivery_id, count(*)::int as messages, min(count)::int as expected, conversation_id, min(seq) as first_seq,
            ${opts.lines ? sql.raw(`string_agg(role || ' ' || content::text, E'\\n' order by seq)`) : sql.raw('null::text')} as lines
-      from mi group by delivery_id, conversation_id`,
+      from mi where ${turnsNotified('n')} group by delivery_id, conversation_id`,
   );
   return new Map(
     written

@@ -19,6 +19,7 @@ import { MAX_STEERING_BYTES, notifyControl } from '../db/control.ts';
 import { fenceOf, type Fence } from '../db/fence.ts';
 import { sql } from '../db/orm.ts';
 import { DELIVERY_LIVE } from '../db/schema.ts';
+import { notifyTurnEvents } from '../db/turn-events.ts';
 import { CorralError } from '../errors.ts';
 import { unstorableReason } from '../json-safety.ts';
 
@@ -76,6 +77,9 @@ export async function cancelTurn(deps: TurnControlDeps, key: ActorKey, reason: s
     );
     const fence = fenceOf(delivery);
     await notifyControl(tx, { kind: 'cancel', fence, reason });
+    await notifyTurnEvents(tx, [
+      { kind: 'cancelled', ...key, eventId: delivery.eventId, epoch: delivery.actorEpoch, attempt: delivery.jobRetryCount + 1 },
+    ]);
     return fence;
   });
 }

@@ -15,6 +15,7 @@ import { CorralError } from '../errors.ts';
 import type { Config } from '../config.ts';
 import type { Queues } from '../db/boss-jobs.ts';
 import { tuneBossJobTables } from '../db/boss-tuning.ts';
+import { installSendEvent } from '../db/send-event.ts';
 import { queuesOf } from './names.ts';
 
 export const TEN_YEARS_S = 10 * 365 * 24 * 3600;
@@ -24,7 +25,14 @@ export { queuesOf };
 
 export type QueueConfig = Pick<
   Config,
-  'queueName' | 'bossSchema' | 'retryLimit' | 'retryDelaySeconds' | 'retryDelayMaxSeconds' | 'jobExpireSeconds' | 'jobHeartbeatSeconds'
+  | 'queueName'
+  | 'bossSchema'
+  | 'retryLimit'
+  | 'retryDelaySeconds'
+  | 'retryDelayMaxSeconds'
+  | 'jobExpireSeconds'
+  | 'jobHeartbeatSeconds'
+  | 'maxEventBytes'
 >;
 
 export interface BossOptions {
@@ -66,9 +74,15 @@ export function createBoss(url: string, config: QueueConfig, opts: BossOptions =
 
 /**
  * Creates (or updates) the actor queue and its dead-letter queue. Idempotent. Short commands pass
- * `updateExisting: false` so they never overwrite the settings a daemon configured.
+ * `updateExisting: false` so they never overwrite the settings a daemon configured. With
+ * `installFunctions` (default: `updateExisting`), the SQL enqueue `corral.send_event` is
+ * (re)made for the queue (src/db/send-event.ts): it embeds pg-boss's insert for the queue's table.
  */
-export async function ensureQueues(boss: PgBoss, config: QueueConfig, opts: { updateExisting?: boolean } = {}): Promise<Queues> {
+export async function ensureQueues(
+  boss: PgBoss,
+  config: QueueConfig,
+  opts: { updateExisting?: boolean; installFunctions?: boolean } = {},
+): Promise<Queues> {
   const update = opts.updateExisting ?? true;
   const names = queuesOf(config);
   const dlq = {
@@ -95,6 +109,7 @@ export async function ensureQueues(boss: PgBoss, config: QueueConfig, opts: { up
   // Fresh planner statistics for the actor queue's job table (drizzle/0002_boss_job_autovacuum.sql):
   // pg-boss creates its tables after corral's migrations ran, so the settings are applied here.
   if (update) await tuneBossJobTables(boss.getDb(), config.bossSchema);
+  if (opts.installFunctions ?? update) await installSendEvent(boss.getDb(), config);
   return names;
 }
 

@@ -34,7 +34,7 @@ export interface ActorEventJob {
  * lone surrogate, no number JSON cannot keep), and at most `maxBytes` of JSON. An event too large for the wire would otherwise hold a worker slot until
  * its lease ran out, on every retry.
  */
-function toJsonPayload(event: unknown, maxBytes: number): unknown {
+export function toJsonPayload(event: unknown, maxBytes: number): unknown {
   if (event === undefined) throw new CorralError('invalid_argument', 'an event payload is required');
   const unstorable = unstorableReason(event);
   if (unstorable) throw new CorralError('invalid_argument', `the event payload cannot be stored: ${unstorable}`);

@@ -3,11 +3,15 @@
  * because pg-boss's own sweep would also delete *failed* jobs, and in dead-letter mode `block` a
  * failed head must never vanish (it holds its actor until an operator acts). This sweep removes
  * only `completed` jobs older than the retention, so the job table does not grow without bound.
- * It reads candidates (src/db/boss-jobs.ts) and deletes them through pg-boss's API.
+ * It reads candidates (src/db/boss-jobs.ts) and deletes them through pg-boss's API. Then it
+ * deletes the idempotency keys (src/db/idempotency.ts) older than the retention whose event's job
+ * is gone, so a key lives at least as long as its event's job.
  */
 import type { PgBoss } from 'pg-boss';
 import { completedJobsOlderThan } from '../db/boss-jobs.ts';
 import type { DbOrTx } from '../db/client.ts';
+import { pruneIdempotencyKeys } from '../db/idempotency.ts';
+import { queuesOf } from './names.ts';
 
 export interface RetentionOptions {
   boss: PgBoss;
@@ -21,7 +25,7 @@ export interface RetentionOptions {
   maxBatches?: number;
 }
 
-/** Deletes completed jobs of the actor queue older than the retention. Returns how many. */
+/** Deletes completed jobs of the actor queue older than the retention, then their idempotency keys. Returns how many jobs. */
 export async function sweepCompletedJobs(opts: RetentionOptions): Promise<number> {
   if (opts.retentionSeconds <= 0) return 0;
   const batch = opts.batchSize ?? 1_000;
@@ -32,6 +36,21 @@ export async function sweepCompletedJobs(opts: RetentionOptions): Promise<number
     await opts.boss.deleteJob(opts.queueName, ids);
     deleted += ids.length;
     if (ids.length < batch) break;
+  }
+  await sweepIdempotencyKeys(opts);
+  return deleted;
+}
+
+/** Deletes idempotency keys older than the retention whose event's job is gone. Returns how many. */
+export async function sweepIdempotencyKeys(opts: Omit<RetentionOptions, 'boss'>): Promise<number> {
+  if (opts.retentionSeconds <= 0) return 0;
+  const batch = opts.batchSize ?? 1_000;
+  const q = queuesOf({ queueName: opts.queueName, bossSchema: opts.bossSchema });
+  let deleted = 0;
+  for (let i = 0; i < (opts.maxBatches ?? 20); i++) {
+    const n = await pruneIdempotencyKeys(opts.db, q, opts.retentionSeconds, batch);
+    deleted += n;
+    if (n < batch) break;
   }
   return deleted;
 }

@@ -25,6 +25,7 @@ import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
 import { setBlockedBy } from '../db/actors.ts';
 import { JOB_STATE } from '../db/boss-internals.ts';
+import { notifyTurnEvents } from '../db/turn-events.ts';
 import { sql } from '../db/orm.ts';
 
 export type FailureKind = 'turn_error' | 'lease_expired' | 'worker_lost' | 'superseded' | 'recovered' | 'turn_timeout';
@@ -95,13 +96,19 @@ export class AttemptFailures {
       if (live && live.currentEventId === turn.eventId) {
         return this.failActivationInTx(tx, live, 'recovered', { message: 'fence rows lost' }, true, turn.attempt - 1);
       }
+      const db = fromDrizzle(tx, sql);
       const res = (await this.deps.boss.fail(
         this.deps.jobs.queue,
         { id: turn.eventId, retryCount: turn.attempt - 1 },
         { error: { code: 'recovered', message: 'fence rows lost' } },
-        { db: fromDrizzle(tx, sql) },
+        { db },
       )) as { affected?: number };
-      return { deadLettered: false, jobFailed: res.affected === 1 };
+      if (res.affected !== 1 || !key) return { deadLettered: false, jobFailed: res.affected === 1 };
+      const deadLettered = (await this.deps.boss.getJobById(this.deps.jobs.queue, turn.eventId, { db }))?.state === JOB_STATE.failed;
+      await notifyTurnEvents(tx, [
+        { kind: deadLettered ? 'dead_lettered' : 'failed', ...key, eventId: turn.eventId, epoch: turn.actorEpoch, attempt: turn.attempt },
+      ]);
+      return { deadLettered, jobFailed: true };
     });
   }
 
@@ -150,6 +157,17 @@ export class AttemptFailures {
         await setBlockedBy(tx, key, eventId);
       }
     }
+    // watchers hear of it with the commit (src/db/turn-events.ts)
+    await notifyTurnEvents(tx, [
+      {
+        kind: deadLettered ? 'dead_lettered' : 'failed',
+        agentUid: activation.agentUid,
+        sessionId: activation.sessionId,
+        eventId,
+        epoch: activation.actorEpoch,
+        attempt: retryCount + 1,
+      },
+    ]);
     return { deadLettered, jobFailed: true };
   }
 }

@@ -5,7 +5,8 @@
  * says which of corral's statements to revisit. With test/queue/direct-send.test.ts (a direct
  * insert writes the row `boss.send` writes), test/queue/key-head-fetch.test.ts (corral's claim takes
  * what pg-boss's fetch takes) and test/queue/notify-channel.test.ts (the channel is the one
- * pg-boss's SQL computes), this is the whole check of that surface.
+ * pg-boss's SQL computes), this is the whole check of that surface. S11 (the SQL enqueue) is checked
+ * here whole: the function's body, the row it writes column by column, its NOTIFY.
  */
 import { readFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
@@ -39,7 +40,10 @@ import {
   notifiesQueue,
   queueTable,
   sendPayload,
+  sendPayloadSql,
+  EVENT_JOBS_INSERT_FUNCTION,
 } from '../../src/db/boss-internals.ts';
+import { installSendEvent, sendEventFunctionsSql } from '../../src/db/send-event.ts';
 import { getDeadLetter, makeLastAttempt } from '../../src/db/boss-jobs.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { jobActiveOf } from '../../src/db/fence.ts';
@@ -333,5 +337,66 @@ describe('pg-boss internals (src/db/boss-internals.ts)', () => {
     expect(row.message ?? 'none', `S8: pg-boss's failure output carries its message at ${BOSS_FAILURE_MESSAGE.join('.')}`).toMatch(
       /heartbeat/,
     );
+  });
+  it("S11: corral.send_event runs pg-boss's insert and writes the row boss.send writes, column by column, and NOTIFYs", async () => {
+    const { insertJobs } = await bossPlans();
+    const body = await one<{ src: string }>(`select prosrc as src from pg_proc where oid = to_regprocedure($1)`, [
+      `${EVENT_JOBS_INSERT_FUNCTION}(text)`,
+    ]);
+    expect(body.src, `S11: ${EVENT_JOBS_INSERT_FUNCTION}'s body is pg-boss's insertJobs(…)`).toBe(
+      insertJobs(schema, { table, name: q.events, returnId: true, notify: true }),
+    );
+    const twin = { id: '01234567-89ab-7def-8123-456789abcdef', data: { a: [1, 'x'] }, singletonKey: 'a/s' };
+    const payload = await one<{ p: unknown }>(
+      `select ${sendPayloadSql(q.events, { id: '$1::uuid', data: '$2::jsonb', singletonKey: '$3::text' })} as p`,
+      [twin.id, JSON.stringify(twin.data), twin.singletonKey],
+    );
+    expect(payload.p, "S11: sendPayloadSql is sendPayload's payload").toEqual(JSON.parse(JSON.stringify(sendPayload(q.events, twin))));
+    const generated = await sendEventFunctionsSql({ ...DEFAULTS }, { table, notify: true });
+    expect(generated, `S11: the generated enqueue calls ${EVENT_JOBS_INSERT_FUNCTION}`).toContain(`FROM ${EVENT_JOBS_INSERT_FUNCTION}(`);
+    const version = async () =>
+      (await one<{ x: string }>(`select xmin::text as x from pg_proc where oid = to_regprocedure('corral.send_events(jsonb)')`)).x;
+    const installed = await version();
+    expect(await installSendEvent(boss.getDb(), DEFAULTS), 'S11: installed for an existing queue').toBe(true);
+    expect(await version(), 'S11: the same text is not installed again').toBe(installed);
+    expect(await installSendEvent(boss.getDb(), { ...DEFAULTS, maxEventBytes: 1000 }), 'S11: other settings are').toBe(true);
+    expect(await version(), 'S11: other settings replace the functions').not.toBe(installed);
+    await installSendEvent(boss.getDb(), DEFAULTS);
+    expect(await installSendEvent(boss.getDb(), { ...DEFAULTS, queueName: 'no-such-queue' }), 'S11: not for a missing one').toBe(false);
+
+    const listener = new pg.Client({ connectionString: db.url });
+    await listener.connect();
+    try {
+      const heard: string[] = [];
+      listener.on('notification', (n) => heard.push(`${n.channel} ${n.payload}`));
+      await listener.query(`listen ${pg.escapeIdentifier(bossNotifyChannel(schema))}`);
+      await client.query('begin');
+      const viaSql = (
+        await one<{ id: string }>(`select corral.send_event('internals', 'sql', $1::jsonb) as id`, [JSON.stringify({ n: 1 })])
+      ).id;
+      await client.query('commit');
+      await waitFor(() => heard.length > 0, { what: 'S11: the NOTIFY of corral.send_event', timeoutMs: 5_000 });
+      expect(heard[0], "S11: pg-boss's channel and payload").toBe(`${bossNotifyChannel(schema)} ${q.events}`);
+
+      const { job } = await sendRecorded('sql-twin');
+      type Row = Record<string, unknown>;
+      const row = async (id: string) =>
+        (await client.query<Row>(`select * from ${schema}.job where name = $1 and id = $2`, [q.events, id])).rows[0]!;
+      const a = await row(viaSql);
+      const b = await row(job.id);
+      const differing = Object.keys(b).filter((k) => JSON.stringify(a[k]) !== JSON.stringify(b[k]));
+      expect(
+        differing.filter((k) => !['id', 'data', 'singleton_key', 'created_on', 'start_after', 'keep_until'].includes(k)),
+        "S11: only what is per job or per moment differs from boss.send's row",
+      ).toEqual([]);
+      expect(a.singleton_key, 'S11: the singleton key is the actor key').toBe('internals/sql');
+      const data = a.data as Record<string, unknown>;
+      expect(Object.keys(data).sort(), "S11: the job's data has the fields actorEventJob gives it").toEqual(Object.keys(job.data).sort());
+      expect(data).toMatchObject({ agentUid: 'internals', sessionId: 'sql', payload: { n: 1 } });
+      expect(new Date(data.enqueuedAt as string).toISOString(), 'S11: enqueuedAt as toISOString() writes it').toBe(data.enqueuedAt);
+    } finally {
+      await client.query('rollback').catch(() => undefined);
+      await listener.end();
+    }
   });
 });

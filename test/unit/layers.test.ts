@@ -45,6 +45,7 @@ const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
   { name: 'queue', paths: ['src/queue/'], uses: ['base', 'config', 'db', 'fabric'] },
   { name: 'ops', paths: ['src/ops/'], uses: ['base', 'config', 'db', 'queue'] },
   { name: 'runtime', paths: ['src/runtime/'], uses: ['base', 'config', 'db', 'queue', 'fabric'] },
+  { name: 'client', paths: ['src/client/'], uses: ['base', 'config', 'db', 'queue', 'ops'] },
   { name: 'daemon', paths: ['src/daemon.ts'], uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'ops', 'runtime'] },
   {
     name: 'observability',

@@ -1,0 +1,375 @@
+/**
+ * The client an application uses: `const corral = await connect()`. It enqueues events (inside
+ * the caller's transaction if asked), reads transcripts and actors, steers and cancels turns,
+ * waits for a turn and watches an actor's turns. Every use-case is the CLI's own implementation
+ * (src/db/send-event.ts, src/db/transcript.ts, src/ops/status.ts, src/ops/turn-control.ts); the
+ * client adds nothing to the daemon's path.
+ */
+import type { PgBoss } from 'pg-boss';
+import { loadConfig, type Config } from '../config.ts';
+import type { Queues } from '../db/boss-jobs.ts';
+import { openDatabase, type Database } from '../db/client.ts';
+import { isStatementTarget, type StatementTarget } from '../db/executor.ts';
+import { ping, requireCorralSchema } from '../db/health.ts';
+import { connectDatabase } from '../db/resolve.ts';
+import { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, sendEvents } from '../db/send-event.ts';
+import { readTranscript, type TranscriptEntry } from '../db/transcript.ts';
+import { DEFAULT_LINGER_MS, TurnListener } from '../db/turn-listener.ts';
+import { CorralError } from '../errors.ts';
+import { unstorableReason } from '../json-safety.ts';
+import { silentLogger, type Logger } from '../logger.ts';
+import { actorStatus, type ActorStatus } from '../ops/status.ts';
+import { cancelTurn, steerTurn } from '../ops/turn-control.ts';
+import { toJsonPayload } from '../queue/event-job.ts';
+import { queuesOf } from '../queue/names.ts';
+import { toActorKey, type ActorRef } from './actor-ref.ts';
+import { waitForTurn, type CommittedTurn, type WaitOptions } from './wait.ts';
+import { ActorWatch, type TurnWatch, type WatchOptions } from './watch.ts';
+
+export interface ConnectOptions {
+  /** PostgreSQL to use; default `DATABASE_URL`, else the embedded server under `homeDir` (as the CLI). */
+  databaseUrl?: string;
+  /** corral's folder, where the embedded server lives; default `CORRAL_HOME`, else `.corral`. */
+  homeDir?: string;
+  /** The actor queue; default `CORRAL_QUEUE`, else `actor-events`. */
+  queueName?: string;
+  /** pg-boss's schema; default `CORRAL_BOSS_SCHEMA`, else `pgboss`. */
+  bossSchema?: string;
+  /** Largest event (JSON bytes) `send` takes; default `CORRAL_MAX_EVENT_BYTES`, else 262,144. */
+  maxEventBytes?: number;
+  /** Where the defaults above are read from; default `process.env`. */
+  env?: Record<string, string | undefined>;
+  /** Connections of the client's pool (default 4; a watch or wait adds one, shared). */
+  maxConnections?: number;
+  /** `application_name` of its connections (default `corral-client`). */
+  applicationName?: string;
+  /** Where the client logs (reconnects, background errors); default: nowhere. */
+  logger?: Logger;
+  /**
+   * How long an actor's turn channel stays registered after the last watch or wait on it ended
+   * (default 30,000 ms): a client that watches and waits often does not register again each time.
+   */
+  watchLingerMs?: number;
+}
+
+/** Where a send's statement runs: a node-postgres `Client`/`PoolClient` inside `BEGIN`, a Drizzle transaction, or `{ executeSql }`. */
+export type SendDb = StatementTarget;
+
+export interface SendOptions {
+  /** Enqueue inside this transaction: rolled back with it, committed with it. Default: the client's own connection, at once. */
+  db?: SendDb;
+  /** Sending again with this key (per actor, 1–200 characters) enqueues nothing and returns the first event. */
+  idempotencyKey?: string;
+}
+
+export interface SendResult {
+  eventId: string;
+  /** The idempotency key had enqueued this event already: nothing was enqueued now. */
+  duplicate: boolean;
+}
+
+export interface EventInput {
+  actor: ActorRef;
+  data: unknown;
+  idempotencyKey?: string;
+}
+
+export interface SteerResult {
+  eventId: string;
+  epoch: number;
+  /** The turn's new revision: only a result carrying it commits. */
+  revision: number;
+}
+
+export interface CancelResult {
+  eventId: string;
+  epoch: number;
+}
+
+export interface ActorOptions {
+  /** How many of the latest turns (default 10). */
+  turns?: number;
+  /** How many pending events at most (default 100). */
+  pending?: number;
+  /** How many dead letters at most (default 100). */
+  deadLetters?: number;
+}
+
+export interface ClientDiagnostics {
+  /** Connections taken from the pool plus statements on the notification connection, since `connect`. */
+  databaseCalls: number;
+  /** Turn channels listened on now (and registered: daemons notify them), lingering ones included. */
+  listening: number;
+  /** Times the notification connection was lost and made again. */
+  reconnects: number;
+  /** Open watches and waits. */
+  watches: number;
+  waits: number;
+}
+
+const DEFAULT_CONNECTIONS = 4;
+
+export class Corral {
+  readonly config: Config;
+  readonly queues: Queues;
+  private readonly database: Database;
+  private readonly logger: Logger;
+  private readonly applicationName: string;
+  private readonly lingerMs: number;
+  private listenerInstance: TurnListener | undefined;
+  private boss: Promise<PgBoss> | undefined;
+  private readonly watches = new Set<ActorWatch>();
+  private readonly waits = new Set<(e: CorralError) => void>();
+  private calls = 0;
+  private closing: Promise<void> | undefined;
+
+  /** Use `connect()`. */
+  constructor(config: Config, database: Database, opts: { logger: Logger; applicationName: string; lingerMs: number }) {
+    this.config = config;
+    this.queues = queuesOf(config);
+    this.database = database;
+    this.logger = opts.logger;
+    this.applicationName = opts.applicationName;
+    this.lingerMs = opts.lingerMs;
+    database.pool.on('acquire', () => this.calls++);
+  }
+
+  /** The database URL in use (the embedded server's when no `databaseUrl` was given). */
+  get databaseUrl(): string {
+    return this.database.url;
+  }
+
+  /** Enqueues one event for `actor`; resolves once it is written (committed, or in `opts.db`'s transaction). */
+  async send(actor: ActorRef, data: unknown, opts: SendOptions = {}): Promise<SendResult> {
+    const [sent] = await this.sendMany(
+      [{ actor, data, ...(opts.idempotencyKey === undefined ? {} : { idempotencyKey: opts.idempotencyKey }) }],
+      {
+        ...(opts.db === undefined ? {} : { db: opts.db }),
+      },
+    );
+    return sent!;
+  }
+
+  /** Enqueues events (any actors) in one statement, in array order; the results in the same order. */
+  async sendMany(events: readonly EventInput[], opts: Pick<SendOptions, 'db'> = {}): Promise<SendResult[]> {
+    this.open();
+    if (!Array.isArray(events)) throw new CorralError('invalid_argument', 'sendMany takes an array of { actor, data, idempotencyKey? }');
+    if (events.length > MAX_SEND_BATCH) {
+      throw new CorralError('invalid_argument', `sendMany takes at most ${MAX_SEND_BATCH} events at once (got ${events.length})`);
+    }
+    if (opts.db !== undefined && !isStatementTarget(opts.db)) {
+      throw new CorralError(
+        'invalid_argument',
+        'opts.db must be a pg Client or PoolClient, a Drizzle transaction, or { executeSql(text, values) }',
+      );
+    }
+    const input = events.map((e, i) => {
+      if (e === null || typeof e !== 'object')
+        throw new CorralError('invalid_argument', `event ${i + 1}: expected { actor, data, idempotencyKey? }`);
+      const key = toActorKey(e.actor);
+      return {
+        agentUid: key.agentUid,
+        sessionId: key.sessionId,
+        data: toJsonPayload(e.data, this.config.maxEventBytes),
+        idempotencyKey: checkedIdempotencyKey(e.idempotencyKey),
+      };
+    });
+    return sendEvents(opts.db ?? this.database.pool, input);
+  }
+
+  /** The committed transcript of `actor`: its turns in order, each with its messages. */
+  async transcript(actor: ActorRef): Promise<TranscriptEntry[]> {
+    this.open();
+    return readTranscript(this.database.db, toActorKey(actor));
+  }
+
+  /** What `corral actor` shows: activation, pending events, latest turns, dead letters. */
+  async actor(actor: ActorRef, opts: ActorOptions = {}): Promise<ActorStatus> {
+    this.open();
+    const limits = {
+      ...(opts.turns === undefined ? {} : { turns: checkedCount('turns', opts.turns) }),
+      ...(opts.pending === undefined ? {} : { pending: checkedCount('pending', opts.pending) }),
+      ...(opts.deadLetters === undefined ? {} : { deadLetters: checkedCount('deadLetters', opts.deadLetters) }),
+    };
+    return actorStatus(this.database.db, this.queues, toActorKey(actor), limits);
+  }
+
+  /** Steers the live turn of `actor` (`not_found` when none runs); `data` is at most 6,900 bytes of JSON. */
+  async steer(actor: ActorRef, data: unknown): Promise<SteerResult> {
+    this.open();
+    if (data === undefined) throw new CorralError('invalid_argument', 'steering input is required');
+    const fence = await steerTurn({ db: this.database.db }, toActorKey(actor), data);
+    return { eventId: fence.eventId, epoch: fence.actorEpoch, revision: fence.revision };
+  }
+
+  /** Cancels the live turn of `actor` (`not_found` when none runs): the actor moves on to its next event. */
+  async cancel(actor: ActorRef, reason = 'cancelled by the application'): Promise<CancelResult> {
+    this.open();
+    if (typeof reason !== 'string' || reason.length === 0 || reason.length > 1000) {
+      throw new CorralError('invalid_argument', 'a cancel reason is a string of 1-1000 characters');
+    }
+    const key = toActorKey(actor);
+    const fence = await cancelTurn({ db: this.database.db, boss: await this.bossInstance(), queueName: this.queues.events }, key, reason);
+    return { eventId: fence.eventId, epoch: fence.actorEpoch };
+  }
+
+  /** The committed turn of `eventId`, once it committed; rejects `dead_lettered`, `cancelled`, `not_found`, `timeout`, `aborted`. */
+  waitForTurn(eventId: string, opts: WaitOptions = {}): Promise<CommittedTurn> {
+    try {
+      this.open();
+    } catch (e) {
+      return Promise.reject(e as Error);
+    }
+    return waitForTurn(
+      {
+        db: this.database.db,
+        queues: this.queues,
+        listener: () => this.listener(),
+        track: (cancel) => {
+          this.waits.add(cancel);
+          return () => this.waits.delete(cancel);
+        },
+      },
+      eventId,
+      opts,
+    );
+  }
+
+  /** The turn events of `actor` from now on; resolves once it listens (nothing committed after that is missed). */
+  async watch(actor: ActorRef, opts: WatchOptions = {}): Promise<TurnWatch> {
+    this.open();
+    if (opts.maxBuffered !== undefined) checkedCount('maxBuffered', opts.maxBuffered);
+    const watch = new ActorWatch(toActorKey(actor), opts, (w) => this.watches.delete(w));
+    this.watches.add(watch);
+    try {
+      await watch.start(this.listener());
+    } catch (e) {
+      this.watches.delete(watch);
+      throw e;
+    }
+    return watch;
+  }
+
+  diagnostics(): ClientDiagnostics {
+    return {
+      databaseCalls: this.calls,
+      listening: this.listenerInstance?.listening ?? 0,
+      reconnects: this.listenerInstance?.reconnects ?? 0,
+      watches: this.watches.size,
+      waits: this.waits.size,
+    };
+  }
+
+  /** Ends every watch, rejects every wait (`closed`), closes the connections. Idempotent. */
+  close(): Promise<void> {
+    this.closing ??= this.closeOnce();
+    return this.closing;
+  }
+
+  private async closeOnce(): Promise<void> {
+    const closed = new CorralError('closed', 'the client was closed');
+    for (const cancel of [...this.waits]) cancel(closed);
+    await Promise.all([...this.watches].map((w) => w.close()));
+    await this.listenerInstance?.close();
+    const boss = await this.boss?.catch(() => undefined);
+    await boss?.stop({ graceful: false, close: true }).catch(() => undefined);
+    await this.database.close();
+  }
+
+  private open(): void {
+    if (this.closing) throw new CorralError('closed', 'the client is closed');
+  }
+
+  private listener(): TurnListener {
+    this.listenerInstance ??= new TurnListener({
+      url: this.database.url,
+      applicationName: `${this.applicationName}-listen`.slice(0, 63),
+      logger: this.logger,
+      onStatement: () => this.calls++,
+      lingerMs: this.lingerMs,
+    });
+    return this.listenerInstance;
+  }
+
+  /** pg-boss, for `cancel` only (it completes the event's job): started on first use. */
+  private bossInstance(): Promise<PgBoss> {
+    this.boss ??= (async () => {
+      const { createBoss, ensureQueues } = await import('../queue/boss.ts');
+      const boss = createBoss(this.database.url, this.config, {
+        max: 2,
+        onError: (e) => this.logger.warn({ err: e.message }, 'pg-boss error'),
+      });
+      await boss.start();
+      await ensureQueues(boss, this.config, { updateExisting: false });
+      return boss;
+    })();
+    this.boss.catch(() => (this.boss = undefined));
+    return this.boss;
+  }
+}
+
+/**
+ * Connects to corral's database: `databaseUrl`, else `DATABASE_URL`, else the embedded server
+ * under `CORRAL_HOME` the CLI uses (started if it is not running). Refuses a database without
+ * corral's schema (`database_unavailable`: start the daemon or run `corral db migrate`).
+ */
+export async function connect(opts: ConnectOptions = {}): Promise<Corral> {
+  if (opts === null || typeof opts !== 'object') throw new CorralError('invalid_argument', 'connect() takes an options object');
+  const env = opts.env ?? process.env;
+  const config = loadConfig(
+    {
+      ...(opts.databaseUrl === undefined ? {} : { databaseUrl: opts.databaseUrl }),
+      ...(opts.homeDir === undefined ? {} : { homeDir: opts.homeDir }),
+      ...(opts.queueName === undefined ? {} : { queueName: opts.queueName }),
+      ...(opts.bossSchema === undefined ? {} : { bossSchema: opts.bossSchema }),
+      ...(opts.maxEventBytes === undefined ? {} : { maxEventBytes: opts.maxEventBytes }),
+    },
+    env,
+  );
+  const max = opts.maxConnections === undefined ? DEFAULT_CONNECTIONS : checkedCount('maxConnections', opts.maxConnections, 100);
+  const applicationName = opts.applicationName ?? 'corral-client';
+  if (typeof applicationName !== 'string' || applicationName.length === 0 || applicationName.length > 63) {
+    throw new CorralError('invalid_argument', 'applicationName is a string of 1-63 characters');
+  }
+  const logger = opts.logger ?? silentLogger;
+  const lingerMs = opts.watchLingerMs ?? DEFAULT_LINGER_MS;
+  if (!Number.isInteger(lingerMs) || lingerMs < 0 || lingerMs > 3_600_000) {
+    throw new CorralError('invalid_argument', 'watchLingerMs is an integer from 0 to 3,600,000');
+  }
+  const database = await connectDatabase(config, logger, async (url) => {
+    const d = openDatabase(url, { max, applicationName, onError: (e) => logger.warn({ err: e.message }, 'database connection error') });
+    try {
+      await ping(d.pool);
+      return d;
+    } catch (e) {
+      await d.close();
+      throw e;
+    }
+  });
+  try {
+    await requireCorralSchema(database.pool);
+  } catch (e) {
+    await database.close();
+    throw e;
+  }
+  return new Corral(config, database, { logger, applicationName, lingerMs });
+}
+
+function checkedIdempotencyKey(key: unknown): string | undefined {
+  if (key === undefined) return undefined;
+  // characters as PostgreSQL counts them (code points)
+  const length = typeof key === 'string' ? [...key].length : 0;
+  if (typeof key !== 'string' || length === 0 || length > MAX_IDEMPOTENCY_KEY_LENGTH) {
+    throw new CorralError('invalid_argument', `an idempotency key is a string of 1-${MAX_IDEMPOTENCY_KEY_LENGTH} characters`);
+  }
+  const unstorable = unstorableReason(key, 'idempotency key');
+  if (unstorable) throw new CorralError('invalid_argument', `the ${unstorable}`);
+  return key;
+}
+
+function checkedCount(name: string, n: unknown, max = 100_000): number {
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > max) {
+    throw new CorralError('invalid_argument', `${name} must be an integer from 1 to ${max} (got ${String(n)})`);
+  }
+  return n;
+}

@@ -1,0 +1,145 @@
+/**
+ * `corral.watch(actor)`: an actor's turn events as they happen, as an async iterable, driven by
+ * the daemon's notifications (src/db/turn-events.ts) and nothing else.
+ *
+ *  W1 The watch LISTENs before `watch()` resolves: every event committed after that is yielded.
+ *  W2 A lost connection is made again; the iterator then yields a `gap` event: events committed
+ *     between `since` and `until` may be missing (read `transcript` / `actor` to catch up).
+ *  W3 Bounded: a consumer that falls more than `maxBuffered` events behind gets the buffered
+ *     events dropped and one `gap` (`reason: 'overflow'`) instead, never unbounded memory.
+ *  W4 It ends (`done`) when `signal` aborts, when `close()` (or `return()`, i.e. `break` in a
+ *     `for await`) is called, or when the client closes.
+ */
+import type { ActorKey } from '../actor-key.ts';
+import { formatActorKey } from '../actor-key.ts';
+import type { TurnListener, TurnSubscription } from '../db/turn-listener.ts';
+import { turnChannelOf, type TurnEventKind } from '../db/turn-events.ts';
+
+/** One turn event of the watched actor. */
+export interface TurnEvent {
+  /** `started`: an attempt began; `committed`: its turn is in the transcript; `failed`: the attempt failed and will be retried; `dead_lettered`: its retries are spent; `cancelled`: `cancel` ended it. */
+  kind: TurnEventKind;
+  actor: ActorKey;
+  eventId: string;
+  /** The actor's epoch the attempt ran under. */
+  epoch: number;
+  /** The attempt (1 for the first). */
+  attempt: number;
+  /** When this process heard of it. */
+  receivedAt: Date;
+}
+
+/** W2, W3: events in [since, until] may have been missed. */
+export interface WatchGap {
+  kind: 'gap';
+  reason: 'reconnected' | 'overflow';
+  since: Date;
+  until: Date;
+}
+
+export type WatchEvent = TurnEvent | WatchGap;
+
+export interface WatchOptions {
+  /** Ends the watch (the iterator finishes). */
+  signal?: AbortSignal;
+  /** W3: most events held for a slow consumer (default 10,000). */
+  maxBuffered?: number;
+}
+
+/** An actor's turn events: `for await (const e of watch) …`; `close()` ends it. */
+export interface TurnWatch extends AsyncIterable<WatchEvent>, AsyncIterator<WatchEvent> {
+  readonly actor: ActorKey;
+  close(): Promise<void>;
+}
+
+export const DEFAULT_MAX_BUFFERED = 10_000;
+
+export class ActorWatch implements TurnWatch {
+  readonly actor: ActorKey;
+  private readonly text: string;
+  private readonly maxBuffered: number;
+  private readonly buffer: WatchEvent[] = [];
+  private waiting: ((r: IteratorResult<WatchEvent>) => void) | undefined;
+  private subscription: TurnSubscription | undefined;
+  private ended = false;
+  private readonly signal: AbortSignal | undefined;
+  private readonly onAbort = () => void this.close();
+  private readonly onEnd: (w: ActorWatch) => void;
+
+  constructor(actor: ActorKey, opts: WatchOptions, onEnd: (w: ActorWatch) => void) {
+    this.actor = actor;
+    this.text = formatActorKey(actor);
+    this.maxBuffered = opts.maxBuffered ?? DEFAULT_MAX_BUFFERED;
+    this.signal = opts.signal;
+    this.onEnd = onEnd;
+  }
+
+  /** W1: resolves once the actor's channel is listened on. */
+  async start(listener: TurnListener): Promise<void> {
+    if (this.signal?.aborted) {
+      this.ended = true;
+      return;
+    }
+    this.subscription = await listener.subscribe(turnChannelOf(this.text), {
+      notices: (notices) => {
+        const receivedAt = new Date();
+        for (const n of notices) {
+          if (n.agentUid !== this.actor.agentUid || n.sessionId !== this.actor.sessionId) continue;
+          this.push({ kind: n.kind, actor: this.actor, eventId: n.eventId, epoch: n.epoch, attempt: n.attempt, receivedAt });
+        }
+      },
+      gap: (since, until) => this.push({ kind: 'gap', reason: 'reconnected', since, until }),
+    });
+    this.signal?.addEventListener('abort', this.onAbort, { once: true });
+    if (this.signal?.aborted) await this.close();
+  }
+
+  private push(e: WatchEvent): void {
+    if (this.ended) return;
+    if (this.waiting) {
+      const w = this.waiting;
+      this.waiting = undefined;
+      w({ value: e, done: false });
+      return;
+    }
+    if (this.buffer.length >= this.maxBuffered) {
+      const first = this.buffer[0]!;
+      const since = first.kind === 'gap' ? first.since : first.receivedAt;
+      this.buffer.length = 0;
+      this.buffer.push({ kind: 'gap', reason: 'overflow', since, until: new Date() });
+    }
+    this.buffer.push(e);
+  }
+
+  next(): Promise<IteratorResult<WatchEvent>> {
+    const e = this.buffer.shift();
+    if (e) return Promise.resolve({ value: e, done: false });
+    if (this.ended) return Promise.resolve({ value: undefined, done: true });
+    if (this.waiting) return Promise.reject(new Error('a watch is read by one consumer at a time'));
+    return new Promise((resolve) => (this.waiting = resolve));
+  }
+
+  async return(): Promise<IteratorResult<WatchEvent>> {
+    await this.close();
+    return { value: undefined, done: true };
+  }
+
+  [Symbol.asyncIterator](): this {
+    return this;
+  }
+
+  /** W4: ends the watch; events already buffered are dropped. */
+  async close(): Promise<void> {
+    if (this.ended && !this.subscription) return;
+    this.ended = true;
+    this.buffer.length = 0;
+    this.signal?.removeEventListener('abort', this.onAbort);
+    const w = this.waiting;
+    this.waiting = undefined;
+    w?.({ value: undefined, done: true });
+    const sub = this.subscription;
+    this.subscription = undefined;
+    this.onEnd(this);
+    await sub?.close();
+  }
+}

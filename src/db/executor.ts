@@ -1,0 +1,60 @@
+/**
+ * Running one of corral's statements on a connection the caller owns, inside the caller's
+ * transaction when it is in one (the client's `send(…, { db })`): a node-postgres `Client`,
+ * `PoolClient` or `Pool`, a Drizzle database or transaction of any schema and driver, or an
+ * `{ executeSql(text, values) }` adapter, as pg-boss takes.
+ */
+import { PgDialect, type SQL } from './orm.ts';
+
+/** A node-postgres `Client`, `PoolClient` or `Pool` (anything with pg's `query(text, values)`). */
+export interface PgQueryable {
+  query(text: string, values?: unknown[]): PromiseLike<unknown>;
+}
+
+/** An adapter in pg-boss's shape: runs `text` with `$1`… bound to `values`, resolves to `{ rows }` or the rows. */
+export interface SqlAdapter {
+  executeSql(text: string, values?: unknown[]): PromiseLike<unknown>;
+}
+
+/** A Drizzle database or transaction, of any schema (its `execute` takes a `sql` fragment). */
+export interface DrizzleExecutable {
+  execute(query: never): PromiseLike<unknown>;
+}
+
+/** Where a caller's statement can run. */
+export type StatementTarget = PgQueryable | SqlAdapter | DrizzleExecutable;
+
+const dialect = new PgDialect();
+
+function isFunction(v: unknown): v is (...args: unknown[]) => unknown {
+  return typeof v === 'function';
+}
+
+function rowsOf(result: unknown): Record<string, unknown>[] {
+  if (Array.isArray(result)) return result as Record<string, unknown>[];
+  const rows = (result as { rows?: unknown } | null | undefined)?.rows;
+  return Array.isArray(rows) ? (rows as Record<string, unknown>[]) : [];
+}
+
+/** Whether `v` is something `runStatement` can run on. */
+export function isStatementTarget(v: unknown): v is StatementTarget {
+  if (v === null || typeof v !== 'object') return false;
+  const o = v as Record<string, unknown>;
+  return isFunction(o.executeSql) || isFunction(o.query) || isFunction(o.execute);
+}
+
+/**
+ * Runs `query` on `target` and returns its rows. A Drizzle handle on node-postgres runs it on
+ * the connection it holds (its transaction's), so a Drizzle of another copy or version works too;
+ * on another driver it goes through its `execute`.
+ */
+export async function runStatement(target: StatementTarget, query: SQL): Promise<Record<string, unknown>[]> {
+  const t = target as unknown as Record<string, unknown>;
+  const { sql: text, params } = dialect.sqlToQuery(query);
+  if (isFunction(t.executeSql)) return rowsOf(await (target as SqlAdapter).executeSql(text, params));
+  if (isFunction(t.query)) return rowsOf(await (target as PgQueryable).query(text, params));
+  const client = (t.session as { client?: unknown } | undefined)?.client as Record<string, unknown> | undefined;
+  if (client && isFunction(client.query)) return rowsOf(await (client as unknown as PgQueryable).query(text, params));
+  if (isFunction(t.execute)) return rowsOf(await (target as { execute(q: SQL): PromiseLike<unknown> }).execute(query));
+  throw new TypeError('not a database connection: expected a pg Client or PoolClient, a Drizzle transaction, or { executeSql }');
+}
