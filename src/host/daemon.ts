@@ -89,11 +89,6 @@ export interface CorralDaemon {
   readonly metricsUrl: string | undefined;
   /** Settles once the daemon has stopped (rule H3). */
   readonly done: Promise<void>;
-  /**
-   * The composed daemon (src/daemon.ts) once `start()` has begun: its database handle, event
-   * queue, broker and runtime. Internal parts, not a stable interface.
-   */
-  readonly inner: Daemon | undefined;
   /** Resolves once the daemon runs; rejects with why it cannot (rule H1). */
   start(): Promise<void>;
   /** Drains and stops everything this daemon started (rule H2). */
@@ -103,6 +98,15 @@ export interface CorralDaemon {
 /** Builds a daemon; nothing happens until `start()`. Throws `invalid_config` / `invalid_argument` for bad options. */
 export function createDaemon(options: DaemonOptions = {}): CorralDaemon {
   return new HostedDaemon(options);
+}
+
+/**
+ * The composed daemon (src/daemon.ts) of `daemon` once its `start()` has begun: its database
+ * handle, event queue, broker and runtime. Internal parts for corral's own tests and tools, not
+ * exported by the package (their types would tie an application to pg-boss's and Drizzle's).
+ */
+export function daemonInternals(daemon: CorralDaemon): Daemon | undefined {
+  return daemon instanceof HostedDaemon ? daemon.inner : undefined;
 }
 
 /**

@@ -14,7 +14,7 @@
  *    stopped, the temporary folder removed. Idempotent.
  * T4 The embedded cluster is made for throwaway use (fsync off): fast, not crash-safe.
  *
- * A client for the environment's database connects with its `databaseUrl`.
+ * The environment's `corral` is a client connected to its database (another connects with its `databaseUrl`).
  */
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -27,6 +27,7 @@ import { createWorker } from '../worker/create.ts';
 import type { TurnHandler } from '../worker/turn.ts';
 import type { Worker } from '../worker/types.ts';
 import { keyPaths, ensureLocalWorkerKey } from '../fabric/keys.ts';
+import { connect, type Corral } from '../client/client.ts';
 import { createDaemon, type CorralDaemon } from './daemon.ts';
 
 export type { CorralDaemon } from './daemon.ts';
@@ -65,6 +66,8 @@ export interface TestEnvironment {
   /** The temporary CORRAL_HOME: the daemon's keys, the workers' key files, the embedded cluster. */
   readonly homeDir: string;
   readonly daemon: CorralDaemon;
+  /** A client connected to the environment's database (`connect({ databaseUrl })`), closed by `stop()`. */
+  readonly corral: Corral;
   /** The workers started so far, the environment's first. */
   readonly workers: readonly Worker[];
   /** Issues a key for `workerId` under `homeDir`; returns its key file (for a worker the test runs itself). */
@@ -92,10 +95,12 @@ export async function createTestEnvironment(options: TestEnvironmentOptions = {}
   const workers: Worker[] = [];
   let embedded: EmbeddedServer | undefined;
   let daemon: CorralDaemon | undefined;
+  let client: Corral | undefined;
   let stopping: Promise<void> | undefined;
   const teardown = async (): Promise<void> => {
     const problems: unknown[] = [];
     const step = (p: Promise<unknown>) => p.catch((e: unknown) => void problems.push(e));
+    if (client) await step(client.close());
     await Promise.all(workers.map((w) => step(w.stop())));
     if (daemon) await step(daemon.stop());
     if (embedded) await step(embedded.stop());
@@ -139,11 +144,13 @@ export async function createTestEnvironment(options: TestEnvironmentOptions = {}
       return worker;
     };
     for (let i = 0; i < workerCount; i++) await startWorker({ handler: options.handler! });
+    const corral = (client = await connect({ databaseUrl, applicationName: 'corral-test-env', logger }));
     return {
       databaseUrl,
       endpoint,
       homeDir,
       daemon: running,
+      corral,
       workers,
       issueWorkerKey,
       startWorker,

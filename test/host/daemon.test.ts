@@ -12,7 +12,7 @@ import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { actorKey } from '../../src/actor-key.ts';
 import { readTranscript } from '../../src/db/transcript.ts';
 import { CorralError } from '../../src/errors.ts';
-import { createDaemon, type CorralDaemon, type DaemonOptions } from '../../src/host/daemon.ts';
+import { createDaemon, daemonInternals, type CorralDaemon, type DaemonOptions } from '../../src/host/daemon.ts';
 import { silentLogger } from '../../src/logger.ts';
 import { freePort } from '../../src/net.ts';
 import { createWorker, type Worker } from '../../src/worker/create.ts';
@@ -78,7 +78,7 @@ describe('createDaemon', () => {
     });
     cleanups.push(() => w.stop());
     await w.start();
-    const inner = d.inner!;
+    const inner = daemonInternals(d)!;
     const key = actorKey('host', 's1');
     await inner.events.enqueueActorEvent(inner.database.db, key, { text: 'hi' });
     const reply = await waitFor(
@@ -187,7 +187,7 @@ describe('createDaemon', () => {
     const db = await testDatabase();
     const d = daemon({ databaseUrl: db.url, homeDir: await homes.make(), localWorkers: { count: 1, capacity: 2 } });
     await d.start();
-    const inner = d.inner!;
+    const inner = daemonInternals(d)!;
     await waitFor(() => inner.broker.stats().workers > 0, {
       timeoutMs: 30_000,
       what: 'the local worker registered',

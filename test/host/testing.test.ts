@@ -10,6 +10,7 @@ import { Router } from 'zeromq';
 import { afterEach, describe, expect, it } from 'vitest';
 import { actorKey, type ActorKey } from '../../src/actor-key.ts';
 import { readTranscript } from '../../src/db/transcript.ts';
+import { daemonInternals } from '../../src/host/daemon.ts';
 import { createTestEnvironment, type TestEnvironment } from '../../src/host/testing.ts';
 import { freePort } from '../../src/net.ts';
 import { createWorker, type TurnHandler } from '../../src/worker/create.ts';
@@ -24,12 +25,12 @@ afterEach(async () => {
 
 /** Enqueues `data` for `key` through the daemon's own queue (a client does the same with `databaseUrl`). */
 async function send(env: TestEnvironment, key: ActorKey, data: unknown): Promise<void> {
-  const inner = env.daemon.inner!;
+  const inner = daemonInternals(env.daemon)!;
   await inner.events.enqueueActorEvent(inner.database.db, key, data);
 }
 
 async function reply(env: TestEnvironment, key: ActorKey): Promise<unknown> {
-  const inner = env.daemon.inner!;
+  const inner = daemonInternals(env.daemon)!;
   const message = await waitFor(
     async () => (await readTranscript(inner.database.db, key)).flatMap((t) => t.messages).find((m) => m.role === 'assistant'),
     { what: `the reply of ${key.agentUid}/${key.sessionId}` },
@@ -57,9 +58,10 @@ describe('createTestEnvironment', () => {
     expect(env.endpoint).toMatch(/^tcp:\/\/127\.0\.0\.1:\d+$/);
     expect(postmastersOf(env.homeDir)).toBeGreaterThan(0);
 
-    const key = actorKey('app', 'chat-1');
-    await send(env, key, { text: 'hello' });
-    expect(await reply(env, key)).toEqual({ text: 're: {"text":"hello"}' });
+    // the environment's client sends and waits as an application does
+    const { eventId } = await env.corral.send('app/chat-1', { text: 'hello' });
+    const turn = await env.corral.waitForTurn(eventId, { timeoutMs: 20_000 });
+    expect(turn.messages.filter((m) => m.role === 'assistant').map((m) => m.content)).toEqual([{ text: 're: {"text":"hello"}' }]);
     expect(seen).toEqual([{ text: 'hello' }]);
 
     const t1 = Date.now();
@@ -69,6 +71,7 @@ describe('createTestEnvironment', () => {
     expect(env.workers[0]!.isRegistered()).toBe(false);
     expect(postmastersOf(env.homeDir)).toBe(0);
     expect(existsSync(env.homeDir)).toBe(false);
+    await expect(env.corral.send('app/chat-1', { text: 'late' })).rejects.toMatchObject({ code: 'closed' });
     await env.stop(); // idempotent
     console.info(`createTestEnvironment: started in ${startMs} ms (embedded PostgreSQL, daemon, 1 worker), stopped in ${stopMs} ms`);
   }, 60_000);

@@ -55,7 +55,7 @@ const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
   {
     name: 'host',
     paths: ['src/host/'],
-    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'daemon', 'observability'],
+    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'client', 'daemon', 'observability'],
   },
   {
     name: 'cli',
@@ -67,7 +67,7 @@ const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
     // src/worker/index.ts): what an application imports, re-exported from the layers below
     name: 'package',
     paths: ['src/index.ts', 'src/testing.ts'],
-    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'runtime', 'daemon'],
+    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'client', 'runtime', 'daemon', 'host'],
   },
 ];
 
