@@ -7,7 +7,7 @@
  */
 export {
   connect,
-  Corral,
+  type Corral,
   toActorKey,
   DEFAULT_WAIT_MS,
   DEFAULT_MAX_BUFFERED,

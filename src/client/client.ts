@@ -9,7 +9,7 @@ import type { PgBoss } from 'pg-boss';
 import { loadConfig, type Config } from '../config.ts';
 import type { Queues } from '../db/boss-jobs.ts';
 import { openDatabase, type Database } from '../db/client.ts';
-import { isStatementTarget, type StatementTarget } from '../db/executor.ts';
+import { isStatementTarget } from '../db/executor.ts';
 import { ping, requireCorralSchema } from '../db/health.ts';
 import { connectDatabase } from '../db/resolve.ts';
 import { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, sendEvents } from '../db/send-event.ts';
@@ -23,93 +23,30 @@ import { cancelTurn, steerTurn } from '../ops/turn-control.ts';
 import { toJsonPayload } from '../queue/event-job.ts';
 import { queuesOf } from '../queue/names.ts';
 import { toActorKey, type ActorRef } from './actor-ref.ts';
-import { waitForTurn, type CommittedTurn, type WaitOptions } from './wait.ts';
-import { ActorWatch, type TurnWatch, type WatchOptions } from './watch.ts';
+import type {
+  ActorOptions,
+  CancelResult,
+  ClientDiagnostics,
+  CommittedTurn,
+  ConnectOptions,
+  Corral,
+  EventInput,
+  SendOptions,
+  SendResult,
+  SteerResult,
+  TurnWatch,
+  WaitOptions,
+  WatchOptions,
+} from './api.ts';
+import { waitForTurn } from './wait.ts';
+import { ActorWatch } from './watch.ts';
 
-export interface ConnectOptions {
-  /** PostgreSQL to use; default `DATABASE_URL`, else the embedded server under `homeDir` (as the CLI). */
-  databaseUrl?: string;
-  /** corral's folder, where the embedded server lives; default `CORRAL_HOME`, else `.corral`. */
-  homeDir?: string;
-  /** The actor queue; default `CORRAL_QUEUE`, else `actor-events`. */
-  queueName?: string;
-  /** pg-boss's schema; default `CORRAL_BOSS_SCHEMA`, else `pgboss`. */
-  bossSchema?: string;
-  /** Largest event (JSON bytes) `send` takes; default `CORRAL_MAX_EVENT_BYTES`, else 262,144. */
-  maxEventBytes?: number;
-  /** Where the defaults above are read from; default `process.env`. */
-  env?: Record<string, string | undefined>;
-  /** Connections of the client's pool (default 4; a watch or wait adds one, shared). */
-  maxConnections?: number;
-  /** `application_name` of its connections (default `corral-client`). */
-  applicationName?: string;
-  /** Where the client logs (reconnects, background errors); default: nowhere. */
-  logger?: Logger;
-  /**
-   * How long an actor's turn channel stays registered after the last watch or wait on it ended
-   * (default 30,000 ms): a client that watches and waits often does not register again each time.
-   */
-  watchLingerMs?: number;
-}
-
-/** Where a send's statement runs: a node-postgres `Client`/`PoolClient` inside `BEGIN`, a Drizzle transaction, or `{ executeSql }`. */
-export type SendDb = StatementTarget;
-
-export interface SendOptions {
-  /** Enqueue inside this transaction: rolled back with it, committed with it. Default: the client's own connection, at once. */
-  db?: SendDb;
-  /** Sending again with this key (per actor, 1–200 characters) enqueues nothing and returns the first event. */
-  idempotencyKey?: string;
-}
-
-export interface SendResult {
-  eventId: string;
-  /** The idempotency key had enqueued this event already: nothing was enqueued now. */
-  duplicate: boolean;
-}
-
-export interface EventInput {
-  actor: ActorRef;
-  data: unknown;
-  idempotencyKey?: string;
-}
-
-export interface SteerResult {
-  eventId: string;
-  epoch: number;
-  /** The turn's new revision: only a result carrying it commits. */
-  revision: number;
-}
-
-export interface CancelResult {
-  eventId: string;
-  epoch: number;
-}
-
-export interface ActorOptions {
-  /** How many of the latest turns (default 10). */
-  turns?: number;
-  /** How many pending events at most (default 100). */
-  pending?: number;
-  /** How many dead letters at most (default 100). */
-  deadLetters?: number;
-}
-
-export interface ClientDiagnostics {
-  /** Connections taken from the pool plus statements on the notification connection, since `connect`. */
-  databaseCalls: number;
-  /** Turn channels listened on now (and registered: daemons notify them), lingering ones included. */
-  listening: number;
-  /** Times the notification connection was lost and made again. */
-  reconnects: number;
-  /** Open watches and waits. */
-  watches: number;
-  waits: number;
-}
+export type * from './api.ts';
 
 const DEFAULT_CONNECTIONS = 4;
 
-export class Corral {
+/** `Corral` (src/client/api.ts), made by `connect()`. */
+class CorralClient implements Corral {
   readonly config: Config;
   readonly queues: Queues;
   private readonly database: Database;
@@ -352,7 +289,7 @@ export async function connect(opts: ConnectOptions = {}): Promise<Corral> {
     await database.close();
     throw e;
   }
-  return new Corral(config, database, { logger, applicationName, lingerMs });
+  return new CorralClient(config, database, { logger, applicationName, lingerMs });
 }
 
 function checkedIdempotencyKey(key: unknown): string | undefined {

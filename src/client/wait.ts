@@ -12,23 +12,16 @@
 import { formatActorKey, parseActorKey } from '../actor-key.ts';
 import type { Db } from '../db/client.ts';
 import type { Queues } from '../db/boss-jobs.ts';
-import { committedTurnOf, eventStatus, type CommittedTurnView, type EventStatus } from '../db/event-status.ts';
+import { committedTurnOf, eventStatus, type EventStatus } from '../db/event-status.ts';
 import type { TurnListener, TurnSubscription } from '../db/turn-listener.ts';
 import { turnChannelOf, type TurnNotice } from '../db/turn-events.ts';
 import { CorralError, toError } from '../errors.ts';
 import { isUuid } from '../uuid.ts';
+import { DEFAULT_WAIT_MS, type CommittedTurn, type WaitOptions } from './api.ts';
 
-/** The committed turn of an event. */
-export type CommittedTurn = CommittedTurnView;
+export { DEFAULT_WAIT_MS };
+export type { CommittedTurn, WaitOptions } from './api.ts';
 
-export interface WaitOptions {
-  /** How long to wait, in ms (default 60,000; at most 2,147,483,647). */
-  timeoutMs?: number;
-  /** Rejects the wait with `aborted`. */
-  signal?: AbortSignal;
-}
-
-export const DEFAULT_WAIT_MS = 60_000;
 const MAX_TIMER_MS = 2_147_483_647;
 
 export interface WaitDeps {

@@ -13,46 +13,11 @@
 import type { ActorKey } from '../actor-key.ts';
 import { formatActorKey } from '../actor-key.ts';
 import type { TurnListener, TurnSubscription } from '../db/turn-listener.ts';
-import { turnChannelOf, type TurnEventKind } from '../db/turn-events.ts';
+import { turnChannelOf } from '../db/turn-events.ts';
+import { DEFAULT_MAX_BUFFERED, type TurnWatch, type WatchEvent, type WatchOptions } from './api.ts';
 
-/** One turn event of the watched actor. */
-export interface TurnEvent {
-  /** `started`: an attempt began; `committed`: its turn is in the transcript; `failed`: the attempt failed and will be retried; `dead_lettered`: its retries are spent; `cancelled`: `cancel` ended it. */
-  kind: TurnEventKind;
-  actor: ActorKey;
-  eventId: string;
-  /** The actor's epoch the attempt ran under. */
-  epoch: number;
-  /** The attempt (1 for the first). */
-  attempt: number;
-  /** When this process heard of it. */
-  receivedAt: Date;
-}
-
-/** W2, W3: events in [since, until] may have been missed. */
-export interface WatchGap {
-  kind: 'gap';
-  reason: 'reconnected' | 'overflow';
-  since: Date;
-  until: Date;
-}
-
-export type WatchEvent = TurnEvent | WatchGap;
-
-export interface WatchOptions {
-  /** Ends the watch (the iterator finishes). */
-  signal?: AbortSignal;
-  /** W3: most events held for a slow consumer (default 10,000). */
-  maxBuffered?: number;
-}
-
-/** An actor's turn events: `for await (const e of watch) …`; `close()` ends it. */
-export interface TurnWatch extends AsyncIterable<WatchEvent>, AsyncIterator<WatchEvent> {
-  readonly actor: ActorKey;
-  close(): Promise<void>;
-}
-
-export const DEFAULT_MAX_BUFFERED = 10_000;
+export { DEFAULT_MAX_BUFFERED };
+export type { TurnEvent, TurnWatch, WatchEvent, WatchGap, WatchOptions } from './api.ts';
 
 export class ActorWatch implements TurnWatch {
   readonly actor: ActorKey;

@@ -6,22 +6,10 @@
 import { and, asc, desc, eq, inArray, sql } from './orm.ts';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
-import { ACTIVATION_LIVE, activations, actors, conversations, turns, type ActivationStatus, type TurnStatus } from './schema.ts';
+import { ACTIVATION_LIVE, activations, actors, conversations, turns } from './schema.ts';
+import type { ActivationView, TurnView } from './views.ts';
 
-export interface ActivationView {
-  activationUid: string;
-  epoch: number;
-  status: ActivationStatus;
-  revision: number;
-  leaseExpiresAt: Date;
-  /** `lease_expires_at > now()` by PostgreSQL's clock. */
-  leaseAlive: boolean;
-  ownerId: string;
-  currentEventId: string | null;
-  /** Why a non-live activation ended (`turn_error`, `lease_expired`, `idle`, `cancelled`, …). */
-  endReason: string | null;
-  createdAt: Date;
-}
+export type { ActivationView, TurnView } from './views.ts';
 
 export interface ActorRow {
   epochCounter: number;
@@ -59,20 +47,6 @@ export async function latestActivation(db: DbOrTx, key: ActorKey): Promise<Activ
     endReason: r.a.endReason,
     createdAt: r.a.createdAt,
   };
-}
-
-export interface TurnView {
-  eventId: string;
-  attempt: number;
-  status: TurnStatus;
-  epoch: number;
-  revision: number;
-  workerId: string | null;
-  error: unknown;
-  /** The events the turn emitted with its commit (`[{ event_id, actor, data, delay_ms? }]`), or null. */
-  emitted: unknown;
-  startedAt: Date;
-  finishedAt: Date | null;
 }
 
 const turnColumns = {

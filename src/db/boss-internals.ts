@@ -61,6 +61,7 @@
 import { createHash } from 'node:crypto';
 import pg from 'pg';
 import type * as Plans from 'pg-boss/dist/plans.js';
+import { JOB_STATE, type JobState } from './views.ts';
 
 /** S2: the version of pg-boss's schema these statements were tested against (its package.json `pgboss.schema`). */
 export const BOSS_SCHEMA_VERSION = 46;
@@ -99,15 +100,7 @@ export const BOSS_TABLE = { job: 'job', commonJob: 'job_common', queue: 'queue',
 export const BOSS_NOW = 'job_now';
 
 /** S4: the job states, by name, and in the order of the enum `<schema>.job_state`. */
-export const JOB_STATE = {
-  created: 'created',
-  retry: 'retry',
-  active: 'active',
-  completed: 'completed',
-  cancelled: 'cancelled',
-  failed: 'failed',
-} as const;
-export type JobState = (typeof JOB_STATE)[keyof typeof JOB_STATE];
+export { JOB_STATE, type JobState } from './views.ts';
 export const JOB_STATE_ORDER: readonly JobState[] = ['created', 'retry', 'active', 'completed', 'cancelled', 'failed'];
 /** The states pg-boss counts as live (its index job_i14): every one but completed and cancelled. */
 export const LIVE_STATES: readonly JobState[] = ['created', 'retry', 'active', 'failed'];

@@ -31,6 +31,9 @@ import {
   type JobColumn,
   type JobState,
 } from './boss-internals.ts';
+import type { DeadLetter, PendingJob } from './views.ts';
+
+export type { DeadLetter, PendingJob } from './views.ts';
 
 export type { JobState };
 
@@ -53,29 +56,6 @@ export interface Queues {
   schema: string;
   events: string;
   deadLetter: string;
-}
-
-/** A dead-lettered event: the copy pg-boss made in the dead-letter queue. */
-export interface DeadLetter {
-  /** The copy's job id in the dead-letter queue (what `corral dlq show/replay/discard` take). */
-  id: string;
-  /** The original event id (= the original job id, a UUIDv7). */
-  eventId: string;
-  agentUid: string;
-  sessionId: string;
-  /** The actor key text, `agent_uid/session_id` (the job's singletonKey). */
-  actor: string;
-  payload: unknown;
-  /** The copy's whole job data (`{ agentUid, sessionId, payload, enqueuedAt }`), re-sent on replay. */
-  data: Record<string, unknown>;
-  /** When the original event was enqueued. */
-  enqueuedAt: Date | null;
-  /** When it was dead-lettered (the copy's creation). */
-  failedAt: Date;
-  /** Attempts the original made (its retry count + 1). */
-  attempts: number;
-  /** The original's last output: `{ error: { code, message }, kind }`. */
-  lastError: unknown;
 }
 
 export interface DeadLetterFilter {
@@ -225,15 +205,6 @@ export async function jobState(
     select ${c.state}::text as state from ${job(schema)}
     where ${c.name} = ${queue} and ${c.id} = ${id}::uuid${opts.lock ? sql` for update` : sql``}`);
   return res.rows[0]?.state;
-}
-
-export interface PendingJob {
-  id: string;
-  state: JobState;
-  retryCount: number;
-  createdOn: Date;
-  startAfter: Date;
-  payload: unknown;
 }
 
 /** The not-yet-finished jobs (created, retry, active, failed) of one actor, in queue order. */

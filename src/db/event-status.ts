@@ -3,7 +3,6 @@
  * committed turn, its job in the actor queue, or its copy in the dead-letter queue. pg-boss's
  * names come from src/db/boss-internals.ts through `bossSql` (S8 there).
  */
-import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import { bossSql, type Queues } from './boss-jobs.ts';
 import { JOB_STATE, type JobState } from './boss-internals.ts';
@@ -11,6 +10,9 @@ import { sql } from './orm.ts';
 import { toDate } from './rows.ts';
 import type { EmittedEntry } from './transcript.ts';
 import type { MessageRole } from './schema.ts';
+import type { CommittedTurnView } from './views.ts';
+
+export type { CommittedTurnView } from './views.ts';
 
 const c = bossSql.col;
 
@@ -67,22 +69,6 @@ export async function eventStatus(db: DbOrTx, q: Queues, eventId: string): Promi
   if (jobState === JOB_STATE.failed) return { state: 'dead_lettered', actor: r.actor ?? undefined, jobState };
   if (r.dead_actor) return { state: 'dead_lettered', actor: r.dead_actor, jobState };
   return { state: 'unknown', actor: undefined, jobState };
-}
-
-/** The committed turn of an event: its messages and what it emitted. */
-export interface CommittedTurnView {
-  eventId: string;
-  actor: ActorKey;
-  turnId: string;
-  actorEpoch: number;
-  attempt: number;
-  workerId: string | null;
-  startedAt: Date;
-  finishedAt: Date;
-  messages: { seq: number; role: MessageRole; content: unknown; createdAt: Date }[];
-  /** The worker's `output`, if it gave one. */
-  output: unknown;
-  emitted: EmittedEntry[];
 }
 
 /** The succeeded turn of `eventId` (undefined: none). */

@@ -6,23 +6,9 @@
  */
 import { PgDialect, type SQL } from './orm.ts';
 
-/** A node-postgres `Client`, `PoolClient` or `Pool` (anything with pg's `query(text, values)`). */
-export interface PgQueryable {
-  query(text: string, values?: unknown[]): PromiseLike<unknown>;
-}
+import type { PgQueryable, SqlAdapter, StatementTarget } from './views.ts';
 
-/** An adapter in pg-boss's shape: runs `text` with `$1`… bound to `values`, resolves to `{ rows }` or the rows. */
-export interface SqlAdapter {
-  executeSql(text: string, values?: unknown[]): PromiseLike<unknown>;
-}
-
-/** A Drizzle database or transaction, of any schema (its `execute` takes a `sql` fragment). */
-export interface DrizzleExecutable {
-  execute(query: never): PromiseLike<unknown>;
-}
-
-/** Where a caller's statement can run. */
-export type StatementTarget = PgQueryable | SqlAdapter | DrizzleExecutable;
+export type { PgQueryable, SqlAdapter, DrizzleExecutable, StatementTarget } from './views.ts';
 
 const dialect = new PgDialect();
 

@@ -31,26 +31,20 @@ import {
   uniqueIndex,
   uuid,
 } from './orm.ts';
+import { ACTIVATION_LIVE, ACTIVATION_STATUSES, TURN_STATUSES, MESSAGE_ROLES, MAX_IDEMPOTENCY_KEY_LENGTH } from './views.ts';
 
 export const corral = pgSchema('corral');
 
 const tz = (name: string) => timestamp(name, { withTimezone: true, mode: 'date' });
 
-export const ACTIVATION_LIVE = ['starting', 'active', 'draining'] as const;
-export const ACTIVATION_STATUSES = [...ACTIVATION_LIVE, 'stopped', 'failed'] as const;
-export type ActivationStatus = (typeof ACTIVATION_STATUSES)[number];
+export { ACTIVATION_LIVE, ACTIVATION_STATUSES, TURN_STATUSES, MESSAGE_ROLES, MAX_IDEMPOTENCY_KEY_LENGTH } from './views.ts';
+export type { ActivationStatus, TurnStatus, MessageRole } from './views.ts';
 
 export const DELIVERY_LIVE = ['created', 'sent', 'accepted'] as const;
 /** Live deliveries their worker has not (yet, durably) accepted. */
 export const DELIVERY_UNACCEPTED = ['created', 'sent'] as const;
 export const DELIVERY_STATES = [...DELIVERY_LIVE, 'completed', 'failed', 'send_failed', 'superseded'] as const;
 export type DeliveryState = (typeof DELIVERY_STATES)[number];
-
-export const TURN_STATUSES = ['started', 'succeeded', 'failed', 'cancelled'] as const;
-export type TurnStatus = (typeof TURN_STATUSES)[number];
-
-export const MESSAGE_ROLES = ['user', 'assistant', 'tool'] as const;
-export type MessageRole = (typeof MESSAGE_ROLES)[number];
 
 export const WORKER_STATUSES = ['ready', 'stale', 'gone'] as const;
 export type WorkerStatus = (typeof WORKER_STATUSES)[number];
@@ -262,9 +256,6 @@ export const deadLetterActions = corral.table(
   },
   (t) => [index('dead_letter_actions_dl').on(t.deadLetterId)],
 );
-
-/** The longest idempotency key a send takes (characters). */
-export const MAX_IDEMPOTENCY_KEY_LENGTH = 200;
 
 /**
  * Idempotency keys of sent events (`corral.send_events`, src/db/send-event.ts): per actor, the

@@ -29,7 +29,7 @@
  */
 import { createHash } from 'node:crypto';
 import { ACTOR_PART } from '../actor-key.ts';
-import { CorralError, sqlState, type ErrorCode } from '../errors.ts';
+import { CorralError, sqlState } from '../errors.ts';
 import { MAX_JSON_DEPTH } from '../json-safety.ts';
 import {
   EVENT_JOBS_INSERT_FUNCTION,
@@ -41,20 +41,9 @@ import {
 } from './boss-internals.ts';
 import { runStatement, type StatementTarget } from './executor.ts';
 import { sql } from './orm.ts';
-import { MAX_IDEMPOTENCY_KEY_LENGTH } from './schema.ts';
+import { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, SEND_ERRORS } from './views.ts';
 
-export { MAX_IDEMPOTENCY_KEY_LENGTH };
-
-/** Most events one `send_events` call (`sendMany`) takes. */
-export const MAX_SEND_BATCH = 1_000;
-
-/** The SQLSTATEs the functions raise, and the error code each means. */
-export const SEND_ERRORS: Readonly<Record<string, ErrorCode>> = {
-  CR400: 'invalid_argument',
-  CR401: 'invalid_actor_key',
-  CR409: 'idempotency_conflict',
-  CR413: 'payload_too_large',
-};
+export { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, SEND_ERRORS };
 
 export interface SendEventSettings {
   bossSchema: string;

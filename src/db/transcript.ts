@@ -7,7 +7,10 @@
 import { and, asc, eq, sql } from './orm.ts';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
-import { conversations, DELIVERY_LIVE, messages, sqlList, turns, type MessageRole, type TurnStatus } from './schema.ts';
+import { conversations, DELIVERY_LIVE, messages, sqlList, turns, type TurnStatus } from './schema.ts';
+import type { TranscriptEntry, EmittedEntry } from './views.ts';
+
+export type { TranscriptEntry, EmittedEntry } from './views.ts';
 
 export type TurnRow = typeof turns.$inferSelect;
 export type MessageRow = typeof messages.$inferSelect;
@@ -62,29 +65,6 @@ export async function setTurnRevision(tx: DbOrTx, deliveryId: string, revision: 
       steers: sql`coalesce(${turns.steers}, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('revision', ${revision}::int, 'input', ${JSON.stringify(input)}::jsonb))`,
     })
     .where(and(eq(turns.deliveryId, deliveryId), eq(turns.status, 'started')));
-}
-
-export interface TranscriptEntry {
-  turnId: string;
-  eventId: string;
-  status: TurnStatus;
-  actorEpoch: number;
-  revision: number;
-  startedAt: Date;
-  finishedAt: Date | null;
-  messages: { seq: number; role: MessageRole; content: unknown; createdAt: Date }[];
-  /** The events the turn emitted with its commit, if any. */
-  emitted: EmittedEntry[];
-  /** Why a `cancelled` turn was cancelled (its only message is the event's `user` message). */
-  cancelReason?: string;
-}
-
-export interface EmittedEntry {
-  event_id: string;
-  actor: string;
-  data: unknown;
-  delay_ms?: number;
-  steer_revision?: number;
 }
 
 /**

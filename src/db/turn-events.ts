@@ -19,25 +19,15 @@
  *    its ACCESS SHARE lock until its transaction ends: a registration waits for the transactions
  *    holding it then (src/db/turn-listener.ts, L1), after which every statement sees the registration.
  */
-import { createHash } from 'node:crypto';
 import { sql, type SQL } from './orm.ts';
 import type { DbOrTx } from './client.ts';
 
-export const TURN_EVENT_KINDS = ['started', 'committed', 'failed', 'dead_lettered', 'cancelled'] as const;
-export type TurnEventKind = (typeof TURN_EVENT_KINDS)[number];
+import { TURN_CHANNEL_PREFIX, TURN_EVENT_KINDS, turnChannelOf, type TurnEventKind } from './views.ts';
 
-/** T1: the channels' common prefix; a channel is this and one hex digit. */
-export const TURN_CHANNEL_PREFIX = 'corral_turns_';
-/** Every turn channel (16). */
-export const TURN_CHANNELS: readonly string[] = [...'0123456789abcdef'].map((h) => `${TURN_CHANNEL_PREFIX}${h}`);
+export { TURN_EVENT_KINDS, TURN_CHANNEL_PREFIX, TURN_CHANNELS, turnChannelOf, type TurnEventKind } from './views.ts';
 
 /** T2: lines per notification (20 × 339 bytes, the longest line, is 6,780 bytes with the separators). */
 export const TURN_EVENTS_PER_NOTIFY = 20;
-
-/** T1: the channel of an actor's turn events. */
-export function turnChannelOf(actor: string): string {
-  return `${TURN_CHANNEL_PREFIX}${createHash('md5').update(actor).digest('hex')[0]}`;
-}
 
 /** T4: whether a channel expression is watched now. */
 const WATCHED = (channel: string) => `exists (select 1 from corral.turn_watchers tw where tw.channel = ${channel})`;

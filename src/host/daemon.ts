@@ -25,7 +25,7 @@ import { hostname } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { systemClock, type Clock } from '../clock.ts';
 import { DEFAULTS, ENV_NAMES, loadConfig, type Config } from '../config.ts';
-import { Daemon, type DaemonState } from '../daemon.ts';
+import { Daemon } from '../daemon.ts';
 import { resolveDatabase, stopEmbeddedIfStartedHere, type ResolvedDatabase } from '../db/resolve.ts';
 import { DEFAULT_WORKER_CAPACITY, STOP_WITH_PARENT_ENV } from '../defaults.ts';
 import { CorralError, toError } from '../errors.ts';
@@ -35,9 +35,9 @@ import { listenForObservability, observabilityChild } from '../observability/dae
 import type { ObservabilityServer } from '../observability/http.ts';
 import { createMetrics, type Metrics } from '../observability/metrics.ts';
 import { processChild, type ChildSpec } from '../supervisor/index.ts';
+import { registerDaemonInternals } from './internals.ts';
 
 export type { Config, DeadLetterMode } from '../config.ts';
-export type { DaemonState } from '../daemon.ts';
 export { CorralError, type ErrorCode } from '../errors.ts';
 export type { Logger } from '../logger.ts';
 
@@ -74,6 +74,9 @@ export interface StopDaemonOptions {
   drainMs?: number;
 }
 
+/** Where a daemon is in its life (`CorralDaemon.state`). */
+export type DaemonState = 'idle' | 'starting' | 'running' | 'stopping' | 'stopped';
+
 /** A daemon created by `createDaemon`. */
 export interface CorralDaemon {
   /** The settings, resolved and validated. */
@@ -98,15 +101,6 @@ export interface CorralDaemon {
 /** Builds a daemon; nothing happens until `start()`. Throws `invalid_config` / `invalid_argument` for bad options. */
 export function createDaemon(options: DaemonOptions = {}): CorralDaemon {
   return new HostedDaemon(options);
-}
-
-/**
- * The composed daemon (src/daemon.ts) of `daemon` once its `start()` has begun: its database
- * handle, event queue, broker and runtime. Internal parts for corral's own tests and tools, not
- * exported by the package (their types would tie an application to pg-boss's and Drizzle's).
- */
-export function daemonInternals(daemon: CorralDaemon): Daemon | undefined {
-  return daemon instanceof HostedDaemon ? daemon.inner : undefined;
 }
 
 /**
@@ -202,6 +196,7 @@ class HostedDaemon implements CorralDaemon {
       this.settleDone = (e) => (e === undefined ? resolve() : reject(toError(e)));
     });
     this.done.catch(() => undefined);
+    registerDaemonInternals(this, () => this.core);
   }
 
   get state(): DaemonState {
@@ -222,10 +217,6 @@ class HostedDaemon implements CorralDaemon {
 
   get metricsUrl(): string | undefined {
     return this.server?.url;
-  }
-
-  get inner(): Daemon | undefined {
-    return this.core;
   }
 
   start(): Promise<void> {

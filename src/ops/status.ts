@@ -9,17 +9,12 @@ import type { WorkerStatus } from '../db/schema.ts';
 import { listWorkers } from '../db/workers.ts';
 import { listDaemons, type DaemonRow } from '../db/daemons.ts';
 import { toDate } from '../db/rows.ts';
-import {
-  findDeadLetters,
-  pendingJobsOf,
-  queueDepth,
-  type DeadLetter,
-  type PendingJob,
-  type QueueDepth,
-  type Queues,
-} from '../db/boss-jobs.ts';
-import { actorRow, latestActivation, recentTurnsOf, type ActivationView, type TurnView } from '../db/actor-views.ts';
+import { findDeadLetters, pendingJobsOf, queueDepth, type QueueDepth, type Queues } from '../db/boss-jobs.ts';
+import { actorRow, latestActivation, recentTurnsOf } from '../db/actor-views.ts';
 import { blockedActorCount, liveActivationCount, serverTime } from '../db/status-counts.ts';
+import type { ActorStatus } from '../db/views.ts';
+
+export type { ActorStatus } from '../db/views.ts';
 
 /** `running`: heard from within its stale timeout; `stopped`: stopped cleanly; `dead`: silent longer (killed, frozen, cut off). */
 export type DaemonState = 'running' | 'stopped' | 'dead';
@@ -129,17 +124,6 @@ export async function systemStatus(db: DbOrTx, q: Queues, opts: { defaultStaleMs
     oldestWaitingSeconds: depth.oldestWaitingSeconds,
     at: new Date(nowMs),
   };
-}
-
-export interface ActorStatus {
-  actor: string;
-  known: boolean;
-  epochCounter: number;
-  blockedByEventId: string | null;
-  activation: ActivationView | null;
-  pendingEvents: PendingJob[];
-  recentTurns: TurnView[];
-  deadLetters: DeadLetter[];
 }
 
 /** Everything an operator asks about one actor. */

@@ -10,7 +10,7 @@ import { Router } from 'zeromq';
 import { afterEach, describe, expect, it } from 'vitest';
 import { actorKey, type ActorKey } from '../../src/actor-key.ts';
 import { readTranscript } from '../../src/db/transcript.ts';
-import { daemonInternals } from '../../src/host/daemon.ts';
+import { daemonInternals } from '../../src/host/internals.ts';
 import { createTestEnvironment, type TestEnvironment } from '../../src/host/testing.ts';
 import { freePort } from '../../src/net.ts';
 import { createWorker, type TurnHandler } from '../../src/worker/create.ts';

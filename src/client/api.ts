@@ -1,0 +1,178 @@
+/**
+ * The client's public types: what `connect()` gives and what its methods take and return. Free of
+ * the modules that import Drizzle, pg and pg-boss (only src/db/views.ts, the shapes of corral's
+ * rows), so that an application's type check never loads those libraries' declarations; the
+ * implementation (client.ts, watch.ts, wait.ts) is checked against these by the compiler.
+ */
+import type { ActorKey } from '../actor-key.ts';
+import type { Logger } from '../logger.ts';
+import type {
+  ActorStatus,
+  CommittedTurnView,
+  DrizzleExecutable,
+  PgQueryable,
+  SqlAdapter,
+  TranscriptEntry,
+  TurnEventKind,
+} from '../db/views.ts';
+import type { ActorRef } from './actor-ref.ts';
+
+export interface ConnectOptions {
+  /** PostgreSQL to use; default `DATABASE_URL`, else the embedded server under `homeDir` (as the CLI). */
+  databaseUrl?: string;
+  /** corral's folder, where the embedded server lives; default `CORRAL_HOME`, else `.corral`. */
+  homeDir?: string;
+  /** The actor queue; default `CORRAL_QUEUE`, else `actor-events`. */
+  queueName?: string;
+  /** pg-boss's schema; default `CORRAL_BOSS_SCHEMA`, else `pgboss`. */
+  bossSchema?: string;
+  /** Largest event (JSON bytes) `send` takes; default `CORRAL_MAX_EVENT_BYTES`, else 262,144. */
+  maxEventBytes?: number;
+  /** Where the defaults above are read from; default `process.env`. */
+  env?: Record<string, string | undefined>;
+  /** Connections of the client's pool (default 4; a watch or wait adds one, shared). */
+  maxConnections?: number;
+  /** `application_name` of its connections (default `corral-client`). */
+  applicationName?: string;
+  /** Where the client logs (reconnects, background errors); default: nowhere. */
+  logger?: Logger;
+  /**
+   * How long an actor's turn channel stays registered after the last watch or wait on it ended
+   * (default 30,000 ms): a client that watches and waits often does not register again each time.
+   */
+  watchLingerMs?: number;
+}
+
+/** Where a send's statement runs: a node-postgres `Client`/`PoolClient` inside `BEGIN`, a Drizzle transaction, or `{ executeSql }`. */
+export type SendDb = PgQueryable | SqlAdapter | DrizzleExecutable;
+
+export interface SendOptions {
+  /** Enqueue inside this transaction: rolled back with it, committed with it. Default: the client's own connection, at once. */
+  db?: SendDb;
+  /** Sending again with this key (per actor, 1–200 characters) enqueues nothing and returns the first event. */
+  idempotencyKey?: string;
+}
+
+export interface SendResult {
+  eventId: string;
+  /** The idempotency key had enqueued this event already: nothing was enqueued now. */
+  duplicate: boolean;
+}
+
+export interface EventInput {
+  actor: ActorRef;
+  data: unknown;
+  idempotencyKey?: string;
+}
+
+export interface SteerResult {
+  eventId: string;
+  epoch: number;
+  /** The turn's new revision: only a result carrying it commits. */
+  revision: number;
+}
+
+export interface CancelResult {
+  eventId: string;
+  epoch: number;
+}
+
+export interface ActorOptions {
+  /** How many of the latest turns (default 10). */
+  turns?: number;
+  /** How many pending events at most (default 100). */
+  pending?: number;
+  /** How many dead letters at most (default 100). */
+  deadLetters?: number;
+}
+
+export interface ClientDiagnostics {
+  /** Connections taken from the pool plus statements on the notification connection, since `connect`. */
+  databaseCalls: number;
+  /** Turn channels listened on now (and registered: daemons notify them), lingering ones included. */
+  listening: number;
+  /** Times the notification connection was lost and made again. */
+  reconnects: number;
+  /** Open watches and waits. */
+  watches: number;
+  waits: number;
+}
+
+/** One turn event of the watched actor. */
+export interface TurnEvent {
+  /** `started`: an attempt began; `committed`: its turn is in the transcript; `failed`: the attempt failed and will be retried; `dead_lettered`: its retries are spent; `cancelled`: `cancel` ended it. */
+  kind: TurnEventKind;
+  actor: ActorKey;
+  eventId: string;
+  /** The actor's epoch the attempt ran under. */
+  epoch: number;
+  /** The attempt (1 for the first). */
+  attempt: number;
+  /** When this process heard of it. */
+  receivedAt: Date;
+}
+
+/** W2, W3: events in [since, until] may have been missed. */
+export interface WatchGap {
+  kind: 'gap';
+  reason: 'reconnected' | 'overflow';
+  since: Date;
+  until: Date;
+}
+
+export type WatchEvent = TurnEvent | WatchGap;
+
+export interface WatchOptions {
+  /** Ends the watch (the iterator finishes). */
+  signal?: AbortSignal;
+  /** W3: most events held for a slow consumer (default 10,000). */
+  maxBuffered?: number;
+}
+
+/** An actor's turn events: `for await (const e of watch) …`; `close()` ends it. */
+export interface TurnWatch extends AsyncIterable<WatchEvent>, AsyncIterator<WatchEvent> {
+  readonly actor: ActorKey;
+  close(): Promise<void>;
+}
+
+export const DEFAULT_MAX_BUFFERED = 10_000;
+
+/** The committed turn of an event. */
+export type CommittedTurn = CommittedTurnView;
+
+export interface WaitOptions {
+  /** How long to wait, in ms (default 60,000; at most 2,147,483,647). */
+  timeoutMs?: number;
+  /** Rejects the wait with `aborted`. */
+  signal?: AbortSignal;
+}
+
+export const DEFAULT_WAIT_MS = 60_000;
+
+/**
+ * A connection to corral's database: `const corral = await connect()`. Every method is safe to
+ * call concurrently; `close()` ends it.
+ */
+export interface Corral {
+  /** The database URL in use (the embedded server's when no `databaseUrl` was given). */
+  readonly databaseUrl: string;
+  /** Enqueues one event for `actor`; resolves once it is written (committed, or in `opts.db`'s transaction). */
+  send(actor: ActorRef, data: unknown, opts?: SendOptions): Promise<SendResult>;
+  /** Enqueues events (any actors) in one statement, in array order; the results in the same order. */
+  sendMany(events: readonly EventInput[], opts?: Pick<SendOptions, 'db'>): Promise<SendResult[]>;
+  /** The committed transcript of `actor`: its turns in order, each with its messages. */
+  transcript(actor: ActorRef): Promise<TranscriptEntry[]>;
+  /** What `corral actor` shows: activation, pending events, latest turns, dead letters. */
+  actor(actor: ActorRef, opts?: ActorOptions): Promise<ActorStatus>;
+  /** Steers the live turn of `actor` (`not_found` when none runs); `data` is at most 6,900 bytes of JSON. */
+  steer(actor: ActorRef, data: unknown): Promise<SteerResult>;
+  /** Cancels the live turn of `actor` (`not_found` when none runs): the actor moves on to its next event. */
+  cancel(actor: ActorRef, reason?: string): Promise<CancelResult>;
+  /** The committed turn of `eventId`, once it committed; rejects `dead_lettered`, `cancelled`, `not_found`, `timeout`, `aborted`, `closed`. */
+  waitForTurn(eventId: string, opts?: WaitOptions): Promise<CommittedTurn>;
+  /** The turn events of `actor` from now on; resolves once it listens (nothing committed after that is missed). */
+  watch(actor: ActorRef, opts?: WatchOptions): Promise<TurnWatch>;
+  diagnostics(): ClientDiagnostics;
+  /** Ends every watch, rejects every wait (`closed`), closes the connections. Idempotent. */
+  close(): Promise<void>;
+}

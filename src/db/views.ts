@@ -1,0 +1,186 @@
+/**
+ * The shapes corral's reads return and the values an application sees (statuses, roles, job
+ * states, turn channels, send limits), free of Drizzle, pg and pg-boss: the package's public
+ * declarations name these, so an application's type check never loads those libraries' types.
+ * The modules that read the rows (transcript.ts, actor-views.ts, boss-jobs.ts, event-status.ts,
+ * ops/status.ts) and the schema re-export them.
+ */
+import { createHash } from 'node:crypto';
+import type { ActorKey } from '../actor-key.ts';
+import type { ErrorCode } from '../errors.ts';
+
+export const ACTIVATION_LIVE = ['starting', 'active', 'draining'] as const;
+export const ACTIVATION_STATUSES = [...ACTIVATION_LIVE, 'stopped', 'failed'] as const;
+export type ActivationStatus = (typeof ACTIVATION_STATUSES)[number];
+
+export const TURN_STATUSES = ['started', 'succeeded', 'failed', 'cancelled'] as const;
+export type TurnStatus = (typeof TURN_STATUSES)[number];
+
+export const MESSAGE_ROLES = ['user', 'assistant', 'tool'] as const;
+export type MessageRole = (typeof MESSAGE_ROLES)[number];
+
+/** The longest idempotency key a send takes (characters). */
+export const MAX_IDEMPOTENCY_KEY_LENGTH = 200;
+
+export const JOB_STATE = {
+  created: 'created',
+  retry: 'retry',
+  active: 'active',
+  completed: 'completed',
+  cancelled: 'cancelled',
+  failed: 'failed',
+} as const;
+export type JobState = (typeof JOB_STATE)[keyof typeof JOB_STATE];
+
+export const TURN_EVENT_KINDS = ['started', 'committed', 'failed', 'dead_lettered', 'cancelled'] as const;
+export type TurnEventKind = (typeof TURN_EVENT_KINDS)[number];
+
+/** T1: the channels' common prefix; a channel is this and one hex digit. */
+export const TURN_CHANNEL_PREFIX = 'corral_turns_';
+/** Every turn channel (16). */
+export const TURN_CHANNELS: readonly string[] = [...'0123456789abcdef'].map((h) => `${TURN_CHANNEL_PREFIX}${h}`);
+
+/** T1: the channel of an actor's turn events. */
+export function turnChannelOf(actor: string): string {
+  return `${TURN_CHANNEL_PREFIX}${createHash('md5').update(actor).digest('hex')[0]}`;
+}
+
+/** Most events one `send_events` call (`sendMany`) takes. */
+export const MAX_SEND_BATCH = 1_000;
+
+/** The SQLSTATEs the functions raise, and the error code each means. */
+export const SEND_ERRORS: Readonly<Record<string, ErrorCode>> = {
+  CR400: 'invalid_argument',
+  CR401: 'invalid_actor_key',
+  CR409: 'idempotency_conflict',
+  CR413: 'payload_too_large',
+};
+
+/** A node-postgres `Client`, `PoolClient` or `Pool` (anything with pg's `query(text, values)`). */
+export interface PgQueryable {
+  query(text: string, values?: unknown[]): PromiseLike<unknown>;
+}
+
+/** An adapter in pg-boss's shape: runs `text` with `$1`… bound to `values`, resolves to `{ rows }` or the rows. */
+export interface SqlAdapter {
+  executeSql(text: string, values?: unknown[]): PromiseLike<unknown>;
+}
+
+/** A Drizzle database or transaction, of any schema (its `execute` takes a `sql` fragment). */
+export interface DrizzleExecutable {
+  execute(query: never): PromiseLike<unknown>;
+}
+
+/** Where a caller's statement can run. */
+export type StatementTarget = PgQueryable | SqlAdapter | DrizzleExecutable;
+
+export interface TranscriptEntry {
+  turnId: string;
+  eventId: string;
+  status: TurnStatus;
+  actorEpoch: number;
+  revision: number;
+  startedAt: Date;
+  finishedAt: Date | null;
+  messages: { seq: number; role: MessageRole; content: unknown; createdAt: Date }[];
+  /** The events the turn emitted with its commit, if any. */
+  emitted: EmittedEntry[];
+  /** Why a `cancelled` turn was cancelled (its only message is the event's `user` message). */
+  cancelReason?: string;
+}
+
+export interface EmittedEntry {
+  event_id: string;
+  actor: string;
+  data: unknown;
+  delay_ms?: number;
+  steer_revision?: number;
+}
+
+export interface ActivationView {
+  activationUid: string;
+  epoch: number;
+  status: ActivationStatus;
+  revision: number;
+  leaseExpiresAt: Date;
+  /** `lease_expires_at > now()` by PostgreSQL's clock. */
+  leaseAlive: boolean;
+  ownerId: string;
+  currentEventId: string | null;
+  /** Why a non-live activation ended (`turn_error`, `lease_expired`, `idle`, `cancelled`, …). */
+  endReason: string | null;
+  createdAt: Date;
+}
+
+export interface TurnView {
+  eventId: string;
+  attempt: number;
+  status: TurnStatus;
+  epoch: number;
+  revision: number;
+  workerId: string | null;
+  error: unknown;
+  /** The events the turn emitted with its commit (`[{ event_id, actor, data, delay_ms? }]`), or null. */
+  emitted: unknown;
+  startedAt: Date;
+  finishedAt: Date | null;
+}
+
+/** A dead-lettered event: the copy pg-boss made in the dead-letter queue. */
+export interface DeadLetter {
+  /** The copy's job id in the dead-letter queue (what `corral dlq show/replay/discard` take). */
+  id: string;
+  /** The original event id (= the original job id, a UUIDv7). */
+  eventId: string;
+  agentUid: string;
+  sessionId: string;
+  /** The actor key text, `agent_uid/session_id` (the job's singletonKey). */
+  actor: string;
+  payload: unknown;
+  /** The copy's whole job data (`{ agentUid, sessionId, payload, enqueuedAt }`), re-sent on replay. */
+  data: Record<string, unknown>;
+  /** When the original event was enqueued. */
+  enqueuedAt: Date | null;
+  /** When it was dead-lettered (the copy's creation). */
+  failedAt: Date;
+  /** Attempts the original made (its retry count + 1). */
+  attempts: number;
+  /** The original's last output: `{ error: { code, message }, kind }`. */
+  lastError: unknown;
+}
+
+export interface PendingJob {
+  id: string;
+  state: JobState;
+  retryCount: number;
+  createdOn: Date;
+  startAfter: Date;
+  payload: unknown;
+}
+
+/** The committed turn of an event: its messages and what it emitted. */
+export interface CommittedTurnView {
+  eventId: string;
+  actor: ActorKey;
+  turnId: string;
+  actorEpoch: number;
+  attempt: number;
+  workerId: string | null;
+  startedAt: Date;
+  finishedAt: Date;
+  messages: { seq: number; role: MessageRole; content: unknown; createdAt: Date }[];
+  /** The worker's `output`, if it gave one. */
+  output: unknown;
+  emitted: EmittedEntry[];
+}
+
+export interface ActorStatus {
+  actor: string;
+  known: boolean;
+  epochCounter: number;
+  blockedByEventId: string | null;
+  activation: ActivationView | null;
+  pendingEvents: PendingJob[];
+  recentTurns: TurnView[];
+  deadLetters: DeadLetter[];
+}
