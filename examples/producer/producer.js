@@ -17,7 +17,7 @@ const client = await connect(process.env.DATABASE_URL ? { databaseUrl: process.e
 try {
   // The same idempotency key twice is one event: a producer that retries after a crash sends nothing twice.
   const { eventId } = await client.send(actor, { text }, { idempotencyKey: `example-${text}` });
-  const turn = await client.waitForTurn(actor, eventId, { timeoutMs: 60_000 });
+  const turn = await client.waitForTurn(eventId, { timeoutMs: 60_000 });
   console.log(JSON.stringify({ eventId, turn }));
 } finally {
   await client.close();

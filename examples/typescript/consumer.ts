@@ -5,6 +5,19 @@
  * import: a new export is added here, with a use of it.
  */
 import {
+  connect,
+  type Corral,
+  toActorKey,
+  DEFAULT_WAIT_MS,
+  DEFAULT_MAX_BUFFERED,
+  MAX_IDEMPOTENCY_KEY_LENGTH,
+  MAX_SEND_BATCH,
+  SEND_ERRORS,
+  TURN_CHANNELS,
+  TURN_EVENT_KINDS,
+  turnChannelOf,
+  createDaemon,
+  localWorkerId,
   CorralError,
   FenceRejected,
   FENCE_REASONS,
@@ -12,6 +25,44 @@ import {
   formatActorKey,
   isValidActorPart,
   parseActorKey,
+  type ActorOptions,
+  type ActorRef,
+  type CancelResult,
+  type ClientDiagnostics,
+  type CommittedTurn,
+  type ConnectOptions,
+  type EventInput,
+  type SendDb,
+  type SendOptions,
+  type SendResult,
+  type SteerResult,
+  type TurnEvent,
+  type TurnEventKind,
+  type TurnWatch,
+  type WaitOptions,
+  type WatchEvent,
+  type WatchGap,
+  type WatchOptions,
+  type EmittedEntry,
+  type TranscriptEntry,
+  type ActorStatus,
+  type ActivationView,
+  type TurnView,
+  type DeadLetter,
+  type PendingJob,
+  type PgQueryable,
+  type SqlAdapter,
+  type DrizzleExecutable,
+  type MessageRole,
+  type TurnStatus,
+  type CorralDaemon,
+  type DaemonOptions,
+  type DaemonState,
+  type LocalWorkersOptions,
+  type StopDaemonOptions,
+  type Config,
+  type DeadLetterMode,
+  type Logger,
   type ActorKey,
   type ErrorCode,
   type FenceReason,
@@ -20,6 +71,8 @@ import {
 import {
   CorralError as WorkerCorralError,
   createWorker,
+  DEFAULT_START_TIMEOUT_MS,
+  type CreateWorkerOptions,
   type Emit,
   type ErrorCode as WorkerErrorCode,
   type HandlerError,
@@ -27,14 +80,24 @@ import {
   type JsonValue as WorkerJsonValue,
   type SteerListener,
   type StopOptions,
+  type TranscriptMessage,
   type TurnContext,
+  type TurnContextWire,
   type TurnHandler,
   type TurnOutcome,
+  type TurnRef,
   type Worker,
-  type WorkerHooks,
-  type WorkerOptions,
+  type WorkerKeyFile,
 } from 'corral/worker';
-import { ManualClock, type Clock, type TimerHandle } from 'corral/testing';
+import {
+  createTestEnvironment,
+  ManualClock,
+  type Clock,
+  type TestEnvironment,
+  type TestEnvironmentOptions,
+  type TestWorkerOptions,
+  type TimerHandle,
+} from 'corral/testing';
 
 // corral: actor keys and typed errors
 const key: ActorKey = actorKey('agent-1', 'session-1');
@@ -42,6 +105,8 @@ const text: string = formatActorKey(key);
 const parsed: ActorKey = parseActorKey(text);
 const valid: boolean = isValidActorPart(parsed.agentUid);
 const reasons: readonly FenceReason[] = FENCE_REASONS;
+const ref: ActorRef = 'agent-1/session-1';
+const refKey: ActorKey = toActorKey(ref);
 
 export function describeError(e: unknown): string {
   if (e instanceof FenceRejected) return `fenced: ${e.reason}`;
@@ -52,23 +117,112 @@ export function describeError(e: unknown): string {
   return String(e);
 }
 
+// corral: the client, in the application's own transaction
+export async function sendAndWait(pgClient: PgQueryable): Promise<CommittedTurn> {
+  const options: ConnectOptions = { applicationName: 'consumer', maxConnections: 2 };
+  const corral: Corral = await connect(options);
+  try {
+    const db: SendDb = pgClient;
+    const sendOptions: SendOptions = { db, idempotencyKey: 'order-1'.padEnd(Math.min(8, MAX_IDEMPOTENCY_KEY_LENGTH), '-') };
+    const sent: SendResult = await corral.send(ref, { text: 'hello' }, sendOptions);
+    const batch: EventInput[] = [{ actor: refKey, data: { text: 'again' } }].slice(0, MAX_SEND_BATCH);
+    const many: SendResult[] = await corral.sendMany(batch);
+    const waitOptions: WaitOptions = { timeoutMs: DEFAULT_WAIT_MS };
+    const turn: CommittedTurn = await corral.waitForTurn(sent.eventId, waitOptions);
+    const entries: TranscriptEntry[] = await corral.transcript(ref);
+    const emitted: EmittedEntry[] = entries.flatMap((t) => t.emitted);
+    const actorOptions: ActorOptions = {};
+    const status: ActorStatus = await corral.actor(ref, actorOptions);
+    const activation: ActivationView | null = status.activation;
+    const turns: TurnView[] = status.recentTurns;
+    const pending: PendingJob[] = status.pendingEvents;
+    const dead: DeadLetter[] = status.deadLetters;
+    const steered: SteerResult = await corral.steer(ref, { text: 'also' });
+    const cancelled: CancelResult = await corral.cancel(ref);
+    const diagnostics: ClientDiagnostics = corral.diagnostics();
+    const roles: MessageRole[] = turn.messages.map((m) => m.role);
+    const statuses: TurnStatus[] = turns.map((t) => t.status);
+    void [many, emitted, activation, pending, dead, steered, cancelled, diagnostics, roles, statuses, SEND_ERRORS];
+    return turn;
+  } finally {
+    await corral.close();
+  }
+}
+
+export const adapter: SqlAdapter = { executeSql: async () => ({ rows: [] }) };
+export function drizzleTarget(tx: DrizzleExecutable): SendDb {
+  return tx;
+}
+
+// corral: a watch of an actor's turns
+export async function watchTurns(corral: Corral, signal: AbortSignal): Promise<TurnEventKind[]> {
+  const options: WatchOptions = { signal, maxBuffered: DEFAULT_MAX_BUFFERED };
+  const watch: TurnWatch = await corral.watch(ref, options);
+  const kinds: TurnEventKind[] = [];
+  for await (const e of watch as AsyncIterable<WatchEvent>) {
+    if (e.kind === 'gap') {
+      const gap: WatchGap = e;
+      void gap.since;
+      continue;
+    }
+    const event: TurnEvent = e;
+    kinds.push(event.kind);
+    if (event.kind === 'committed') break;
+  }
+  await watch.close();
+  return kinds.filter((k) => TURN_EVENT_KINDS.includes(k) && TURN_CHANNELS.length > 0 && turnChannelOf(text).length > 0);
+}
+
+// corral: the daemon in the application's process
+export async function runDaemon(logger?: Logger): Promise<void> {
+  const localWorkers: LocalWorkersOptions = { count: 1 };
+  const mode: DeadLetterMode | undefined = undefined;
+  const options: DaemonOptions = {
+    endpoint: 'tcp://127.0.0.1:0',
+    localWorkers,
+    ...(logger ? { logger } : {}),
+    ...(mode ? { deadLetterMode: mode } : {}),
+  };
+  const daemon: CorralDaemon = createDaemon(options);
+  await daemon.start();
+  const state: DaemonState = daemon.state;
+  const config: Config = daemon.config;
+  const stopOptions: StopDaemonOptions = { drainMs: 5_000 };
+  void [state, config.endpoint, localWorkerId('host', config.endpoint, 1)];
+  await daemon.stop(stopOptions);
+}
+
 // corral/worker: a handler and its worker
 const onSteer: SteerListener = (input: WorkerJsonValue) => void input;
 const handler: TurnHandler = async (ctx: TurnContext): Promise<TurnOutcome> => {
   const off = ctx.onSteer(onSteer);
   try {
     const page: HistoryPage = await ctx.history({ limit: 10 });
-    const emit: Emit[] = [{ actor: text, data: { seen: page.messages.length } }];
+    const seen: TranscriptMessage[] = page.messages;
+    const emit: Emit[] = [{ actor: text, data: { seen: seen.length } }];
     const data: JsonValue = ctx.event.data;
+    const turnRef: TurnRef = ctx.turnRef;
+    void turnRef.actor_epoch;
     return { messages: [{ role: 'assistant', content: { text: `got ${JSON.stringify(data)}` } }], emit };
   } finally {
     off();
   }
 };
-const hooks: WorkerHooks = {};
-const options: WorkerOptions = { endpoint: 'tcp://127.0.0.1:5555', workerId: 'worker-1', capacity: 4, handler, hooks };
-const worker: Worker = createWorker(options);
+const workerOptions: CreateWorkerOptions = {
+  endpoint: 'tcp://127.0.0.1:5555',
+  keyFile: 'worker.key',
+  capacity: 4,
+  handler,
+  startTimeoutMs: DEFAULT_START_TIMEOUT_MS,
+};
+const worker: Worker = createWorker(workerOptions);
 const stopOptions: StopOptions = { graceMs: 1_000 };
+export function keyOf(file: WorkerKeyFile): string {
+  return file.worker_id;
+}
+export function contextOf(wire: TurnContextWire): number {
+  return wire.messages.length;
+}
 
 export async function runWorker(): Promise<void> {
   try {
@@ -85,9 +239,21 @@ export async function runWorker(): Promise<void> {
   }
 }
 
-// corral/testing: a clock that moves when told to
+// corral/testing: an environment for the application's tests, and a clock that moves when told to
+export async function testOnce(): Promise<CommittedTurn> {
+  const options: TestEnvironmentOptions = { handler };
+  const env: TestEnvironment = await createTestEnvironment(options);
+  try {
+    const more: TestWorkerOptions = { handler, workerId: 'second' };
+    await env.startWorker(more);
+    const { eventId } = await env.corral.send(ref, { text: 'test' });
+    return await env.corral.waitForTurn(eventId);
+  } finally {
+    await env.stop();
+  }
+}
 const clock: Clock = new ManualClock();
 const timer: TimerHandle = clock.setTimeout(() => undefined, 1_000);
 timer.cancel();
 
-export const used = { valid, reasons, hooks, clock };
+export const used = { valid, reasons, clock };
