@@ -98,6 +98,17 @@ async function ok(command: string, args: string[], opts: Parameters<typeof run>[
  * A long-running process of the app, in its own process group, its output in a log file. It is
  * over when its output closes: every process holding it (npx's child, the daemon's workers) gone.
  */
+/** The README's TypeScript examples of "Using corral from an application" and "Writing a worker", in order. */
+function readmeExamples(): string[] {
+  const text = readFileSync(join(ROOT, 'README.md'), 'utf8');
+  const start = text.indexOf('## Using corral from an application');
+  const end = text.indexOf('## Security', start);
+  if (start < 0 || end < 0) fail('README.md: the sections "Using corral from an application" or "Security" are missing');
+  const blocks = [...text.slice(start, end).matchAll(/```ts\n([\s\S]*?)```/g)].map((m) => m[1]!);
+  if (blocks.length !== 3) fail(`README.md: expected 3 TypeScript examples (client, worker, test environment), found ${blocks.length}`);
+  return blocks;
+}
+
 function background(name: string, command: string, args: string[], cwd: string, env: NodeJS.ProcessEnv, logPath: string) {
   const child = spawn(command, args, { cwd, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
   children.add(child);
@@ -423,6 +434,26 @@ async function main(): Promise<void> {
         });
         process.stdout.write(scenarios.stdout.trimEnd().replace(/^/gm, '  ') + '\n');
         if (scenarios.code !== 0) fail(`the app scenarios exited ${scenarios.code}\n${scenarios.stderr}`);
+
+        // the README's examples, as written: the client, a worker from its key file, the test environment
+        const readme = join(app, 'readme');
+        await mkdir(readme);
+        const [clientCode, workerCode, testingCode] = readmeExamples();
+        await writeFile(join(readme, 'client.mjs'), clientCode!);
+        await writeFile(join(readme, 'worker.mjs'), workerCode!);
+        await writeFile(join(readme, 'testing.mjs'), testingCode!);
+        await ok(bin, ['keys', 'add-worker', 'my-worker-1', '--out', join(readme, 'my-worker-1.key')], { cwd: app, env: runEnv });
+        const readmeWorker = background('README worker', process.execPath, ['worker.mjs'], readme, runEnv, join(tmp, 'readme-worker.log'));
+        await readmeWorker.waitFor('worker my-worker-1 started');
+        const client = await run(process.execPath, ['client.mjs'], { cwd: readme, env: runEnv, timeoutMs: 60_000 });
+        if (client.code !== 0 || !/started\s+committed/.test(client.stdout)) {
+          fail(`the README's client example exited ${client.code}:\n${client.stdout}\n${client.stderr}`);
+        }
+        const readmeStopped = await readmeWorker.stop();
+        if (readmeStopped.how !== 'code 0') fail(`the README's worker ended with ${readmeStopped.how} on SIGTERM`);
+        const testing = await run(process.execPath, ['testing.mjs'], { cwd: readme, env: appEnv({}), timeoutMs: 120_000 });
+        if (testing.code !== 0) fail(`the README's createTestEnvironment example exited ${testing.code}:\n${testing.stderr}`);
+        process.stdout.write(`  README examples: the client printed ${JSON.stringify(client.stdout.trim().split('\n'))}\n`);
         const stopped = await workerApp.stop();
         if (stopped.how !== 'code 0') fail(`the example worker ended with ${stopped.how} on SIGTERM; see ${join(tmp, 'worker.log')}`);
         await stopDaemon(daemon, join(tmp, 'daemon-examples.log'));
