@@ -68,7 +68,10 @@ export interface EventInput {
 export interface SteerResult {
   eventId: string;
   epoch: number;
-  /** The turn's new revision: only a result carrying it commits. */
+  /**
+   * The turn's new revision. A result of the old revision still commits; the steering input it
+   * did not see is then enqueued as the actor's next event (docs/failure-semantics.md).
+   */
   revision: number;
 }
 

@@ -43,6 +43,7 @@ export class ActorWatch implements TurnWatch {
   async start(listener: TurnListener): Promise<void> {
     if (this.signal?.aborted) {
       this.ended = true;
+      this.onEnd(this);
       return;
     }
     this.subscription = await listener.subscribe(turnChannelOf(this.text), {

@@ -112,6 +112,8 @@ describe('watch', () => {
     aborted.abort();
     const w3 = await s.corral.watch('w/abort', { signal: aborted.signal });
     expect(await w3.next()).toEqual({ value: undefined, done: true });
+    // a watch ended before it began holds nothing
+    expect(s.corral.diagnostics().watches).toBe(0);
   });
 
   it('after its connection is lost, says so with a gap and goes on hearing turns', async () => {
