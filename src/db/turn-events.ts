@@ -29,6 +29,12 @@ export { TURN_EVENT_KINDS, TURN_CHANNEL_PREFIX, TURN_CHANNELS, turnChannelOf, ty
 /** T2: lines per notification (20 × 339 bytes, the longest line, is 6,780 bytes with the separators). */
 export const TURN_EVENTS_PER_NOTIFY = 20;
 
+/**
+ * T4: whether anyone watches at all: a one-time filter (an init plan), so that while nobody
+ * watches the statement skips the notify CTE's sort, window and lookups altogether.
+ */
+const ANY_WATCHED = '(select exists (select 1 from corral.turn_watchers))';
+
 /** T4: whether a channel expression is watched now. */
 const WATCHED = (channel: string) => `exists (select 1 from corral.turn_watchers tw where tw.channel = ${channel})`;
 
@@ -83,7 +89,7 @@ export function notifyTurnsCte(kind: TurnEventKind, rows: string): SQL {
                      '${kind} ' || ${actor} || ' ' || n.event_id::text || ' ' || n.epoch::text || ' ' || n.attempt::text as line,
                      (row_number() over (partition by left(md5(${actor}), 1) order by n.event_id) - 1) / ${TURN_EVENTS_PER_NOTIFY} as chunk
                 from ${rows} n) x
-       where ${WATCHED('x.ch')}
+       where ${ANY_WATCHED} and ${WATCHED('x.ch')}
        group by ch, chunk`);
 }
 
