@@ -13,9 +13,9 @@
  *   succeeds; reported `curve_mismatch`.
  * - `handshake:error:other` (EPIPE): the daemon could not read the greeting, which is what a wrong
  *   daemon public key (`server_key`) looks like; libzmq retries it forever, every ~100 ms. A
- *   mismatch of CURVE shows one or two of these before its protocol error, so only
- *   `SERVER_KEY_FAILURES` in a row, with no handshake between, are reported
- *   `server_key_mismatch` (and logged again then, saying so).
+ *   mismatch of CURVE shows a few of these before its protocol error (five, on a loaded machine),
+ *   so only `SERVER_KEY_FAILURES` in a row over `SERVER_KEY_WINDOW_MS`, with no handshake and no
+ *   protocol error between, are reported `server_key_mismatch` (and logged again then, saying so).
  * After the handshake, `error{unauthorized | identity_mismatch}` answering `worker_ready` is a
  * refused registration (wrong id, token or key proof; the worker limit): `registration_refused`.
  * The refusals that say "try again later" (too many registrations in progress) or concern a
@@ -26,8 +26,13 @@ import type { Dealer } from 'zeromq';
 import { CorralError, type ErrorCode } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 
-/** Handshakes failing without detail in a row taken as a wrong daemon public key (~0.5 s of libzmq's retries). */
+/** Handshakes failing without detail in a row taken as a wrong daemon public key (~0.5 s of libzmq's retries)… */
 export const SERVER_KEY_FAILURES = 5;
+/**
+ * …over at least this long: a CURVE mismatch on a loaded machine can show five of them before its
+ * protocol error, never two seconds of them.
+ */
+export const SERVER_KEY_WINDOW_MS = 2_000;
 
 /** Key refusals in a row taken as final (the SDK's reconnects between them take 150–300 ms). */
 export const KEY_REFUSALS = 3;
@@ -47,9 +52,12 @@ export function watchHandshakes(
   log: Logger,
   at: { workerId: string; endpoint: string },
   onRefused: RefusalListener = () => undefined,
+  now: () => number = Date.now,
 ): { succeeded(): void } {
   let logged = false;
   let failedWithoutDetail = 0;
+  let firstWithoutDetailAt = 0;
+  let serverKeyReported = false;
   let keyRefused = 0;
   socket.events.on('handshake:error:auth', (ev) => {
     log.error(
@@ -68,6 +76,7 @@ export function watchHandshakes(
   });
   socket.events.on('handshake:error:protocol', (ev) => {
     failedWithoutDetail = 0; // the failures before it were this mismatch's greetings crossing
+    serverKeyReported = false;
     if (!logged)
       log.error({ err: ev.error.message }, 'handshake failed: the daemon and this worker disagree on CURVE (one of them insecure?)');
     logged = true;
@@ -83,9 +92,11 @@ export function watchHandshakes(
     if (!logged)
       log.error({ err: ev.error.message }, "handshake failed without detail (the daemon's public key, server_key, wrong?); retrying");
     logged = true;
-    if (++failedWithoutDetail !== SERVER_KEY_FAILURES) return;
+    if (failedWithoutDetail++ === 0) firstWithoutDetailAt = now();
+    if (serverKeyReported || failedWithoutDetail < SERVER_KEY_FAILURES || now() - firstWithoutDetailAt < SERVER_KEY_WINDOW_MS) return;
+    serverKeyReported = true;
     const message =
-      `the CURVE handshake of worker ${at.workerId} with ${at.endpoint} failed ${SERVER_KEY_FAILURES} times in a row without ` +
+      `the CURVE handshake of worker ${at.workerId} with ${at.endpoint} failed ${failedWithoutDetail} times in a row without ` +
       "detail: the daemon's public key (server_key) is not the key of the daemon there";
     log.error({ failures: failedWithoutDetail }, message);
     onRefused(refusal('server_key_mismatch', message, { ...at, err: ev.error.message }));
@@ -94,6 +105,7 @@ export function watchHandshakes(
     succeeded: () => {
       logged = false;
       failedWithoutDetail = 0;
+      serverKeyReported = false;
       keyRefused = 0;
     },
   };
