@@ -8,6 +8,8 @@
  *  T3 It settles once: the committed turn (its messages), or a `CorralError`: `dead_lettered`,
  *     `cancelled`, `not_found` (no such event: not sent, its transaction not committed yet, or
  *     gone with the retention), `timeout`, `aborted`, `closed`.
+ *  T4 At the deadline the event is read once more before `timeout`: an outcome that no
+ *     notification announced (a job pg-boss failed by itself) is still reported as itself.
  */
 import { formatActorKey, parseActorKey } from '../actor-key.ts';
 import type { Db } from '../db/client.ts';
@@ -66,10 +68,18 @@ export async function waitForTurn(deps: WaitDeps, eventId: string, opts: WaitOpt
     const fail = (e: CorralError) => finish(() => reject(e));
     const cancel = (e: CorralError) => fail(e);
     const onAbort = () => fail(aborted(id, signal!));
-    const timer = setTimeout(
-      () => fail(new CorralError('timeout', `no committed turn of event ${id} within ${timeoutMs} ms`, { details: { eventId: id } })),
-      timeoutMs,
-    );
+    const timedOut = () =>
+      fail(new CorralError('timeout', `no committed turn of event ${id} within ${timeoutMs} ms`, { details: { eventId: id } }));
+    // T4: at the deadline, one last read: an outcome no notification told of (pg-boss failing a
+    // job by itself, past its heartbeat or expiry) is reported as what it is, not as a timeout
+    const timer = setTimeout(() => {
+      reads = reads.then(async () => {
+        if (settled) return;
+        const final = await eventStatus(deps.db, deps.queues, id).catch(() => undefined);
+        if (final && !settled && (await judge(final).catch(() => false))) return;
+        timedOut();
+      });
+    }, timeoutMs);
     signal?.addEventListener('abort', onAbort, { once: true });
     untrack = deps.track(cancel);
 

@@ -5,7 +5,7 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CorralError, type Corral, type TurnWatch, type WatchEvent, type WatchGap } from '../../src/client/index.ts';
-import { startClientSetup, type ClientSetup } from './helpers.ts';
+import { jobsOf, startClientSetup, type ClientSetup } from './helpers.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 let s: ClientSetup;
@@ -184,6 +184,27 @@ describe('waitForTurn', () => {
     expect(s.corral.diagnostics().waits).toBe(0);
   });
 
+  it('at its deadline reads the event once more: a job dead-lettered without a turn event rejects dead_lettered', async () => {
+    // an event deferred for an hour: no daemon holds it, so nothing of corral's sees it fail
+    const actor = { agentUid: 'w', sessionId: 'unannounced' };
+    const id = await s.t.daemon.boss.send(
+      'actor-events',
+      { ...actor, payload: { text: 'later' }, enqueuedAt: new Date().toISOString() },
+      { singletonKey: 'w/unannounced', startAfter: 3_600 },
+    );
+    const waiter = await s.connect({ watchLingerMs: 0 });
+    const waited = errorOf(waiter.waitForTurn(id!, { timeoutMs: 2_000 }));
+    // once it listens (and its read after the LISTEN is done), the job fails unannounced
+    await waitFor(() => waiter.diagnostics().listening === 1, { what: 'the wait listening' });
+    await new Promise((r) => setTimeout(r, 300));
+    // what pg-boss does to a job on its last retry: failed and copied to the dead-letter queue
+    await s.pg.query('update pgboss.job set retry_count = retry_limit where id = $1', [id]);
+    await s.t.daemon.boss.fail('actor-events', id!, { error: { message: 'failed outside corral (test)' } });
+    expect((await jobsOf(s.pg, 'w/unannounced')).map((j) => j.state)).toEqual(['failed']);
+    expect((await waited).code).toBe('dead_lettered');
+    await waiter.close();
+  });
+
   it('hears a commit after its connection was lost, and a closed client rejects it closed', async () => {
     const waiter = await s.connect({ applicationName: 'wait-reconnect' });
     const sent = await sender.send('wt/reconnect', { text: 'later', delayMs: 800 });
@@ -209,7 +230,12 @@ describe('waitForTurn', () => {
 
   it('steers the live turn of an actor', async () => {
     const sent = await sender.send('wt/steer', { text: 'steer me', delayMs: 1_000 });
-    await waitFor(async () => (await sender.actor('wt/steer')).activation?.currentEventId === sent.eventId, { what: 'the turn running' });
+    // accepted: the worker has the turn, so the steer reaches its handler
+    await waitFor(
+      async () =>
+        (await s.pg.query(`select 1 from corral.deliveries where event_id = $1 and state = 'accepted'`, [sent.eventId])).rowCount === 1,
+      { what: 'the turn running on its worker' },
+    );
     const steered = await sender.steer('wt/steer', { tone: 'brief' });
     expect(steered).toMatchObject({ eventId: sent.eventId, revision: 1 });
     const turn = await s.corral.waitForTurn(sent.eventId);
