@@ -9,6 +9,8 @@
  *     watched channels), and the transactions that may have decided before the registration
  *     (those holding the table's ACCESS SHARE lock at that moment) have ended. That wait reads
  *     pg_locks until they are gone: a few milliseconds, once per registration, never per event.
+ *     When some are still open after `barrierMs`, the subscribers get a gap from the registration
+ *     on: what those transactions commit, now or later, may not be heard.
  *  L2 A lost connection is made again with backoff (while anyone subscribes), its channels
  *     listened on and registered again, and each subscriber is told of the gap: what committed
  *     between the loss and the new registration was not heard.
@@ -47,6 +49,7 @@ export interface TurnListenerOptions {
 export const DEFAULT_LINGER_MS = 30_000;
 const DEFAULT_BARRIER_MS = 10_000;
 const BARRIER_POLL_MS = 2;
+const BARRIER_POLL_MAX_MS = 100;
 
 /** L1, L3: registers `$1` for this backend, deleting the registrations of backends that are gone. */
 const REGISTER = `
@@ -160,20 +163,27 @@ export class TurnListener {
     return this.ops.run(async () => {
       if (ch.listening && this.client === client) return;
       await this.query(client, `LISTEN ${pg.escapeIdentifier(channel)}`);
+      const registeredAt = new Date();
       await this.query(client, REGISTER, [channel]);
       const [holders] = await this.query<{ vxids: string[] }>(client, REGISTRY_HOLDERS);
       const vxids = holders?.vxids ?? [];
       const deadline = Date.now() + (this.opts.barrierMs ?? DEFAULT_BARRIER_MS);
+      let pollMs = BARRIER_POLL_MS;
+      let gaveUp = false;
       while (vxids.length > 0) {
         const [open] = await this.query<{ n: number }>(client, STILL_OPEN, [vxids]);
         if ((open?.n ?? 0) === 0) break;
         if (Date.now() > deadline) {
           this.opts.logger?.warn({ channel, transactions: vxids }, 'turn events: transactions older than the registration are still open');
+          gaveUp = true;
           break;
         }
-        await new Promise((r) => setTimeout(r, BARRIER_POLL_MS));
+        await new Promise((r) => setTimeout(r, pollMs));
+        pollMs = Math.min(pollMs * 2, BARRIER_POLL_MAX_MS);
       }
       if (this.client === client) ch.listening = true;
+      // L1: what those transactions commit may not be notified: the subscribers are told so
+      if (gaveUp) for (const sub of ch.subscribers) sub.gap(registeredAt, new Date());
     });
   }
 

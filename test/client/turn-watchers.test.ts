@@ -262,12 +262,20 @@ describe('turn watchers', () => {
     const t0 = Date.now();
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<'late'>((r) => (timer = setTimeout(() => r('late'), 10_000)));
-    const sub = await Promise.race([impatient.subscribe(channel, NOBODY), late]).finally(() => clearTimeout(timer));
+    const gaps: { since: Date; until: Date }[] = [];
+    const sub = await Promise.race([
+      impatient.subscribe(channel, { notices: () => undefined, gap: (since, until) => gaps.push({ since, until }) }),
+      late,
+    ]).finally(() => clearTimeout(timer));
     expect(sub).not.toBe('late');
     expect(Date.now() - t0).toBeGreaterThanOrEqual(100);
     expect(warnings).toEqual([
       expect.objectContaining({ channel, msg: 'turn events: transactions older than the registration are still open' }),
     ]);
+    // and its subscriber is told that what those transactions commit may go unheard
+    expect(gaps).toHaveLength(1);
+    expect(gaps[0]!.since.getTime()).toBeGreaterThanOrEqual(t0);
+    expect(gaps[0]!.until.getTime()).toBeGreaterThanOrEqual(gaps[0]!.since.getTime() + 100);
     const states = await s.pg.query(
       `select 1 from pg_stat_activity where application_name = 'tw-notifier' and state = 'idle in transaction'`,
     );
