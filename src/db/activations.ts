@@ -5,11 +5,17 @@
 import { and, eq, inArray, isNull, isNotNull, lte, sql } from './orm.ts';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
-import { ACTIVATION_LIVE, activations, type ActivationStatus } from './schema.ts';
+import { ACTIVATION_LIVE, activations, sqlList, type ActivationStatus } from './schema.ts';
 
 export type ActivationRow = typeof activations.$inferSelect;
 
-const live = inArray(activations.status, [...ACTIVATION_LIVE]);
+/**
+ * The live statuses as literals, not parameters: daemon connections plan every statement
+ * generically (src/db/client.ts), and only a literal list lets such a plan prove the partial
+ * indexes on live rows (`activations_one_live`, `activations_live_lease`), so the periodic
+ * statements read live rows only, however many finished ones history holds.
+ */
+const live = sql`${activations.status} in ${sqlList(ACTIVATION_LIVE)}`;
 const leaseFrom = (leaseMs: number) => sql`now() + ${leaseMs} * interval '1 millisecond'`;
 
 /** The live activations of any of `keys`, row-locked (one statement). */

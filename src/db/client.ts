@@ -29,8 +29,11 @@ export interface OpenOptions {
  * corral's named statements (src/db/prepared.ts) are written for a generic plan (ids arrive as
  * arrays, batches as one JSON recordset): planning them once per connection is the point of
  * naming them. PostgreSQL's default would plan each one again on every call while it judges the
- * generic plan costlier than its custom ones, which for these statements it always does. Unnamed
- * statements (everything else) are planned per call whatever this says. Set per session rather
+ * generic plan costlier than its custom ones, which for these statements it always does. The
+ * setting reaches every parameterised statement of the connection, Drizzle's unnamed ones too: a
+ * condition that a partial index must prove (a status among the live ones) is written with
+ * literals, never parameters (src/db/activations.ts; test/db/periodic-plans.test.ts explains the
+ * periodic statements on a large history and fails on a sequential scan). Set per session rather
  * than as a startup option, which connection poolers such as PgBouncer refuse.
  */
 const GENERIC_PLANS = 'set plan_cache_mode = force_generic_plan';

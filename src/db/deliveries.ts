@@ -1,11 +1,12 @@
 /** SQL for `corral.deliveries`: one worker execution of one actor event, carrying the fence. */
 import { and, eq, inArray, sql } from './orm.ts';
 import type { DbOrTx } from './client.ts';
-import { DELIVERY_LIVE, DELIVERY_UNACCEPTED, deliveries, type DeliveryState } from './schema.ts';
+import { DELIVERY_LIVE, DELIVERY_UNACCEPTED, deliveries, sqlList, type DeliveryState } from './schema.ts';
 
 export type DeliveryRow = typeof deliveries.$inferSelect;
 
-const liveState = inArray(deliveries.state, [...DELIVERY_LIVE]);
+/** Literal state lists, so generic plans can use the partial indexes on live rows (see activations.ts). */
+const liveState = sql`${deliveries.state} in ${sqlList(DELIVERY_LIVE)}`;
 
 /** Moves a live delivery to `to` if it is currently in one of `from`. Returns whether it moved. */
 export async function transitionDelivery(
@@ -45,7 +46,7 @@ export async function unacceptedDeliveriesOf(db: DbOrTx, workerId: string): Prom
   return db
     .select()
     .from(deliveries)
-    .where(and(eq(deliveries.workerId, workerId), inArray(deliveries.state, [...DELIVERY_UNACCEPTED])));
+    .where(and(eq(deliveries.workerId, workerId), sql`${deliveries.state} in ${sqlList(DELIVERY_UNACCEPTED)}`));
 }
 
 export async function liveDeliveryOfEvent(db: DbOrTx, eventId: string): Promise<DeliveryRow | undefined> {

@@ -1,0 +1,135 @@
+/**
+ * The daemon's periodic statements (watchdog, recovery) keep their cost to what is live, not to
+ * history: on tables holding 200,000 finished rows each, right after ANALYZE, the plan every
+ * statement gets on a daemon connection (`plan_cache_mode = force_generic_plan`, src/db/client.ts)
+ * reads no big table sequentially. The statements are captured as they run (text and values),
+ * then prepared and explained on a connection of the same setting.
+ */
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { listExpiredInFlight, stopIdleActivations } from '../../src/db/activations.ts';
+import { openDatabase, type Database } from '../../src/db/client.ts';
+import { unacceptedDeliveriesOf } from '../../src/db/deliveries.ts';
+import { orphanedStartedTurns } from '../../src/db/transcript.ts';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+
+const HISTORY = 200_000;
+const BIG_TABLES = new Set(['activations', 'turns', 'deliveries']);
+
+interface Captured {
+  text: string;
+  values: unknown[];
+}
+
+let tdb: TestDatabase;
+let database: Database;
+let explainer: pg.Client;
+
+/** Records every statement the pool's connections run while `fn` does. */
+async function statementsOf(fn: () => Promise<unknown>): Promise<Captured[]> {
+  const seen: Captured[] = [];
+  const original = pg.Client.prototype.query;
+  const patched = function (this: pg.Client, ...args: unknown[]) {
+    const [first, second] = args as [unknown, unknown];
+    if (typeof first === 'string') seen.push({ text: first, values: Array.isArray(second) ? second : [] });
+    else if (first && typeof first === 'object' && 'text' in first) {
+      const q = first as { text: string; values?: unknown[] };
+      seen.push({ text: q.text, values: Array.isArray(second) ? second : (q.values ?? []) });
+    }
+    return (original as (...a: unknown[]) => unknown).apply(this, args);
+  };
+  pg.Client.prototype.query = patched as typeof original;
+  try {
+    await fn();
+  } finally {
+    pg.Client.prototype.query = original;
+  }
+  return seen.filter((s) => !/^\s*(set|begin|commit|rollback)\b/i.test(s.text));
+}
+
+interface PlanNode {
+  'Node Type': string;
+  'Relation Name'?: string;
+  Plans?: PlanNode[];
+}
+
+function seqScansOf(node: PlanNode): string[] {
+  const own = node['Node Type'] === 'Seq Scan' && node['Relation Name'] ? [node['Relation Name']] : [];
+  return [...own, ...(node.Plans ?? []).flatMap(seqScansOf)];
+}
+
+/** The generic plan of `s`, as a daemon connection would run it. */
+async function genericPlan(s: Captured, n: number): Promise<PlanNode> {
+  const name = `periodic_${n}`;
+  await explainer.query(`prepare ${name} as ${s.text}`);
+  try {
+    const params = s.values.map((v) => (v === null ? 'null' : `'${String(v).replaceAll("'", "''")}'`)).join(', ');
+    const r = await explainer.query<{ 'QUERY PLAN': { Plan: PlanNode }[] }>(
+      `explain (format json) execute ${name}${s.values.length ? `(${params})` : ''}`,
+    );
+    return r.rows[0]!['QUERY PLAN'][0]!.Plan;
+  } finally {
+    await explainer.query(`deallocate ${name}`);
+  }
+}
+
+async function expectNoSequentialScans(what: string, fn: () => Promise<unknown>): Promise<void> {
+  const statements = await statementsOf(fn);
+  expect(statements.length, `${what} ran no statement`).toBeGreaterThan(0);
+  for (const [i, s] of statements.entries()) {
+    const scans = seqScansOf(await genericPlan(s, i)).filter((r) => BIG_TABLES.has(r));
+    expect(scans, `${what}: a sequential scan of ${scans.join(', ')} in\n${s.text}`).toEqual([]);
+  }
+}
+
+beforeAll(async () => {
+  tdb = await createTestDatabase();
+  database = openDatabase(tdb.url, { max: 2 });
+  explainer = new pg.Client({ connectionString: tdb.url });
+  await explainer.connect();
+  await explainer.query('set plan_cache_mode = force_generic_plan');
+  // history: finished activations, deliveries and turns of 200,000 events; a few live ones
+  await explainer.query(`
+    insert into corral.conversations (id, agent_uid, session_id) values ('00000000-0000-4000-8000-000000000001', 'history', 's');
+    insert into corral.activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at, owner_id, status, end_reason, updated_at)
+      select gen_random_uuid(), 'history', 's' || g, 1, gen_random_uuid(), now() - interval '1 day', 'gone-daemon', 'stopped', 'idle', now() - interval '1 day'
+        from generate_series(1, ${HISTORY}) g;
+    insert into corral.activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at, owner_id, status, current_event_id)
+      select gen_random_uuid(), 'live', 's' || g, 1, gen_random_uuid(), now() + interval '1 minute', 'daemon', 'active',
+             case when g % 2 = 0 then gen_random_uuid() end
+        from generate_series(1, 5) g;
+    insert into corral.deliveries (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state)
+      select gen_random_uuid(), a.activation_uid, a.agent_uid, a.session_id, 1, gen_random_uuid(), 0, 0, 'gone-worker', 'completed'
+        from corral.activations a where a.agent_uid = 'history';
+    insert into corral.turns (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, finished_at)
+      select gen_random_uuid(), '00000000-0000-4000-8000-000000000001', d.event_id, d.delivery_id, 'succeeded', d.activation_uid, 1, 0, 1, now()
+        from corral.deliveries d;
+    analyze corral.activations;
+    analyze corral.deliveries;
+    analyze corral.turns;
+  `);
+}, 120_000);
+
+afterAll(async () => {
+  await explainer?.end();
+  await database?.close();
+  await tdb?.drop();
+});
+
+describe('periodic statements on a history of 200,000 finished turns, right after ANALYZE', () => {
+  it('the watchdog lists expired leases without reading the history', async () => {
+    await expectNoSequentialScans('listExpiredInFlight', () => listExpiredInFlight(database.db));
+  });
+
+  it('the watchdog stops idle activations without reading the history', async () => {
+    await expectNoSequentialScans('stopIdleActivations', () => stopIdleActivations(database.db, 300_000, 100));
+  });
+
+  it("the watchdog lists a stale worker's unaccepted deliveries without reading its history", async () => {
+    await expectNoSequentialScans('unacceptedDeliveriesOf', () => unacceptedDeliveriesOf(database.db, 'gone-worker'));
+  });
+
+  it('recovery finds orphaned started turns without reading the history', async () => {
+    await expectNoSequentialScans('orphanedStartedTurns', () => orphanedStartedTurns(database.db, 1000));
+  });
+});
