@@ -134,6 +134,8 @@ export const JOB = {
   heartbeat_on: 'heartbeat_on',
   output: 'output',
   source_id: 'source_id',
+  /** The first job of a dead-letter lineage (the id `send` returned), on every dead letter of it. */
+  source_root_id: 'source_root_id',
   source_created_on: 'source_created_on',
   source_retry_count: 'source_retry_count',
   source_output: 'source_output',
@@ -159,6 +161,7 @@ export const JOB_TYPES: Record<JobColumn, string> = {
   heartbeat_on: 'timestamptz',
   output: 'jsonb',
   source_id: 'uuid',
+  source_root_id: 'uuid',
   source_created_on: 'timestamptz',
   source_retry_count: 'int4',
   source_output: 'jsonb',
@@ -198,6 +201,8 @@ export const BOSS_INDEXES = {
   i14:
     "btree (name, state, blocked, start_after) WHERE (state = ANY (ARRAY['created'::job_state, 'retry'::job_state, " +
     "'active'::job_state, 'failed'::job_state]))",
+  /** The dead letters of an event, by the root of their lineage (the idempotency keys' pruning). */
+  i12: 'btree (source_root_id) WHERE (source_root_id IS NOT NULL)',
 } as const;
 
 /** S3: the table pg-boss keeps the queue's jobs in (`job_common` unless the queue is partitioned). */

@@ -295,6 +295,16 @@ export async function queueDepth(db: DbOrTx, q: Queues): Promise<QueueDepth> {
   };
 }
 
+/**
+ * `now()` less `seconds`, written as a literal interval: a generic plan (daemon connections,
+ * src/db/client.ts) estimates a parameter's cutoff at a third of the table and reads it all; with
+ * the literal the planner sees how few rows are past it and walks the index on that column.
+ */
+export function ageCutoff(seconds: number): SQL {
+  if (!Number.isInteger(seconds) || seconds < 0) throw new Error(`an age in whole seconds, not ${seconds}`);
+  return sql.raw(`now() - interval '${seconds} seconds'`);
+}
+
 /** Completed jobs of `queue` finished before `olderThanSeconds` ago, at most `limit` (the retention sweep). */
 export async function completedJobsOlderThan(
   db: DbOrTx,
@@ -306,7 +316,7 @@ export async function completedJobsOlderThan(
   const res = await db.execute<{ id: string }>(sql`
     select ${bossSql.columns(['id'])} from ${job(schema)}
      where ${c.name} = ${queue} and ${c.state} = ${st.completed}
-       and ${c.completed_on} < now() - ${olderThanSeconds} * interval '1 second'
+       and ${c.completed_on} < ${ageCutoff(olderThanSeconds)}
      limit ${limit}`);
   return res.rows.map((r) => r.id);
 }

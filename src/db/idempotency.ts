@@ -5,23 +5,26 @@
  * src/db/boss-internals.ts through `bossSql`.
  */
 import type { DbOrTx } from './client.ts';
-import { bossSql, type Queues } from './boss-jobs.ts';
+import { ageCutoff, bossSql, type Queues } from './boss-jobs.ts';
 import { sql } from './orm.ts';
 
 const c = bossSql.col;
 
 /**
  * Deletes up to `limit` keys older than `olderThanSeconds` whose event has no job left: neither
- * in the actor queue nor a dead-letter copy of it. Returns how many.
+ * in the actor queue nor a dead letter of it (found by its lineage's root, pg-boss's indexed
+ * `source_root_id`: every dead letter descending from the event, however many replays ago). The
+ * cutoff is a literal (`ageCutoff`), so a pass with nothing due reads an index range, not the table.
+ * Returns how many.
  */
 export async function pruneIdempotencyKeys(db: DbOrTx, q: Queues, olderThanSeconds: number, limit: number): Promise<number> {
   const res = await db.execute(sql`
     with gone as (
       select k.agent_uid, k.session_id, k.key
         from corral.idempotency_keys k
-       where k.created_at < now() - ${olderThanSeconds} * interval '1 second'
+       where k.created_at < ${ageCutoff(olderThanSeconds)}
          and not exists (select 1 from ${bossSql.job(q.schema)} j where j.${c.name} = ${q.events} and j.${c.id} = k.event_id)
-         and not exists (select 1 from ${bossSql.job(q.schema)} d where d.${c.name} = ${q.deadLetter} and d.${c.source_id} = k.event_id)
+         and not exists (select 1 from ${bossSql.job(q.schema)} d where d.${c.source_root_id} = k.event_id and d.${c.name} = ${q.deadLetter})
        order by k.created_at
        limit ${limit}
     )

@@ -1,6 +1,6 @@
 /**
- * The daemon's periodic statements (watchdog, recovery) keep their cost to what is live, not to
- * history: on tables holding 200,000 finished rows each, right after ANALYZE, the plan every
+ * The daemon's periodic statements (watchdog, recovery, retention) keep their cost to what is live, not to
+ * history: on tables holding 200,000 finished rows each (and as many completed jobs and idempotency keys), right after ANALYZE, the plan every
  * statement gets on a daemon connection (`plan_cache_mode = force_generic_plan`, src/db/client.ts)
  * reads no big table sequentially. The statements are captured as they run (text and values),
  * then prepared and explained on a connection of the same setting.
@@ -10,11 +10,15 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { listExpiredInFlight, stopIdleActivations } from '../../src/db/activations.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { unacceptedDeliveriesOf } from '../../src/db/deliveries.ts';
+import { completedJobsOlderThan } from '../../src/db/boss-jobs.ts';
+import { pruneIdempotencyKeys } from '../../src/db/idempotency.ts';
 import { orphanedStartedTurns } from '../../src/db/transcript.ts';
+import { DEFAULTS } from '../../src/config.ts';
+import { queuesOf } from '../../src/queue/names.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 
 const HISTORY = 200_000;
-const BIG_TABLES = new Set(['activations', 'turns', 'deliveries']);
+const BIG_TABLES = new Set(['activations', 'turns', 'deliveries', 'job', 'job_common', 'idempotency_keys']);
 
 interface Captured {
   text: string;
@@ -104,6 +108,14 @@ beforeAll(async () => {
     insert into corral.turns (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, finished_at)
       select gen_random_uuid(), '00000000-0000-4000-8000-000000000001', d.event_id, d.delivery_id, 'succeeded', d.activation_uid, 1, 0, 1, now()
         from corral.deliveries d;
+    insert into pgboss.job (id, name, data, state, policy, singleton_key, completed_on, created_on)
+      select gen_random_uuid(), 'actor-events', '{}'::jsonb, 'completed', 'key_strict_fifo', 'history/s' || g, now() - interval '1 day', now() - interval '1 day'
+        from generate_series(1, ${HISTORY}) g;
+    insert into corral.idempotency_keys (agent_uid, session_id, key, event_id, data_sha256, created_at)
+      select 'history', 's' || g, 'k', gen_random_uuid(), repeat('0', 64), now() - interval '1 day'
+        from generate_series(1, ${HISTORY}) g;
+    analyze pgboss.job_common;
+    analyze corral.idempotency_keys;
     analyze corral.activations;
     analyze corral.deliveries;
     analyze corral.turns;
@@ -127,6 +139,14 @@ describe('periodic statements on a history of 200,000 finished turns, right afte
 
   it("the watchdog lists a stale worker's unaccepted deliveries without reading its history", async () => {
     await expectNoSequentialScans('unacceptedDeliveriesOf', () => unacceptedDeliveriesOf(database.db, 'gone-worker'));
+  });
+
+  it('the retention sweep finds nothing due (every completed job a day old) without reading the job table', async () => {
+    const retention = DEFAULTS.completedRetentionSeconds;
+    await expectNoSequentialScans('completedJobsOlderThan', () =>
+      completedJobsOlderThan(database.db, 'pgboss', 'actor-events', retention, 1000),
+    );
+    await expectNoSequentialScans('pruneIdempotencyKeys', () => pruneIdempotencyKeys(database.db, queuesOf(DEFAULTS), retention, 1000));
   });
 
   it('recovery finds orphaned started turns without reading the history', async () => {
