@@ -179,6 +179,11 @@ const SETTINGS = {
   deadLetterMode: setting({ env: 'CORRAL_DEAD_LETTER_MODE', default: 'continue', rule: oneOf(DEAD_LETTER_MODES) }),
   /** Completed actor events are deleted after this long (0 = never); failed ones never are. */
   completedRetentionSeconds: setting({ env: 'CORRAL_COMPLETED_RETENTION_S', default: 7 * 86_400, rule: int(0, 10 * 365 * 86_400) }),
+  /**
+   * Finished deliveries and ended activations (runtime projections) are deleted after this long
+   * (0 = never); an actor's latest activation, and the delivery of a turn still started, stay.
+   */
+  runtimeRetentionSeconds: setting({ env: 'CORRAL_RUNTIME_RETENTION_S', default: 86_400, rule: int(0, 10 * 365 * 86_400) }),
   fetchBatchSize: setting({ env: 'CORRAL_FETCH_BATCH', default: 50, rule: int(1, 500) }),
   /** Fallback poll for delayed retries (NOTIFY wakes new events at once). */
   pollIntervalMs: setting({ env: 'CORRAL_POLL_INTERVAL_MS', default: 1_000, rule: int(20) }),

@@ -201,6 +201,7 @@ export class Daemon {
           bossSchema: config.bossSchema,
           queueName: this.queues.events,
           retentionSeconds: config.completedRetentionSeconds,
+          runtimeRetentionSeconds: config.runtimeRetentionSeconds,
         }),
       { clock, log: this.log, intervalMs: RETENTION_INTERVAL_MS, what: 'retention sweep', firstPass: 'after-interval' },
     );

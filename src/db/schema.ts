@@ -38,12 +38,15 @@ export const corral = pgSchema('corral');
 const tz = (name: string) => timestamp(name, { withTimezone: true, mode: 'date' });
 
 export { ACTIVATION_LIVE, ACTIVATION_STATUSES, TURN_STATUSES, MESSAGE_ROLES, MAX_IDEMPOTENCY_KEY_LENGTH } from './views.ts';
+/** Activations that ended. */
+export const ACTIVATION_ENDED = ['stopped', 'failed'] as const;
 export type { ActivationStatus, TurnStatus, MessageRole } from './views.ts';
 
 export const DELIVERY_LIVE = ['created', 'sent', 'accepted'] as const;
 /** Live deliveries their worker has not (yet, durably) accepted. */
 export const DELIVERY_UNACCEPTED = ['created', 'sent'] as const;
-export const DELIVERY_STATES = [...DELIVERY_LIVE, 'completed', 'failed', 'send_failed', 'superseded'] as const;
+export const DELIVERY_FINISHED = ['completed', 'failed', 'send_failed', 'superseded'] as const;
+export const DELIVERY_STATES = [...DELIVERY_LIVE, ...DELIVERY_FINISHED] as const;
 export type DeliveryState = (typeof DELIVERY_STATES)[number];
 
 export const WORKER_STATUSES = ['ready', 'stale', 'gone'] as const;
@@ -172,6 +175,8 @@ export const activations = corral.table(
     uniqueIndex('activations_one_live').on(t.agentUid, t.sessionId).where(inList('status', ACTIVATION_LIVE)),
     index('activations_live_lease').on(t.leaseExpiresAt).where(inList('status', ACTIVATION_LIVE)),
     index('activations_actor_epoch').on(t.agentUid, t.sessionId, t.actorEpoch),
+    // the pruning of ended activations (src/db/runtime-pruning.ts)
+    index('activations_ended').on(t.endedAt).where(inList('status', ACTIVATION_ENDED)),
     check('activations_status', inList('status', ACTIVATION_STATUSES)),
   ],
 );
@@ -201,6 +206,8 @@ export const deliveries = corral.table(
     uniqueIndex('deliveries_one_live_per_event').on(t.eventId).where(inList('state', DELIVERY_LIVE)),
     index('deliveries_activation').on(t.activationUid),
     index('deliveries_worker_live').on(t.workerId).where(inList('state', DELIVERY_LIVE)),
+    // the pruning of finished deliveries (src/db/runtime-pruning.ts)
+    index('deliveries_finished').on(t.updatedAt).where(inList('state', DELIVERY_FINISHED)),
     check('deliveries_state', inList('state', DELIVERY_STATES)),
   ],
 );

@@ -1,5 +1,5 @@
 /**
- * The daemon's periodic statements (watchdog, recovery, retention) keep their cost to what is live, not to
+ * The daemon's periodic statements (watchdog, recovery, retention, pruning) keep their cost to what is live, not to
  * history: on tables holding 200,000 finished rows each (and as many completed jobs and idempotency keys), right after ANALYZE, the plan every
  * statement gets on a daemon connection (`plan_cache_mode = force_generic_plan`, src/db/client.ts)
  * reads no big table sequentially. The statements are captured as they run (text and values),
@@ -12,6 +12,7 @@ import { openDatabase, type Database } from '../../src/db/client.ts';
 import { unacceptedDeliveriesOf } from '../../src/db/deliveries.ts';
 import { completedJobsOlderThan } from '../../src/db/boss-jobs.ts';
 import { pruneIdempotencyKeys } from '../../src/db/idempotency.ts';
+import { pruneActivations, pruneDeliveries } from '../../src/db/runtime-pruning.ts';
 import { orphanedStartedTurns } from '../../src/db/transcript.ts';
 import { DEFAULTS } from '../../src/config.ts';
 import { queuesOf } from '../../src/queue/names.ts';
@@ -147,6 +148,11 @@ describe('periodic statements on a history of 200,000 finished turns, right afte
       completedJobsOlderThan(database.db, 'pgboss', 'actor-events', retention, 1000),
     );
     await expectNoSequentialScans('pruneIdempotencyKeys', () => pruneIdempotencyKeys(database.db, queuesOf(DEFAULTS), retention, 1000));
+  });
+
+  it('the pruning of runtime rows finds nothing due (every row younger than its window) without reading the tables', async () => {
+    await expectNoSequentialScans('pruneDeliveries', () => pruneDeliveries(database.db, 2 * 86_400, 1000));
+    await expectNoSequentialScans('pruneActivations', () => pruneActivations(database.db, 2 * 86_400, 1000));
   });
 
   it('recovery finds orphaned started turns without reading the history', async () => {
