@@ -1,2 +1,2 @@
-CREATE INDEX "activations_ended" ON "corral"."activations" USING btree ("ended_at") WHERE status in ('stopped', 'failed');--> statement-breakpoint
-CREATE INDEX "deliveries_finished" ON "corral"."deliveries" USING btree ("updated_at") WHERE state in ('completed', 'failed', 'send_failed', 'superseded');
+CREATE INDEX IF NOT EXISTS "activations_ended" ON "corral"."activations" USING btree ("ended_at") WHERE status in ('stopped', 'failed');--> statement-breakpoint
+CREATE INDEX IF NOT EXISTS "deliveries_finished" ON "corral"."deliveries" USING btree ("updated_at") WHERE state in ('completed', 'failed', 'send_failed', 'superseded');
