@@ -151,17 +151,7 @@ export class Daemon {
         staleMs: config.workerStaleMs,
         retry: { limit: config.retryLimit, delay_s: config.retryDelaySeconds, delay_max_s: config.retryDelayMaxSeconds, backoff: true },
       },
-      ...(security
-        ? {
-            authenticator: security.authenticator,
-            curve: {
-              publicKey: security.keys.publicKey,
-              secretKey: security.keys.secretKey,
-              isKeyAllowed: (k: string) => security.isKeyAllowed(k),
-              describeKey: (k: string) => security.describeKey(k),
-            },
-          }
-        : {}),
+      ...(security ? security.brokerOptions() : {}),
       onEvent: (e) => this.runtime.handleBrokerEvent(e),
     });
     consumer = this.consumer = new QueueConsumer({

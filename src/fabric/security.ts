@@ -17,6 +17,7 @@ import type { Clock, TimerHandle } from '../clock.ts';
 import { toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { KeyAuthenticator } from './auth.ts';
+import type { BrokerOptions } from './broker-types.ts';
 import { ensureDaemonKey, fileStamp, keyPaths, readAllowlist, type AllowEntry, type KeyPair, type KeyPaths } from './keys.ts';
 
 export interface FabricSecurityOptions {
@@ -69,6 +70,19 @@ export class FabricSecurity {
   stop(): void {
     this.timer?.cancel();
     this.timer = null;
+  }
+
+  /** The broker's options for this security: its authenticator, and CURVE with the allow-list's check. */
+  brokerOptions(): Required<Pick<BrokerOptions, 'authenticator' | 'curve'>> {
+    return {
+      authenticator: this.authenticator,
+      curve: {
+        publicKey: this.keys.publicKey,
+        secretKey: this.keys.secretKey,
+        isKeyAllowed: (k) => this.isKeyAllowed(k),
+        describeKey: (k) => this.describeKey(k),
+      },
+    };
   }
 
   isKeyAllowed(publicKey: string): boolean {

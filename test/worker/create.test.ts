@@ -64,17 +64,7 @@ async function startFabric(opts: { insecure?: boolean; endpoint?: string } = {})
     logger: silentLogger,
     heartbeatIntervalMs: 200,
     onEvent: (e) => events.push(e),
-    ...(security
-      ? {
-          authenticator: security.authenticator,
-          curve: {
-            publicKey: security.keys.publicKey,
-            secretKey: security.keys.secretKey,
-            isKeyAllowed: (k: string) => security.isKeyAllowed(k),
-            describeKey: (k: string) => security.describeKey(k),
-          },
-        }
-      : {}),
+    ...(security ? security.brokerOptions() : {}),
   });
   await broker.start();
   cleanups.push(() => broker.stop());
