@@ -3,10 +3,10 @@
  * server under `.corral/` when DATABASE_URL is unset, started on demand).
  */
 import { loadConfig, type Config } from '../config.ts';
-import { openDatabase, type Database } from '../db/client.ts';
-import { ping, requireCorralSchema } from '../db/health.ts';
+import type { Database } from '../db/client.ts';
+import { openUsableDatabase } from '../db/open.ts';
 import type { Logger } from '../logger.ts';
-import { commandLogger, connectDatabase } from './database.ts';
+import { commandLogger } from './database.ts';
 import type { PgBoss } from 'pg-boss';
 
 export interface GlobalOptions {
@@ -46,25 +46,12 @@ export interface ContextOptions {
  */
 export async function openCommandContext(config: Config, opts: ContextOptions = {}): Promise<CommandContext> {
   const logger = commandLogger(config);
-  const database = await connectDatabase(config, logger, async (url) => {
-    const d = openDatabase(url, { max: opts.connections ?? 4, applicationName: 'corral-cli' });
-    try {
-      await ping(d.pool);
-      return d;
-    } catch (e) {
-      await d.close();
-      throw e;
-    }
+  const database = await openUsableDatabase(config, logger, {
+    max: opts.connections ?? 4,
+    applicationName: 'corral-cli',
+    needsSchema: opts.needsSchema ?? true,
   });
   const { url } = database;
-  if (opts.needsSchema ?? true) {
-    try {
-      await requireCorralSchema(database.pool);
-    } catch (e) {
-      await database.close();
-      throw e;
-    }
-  }
   let boss: PgBoss | undefined;
   return {
     config,

@@ -8,10 +8,9 @@
 import type { PgBoss } from 'pg-boss';
 import { loadConfig, type Config } from '../config.ts';
 import type { Queues } from '../db/boss-jobs.ts';
-import { openDatabase, type Database } from '../db/client.ts';
+import type { Database } from '../db/client.ts';
 import { isStatementTarget } from '../db/executor.ts';
-import { ping, requireCorralSchema } from '../db/health.ts';
-import { connectDatabase } from '../db/resolve.ts';
+import { openUsableDatabase } from '../db/open.ts';
 import { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, sendEvents } from '../db/send-event.ts';
 import { readTranscript, type TranscriptEntry } from '../db/transcript.ts';
 import { DEFAULT_LINGER_MS, TurnListener } from '../db/turn-listener.ts';
@@ -273,22 +272,11 @@ export async function connect(opts: ConnectOptions = {}): Promise<Corral> {
   if (!Number.isInteger(lingerMs) || lingerMs < 0 || lingerMs > 3_600_000) {
     throw new CorralError('invalid_argument', 'watchLingerMs is an integer from 0 to 3,600,000');
   }
-  const database = await connectDatabase(config, logger, async (url) => {
-    const d = openDatabase(url, { max, applicationName, onError: (e) => logger.warn({ err: e.message }, 'database connection error') });
-    try {
-      await ping(d.pool);
-      return d;
-    } catch (e) {
-      await d.close();
-      throw e;
-    }
+  const database = await openUsableDatabase(config, logger, {
+    max,
+    applicationName,
+    onError: (e) => logger.warn({ err: e.message }, 'database connection error'),
   });
-  try {
-    await requireCorralSchema(database.pool);
-  } catch (e) {
-    await database.close();
-    throw e;
-  }
   return new CorralClient(config, database, { logger, applicationName, lingerMs });
 }
 
