@@ -1,6 +1,6 @@
 /** A daemon and example workers on a fresh test database, and clients connected to it. */
 import pg from 'pg';
-import { connect, type ConnectOptions, type Corral } from '../../src/client/index.ts';
+import { connect, type ConnectOptions, type Corral, type TurnWatch, type WatchEvent } from '../../src/client/index.ts';
 import type { Config } from '../../src/config.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';
@@ -73,4 +73,22 @@ export async function jobsOf(c: pg.Client, actor: string): Promise<{ id: string;
 export async function replies(corral: Corral, actor: string): Promise<string[]> {
   const tr = await corral.transcript(actor);
   return tr.map((t) => (t.messages.find((m) => m.role === 'assistant')?.content as { text?: string } | undefined)?.text ?? '');
+}
+
+/** A watch's events as `kind#attempt` (gaps as `gap:reason`). */
+export const kinds = (seen: WatchEvent[]) => seen.map((e) => (e.kind === 'gap' ? `gap:${e.reason}` : `${e.kind}#${e.attempt}`));
+
+/** Reads `watch` (leaving it open) until `until` holds for what was read, the watch ends or the deadline passes. */
+export async function read(watch: TurnWatch, until: (seen: WatchEvent[]) => boolean, timeoutMs = 20_000): Promise<WatchEvent[]> {
+  const seen: WatchEvent[] = [];
+  const deadline = Date.now() + timeoutMs;
+  while (!until(seen)) {
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<'late'>((r) => (timer = setTimeout(() => r('late'), Math.max(0, deadline - Date.now()))));
+    const next = await Promise.race([watch.next(), late]).finally(() => clearTimeout(timer));
+    if (next === 'late') throw new Error(`read only ${JSON.stringify(kinds(seen))} before the deadline`);
+    if (next.done) break;
+    seen.push(next.value);
+  }
+  return seen;
 }

@@ -8,11 +8,11 @@
 import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import type { Corral, TurnWatch, WatchEvent } from '../../src/client/index.ts';
+import type { Corral, WatchEvent } from '../../src/client/index.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { notifyTurnEvents, parseTurnNotices, turnChannelOf, type TurnNotice } from '../../src/db/turn-events.ts';
 import { TurnListener, type TurnListenerOptions, type TurnSubscriber } from '../../src/db/turn-listener.ts';
-import { startClientSetup, type ClientSetup } from './helpers.ts';
+import { read, startClientSetup, type ClientSetup } from './helpers.ts';
 import { testLogger } from '../helpers/daemon.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';
 
@@ -91,21 +91,6 @@ async function serverChannels(l: TurnListener): Promise<string[]> {
   const client = (l as unknown as { client: pg.Client | undefined }).client;
   if (!client) throw new Error('the listener has no connection');
   return (await client.query<{ ch: string }>('select pg_listening_channels() as ch order by 1')).rows.map((r) => r.ch);
-}
-
-/** Reads `watch` until `until` holds for what was read (or the deadline passes). */
-async function read(watch: TurnWatch, until: (seen: WatchEvent[]) => boolean, timeoutMs = 20_000): Promise<WatchEvent[]> {
-  const seen: WatchEvent[] = [];
-  const deadline = Date.now() + timeoutMs;
-  while (!until(seen)) {
-    let timer: NodeJS.Timeout | undefined;
-    const late = new Promise<'late'>((r) => (timer = setTimeout(() => r('late'), Math.max(0, deadline - Date.now()))));
-    const next = await Promise.race([watch.next(), late]).finally(() => clearTimeout(timer));
-    if (next === 'late') throw new Error(`read only ${seen.map((e) => e.kind).join(', ')} before the deadline`);
-    if (next.done) break;
-    seen.push(next.value);
-  }
-  return seen;
 }
 
 const committed = (eventId: string) => (seen: WatchEvent[]) => seen.some((e) => e.kind === 'committed' && e.eventId === eventId);

@@ -4,8 +4,8 @@
  */
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { CorralError, type Corral, type TurnWatch, type WatchEvent, type WatchGap } from '../../src/client/index.ts';
-import { jobsOf, startClientSetup, type ClientSetup } from './helpers.ts';
+import { CorralError, type Corral, type WatchEvent, type WatchGap } from '../../src/client/index.ts';
+import { jobsOf, kinds, read, startClientSetup, type ClientSetup } from './helpers.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 let s: ClientSetup;
@@ -30,23 +30,6 @@ const errorOf = async (p: Promise<unknown>): Promise<CorralError> => {
   }
   throw new Error('expected a rejection');
 };
-
-/** Reads `watch` (leaving it open) until `until` holds for what was read, the watch ends or the deadline passes. */
-async function read(watch: TurnWatch, until: (seen: WatchEvent[]) => boolean, timeoutMs = 20_000): Promise<WatchEvent[]> {
-  const seen: WatchEvent[] = [];
-  const deadline = Date.now() + timeoutMs;
-  while (!until(seen)) {
-    let timer: NodeJS.Timeout | undefined;
-    const late = new Promise<'late'>((r) => (timer = setTimeout(() => r('late'), Math.max(0, deadline - Date.now()))));
-    const next = await Promise.race([watch.next(), late]).finally(() => clearTimeout(timer));
-    if (next === 'late') throw new Error(`read only ${JSON.stringify(kinds(seen))} before the deadline`);
-    if (next.done) break;
-    seen.push(next.value);
-  }
-  return seen;
-}
-
-const kinds = (seen: WatchEvent[]) => seen.map((e) => (e.kind === 'gap' ? `gap:${e.reason}` : `${e.kind}#${e.attempt}`));
 
 describe('watch', () => {
   it('yields started and committed of each turn, in order, without a database call while it waits', async () => {
