@@ -16,6 +16,7 @@
 import { sql, type SQL } from './orm.ts';
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import { toDate } from './rows.ts';
+import { ageCutoff } from './schema.ts';
 import type { DbOrTx } from './client.ts';
 import {
   BOSS_FAILURE_MESSAGE,
@@ -293,16 +294,6 @@ export async function queueDepth(db: DbOrTx, q: Queues): Promise<QueueDepth> {
     oldestWaitingEventId: r.oldest_id,
     oldestWaitingSeconds: r.oldest_age,
   };
-}
-
-/**
- * `now()` less `seconds`, written as a literal interval: a generic plan (daemon connections,
- * src/db/client.ts) estimates a parameter's cutoff at a third of the table and reads it all; with
- * the literal the planner sees how few rows are past it and walks the index on that column.
- */
-export function ageCutoff(seconds: number): SQL {
-  if (!Number.isInteger(seconds) || seconds < 0) throw new Error(`an age in whole seconds, not ${seconds}`);
-  return sql.raw(`now() - interval '${seconds} seconds'`);
 }
 
 /** Completed jobs of `queue` finished before `olderThanSeconds` ago, at most `limit` (the retention sweep). */

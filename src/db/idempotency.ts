@@ -5,7 +5,8 @@
  * src/db/boss-internals.ts through `bossSql`.
  */
 import type { DbOrTx } from './client.ts';
-import { ageCutoff, bossSql, type Queues } from './boss-jobs.ts';
+import { bossSql, type Queues } from './boss-jobs.ts';
+import { ageCutoff } from './schema.ts';
 import { sql } from './orm.ts';
 
 const c = bossSql.col;

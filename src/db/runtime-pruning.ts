@@ -16,9 +16,8 @@
  *     the tables; the cutoff is a literal so the planner sees how little is past it.
  */
 import type { DbOrTx } from './client.ts';
-import { ageCutoff } from './boss-jobs.ts';
 import { sql } from './orm.ts';
-import { ACTIVATION_ENDED, DELIVERY_FINISHED, sqlList } from './schema.ts';
+import { ACTIVATION_ENDED, ageCutoff, DELIVERY_FINISHED, sqlList } from './schema.ts';
 
 /** P1: deletes up to `limit` finished deliveries older than `olderThanSeconds`. Returns how many. */
 export async function pruneDeliveries(db: DbOrTx, olderThanSeconds: number, limit: number): Promise<number> {

@@ -57,6 +57,16 @@ const listText = (values: readonly string[]) => `(${values.map((v) => `'${v}'`).
 /** `('a', 'b')`: one of the state lists above as a SQL list, for statements written as text. */
 export const sqlList = (values: readonly string[]) => sql.raw(listText(values));
 
+/**
+ * `now()` less `seconds`, written as a literal interval: a generic plan (daemon connections,
+ * src/db/client.ts) estimates a parameter's cutoff at a third of the table and reads it all; with
+ * the literal the planner sees how few rows are past it and walks the index on that column.
+ */
+export function ageCutoff(seconds: number) {
+  if (!Number.isInteger(seconds) || seconds < 0) throw new Error(`an age in whole seconds, not ${seconds}`);
+  return sql.raw(`now() - interval '${seconds} seconds'`);
+}
+
 const inList = (col: string, values: readonly string[]) => sql.raw(`${col} in ${listText(values)}`);
 
 /** One row per actor key ever seen. Holds the durable epoch counter (I2). */
