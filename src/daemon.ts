@@ -36,11 +36,12 @@ import { Watchdog } from './runtime/watchdog.ts';
 import { JobKeeper } from './runtime/job-keeper.ts';
 import { Periodic } from './runtime/periodic.ts';
 import { HeapTrim, memoryReducingGc } from './runtime/heap-trim.ts';
-import { sweepCompletedJobs } from './queue/retention.ts';
+import { sweepRetention, type SweepResult } from './queue/retention.ts';
 import type { RuntimeMetrics } from './runtime/metrics.ts';
 import { Supervisor, type ChildSpec, type ShutdownResult, type SupervisorHandle } from './supervisor/index.ts';
 
-const RETENTION_INTERVAL_MS = 10 * 60_000;
+/** How often retention runs: a pass with nothing due is a few index probes, one with work drains it (src/queue/retention.ts). */
+const RETENTION_INTERVAL_MS = 60_000;
 /** How often the daemon checks whether it is idle enough to trim its heap (see src/runtime/heap-trim.ts). */
 const HEAP_TRIM_CHECK_MS = 2_000;
 const INSECURE_WARNING_INTERVAL_MS = 3_600_000;
@@ -78,7 +79,7 @@ export class Daemon {
   readonly recovery: Recovery;
   readonly jobKeeper: JobKeeper;
   /** Deletes completed actor events past `completedRetentionSeconds` (every 10 minutes). */
-  readonly retention: Periodic<number>;
+  readonly retention: Periodic<SweepResult>;
   readonly heapTrim: HeapTrim;
   private readonly heapTrimLoop: Periodic<boolean>;
   /** The daemon's own row in `corral.daemons`, touched every quarter of the stale timeout. */
@@ -185,15 +186,17 @@ export class Daemon {
     });
     this.retention = new Periodic(
       () =>
-        sweepCompletedJobs({
+        sweepRetention({
           boss: this.boss,
           db: this.database.db,
           bossSchema: config.bossSchema,
           queueName: this.queues.events,
           retentionSeconds: config.completedRetentionSeconds,
           runtimeRetentionSeconds: config.runtimeRetentionSeconds,
+          clock,
+          signal: this.abort.signal,
         }),
-      { clock, log: this.log, intervalMs: RETENTION_INTERVAL_MS, what: 'retention sweep', firstPass: 'after-interval' },
+      { clock, log: this.log, intervalMs: RETENTION_INTERVAL_MS, what: 'retention sweep', firstPass: 'now' },
     );
     this.heapTrim = new HeapTrim({
       clock,

@@ -50,8 +50,15 @@
  *     the body of `corral.insert_event_jobs(jobs text)`, and `sendPayloadSql` is S1's payload as a SQL
  *     expression. Generated when the queues are set up (a static migration cannot know the queue's
  *     table or pg-boss's statement), so any language enqueues the row `boss.send` writes.
+ *  S12 pg-boss's maintenance claim (`QUEUE.maintain_on`, db/boss-jobs.ts `holdBossMaintenance`): once a
+ *     day pg-boss walks every job of a queue (its deletion walk, then two walks for job
+ *     dependencies), ~20 s at 10M jobs. On corral's queues that walk can delete nothing
+ *     (`deleteAfterSeconds: 0`, queued jobs kept ten years) and there are no dependencies, so corral's
+ *     retention sweep, which does their maintenance, stamps `maintain_on` on every pass: pg-boss
+ *     claims a queue only when its stamp is a maintenance interval old. pg-boss has no option to
+ *     leave one queue's maintenance to its owner.
  *
- * Tests: test/queue/boss-internals.test.ts checks S1–S11 piece by piece, each failure naming its
+ * Tests: test/queue/boss-internals.test.ts checks S1–S12 piece by piece, each failure naming its
  * piece; test/queue/direct-send.test.ts compares a direct insert with `boss.send`'s row, column by
  * column; test/queue/key-head-fetch.test.ts compares the claim with pg-boss's own fetch on one
  * backlog; test/queue/notify-channel.test.ts compares the channel with pg-boss's SQL expression.
@@ -168,8 +175,13 @@ export const JOB_TYPES: Record<JobColumn, string> = {
 };
 
 /** S4: the columns of `<schema>.queue` corral reads (here and in drizzle/0002), and `<schema>.version`'s. */
-export const QUEUE = { name: 'name', table_name: 'table_name', policy: 'policy' } as const;
-export const QUEUE_TYPES: Record<keyof typeof QUEUE, string> = { name: 'text', table_name: 'text', policy: 'text' };
+export const QUEUE = { name: 'name', table_name: 'table_name', policy: 'policy', maintain_on: 'maintain_on' } as const;
+export const QUEUE_TYPES: Record<keyof typeof QUEUE, string> = {
+  name: 'text',
+  table_name: 'text',
+  policy: 'text',
+  maintain_on: 'timestamptz',
+};
 export const VERSION_COLUMN = { version: 'int4' } as const;
 
 /** S8: where pg-boss's own failures (expiry, lost heartbeat) and a `fail` with non-object data put the message in a job's output. */

@@ -16,11 +16,13 @@
 import { sql, type SQL } from './orm.ts';
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import { toDate } from './rows.ts';
-import { ageCutoff } from './schema.ts';
+import { ageCutoff, sqlList } from './schema.ts';
 import type { DbOrTx } from './client.ts';
 import {
   BOSS_FAILURE_MESSAGE,
+  BOSS_NOW,
   BOSS_TABLE,
+  QUEUE,
   HOLDING_STATES,
   JOB,
   JOB_STATE,
@@ -323,4 +325,15 @@ export async function makeLastAttempt(tx: DbOrTx, schema: string, queue: string,
     update ${job(schema)} set ${c.retry_limit} = ${c.retry_count}
      where ${c.name} = ${queue} and ${c.id} = ${id} and ${c.retry_count} = ${retryCount} and ${c.state} = ${st.active}`);
   return (res.rowCount ?? 0) > 0;
+}
+
+/**
+ * S12: stamps pg-boss's maintenance claim on `queues` (now, by pg-boss's clock), so its daily walk
+ * of every job does not run on them: corral's retention sweep maintains them.
+ */
+export async function holdBossMaintenance(db: DbOrTx, schema: string, queues: readonly string[]): Promise<void> {
+  const s = sql.identifier(schema);
+  await db.execute(sql`
+    update ${s}.${sql.raw(BOSS_TABLE.queue)} set ${sql.raw(QUEUE.maintain_on)} = ${s}.${sql.raw(BOSS_NOW)}()
+     where ${sql.raw(QUEUE.name)} in ${sqlList(queues)}`);
 }

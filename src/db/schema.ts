@@ -52,7 +52,7 @@ export type DeliveryState = (typeof DELIVERY_STATES)[number];
 export const WORKER_STATUSES = ['ready', 'stale', 'gone'] as const;
 export type WorkerStatus = (typeof WORKER_STATUSES)[number];
 
-const listText = (values: readonly string[]) => `(${values.map((v) => `'${v}'`).join(', ')})`;
+const listText = (values: readonly string[]) => `(${values.map((v) => `'${v.replaceAll("'", "''")}'`).join(', ')})`;
 
 /** `('a', 'b')`: one of the state lists above as a SQL list, for statements written as text. */
 export const sqlList = (values: readonly string[]) => sql.raw(listText(values));

@@ -1,80 +1,123 @@
 /**
- * Retention of finished actor events. The actor queue is created with `deleteAfterSeconds: 0`
- * because pg-boss's own sweep would also delete *failed* jobs, and in dead-letter mode `block` a
- * failed head must never vanish (it holds its actor until an operator acts). This sweep removes
- * only `completed` jobs older than the retention, so the job table does not grow without bound.
- * It reads candidates (src/db/boss-jobs.ts) and deletes them through pg-boss's API. Then it
- * deletes the idempotency keys (src/db/idempotency.ts) older than the retention whose event's job
- * is gone, so a key lives at least as long as its event's job. Before either, it prunes the
- * runtime rows (finished deliveries, ended activations) older than `CORRAL_RUNTIME_RETENTION_S`
- * (src/db/runtime-pruning.ts).
+ * Retention: what the daemon deletes so its tables hold what is live and retained, not all of
+ * history. One pass, in order:
+ *  1. the runtime rows (finished deliveries, ended activations) older than
+ *     `CORRAL_RUNTIME_RETENTION_S` (src/db/runtime-pruning.ts);
+ *  2. the actor queue's `completed` jobs older than `CORRAL_COMPLETED_RETENTION_S`: the queue is
+ *     created with `deleteAfterSeconds: 0` because pg-boss's own sweep would also delete *failed*
+ *     jobs, and in dead-letter mode `block` a failed head must never vanish. Candidates come from
+ *     src/db/boss-jobs.ts (pg-boss's index on `completed_on`), deletes go through pg-boss's API;
+ *  3. the idempotency keys older than the retention whose event's job is gone
+ *     (src/db/idempotency.ts), so a key lives at least as long as its event's job.
+ *
+ * Each step drains what is due, a batch per statement, until a batch comes back short (`drain`):
+ * deletes keep up with any commit rate instead of a fixed number per pass. Between batches it
+ * pauses in proportion to the batch (`SweepPace.duty`), so a backlog of expired rows takes at most
+ * that share of one connection and the turn path keeps the rest. A pass with nothing due is one
+ * index probe per step.
+ *
+ * pg-boss's own maintenance of these queues (a walk of every job, once a day) is held off by each
+ * pass (`holdBossMaintenance`), since on them it has nothing to delete.
  */
 import type { PgBoss } from 'pg-boss';
-import { completedJobsOlderThan } from '../db/boss-jobs.ts';
+import { systemClock, type Clock } from '../clock.ts';
+import { completedJobsOlderThan, holdBossMaintenance } from '../db/boss-jobs.ts';
 import type { DbOrTx } from '../db/client.ts';
 import { pruneIdempotencyKeys } from '../db/idempotency.ts';
 import { pruneActivations, pruneDeliveries } from '../db/runtime-pruning.ts';
 import { queuesOf } from './names.ts';
 
-export interface RetentionOptions {
+/** How fast a pass deletes. */
+export interface SweepPace {
+  /** Rows per statement. */
+  batchSize?: number;
+  /**
+   * The share of a pass's time spent in its statements, in (0, 1]: after a batch that took d ms
+   * the pass waits d × (1 − duty) / duty before the next. 1 deletes without pausing.
+   */
+  duty?: number;
+  clock?: Clock;
+  /** Ends the pass between batches (the daemon stopping). */
+  signal?: AbortSignal;
+}
+
+export const DEFAULT_SWEEP_BATCH = 5_000;
+export const DEFAULT_SWEEP_DUTY = 0.5;
+
+export interface RetentionOptions extends SweepPace {
   boss: PgBoss;
   db: DbOrTx;
   bossSchema: string;
   queueName: string;
   /** Completed jobs older than this are deleted; 0 keeps them forever. */
   retentionSeconds: number;
-  batchSize?: number;
-  /** At most this many batches per sweep, so one sweep stays short. */
-  maxBatches?: number;
   /** Finished deliveries and ended activations older than this are deleted (src/db/runtime-pruning.ts); 0 or unset keeps them. */
   runtimeRetentionSeconds?: number;
 }
 
-/** Deletes completed jobs of the actor queue older than the retention, then their idempotency keys. Returns how many jobs. */
-export async function sweepCompletedJobs(opts: RetentionOptions): Promise<number> {
-  await pruneRuntimeRows(opts);
-  if (opts.retentionSeconds <= 0) return 0;
-  const batch = opts.batchSize ?? 1_000;
+/** What one pass deleted. */
+export interface SweepResult {
+  runtimeRows: number;
+  jobs: number;
+  idempotencyKeys: number;
+}
+
+/**
+ * Runs `step` (deletes up to `limit` rows, returns how many) until it deletes fewer than a batch,
+ * pausing between batches as `pace` says. Returns the rows deleted.
+ */
+export async function drain(step: (limit: number) => Promise<number>, pace: SweepPace = {}): Promise<number> {
+  const batch = pace.batchSize ?? DEFAULT_SWEEP_BATCH;
+  const duty = Math.min(1, Math.max(0.01, pace.duty ?? DEFAULT_SWEEP_DUTY));
+  const clock = pace.clock ?? systemClock;
   let deleted = 0;
-  for (let i = 0; i < (opts.maxBatches ?? 20); i++) {
-    const ids = await completedJobsOlderThan(opts.db, opts.bossSchema, opts.queueName, opts.retentionSeconds, batch);
-    if (ids.length === 0) break;
-    await opts.boss.deleteJob(opts.queueName, ids);
-    deleted += ids.length;
-    if (ids.length < batch) break;
+  while (!pace.signal?.aborted) {
+    const t0 = clock.nowMs();
+    const n = await step(batch);
+    deleted += n;
+    if (n < batch) break;
+    const pause = ((clock.nowMs() - t0) * (1 - duty)) / duty;
+    if (pause > 0) await clock.sleep(pause, pace.signal).catch(() => undefined);
   }
-  await sweepIdempotencyKeys(opts);
   return deleted;
+}
+
+/**
+ * One retention pass: runtime rows, then completed jobs, then idempotency keys. It first stamps
+ * pg-boss's maintenance claim on the queues (src/db/boss-internals.ts S12): this pass is their
+ * maintenance, and pg-boss's daily walk of every job would find nothing to delete on them.
+ */
+export async function sweepRetention(opts: RetentionOptions): Promise<SweepResult> {
+  const q = queuesOf({ queueName: opts.queueName, bossSchema: opts.bossSchema });
+  await holdBossMaintenance(opts.db, q.schema, [q.events, q.deadLetter]);
+  const runtimeRows = await pruneRuntimeRows(opts);
+  const jobs = await sweepCompletedJobs(opts);
+  const idempotencyKeys = await sweepIdempotencyKeys(opts);
+  return { runtimeRows, jobs, idempotencyKeys };
+}
+
+/** Deletes the completed jobs of the actor queue older than the retention. Returns how many. */
+export async function sweepCompletedJobs(opts: RetentionOptions): Promise<number> {
+  if (opts.retentionSeconds <= 0) return 0;
+  return drain(async (limit) => {
+    const ids = await completedJobsOlderThan(opts.db, opts.bossSchema, opts.queueName, opts.retentionSeconds, limit);
+    if (ids.length > 0) await opts.boss.deleteJob(opts.queueName, ids);
+    return ids.length;
+  }, opts);
 }
 
 /** Deletes idempotency keys older than the retention whose event's job is gone. Returns how many. */
 export async function sweepIdempotencyKeys(opts: Omit<RetentionOptions, 'boss'>): Promise<number> {
   if (opts.retentionSeconds <= 0) return 0;
-  const batch = opts.batchSize ?? 1_000;
   const q = queuesOf({ queueName: opts.queueName, bossSchema: opts.bossSchema });
-  let deleted = 0;
-  for (let i = 0; i < (opts.maxBatches ?? 20); i++) {
-    const n = await pruneIdempotencyKeys(opts.db, q, opts.retentionSeconds, batch);
-    deleted += n;
-    if (n < batch) break;
-  }
-  return deleted;
+  return drain((limit) => pruneIdempotencyKeys(opts.db, q, opts.retentionSeconds, limit), opts);
 }
 
 /** Deletes the finished deliveries, then the ended activations, older than the runtime retention. Returns how many rows. */
-export async function pruneRuntimeRows(
-  opts: Pick<RetentionOptions, 'db' | 'runtimeRetentionSeconds' | 'batchSize' | 'maxBatches'>,
-): Promise<number> {
+export async function pruneRuntimeRows(opts: Pick<RetentionOptions, 'db' | 'runtimeRetentionSeconds'> & SweepPace): Promise<number> {
   const seconds = opts.runtimeRetentionSeconds ?? 0;
   if (seconds <= 0) return 0;
-  const batch = opts.batchSize ?? 1_000;
   let deleted = 0;
-  for (const prune of [pruneDeliveries, pruneActivations]) {
-    for (let i = 0; i < (opts.maxBatches ?? 20); i++) {
-      const n = await prune(opts.db, seconds, batch);
-      deleted += n;
-      if (n < batch) break;
-    }
-  }
+  for (const prune of [pruneDeliveries, pruneActivations]) deleted += await drain((limit) => prune(opts.db, seconds, limit), opts);
   return deleted;
 }

@@ -44,7 +44,7 @@ import {
   EVENT_JOBS_INSERT_FUNCTION,
 } from '../../src/db/boss-internals.ts';
 import { installSendEvent, sendEventFunctionsSql } from '../../src/db/send-event.ts';
-import { getDeadLetter, makeLastAttempt } from '../../src/db/boss-jobs.ts';
+import { getDeadLetter, holdBossMaintenance, makeLastAttempt } from '../../src/db/boss-jobs.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { jobActiveOf } from '../../src/db/fence.ts';
 import { sql } from '../../src/db/orm.ts';
@@ -398,5 +398,26 @@ describe('pg-boss internals (src/db/boss-internals.ts)', () => {
       await client.query('rollback').catch(() => undefined);
       await listener.end();
     }
+  });
+
+  it("S12: a stamped maintenance claim keeps pg-boss's daily walk off corral's queues", async () => {
+    const names = [q.events, q.deadLetter];
+    const day = 86_400;
+    // pg-boss's own claim: the queues it would walk now with its default interval
+    const due = async () => {
+      await client.query('begin');
+      try {
+        const claim = plans.trySetQueueDeletionTime(schema, names, day, true);
+        return (await client.query<{ name: string }>(claim.text, claim.values)).rows.map((r) => r.name).sort();
+      } finally {
+        await client.query('rollback');
+      }
+    };
+    await client.query(`update ${schema}.queue set maintain_on = null where name = any($1)`, [names]);
+    expect(await due(), 'S12: never maintained, both queues are due').toEqual([...names].sort());
+    await holdBossMaintenance(database.db, schema, names);
+    expect(await due(), "S12: after corral's stamp, neither is").toEqual([]);
+    await client.query(`update ${schema}.queue set maintain_on = maintain_on - interval '1 day 1 second' where name = any($1)`, [names]);
+    expect(await due(), 'S12: a stamp a day old is due again (the sweep stamps every pass)').toEqual([...names].sort());
   });
 });

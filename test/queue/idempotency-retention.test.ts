@@ -12,7 +12,7 @@ import { keyHeadFetch, queueTable } from '../../src/db/boss-fetch.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { sendEvents } from '../../src/db/send-event.ts';
 import { createBoss, queuesOf } from '../../src/queue/boss.ts';
-import { sweepCompletedJobs, sweepIdempotencyKeys } from '../../src/queue/retention.ts';
+import { sweepIdempotencyKeys, sweepRetention } from '../../src/queue/retention.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 
 const q = queuesOf(DEFAULTS);
@@ -64,7 +64,11 @@ describe('idempotency key retention', () => {
     // the job of `done` is still there: no key goes
     expect(await sweepIdempotencyKeys({ db: database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: DAY })).toBe(0);
     // the retention sweep deletes the old completed jobs, then the key whose job is gone and which is old itself
-    expect(await sweepCompletedJobs({ boss, db: database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: DAY })).toBe(2);
+    expect(await sweepRetention({ boss, db: database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: DAY })).toEqual({
+      runtimeRows: 0,
+      jobs: 2,
+      idempotencyKeys: 1,
+    });
     expect(await keys()).toEqual(['dead', 'waiting', 'young']);
     // retention 0 keeps completed jobs, and so the keys, forever
     expect(await sweepIdempotencyKeys({ db: database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: 0 })).toBe(0);
