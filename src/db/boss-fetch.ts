@@ -14,21 +14,81 @@
  * limit. Its cost is the jobs it walks past: about the limit times the queue depth per actor,
  * never more than the backlog.
  *
- * It is a named statement (planned once per connection). Its generic plan does not know the
- * limit, so the claimed ids reach the update as an array (an InitPlan), never as a join the
- * planner could turn into a scan of the job table.
+ * It runs inside `corral.claim_actor_events(queue, lim)` (`claimFunctionSql`), a PL/pgSQL
+ * function whose only purpose is its planner settings (`CLAIM_PLANNER_SETTINGS`: no sorts, no
+ * sequential or bitmap scans). Completed history drowns the queued rows in the statistics: after
+ * an ANALYZE of a table of 10M completed jobs taken while nothing was queued, `state` reads
+ * `{completed}=1` and every partial index on queued rows is estimated at one row, so the planner
+ * sees an ordered index scan and "any scan, then sort" as equally cheap and sometimes picks the
+ * second for the key-head lookup: 1.5 s per fetch at a backlog of 100k instead of ~1 ms
+ * (docs/benchmarks.md, "A week of history"). Without sorts the only plans left that deliver the
+ * fetch order and the head order are the index scans of `job_i11` and `job_i10`, which stop at
+ * the limit and at the key's first job: whatever the statistics say, the cost follows the batch.
+ * The function's plan is cached per connection like a named statement's, and its generic plan
+ * does not know the limit, so the claimed ids reach the update as an array (an InitPlan), never
+ * as a join the planner could turn into a scan of the job table.
  *
  * The claim is pg-boss's: the same conditions, `FOR UPDATE SKIP LOCKED`, and the same update
  * (state `active`, `started_on`, `heartbeat_on`, `retry_count` + 1 on a re-claim), so pg-boss's
  * attempt fence, heartbeats, retries and dead letters work on these jobs unchanged. A unique
  * violation (a concurrent fetch won a key: pg-boss's `job_i8`) is an empty fetch, as in pg-boss.
  */
+import { createHash } from 'node:crypto';
 import type { Queues } from './boss-jobs.ts';
-import { claimStatement, queueTable } from './boss-internals.ts';
+import { claimStatement, insertTargetOf, queueTable, type BossSqlRunner } from './boss-internals.ts';
 import { sqlState } from '../errors.ts';
 import type { Queryable } from './prepared.ts';
 
 export { claimStatement, queueTable };
+
+/** The function the claim runs in (one per database: corral's schema holds one deployment). */
+export const CLAIM_FUNCTION = 'corral.claim_actor_events';
+
+/** The planner settings the claim is planned under (see above): the plans they leave are bounded by the batch. */
+export const CLAIM_PLANNER_SETTINGS = { enable_sort: 'off', enable_seqscan: 'off', enable_bitmapscan: 'off' } as const;
+
+/** `CREATE OR REPLACE FUNCTION corral.claim_actor_events(queue text, lim integer)`: the claim on `schema`.`table`. */
+export function claimFunctionSql(schema: string, table: string): string {
+  const settings = Object.entries(CLAIM_PLANNER_SETTINGS)
+    .map(([k, v]) => `SET ${k} = ${v}`)
+    .join(' ');
+  const quote = '$corral_claim$';
+  const body = claimStatement(schema, table);
+  if (body.includes(quote)) throw new Error(`the claim holds ${quote}`);
+  return `CREATE OR REPLACE FUNCTION ${CLAIM_FUNCTION}(queue text, lim integer)
+RETURNS TABLE (id uuid, retry_count integer, data jsonb)
+LANGUAGE plpgsql VOLATILE ${settings}
+AS ${quote}
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY ${body};
+END
+${quote};`;
+}
+
+/** The comment that names the installed text's digest (so an unchanged function is not replaced). */
+const MARK = 'corral generated ';
+/** Arbitrary, stable: "clai" in ASCII. */
+const CLAIM_INSTALL_LOCK_KEY = 0x636c6169;
+
+/**
+ * Installs (or replaces) the claim function for the actor queue, unless the one installed was made
+ * from the same text. Returns false, installing nothing, when the queue does not exist yet.
+ */
+export async function installClaimFunction(db: BossSqlRunner, q: Pick<Queues, 'schema' | 'events'>): Promise<boolean> {
+  const target = await insertTargetOf(db, q.schema, q.events);
+  if (!target) return false;
+  const text = claimFunctionSql(q.schema, target.table);
+  const mark = MARK + createHash('sha256').update(text).digest('hex').slice(0, 32);
+  const signature = `${CLAIM_FUNCTION}(text, integer)`;
+  const current = await db.executeSql(`select obj_description(to_regprocedure('${signature}'), 'pg_proc') as mark`);
+  if ((current.rows[0] as { mark?: string | null } | undefined)?.mark === mark) return true;
+  // one simple query: one implicit transaction, serialised between daemons starting together
+  await db.executeSql(
+    [`select pg_advisory_xact_lock(${CLAIM_INSTALL_LOCK_KEY})`, text, `COMMENT ON FUNCTION ${signature} IS '${mark}'`].join(';\n'),
+  );
+  return true;
+}
 
 export interface ClaimedJob<T = unknown> {
   id: string;
@@ -39,9 +99,10 @@ export interface ClaimedJob<T = unknown> {
 /** A fetch of up to `limit` key heads of the actor queue, claimed for this caller. */
 export type KeyHeadFetch = <T>(limit: number) => Promise<ClaimedJob<T>[]>;
 
-/** Binds the claim to a connection pool and the queue's table (see `queueTable`). */
+/** Binds the claim (installed by `installClaimFunction`) to a connection pool and the queue's table (see `queueTable`). */
 export function keyHeadFetch(db: Queryable, q: Pick<Queues, 'schema' | 'events'>, table: string): KeyHeadFetch {
-  const text = claimStatement(q.schema, table);
+  // the function embeds the table; `table` names the statement so a moved queue gets a new one
+  const text = `select id, retry_count, data from ${CLAIM_FUNCTION}($1, $2)`;
   const name = `corral_fetch:${q.schema}.${table}`;
   return async <T>(limit: number): Promise<ClaimedJob<T>[]> => {
     if (limit <= 0) return [];

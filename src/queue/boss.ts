@@ -16,6 +16,7 @@ import type { Config } from '../config.ts';
 import type { Queues } from '../db/boss-jobs.ts';
 import { tuneBossJobTables } from '../db/boss-tuning.ts';
 import { installSendEvent } from '../db/send-event.ts';
+import { installClaimFunction } from '../db/boss-fetch.ts';
 import { queuesOf } from './names.ts';
 
 export const TEN_YEARS_S = 10 * 365 * 24 * 3600;
@@ -109,7 +110,10 @@ export async function ensureQueues(
   // Fresh planner statistics for the actor queue's job table (drizzle/0002_boss_job_autovacuum.sql):
   // pg-boss creates its tables after corral's migrations ran, so the settings are applied here.
   if (update) await tuneBossJobTables(boss.getDb(), config.bossSchema);
-  if (opts.installFunctions ?? update) await installSendEvent(boss.getDb(), config);
+  if (opts.installFunctions ?? update) {
+    await installSendEvent(boss.getDb(), config);
+    await installClaimFunction(boss.getDb(), names);
+  }
   return names;
 }
 

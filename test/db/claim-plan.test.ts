@@ -1,0 +1,126 @@
+/**
+ * The actor queue's claim keeps a cost that follows the batch, whatever the statistics say
+ * (src/db/boss-fetch.ts). The worst case of a week of history: the job table analyzed while
+ * nothing was queued (`state` reads `{completed}=1`, every partial index on queued rows is
+ * estimated at one row), then a backlog. Under the installed function's planner settings the
+ * plan never sorts and never scans the table, and the head lookup probes `job_i10`; the function
+ * itself reads about as many index entries as it claims, where a lookup through `job_i11` would
+ * read the whole backlog per claimed job.
+ */
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { DEFAULTS } from '../../src/config.ts';
+import { CLAIM_FUNCTION, claimStatement, queueTable } from '../../src/db/boss-fetch.ts';
+import { queuesOf } from '../../src/queue/names.ts';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+
+const q = queuesOf(DEFAULTS);
+const HISTORY = 200_000;
+const BACKLOG = 20_000;
+const LIMIT = 50;
+
+let tdb: TestDatabase;
+let c: pg.Client;
+let table: string;
+
+interface PlanNode {
+  'Node Type': string;
+  'Relation Name'?: string;
+  'Index Name'?: string;
+  'Subplan Name'?: string;
+  Plans?: PlanNode[];
+}
+
+const nodes = (n: PlanNode): PlanNode[] => [n, ...(n.Plans ?? []).flatMap(nodes)];
+
+beforeAll(async () => {
+  tdb = await createTestDatabase();
+  c = new pg.Client({ connectionString: tdb.url });
+  await c.connect();
+  table = await queueTable(c, q);
+  const t = `${q.schema}.${table}`;
+  await c.query(`
+    insert into ${t} (id, name, data, state, policy, singleton_key, created_on, started_on, completed_on)
+    select gen_random_uuid(), '${q.events}', '{}'::jsonb, 'completed', 'key_strict_fifo', 'history/s' || g,
+           now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
+      from generate_series(1, ${HISTORY}) g`);
+  // analyzed with nothing queued, then a backlog of new actors arrives
+  await c.query(`analyze ${t}`);
+  await c.query(`
+    insert into ${t} (id, name, data, state, policy, singleton_key)
+    select gen_random_uuid(), '${q.events}', '{}'::jsonb, 'created', 'key_strict_fifo', 'backlog/s' || g
+      from generate_series(1, ${BACKLOG}) g`);
+}, 120_000);
+
+afterAll(async () => {
+  await c?.end();
+  await tdb?.drop();
+});
+
+describe('the claim on statistics that see no queued job', () => {
+  it('the statistics are the worst case: state reads {completed} only', async () => {
+    const { rows } = await c.query<{ vals: string }>(
+      `select most_common_vals::text as vals from pg_stats where schemaname = $1 and tablename = $2 and attname = 'state'`,
+      [q.schema, table],
+    );
+    expect(rows[0]?.vals).toBe('{completed}');
+  });
+
+  it("under the function's settings the generic plan never sorts or scans the table, and heads come from job_i10", async () => {
+    const { rows } = await c.query<{ config: string[] | null }>(`select proconfig as config from pg_proc where oid = $1::regprocedure`, [
+      `${CLAIM_FUNCTION}(text, integer)`,
+    ]);
+    const settings = rows[0]?.config ?? [];
+    expect(settings).toEqual(expect.arrayContaining(['enable_sort=off', 'enable_seqscan=off', 'enable_bitmapscan=off']));
+    await c.query('begin');
+    try {
+      for (const s of settings) {
+        const [k, v] = s.split('=');
+        await c.query(`set local ${k} = ${v}`);
+      }
+      await c.query('set local plan_cache_mode = force_generic_plan');
+      await c.query(`prepare claim_plan(text, int) as ${claimStatement(q.schema, table)}`);
+      const res = await c.query<{ 'QUERY PLAN': { Plan: PlanNode }[] }>(
+        `explain (format json) execute claim_plan('${q.events}', ${LIMIT})`,
+      );
+      const all = nodes(res.rows[0]!['QUERY PLAN'][0]!.Plan);
+      const kinds = all.map((n) => n['Node Type']);
+      expect(kinds, 'no sort').not.toContain('Sort');
+      expect(kinds, 'no incremental sort').not.toContain('Incremental Sort');
+      expect(
+        all.filter((n) => ['Seq Scan', 'Bitmap Heap Scan'].includes(n['Node Type'])).map((n) => n['Relation Name']),
+        'no scan of the job table',
+      ).toEqual([]);
+      const indexes = all.map((n) => n['Index Name']).filter(Boolean);
+      expect(indexes, 'the head lookup probes job_i10').toContain(`${table}_i10`);
+      expect(indexes, 'the walk in fetch order is job_i11').toContain(`${table}_i11`);
+    } finally {
+      await c.query('rollback');
+    }
+  });
+
+  it('the function claims a full batch reading about as many index entries as it claims, not the backlog', async () => {
+    const reads = async () => {
+      await c.query('select pg_stat_force_next_flush()');
+      await c.query('select pg_stat_clear_snapshot()');
+      const { rows } = await c.query<{ n: string }>(
+        `select coalesce(sum(idx_tup_read), 0) as n from pg_stat_user_indexes where schemaname = $1 and relname = $2`,
+        [q.schema, table],
+      );
+      return Number(rows[0]!.n);
+    };
+    const before = await reads();
+    await c.query('begin');
+    let claimed: number;
+    try {
+      const res = await c.query(`select * from ${CLAIM_FUNCTION}($1, $2)`, [q.events, LIMIT]);
+      claimed = res.rowCount ?? 0;
+    } finally {
+      await c.query('rollback');
+    }
+    const read = (await reads()) - before;
+    expect(claimed).toBe(LIMIT);
+    // a head lookup through job_i11 would read the backlog once per claimed job: 50 × 20,000
+    expect(read, `index entries read for ${LIMIT} claimed jobs`).toBeLessThan(20 * LIMIT);
+  });
+});
