@@ -22,7 +22,9 @@
  *     own snapshot, that the policy it runs under is still the agent's.
  *  R4 The conversation row stays, with its `next_seq`: seqs are never reused, so a message
  *     number means one message forever. `pruned_through` records the highest seq deleted, in the
- *     statement that deletes it.
+ *     statement that deletes it; a daemon's cached context is trusted only when the first message
+ *     it holds is above it (src/db/turn-rows.ts, C1 of src/runtime/context-cache.ts), so
+ *     forgotten messages never reach a worker from memory.
  *  R5 Each batch is one statement (`skip locked`: turns another transaction holds are left for the
  *     next pass), so a crash leaves either the whole batch deleted or nothing. A batch takes at
  *     most `limit` turns, with their messages.
