@@ -2,12 +2,15 @@
  * Transcript retention (src/db/transcript-retention.ts, R1–R6): the finished turns of an agent
  * with a policy that finished longer ago than its window go, with their messages, oldest first
  * and in bounded batches; recent turns, `started` turns and every agent without a policy stay;
- * the conversation stays and records how far it was pruned.
+ * the conversation stays and records how far it was pruned; an event whose turn was pruned reads
+ * as `unknown`, not as cancelled.
  */
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { DEFAULTS } from '../../src/config.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
+import { eventStatus } from '../../src/db/event-status.ts';
 import {
   clearTranscriptRetention,
   listTranscriptRetention,
@@ -15,6 +18,7 @@ import {
   pruneTranscripts,
   setTranscriptRetention,
 } from '../../src/db/transcript-retention.ts';
+import { queuesOf } from '../../src/queue/names.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 
 const DAY = 86_400;
@@ -229,5 +233,28 @@ describe('pruning transcripts', () => {
       await other.end();
       await clearTranscriptRetention(database.db, 'held');
     }
+  });
+
+  it("an event whose turn was pruned while its job is kept is unknown, a cancelled one's stays cancelled", async () => {
+    const q = queuesOf(DEFAULTS);
+    const committed = await turn('jobs', 's1', { agedDays: 3 });
+    const cancelled = await turn('jobs', 's1', { status: 'cancelled', agedDays: 3 });
+    for (const [t, output] of [
+      [committed, null],
+      [cancelled, { cancelled: true, reason: 'stop' }],
+    ] as const) {
+      await c.query(
+        `insert into pgboss.job (id, name, data, state, policy, singleton_key, output, completed_on, created_on)
+         values ($1, $2, '{}'::jsonb, 'completed', 'key_strict_fifo', 'jobs/s1', $3, now() - interval '3 days', now() - interval '3 days')`,
+        [t.eventId, q.events, output === null ? null : JSON.stringify(output)],
+      );
+    }
+    expect((await eventStatus(database.db, q, committed.eventId)).state).toBe('committed');
+    expect((await eventStatus(database.db, q, cancelled.eventId)).state).toBe('cancelled');
+    await setTranscriptRetention(database.db, 'jobs', DAY);
+    expect(await pruneTranscripts(database.db)).toBe(5);
+    expect((await eventStatus(database.db, q, committed.eventId)).state).toBe('unknown');
+    expect((await eventStatus(database.db, q, cancelled.eventId)).state).toBe('cancelled');
+    await clearTranscriptRetention(database.db, 'jobs');
   });
 });
