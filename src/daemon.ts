@@ -78,7 +78,7 @@ export class Daemon {
   readonly watchdog: Watchdog;
   readonly recovery: Recovery;
   readonly jobKeeper: JobKeeper;
-  /** Deletes completed actor events past `completedRetentionSeconds` (every 10 minutes). */
+  /** Deletes completed actor events past `completedRetentionSeconds` (every minute). */
   readonly retention: Periodic<SweepResult>;
   readonly heapTrim: HeapTrim;
   private readonly heapTrimLoop: Periodic<boolean>;

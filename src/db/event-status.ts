@@ -19,7 +19,8 @@ const c = bossSql.col;
 /**
  * `committed`: it has a succeeded turn. `pending`: its job waits, runs or waits to be retried.
  * `cancelled`: its turn was cancelled (`corral cancel`). `dead_lettered`: its retries are spent.
- * `unknown`: no such event (never sent, not committed yet, or gone with the retention).
+ * `unknown`: no such event (never sent, not committed yet, or gone with the retention: its job,
+ * or its turn by the agent's transcript retention).
  */
 export type EventState = 'committed' | 'pending' | 'cancelled' | 'dead_lettered' | 'unknown';
 
@@ -62,8 +63,10 @@ export async function eventStatus(db: DbOrTx, q: Queues, eventId: string): Promi
   if (jobState === JOB_STATE.created || jobState === JOB_STATE.retry || jobState === JOB_STATE.active) {
     return { state: 'pending', actor: r.actor ?? undefined, jobState };
   }
-  // a completed job without a succeeded turn was cancelled: a commit writes both in one transaction
-  if (jobState === JOB_STATE.completed || jobState === JOB_STATE.cancelled)
+  // a commit writes the succeeded turn and completes the job in one transaction, and a cancel
+  // completes it with `{ cancelled: true }`: a completed job of neither had its turn deleted by
+  // transcript retention (src/db/transcript-retention.ts), which is `unknown`
+  if (jobState === JOB_STATE.cancelled || (jobState === JOB_STATE.completed && r.cancelled === true))
     return { state: 'cancelled', actor: r.actor ?? undefined, jobState };
   // failed and kept in the actor queue: dead-letter mode `block`
   if (jobState === JOB_STATE.failed) return { state: 'dead_lettered', actor: r.actor ?? undefined, jobState };

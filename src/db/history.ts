@@ -9,8 +9,10 @@
  *     that event at that epoch and revision, lease alive by PostgreSQL's clock, the event's job
  *     active in the delivery's attempt: what `checkFence` asks of a reply), the statement returns
  *     no row and nothing of the conversation is read.
- *  H2 message seqs are gapless from 1 (`conversations.next_seq`), so "older messages exist" is
- *     `first seq > 1`.
+ *  H2 message seqs are gapless from 1 (`conversations.next_seq`); transcript retention deletes
+ *     only a conversation's start (src/db/transcript-retention.ts, R2), through
+ *     `conversations.pruned_through`. So the conversation holds the seqs `pruned_through + 1` to
+ *     `next_seq - 1`, and "older messages exist" is `first seq > pruned_through + 1`.
  *  H3 every page is bounded by count and by bytes of content (`octet_length(content::text)`,
  *     which is never shorter than the compact JSON on the wire).
  */
@@ -79,13 +81,14 @@ export interface HistoryPage {
   messages: HistoryMessage[];
   /** True when messages older than `messages[0]` exist: ask again with `before_seq = messages[0].seq`. */
   hasMore: boolean;
-  /** How many messages the conversation holds. */
+  /** How many messages the conversation holds (transcript retention's deletions not counted). */
   total: number;
 }
 
 type RawPage = {
   id: string;
   next_seq: number;
+  pruned_through: number;
   seq: number | null;
   role: HistoryMessage['role'] | null;
   content: unknown;
@@ -111,9 +114,9 @@ export async function readHistoryPage(
   const rows = await db.execute<RawPage>(sql`
     with f as (${liveTurn(jobs, fence, workerId)}),
     c as (
-      select c.id, c.next_seq from corral.conversations c join f on c.agent_uid = f.agent_uid and c.session_id = f.session_id
+      select c.id, c.next_seq, c.pruned_through from corral.conversations c join f on c.agent_uid = f.agent_uid and c.session_id = f.session_id
     )
-    select c.id, c.next_seq, w.seq, w.role, case when w.size <= ${page.maxBytes} then w.content end as content, w.bytes, w.size
+    select c.id, c.next_seq, c.pruned_through, w.seq, w.role, case when w.size <= ${page.maxBytes} then w.content end as content, w.bytes, w.size
       from c left join lateral (
         select l.seq, l.role, l.content, octet_length(l.content::text) as size,
                sum(octet_length(l.content::text)) over (order by l.seq desc) as bytes
@@ -137,8 +140,8 @@ export async function readHistoryPage(
   return {
     conversationId: first.id,
     messages,
-    hasMore: oldest !== undefined && oldest > 1,
-    total: Number(first.next_seq) - 1,
+    hasMore: oldest !== undefined && oldest > first.pruned_through + 1,
+    total: Number(first.next_seq) - 1 - first.pruned_through,
   };
 }
 
@@ -147,7 +150,7 @@ export interface ActorStatus {
   sessionId: string;
   epochCounter: number;
   blockedByEventId: string | null;
-  /** Committed messages in the conversation. */
+  /** Committed messages in the conversation (those transcript retention deleted not counted). */
   messages: number;
   activation: {
     activationUid: string;
@@ -167,6 +170,7 @@ export async function readActorStatus(db: DbOrTx, jobs: JobTable, fence: Fence, 
     epoch_counter: string | number;
     blocked_by_event_id: string | null;
     next_seq: number | null;
+    pruned_through: number | null;
     activation_uid: string;
     actor_epoch: string | number;
     status: string;
@@ -175,7 +179,7 @@ export async function readActorStatus(db: DbOrTx, jobs: JobTable, fence: Fence, 
     lease_expires_at: Date | string;
   }>(sql`
     with f as (${liveTurn(jobs, fence, workerId)})
-    select ac.agent_uid, ac.session_id, ac.epoch_counter, ac.blocked_by_event_id, c.next_seq,
+    select ac.agent_uid, ac.session_id, ac.epoch_counter, ac.blocked_by_event_id, c.next_seq, c.pruned_through,
            a.activation_uid, a.actor_epoch, a.status, a.revision, a.current_event_id, a.lease_expires_at
       from f
       join corral.actors ac on ac.agent_uid = f.agent_uid and ac.session_id = f.session_id
@@ -188,7 +192,7 @@ export async function readActorStatus(db: DbOrTx, jobs: JobTable, fence: Fence, 
     sessionId: r.session_id,
     epochCounter: Number(r.epoch_counter),
     blockedByEventId: r.blocked_by_event_id,
-    messages: r.next_seq === null ? 0 : r.next_seq - 1,
+    messages: r.next_seq === null ? 0 : r.next_seq - 1 - (r.pruned_through ?? 0),
     activation: {
       activationUid: r.activation_uid,
       epoch: Number(r.actor_epoch),

@@ -7,7 +7,9 @@
  *  - runtime projections: activations, deliveries, workers, daemons. They can be rebuilt or failed on
  *    recovery; nothing that must survive lives only in them;
  *  - idempotency keys of enqueued events (src/db/send-event.ts), kept while their event's job is;
- *  - the turn channels watched now (src/db/turn-events.ts): turn events are notified only on those.
+ *  - the turn channels watched now (src/db/turn-events.ts): turn events are notified only on those;
+ *  - per-agent transcript retention (src/db/transcript-retention.ts): without a row, an agent's
+ *    transcript is kept forever.
  *
  * Invariants enforced by the database itself:
  *  I1 at most one live activation per actor key (partial unique index `activations_one_live`).
@@ -32,6 +34,7 @@ import {
   uuid,
 } from './orm.ts';
 import { ACTIVATION_LIVE, ACTIVATION_STATUSES, TURN_STATUSES, MESSAGE_ROLES, MAX_IDEMPOTENCY_KEY_LENGTH } from './views.ts';
+import { ACTOR_PART } from '../actor-key.ts';
 
 export const corral = pgSchema('corral');
 
@@ -41,6 +44,8 @@ export { ACTIVATION_LIVE, ACTIVATION_STATUSES, TURN_STATUSES, MESSAGE_ROLES, MAX
 /** Activations that ended. */
 export const ACTIVATION_ENDED = ['stopped', 'failed'] as const;
 export type { ActivationStatus, TurnStatus, MessageRole } from './views.ts';
+/** Turns that finished (every status but `started`). */
+export const TURN_FINISHED = ['succeeded', 'failed', 'cancelled'] as const;
 
 export const DELIVERY_LIVE = ['created', 'sent', 'accepted'] as const;
 /** Live deliveries their worker has not (yet, durably) accepted. */
@@ -92,6 +97,11 @@ export const conversations = corral.table(
     sessionId: text('session_id').notNull(),
     /** Next message position; messages are numbered 1, 2, 3 … within a conversation. */
     nextSeq: integer('next_seq').notNull().default(1),
+    /**
+     * The highest seq transcript retention deleted (src/db/transcript-retention.ts), 0 when none:
+     * every message at or below it is gone, every one above it is kept.
+     */
+    prunedThrough: integer('pruned_through').notNull().default(0),
     createdAt: tz('created_at').notNull().defaultNow(),
     updatedAt: tz('updated_at').notNull().defaultNow(),
   },
@@ -135,6 +145,8 @@ export const turns = corral.table(
     index('turns_started')
       .on(t.startedAt)
       .where(sql`status = 'started'`),
+    // transcript retention: a conversation's finished turns by age (src/db/transcript-retention.ts)
+    index('turns_finished').on(t.conversationId, t.finishedAt).where(inList('status', TURN_FINISHED)),
     check('turns_status', inList('status', TURN_STATUSES)),
   ],
 );
@@ -311,4 +323,24 @@ export const turnWatchers = corral.table(
     registeredAt: tz('registered_at').notNull().defaultNow(),
   },
   (t) => [primaryKey({ columns: [t.channel, t.pid] })],
+);
+
+/**
+ * Transcript retention, per agent (src/db/transcript-retention.ts, `corral retention`): the
+ * finished turns of `agent_uid`'s conversations, with their messages, are deleted once they
+ * finished more than `keep_seconds` ago. An agent without a row keeps its transcript forever.
+ * `agent_uid` is checked as an actor part, since the pruning writes it into its statement as a
+ * literal.
+ */
+export const transcriptRetention = corral.table(
+  'transcript_retention',
+  {
+    agentUid: text('agent_uid').primaryKey(),
+    keepSeconds: integer('keep_seconds').notNull(),
+    updatedAt: tz('updated_at').notNull().defaultNow(),
+  },
+  (t) => [
+    check('transcript_retention_keep_positive', sql`${t.keepSeconds} > 0`),
+    check('transcript_retention_agent_uid', sql.raw(`agent_uid ~ '${ACTOR_PART.source}'`)),
+  ],
 );

@@ -32,11 +32,11 @@ const TURN_ROWS = sql.raw(`conv_new as (
       insert into corral.conversations (id, agent_uid, session_id)
       select conv_id, agent_uid, session_id from w
       on conflict (agent_uid, session_id) do nothing
-      returning id, agent_uid, session_id, next_seq
+      returning id, agent_uid, session_id, next_seq, pruned_through
     ), conv as (
-      select id, agent_uid, session_id, next_seq from conv_new
+      select id, agent_uid, session_id, next_seq, pruned_through from conv_new
       union all
-      select c.id, c.agent_uid, c.session_id, c.next_seq from corral.conversations c join w using (agent_uid, session_id)
+      select c.id, c.agent_uid, c.session_id, c.next_seq, c.pruned_through from corral.conversations c join w using (agent_uid, session_id)
     ), d as (
       insert into corral.deliveries
         (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state)
@@ -73,10 +73,13 @@ export interface BeginInput {
   workerId: string | null;
   input: unknown;
   /**
-   * What the daemon already knows of the actor's conversation: its context is read only when the
-   * conversation is not at this id and `next_seq` any more (src/runtime/context-cache.ts, C1).
+   * What the daemon already knows of the actor's conversation, whose messages it holds from
+   * `firstSeq` (`nextSeq` when none) to `nextSeq - 1`: its context is read only when the
+   * conversation is not at this id and `next_seq` any more, or when transcript retention deleted
+   * one of those messages (`pruned_through` at or above `firstSeq`, R4 of
+   * src/db/transcript-retention.ts) (src/runtime/context-cache.ts, C1).
    */
-  known?: { conversationId: string; nextSeq: number } | undefined;
+  known?: { conversationId: string; nextSeq: number; firstSeq: number } | undefined;
 }
 
 /** A turn begun by `beginTurnsMany`. */
@@ -91,8 +94,8 @@ export interface BegunConversation {
   id: string;
   nextSeq: number;
   /**
-   * The context's messages (`contextLinesOf`) when they were read: null when none, or when the
-   * conversation was still where the input's `known` said (not read).
+   * The context's messages (`contextLinesOf`) when they were read ('' when there are none); null
+   * when they were not read: the conversation was still where the input's `known` said.
    */
   lines: string | null;
 }
@@ -129,13 +132,15 @@ export async function beginTurnsMany(
       input: { v: j.input ?? null },
       known_conv: j.known?.conversationId ?? null,
       known_seq: j.known?.nextSeq ?? null,
+      known_first: j.known?.firstSeq ?? null,
     }))
     // actor rows are locked in key order, as everywhere else (two daemons cannot deadlock)
     .sort((x, y) => cmp(x.agent_uid, y.agent_uid) || cmp(x.session_id, y.session_id));
   const limits = opts.context !== undefined && opts.context.maxMessages > 0 ? opts.context : undefined;
   const context = limits
     ? sql`conv.id as conv_id, conv.next_seq,
-          case when conv.id = w.known_conv and conv.next_seq = w.known_seq then null else ${contextLinesOf('conv', limits)} end as lines`
+          case when conv.id = w.known_conv and conv.next_seq = w.known_seq and conv.pruned_through < w.known_first
+               then null else coalesce(${contextLinesOf('conv', limits)}, '') end as lines`
     : sql`null::uuid as conv_id, null::int as next_seq, null::text as lines`;
   const lease = sql`now() + ${opts.leaseMs} * interval '1 millisecond'`;
   const activationsOf =
@@ -176,11 +181,12 @@ export async function beginTurnsMany(
     with i as (
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
         agent_uid text, session_id text, event_id uuid, activation_uid uuid, lease_id uuid, delivery_id uuid,
-        turn_id uuid, conv_id uuid, job_retry_count int, worker_id text, input jsonb, known_conv uuid, known_seq int)
+        turn_id uuid, conv_id uuid, job_retry_count int, worker_id text, input jsonb, known_conv uuid, known_seq int,
+        known_first int)
     ), ${activationsOf}
     ), w as (
       select i.agent_uid, i.session_id, i.event_id, i.delivery_id, i.turn_id, i.conv_id, i.job_retry_count, i.worker_id, i.input,
-             i.known_conv, i.known_seq, a.activation_uid, a.actor_epoch, a.revision
+             i.known_conv, i.known_seq, i.known_first, a.activation_uid, a.actor_epoch, a.revision
         from i join a using (agent_uid, session_id)
     ), ${TURN_ROWS}, n as (
       ${STARTED_NOTIFY}

@@ -12,7 +12,10 @@
  *     match. Messages are written only by a commit, which moves `next_seq` in the same statement,
  *     and never change afterwards (H2, src/db/history.ts): a matching `next_seq` means the same
  *     messages. A turn committed by another daemon, a commit whose outcome was lost, or an entry
- *     evicted here all fall back to the database.
+ *     evicted here all fall back to the database. So does an entry holding a message that
+ *     transcript retention deleted since (`pruned_through` at or above the entry's first seq, R4
+ *     of src/db/transcript-retention.ts): the database then reads the messages although
+ *     `next_seq` matches, and what it read wins.
  *  C2 an entry holds exactly the messages the database would pick (`windowStart` is the selection of
  *     `contextLinesOf`: the latest `maxMessages`, then the longest run of them, newest first, whose
  *     content fits `maxBytes`). Appending keeps it exact: messages outside a window never come
@@ -111,6 +114,14 @@ export function contextFromDatabase(
   return entryOf(conversationId, nextSeq, elements, contentBytes, limits);
 }
 
+/**
+ * What a begin sends the database of an entry (C1): the conversation, its `next_seq`, and the
+ * first seq the entry holds (`nextSeq` when it holds none), which no deletion may have reached.
+ */
+export function knownOf(c: CachedContext | undefined): { conversationId: string; nextSeq: number; firstSeq: number } | undefined {
+  return c && { conversationId: c.conversationId, nextSeq: c.nextSeq, firstSeq: c.nextSeq - c.elements.length };
+}
+
 /** turn_start's `context` field as JSON text (docs/protocol.md §5.3). */
 export function contextJson(c: CachedContext): string {
   const firstSeq = c.nextSeq - c.elements.length;
@@ -157,15 +168,15 @@ export class ContextCache {
 
   /**
    * The context a begin of `key` sends: the cached entry `known` when the database found the
-   * conversation unchanged (`conversationId`, `nextSeq`), else the one built from the `lines` it
-   * read, which replaces the entry.
+   * conversation unchanged (`conversationId`, `nextSeq`) and so read nothing (`lines` null), else
+   * the one built from the `lines` it read, which replaces the entry.
    */
   resolve(
     key: string,
     known: CachedContext | undefined,
     read: { conversationId: string; nextSeq: number; lines: MessageLines | null },
   ): CachedContext {
-    if (known !== undefined && known.conversationId === read.conversationId && known.nextSeq === read.nextSeq) {
+    if (known !== undefined && read.lines === null && known.conversationId === read.conversationId && known.nextSeq === read.nextSeq) {
       this.hits++;
       if (this.entries.get(key) === known) this.touch(key, known);
       return known;

@@ -20,7 +20,7 @@ import { DELIVERY_LIVE } from '../db/schema.ts';
 import { CorralError, isConnectionError } from '../errors.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
 import type { AttemptFailures } from './attempt-failure.ts';
-import { contextJson, type ContextCache } from './context-cache.ts';
+import { contextJson, knownOf, type ContextCache } from './context-cache.ts';
 import type { Settlement } from './group-writer.ts';
 
 /** A job fetched from the actor queue. */
@@ -189,7 +189,7 @@ export class TurnBeginner {
         jobRetryCount: r.job.retryCount,
         workerId: r.workerId,
         input: r.job.data.payload,
-        known: known[i],
+        known: knownOf(known[i]),
       })),
       { kind, leaseMs: this.deps.leaseMs, ownerId: this.deps.ownerId, context },
     );

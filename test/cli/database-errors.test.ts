@@ -18,6 +18,8 @@ const SCHEMA_COMMANDS: string[][] = [
   ['transcript', 'a/s'],
   ['dlq', 'list'],
   ['dlq', 'replay', '--all', '--yes'],
+  ['retention', 'list'],
+  ['retention', 'set', 'a', '90d'],
 ];
 
 const NO_SCHEMA = 'corral: the database has no corral schema yet: run `corral db migrate` (or start `corral daemon`, which migrates)\n';

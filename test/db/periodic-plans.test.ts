@@ -1,6 +1,7 @@
 /**
  * The daemon's periodic statements (watchdog, recovery, retention, pruning) keep their cost to what is live, not to
- * history: on tables holding 200,000 finished rows each (and as many completed jobs and idempotency keys), right after ANALYZE, the plan every
+ * history: on tables holding 200,000 finished rows each (and as many completed jobs, idempotency keys, messages and
+ * conversations), right after ANALYZE, the plan every
  * statement gets on a daemon connection (`plan_cache_mode = force_generic_plan`, src/db/client.ts)
  * reads no big table sequentially. The statements are captured as they run (text and values),
  * then prepared and explained on a connection of the same setting.
@@ -14,12 +15,13 @@ import { completedJobsOlderThan } from '../../src/db/boss-jobs.ts';
 import { pruneIdempotencyKeys } from '../../src/db/idempotency.ts';
 import { pruneActivations, pruneDeliveries } from '../../src/db/runtime-pruning.ts';
 import { orphanedStartedTurns } from '../../src/db/transcript.ts';
+import { pruneTranscripts } from '../../src/db/transcript-retention.ts';
 import { DEFAULTS } from '../../src/config.ts';
 import { queuesOf } from '../../src/queue/names.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 
 const HISTORY = 200_000;
-const BIG_TABLES = new Set(['activations', 'turns', 'deliveries', 'job', 'job_common', 'idempotency_keys']);
+const BIG_TABLES = new Set(['activations', 'turns', 'deliveries', 'job', 'job_common', 'idempotency_keys', 'conversations', 'messages']);
 
 interface Captured {
   text: string;
@@ -109,6 +111,13 @@ beforeAll(async () => {
     insert into corral.turns (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, finished_at)
       select gen_random_uuid(), '00000000-0000-4000-8000-000000000001', d.event_id, d.delivery_id, 'succeeded', d.activation_uid, 1, 0, 1, now()
         from corral.deliveries d;
+    insert into corral.messages (conversation_id, turn_id, seq, role, content)
+      select t.conversation_id, t.id, row_number() over (order by t.id), 'user', '{}'::jsonb from corral.turns t;
+    update corral.conversations set next_seq = ${HISTORY} + 1 where agent_uid = 'history';
+    -- the conversations of many other agents' sessions; transcript retention for 'history' (2 days) and a small agent
+    insert into corral.conversations (id, agent_uid, session_id)
+      select gen_random_uuid(), 'crowd-' || (g % 1000), 's' || g from generate_series(1, ${HISTORY}) g;
+    insert into corral.transcript_retention (agent_uid, keep_seconds) values ('history', 2 * 86400), ('crowd-7', 86400);
     insert into pgboss.job (id, name, data, state, policy, singleton_key, completed_on, created_on)
       select gen_random_uuid(), 'actor-events', '{}'::jsonb, 'completed', 'key_strict_fifo', 'history/s' || g, now() - interval '1 day', now() - interval '1 day'
         from generate_series(1, ${HISTORY}) g;
@@ -120,6 +129,9 @@ beforeAll(async () => {
     analyze corral.activations;
     analyze corral.deliveries;
     analyze corral.turns;
+    analyze corral.messages;
+    analyze corral.conversations;
+    analyze corral.transcript_retention;
   `);
 }, 120_000);
 
@@ -153,6 +165,10 @@ describe('periodic statements on a history of 200,000 finished turns, right afte
   it('the pruning of runtime rows finds nothing due (every row younger than its window) without reading the tables', async () => {
     await expectNoSequentialScans('pruneDeliveries', () => pruneDeliveries(database.db, 2 * 86_400, 1000));
     await expectNoSequentialScans('pruneActivations', () => pruneActivations(database.db, 2 * 86_400, 1000));
+  });
+
+  it("transcript retention finds nothing due (every turn younger than its agent's window) without reading the tables", async () => {
+    await expectNoSequentialScans('pruneTranscripts', () => pruneTranscripts(database.db));
   });
 
   it('recovery finds orphaned started turns without reading the history', async () => {

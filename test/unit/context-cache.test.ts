@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { ContextCache, contextFromDatabase, contextJson, windowStart } from '../../src/runtime/context-cache.ts';
+import { ContextCache, contextFromDatabase, contextJson, knownOf, windowStart } from '../../src/runtime/context-cache.ts';
 
 const limits = { maxMessages: 3, maxBytes: 20 };
 const conv = '11111111-1111-4111-8111-111111111111';
@@ -83,6 +83,24 @@ describe('ContextCache', () => {
     cache.committed(key, conv, 1, lines(['user', 1]));
     expect(cache.known(key)).toBe(now);
     expect(now.nextSeq).toBe(3);
+  });
+
+  it('takes what the database read although next_seq matches (transcript retention deleted what the entry held)', () => {
+    const cache = new ContextCache(limits, 1_000_000);
+    cache.committed(key, conv, 1, lines(['user', 1], ['assistant', 2], ['user', 3], ['assistant', 4]));
+    const held = cache.known(key)!;
+    // the begin tells the database which messages the entry holds: seqs 2..4
+    expect(knownOf(held)).toEqual({ conversationId: conv, nextSeq: 5, firstSeq: 2 });
+    expect(knownOf(undefined)).toBeUndefined();
+    // seqs 1..2 were deleted: the database read the rest, and that is the context
+    const read = cache.resolve(key, held, { conversationId: conv, nextSeq: 5, lines: lines(['user', 3], ['assistant', 4]) });
+    expect(parsed(read)).toMatchObject({ messages: [{ seq: 3 }, { seq: 4 }], first_seq: 3, current_seq: 5 });
+    expect(cache.known(key)).toBe(read);
+    // everything was deleted: read, and empty ('' rather than null, which means "not read")
+    const none = cache.resolve(key, read, { conversationId: conv, nextSeq: 5, lines: '' });
+    expect(none.elements).toEqual([]);
+    expect(knownOf(none)).toEqual({ conversationId: conv, nextSeq: 5, firstSeq: 5 });
+    expect(cache.stats).toMatchObject({ hits: 0, misses: 2 });
   });
 
   it('keeps an entry equal to what the database would pick, whatever the commits', () => {
