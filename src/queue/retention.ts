@@ -3,11 +3,13 @@
  * history. One pass, in order:
  *  1. the runtime rows (finished deliveries, ended activations) older than
  *     `CORRAL_RUNTIME_RETENTION_S` (src/db/runtime-pruning.ts);
- *  2. the actor queue's `completed` jobs older than `CORRAL_COMPLETED_RETENTION_S`: the queue is
+ *  2. the turns and messages past an agent's transcript retention, for the agents that have one
+ *     (`corral retention set`, src/db/transcript-retention.ts); transcripts stay by default;
+ *  3. the actor queue's `completed` jobs older than `CORRAL_COMPLETED_RETENTION_S`: the queue is
  *     created with `deleteAfterSeconds: 0` because pg-boss's own sweep would also delete *failed*
  *     jobs, and in dead-letter mode `block` a failed head must never vanish. Candidates come from
  *     src/db/boss-jobs.ts (pg-boss's index on `completed_on`), deletes go through pg-boss's API;
- *  3. the idempotency keys older than the retention whose event's job is gone
+ *  4. the idempotency keys older than the retention whose event's job is gone
  *     (src/db/idempotency.ts), so a key lives at least as long as its event's job.
  *
  * Each step drains what is due, a batch per statement, until a batch comes back short (`drain`):
@@ -25,6 +27,7 @@ import { completedJobsOlderThan, holdBossMaintenance } from '../db/boss-jobs.ts'
 import type { DbOrTx } from '../db/client.ts';
 import { pruneIdempotencyKeys } from '../db/idempotency.ts';
 import { pruneActivations, pruneDeliveries } from '../db/runtime-pruning.ts';
+import { listTranscriptRetention, pruneAgentTranscripts } from '../db/transcript-retention.ts';
 import { queuesOf } from './names.ts';
 
 /** How fast a pass deletes. */
@@ -58,6 +61,8 @@ export interface RetentionOptions extends SweepPace {
 /** What one pass deleted. */
 export interface SweepResult {
   runtimeRows: number;
+  /** Turns and messages deleted by the agents' transcript retention. */
+  transcriptRows: number;
   jobs: number;
   idempotencyKeys: number;
 }
@@ -91,9 +96,10 @@ export async function sweepRetention(opts: RetentionOptions): Promise<SweepResul
   const q = queuesOf({ queueName: opts.queueName, bossSchema: opts.bossSchema });
   await holdBossMaintenance(opts.db, q.schema, [q.events, q.deadLetter]);
   const runtimeRows = await pruneRuntimeRows(opts);
+  const transcriptRows = await pruneTranscriptRows(opts);
   const jobs = await sweepCompletedJobs(opts);
   const idempotencyKeys = await sweepIdempotencyKeys(opts);
-  return { runtimeRows, jobs, idempotencyKeys };
+  return { runtimeRows, transcriptRows, jobs, idempotencyKeys };
 }
 
 /** Deletes the completed jobs of the actor queue older than the retention. Returns how many. */
@@ -120,4 +126,17 @@ export async function pruneRuntimeRows(opts: Pick<RetentionOptions, 'db' | 'runt
   let deleted = 0;
   for (const prune of [pruneDeliveries, pruneActivations]) deleted += await drain((limit) => prune(opts.db, seconds, limit), opts);
   return deleted;
+}
+
+/** Deletes the turns (with their messages) past each agent's transcript retention. Returns how many rows. */
+export async function pruneTranscriptRows(opts: Pick<RetentionOptions, 'db'> & SweepPace): Promise<number> {
+  let rows = 0;
+  for (const policy of await listTranscriptRetention(opts.db)) {
+    await drain(async (limit) => {
+      const n = await pruneAgentTranscripts(opts.db, policy.agentUid, policy.keepSeconds, limit);
+      rows += n.turns + n.messages;
+      return n.turns;
+    }, opts);
+  }
+  return rows;
 }

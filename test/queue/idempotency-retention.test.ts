@@ -66,6 +66,7 @@ describe('idempotency key retention', () => {
     // the retention sweep deletes the old completed jobs, then the key whose job is gone and which is old itself
     expect(await sweepRetention({ boss, db: database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: DAY })).toEqual({
       runtimeRows: 0,
+      transcriptRows: 0,
       jobs: 2,
       idempotencyKeys: 1,
     });
