@@ -28,6 +28,9 @@ import { openDatabase, type Database } from '../src/db/client.ts';
 import { unacceptedDeliveriesOf } from '../src/db/deliveries.ts';
 import { pruneIdempotencyKeys } from '../src/db/idempotency.ts';
 import { pruneActivations, pruneDeliveries } from '../src/db/runtime-pruning.ts';
+import { transcriptRetentionDue } from '../src/db/transcript-retention.ts';
+import { pruneWorkers } from '../src/db/workers.ts';
+import { pruneDaemons } from '../src/db/daemons.ts';
 import { orphanedStartedTurns } from '../src/db/transcript.ts';
 import { queuesOf } from '../src/queue/names.ts';
 import { sweepRetention } from '../src/queue/retention.ts';
@@ -230,11 +233,14 @@ async function periodicStatements(db: Database): Promise<Record<string, number>>
     'watchdog: expired leases': () => listExpiredInFlight(db.db),
     'watchdog: idle activations': () => stopIdleActivations(db.db, DEFAULTS.idleTimeoutMs, 100),
     "watchdog: a stale worker's deliveries": () => unacceptedDeliveriesOf(db.db, 'history-worker'),
+    'watchdog: workers gone': () => pruneWorkers(db.db, { goneAfterSeconds: 600, deadAfterSeconds: 3600 }),
+    'watchdog: daemons gone': () => pruneDaemons(db.db, { stoppedAfterSeconds: 3600, silentAfterSeconds: DAY }),
     'recovery: orphaned started turns': () => orphanedStartedTurns(db.db, 1000),
     'retention: completed jobs due': () => completedJobsOlderThan(db.db, Q.schema, Q.events, DEFAULTS.completedRetentionSeconds, 5000),
     'retention: idempotency keys due': () => pruneIdempotencyKeys(db.db, Q, DEFAULTS.completedRetentionSeconds, 5000),
     'pruning: deliveries': () => pruneDeliveries(db.db, DAY, 5000),
     'pruning: activations': () => pruneActivations(db.db, DAY, 5000),
+    'retention: transcripts due': () => transcriptRetentionDue(db.db),
   };
   const out: Record<string, number> = {};
   for (const [what, run] of Object.entries(statements)) {

@@ -21,7 +21,8 @@
  *  S4 Columns (`JOB`, `QUEUE`, with their types in `JOB_TYPES`, `QUEUE_TYPES`) and the states of
  *     `<schema>.job_state` in enum order (`JOB_STATE`, `JOB_STATE_ORDER`: `state < 'active'` is
  *     "queued", `state desc` puts a retry before created jobs), and the policy `key_strict_fifo`.
- *  S5 The actor queue's fetch (`claimStatement`, run by db/boss-fetch.ts): pg-boss's
+ *  S5 The actor queue's fetch (`claimStatement`, run by db/boss-fetch.ts inside the function
+ *     `corral.claim_actor_events`, installed with the queues): pg-boss's
  *     `key_strict_fifo` fetch first takes the head of every key with queued jobs, a cost that
  *     follows the backlog; this claim reproduces its conditions and its update at a cost that
  *     follows the batch (`claimMirrorsFetch` lists what it copies, as pg-boss writes it). It

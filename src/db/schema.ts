@@ -338,6 +338,8 @@ export const transcriptRetention = corral.table(
     agentUid: text('agent_uid').primaryKey(),
     keepSeconds: integer('keep_seconds').notNull(),
     updatedAt: tz('updated_at').notNull().defaultNow(),
+    /** Nothing of the agent's transcript is past the window before this (R7); null: not known yet. */
+    dueAt: tz('due_at'),
   },
   (t) => [
     check('transcript_retention_keep_positive', sql`${t.keepSeconds} > 0`),

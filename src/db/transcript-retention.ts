@@ -32,6 +32,12 @@
  *     (`conversations_actor`) and, in each, the finished turns older than the window
  *     (`turns_finished`, on conversation and `finished_at`). The cutoff and the agent are
  *     literals, so a generic plan sees how few rows they select.
+ *  R7 A pass reads the agent's conversations only when something may be due: after draining an
+ *     agent it records `due_at`, when its oldest finished turn left will pass the window
+ *     (`markTranscriptChecked`); until then `transcriptRetentionDue` leaves the agent out, so a pass
+ *     with nothing due reads one row per policy, not one index probe per session. A turn that
+ *     finishes later is due later than the oldest one already there; setting a policy clears
+ *     `due_at`, so a shorter window takes effect at the next pass.
  */
 import { ACTOR_PART } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
@@ -65,7 +71,7 @@ export async function setTranscriptRetention(
     with old as (select keep_seconds from corral.transcript_retention where agent_uid = ${agentUid})
     insert into corral.transcript_retention as r (agent_uid, keep_seconds, updated_at)
     values (${agentUid}, ${keepSeconds}, now())
-    on conflict (agent_uid) do update set keep_seconds = excluded.keep_seconds, updated_at = now()
+    on conflict (agent_uid) do update set keep_seconds = excluded.keep_seconds, updated_at = now(), due_at = null
     returning r.agent_uid, r.keep_seconds, r.updated_at, (select keep_seconds from old) as previous`);
   const r = res.rows[0]!;
   return { agentUid: r.agent_uid, keepSeconds: r.keep_seconds, updatedAt: new Date(r.updated_at), previousKeepSeconds: r.previous };
@@ -89,6 +95,36 @@ export async function listTranscriptRetention(db: DbOrTx): Promise<TranscriptRet
     })
     .from(transcriptRetention)
     .orderBy(asc(transcriptRetention.agentUid));
+}
+
+/** R7: the policies whose agent may have turns past the window (`due_at` unknown or passed). */
+export async function transcriptRetentionDue(db: DbOrTx): Promise<{ agentUid: string; keepSeconds: number }[]> {
+  const res = await db.execute<{ agent_uid: string; keep_seconds: number }>(sql`
+    select agent_uid, keep_seconds from corral.transcript_retention
+     where due_at is null or due_at <= now()
+     order by agent_uid`);
+  return res.rows.map((r) => ({ agentUid: r.agent_uid, keepSeconds: r.keep_seconds }));
+}
+
+/**
+ * R7: records when the oldest finished turn left of `agentUid` passes the window (now plus the
+ * window when it has none), if `keepSeconds` is still its policy. Run after a drain of the agent.
+ */
+export async function markTranscriptChecked(db: DbOrTx, agentUid: string, keepSeconds: number): Promise<void> {
+  checkedPolicy(agentUid, keepSeconds);
+  const agent = sql.raw(`'${agentUid}'`);
+  await db.execute(sql`
+    update corral.transcript_retention r
+       set due_at = coalesce((
+             select min(first.finished_at)
+               from corral.conversations c
+               cross join lateral (
+                 select t.finished_at from corral.turns t
+                  where t.conversation_id = c.id and t.status in ${sqlList(TURN_FINISHED)} and t.finished_at is not null
+                  order by t.finished_at
+                  limit 1) first
+              where c.agent_uid = ${agent}), now()) + r.keep_seconds * interval '1 second'
+     where r.agent_uid = ${agent} and r.keep_seconds = ${sql.raw(String(keepSeconds))}`);
 }
 
 export interface PrunedTranscripts {

@@ -27,7 +27,7 @@ import { completedJobsOlderThan, holdBossMaintenance } from '../db/boss-jobs.ts'
 import type { DbOrTx } from '../db/client.ts';
 import { pruneIdempotencyKeys } from '../db/idempotency.ts';
 import { pruneActivations, pruneDeliveries } from '../db/runtime-pruning.ts';
-import { listTranscriptRetention, pruneAgentTranscripts } from '../db/transcript-retention.ts';
+import { markTranscriptChecked, pruneAgentTranscripts, transcriptRetentionDue } from '../db/transcript-retention.ts';
 import { queuesOf } from './names.ts';
 
 /** How fast a pass deletes. */
@@ -128,15 +128,20 @@ export async function pruneRuntimeRows(opts: Pick<RetentionOptions, 'db' | 'runt
   return deleted;
 }
 
-/** Deletes the turns (with their messages) past each agent's transcript retention. Returns how many rows. */
+/**
+ * Deletes the turns (with their messages) past each agent's transcript retention, for the agents
+ * something may be due of (R7 of src/db/transcript-retention.ts). Returns how many rows.
+ */
 export async function pruneTranscriptRows(opts: Pick<RetentionOptions, 'db'> & SweepPace): Promise<number> {
   let rows = 0;
-  for (const policy of await listTranscriptRetention(opts.db)) {
+  for (const policy of await transcriptRetentionDue(opts.db)) {
     await drain(async (limit) => {
       const n = await pruneAgentTranscripts(opts.db, policy.agentUid, policy.keepSeconds, limit);
       rows += n.turns + n.messages;
       return n.turns;
     }, opts);
+    // an aborted drain leaves due_at as it was: the next pass starts over
+    if (!opts.signal?.aborted) await markTranscriptChecked(opts.db, policy.agentUid, policy.keepSeconds);
   }
   return rows;
 }

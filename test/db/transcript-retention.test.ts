@@ -17,8 +17,10 @@ import {
   pruneAgentTranscripts,
   pruneTranscripts,
   setTranscriptRetention,
+  transcriptRetentionDue,
 } from '../../src/db/transcript-retention.ts';
 import { queuesOf } from '../../src/queue/names.ts';
+import { pruneTranscriptRows } from '../../src/queue/retention.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 
 const DAY = 86_400;
@@ -256,5 +258,37 @@ describe('pruning transcripts', () => {
     expect((await eventStatus(database.db, q, committed.eventId)).state).toBe('unknown');
     expect((await eventStatus(database.db, q, cancelled.eventId)).state).toBe('cancelled');
     await clearTranscriptRetention(database.db, 'jobs');
+  });
+});
+
+describe('the pass skips an agent until something may be due (R7)', () => {
+  it('records when the oldest turn left passes the window, leaves the agent out until then, and a new policy clears it', async () => {
+    const agent = 'due-agent';
+    await turn(agent, 's1', { agedDays: 3 });
+    await turn(agent, 's2', { agedDays: 1 });
+    await setTranscriptRetention(database.db, agent, 2 * DAY);
+    const dueOf = async () =>
+      (
+        await c.query<{ due: number | null }>(
+          `select extract(epoch from due_at - now())::float8 / 86400 as due from corral.transcript_retention where agent_uid = $1`,
+          [agent],
+        )
+      ).rows[0]!.due;
+    expect(await dueOf(), 'not known before a pass').toBeNull();
+    expect((await transcriptRetentionDue(database.db)).map((p) => p.agentUid)).toContain(agent);
+
+    const pass = () => pruneTranscriptRows({ db: database.db, duty: 1 });
+    expect(await pass(), 'the 3-day-old turn and its two messages').toBe(3);
+    // the oldest left finished a day ago: due in a day
+    expect(await dueOf()).toBeCloseTo(1, 2);
+    expect((await transcriptRetentionDue(database.db)).map((p) => p.agentUid)).not.toContain(agent);
+    expect(await pass(), 'nothing due: the agent is left out').toBe(0);
+
+    // a shorter window takes effect at the next pass
+    await setTranscriptRetention(database.db, agent, DAY / 2);
+    expect(await dueOf()).toBeNull();
+    expect(await pass(), 'the 1-day-old turn is past half a day').toBe(3);
+    // nothing left: due a window after now
+    expect(await dueOf()).toBeCloseTo(0.5, 2);
   });
 });

@@ -1,0 +1,1 @@
+ALTER TABLE "corral"."transcript_retention" ADD COLUMN "due_at" timestamp with time zone;
