@@ -62,9 +62,18 @@ const turnColumns = {
   finishedAt: turns.finishedAt,
 };
 
-/** Every attempt (turn) recorded for one event, in order, with its error. */
-export async function attemptsOfEvent(db: DbOrTx, eventId: string): Promise<TurnView[]> {
-  return db.select(turnColumns).from(turns).where(eq(turns.eventId, eventId)).orderBy(asc(turns.startedAt), asc(turns.attempt));
+/**
+ * Every attempt (turn) recorded for one event of `actor`, in order, with its error. Read through
+ * the actor's conversation (`turns_conversation`): turns have no index on the event alone but the
+ * unique one of its success, and a table of every turn ever is not read for one event.
+ */
+export async function attemptsOfEvent(db: DbOrTx, actor: ActorKey, eventId: string): Promise<TurnView[]> {
+  return db
+    .select(turnColumns)
+    .from(turns)
+    .innerJoin(conversations, eq(conversations.id, turns.conversationId))
+    .where(and(eq(conversations.agentUid, actor.agentUid), eq(conversations.sessionId, actor.sessionId), eq(turns.eventId, eventId)))
+    .orderBy(asc(turns.startedAt), asc(turns.attempt));
 }
 
 /** The most recent turns of an actor, newest first. */

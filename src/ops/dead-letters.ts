@@ -91,7 +91,7 @@ export async function showDeadLetter(db: DbOrTx, q: Queues, id: string): Promise
   const deadLetter = await getDeadLetter(db, q, dlId);
   if (!deadLetter) throw await notFoundError(db, dlId);
   const [attempts, actor, history] = await Promise.all([
-    attemptsOfEvent(db, deadLetter.eventId),
+    attemptsOfEvent(db, { agentUid: deadLetter.agentUid, sessionId: deadLetter.sessionId }, deadLetter.eventId),
     actorStatus(db, q, deadLetter, { turns: 5, pending: 20, deadLetters: 20 }),
     actionsOnEvent(db, deadLetter.eventId),
   ]);
