@@ -94,12 +94,26 @@ export async function drain(step: (limit: number) => Promise<number>, pace: Swee
  */
 export async function sweepRetention(opts: RetentionOptions): Promise<SweepResult> {
   const q = queuesOf({ queueName: opts.queueName, bossSchema: opts.bossSchema });
-  await holdBossMaintenance(opts.db, q.schema, [q.events, q.deadLetter]);
-  const runtimeRows = await pruneRuntimeRows(opts);
-  const transcriptRows = await pruneTranscriptRows(opts);
-  const jobs = await sweepCompletedJobs(opts);
-  const idempotencyKeys = await sweepIdempotencyKeys(opts);
-  return { runtimeRows, transcriptRows, jobs, idempotencyKeys };
+  const failures: unknown[] = [];
+  // each step on its own: one that fails (a lock timeout, a bug) leaves the others their pass
+  const step = async (run: () => Promise<number>): Promise<number> => {
+    try {
+      return await run();
+    } catch (e) {
+      failures.push(e);
+      return 0;
+    }
+  };
+  await step(async () => (await holdBossMaintenance(opts.db, q.schema, [q.events, q.deadLetter]), 0));
+  const result: SweepResult = {
+    runtimeRows: await step(() => pruneRuntimeRows(opts)),
+    transcriptRows: await step(() => pruneTranscriptRows(opts)),
+    jobs: await step(() => sweepCompletedJobs(opts)),
+    idempotencyKeys: await step(() => sweepIdempotencyKeys(opts)),
+  };
+  if (failures.length === 1) throw failures[0];
+  if (failures.length > 1) throw new AggregateError(failures, `${failures.length} retention steps failed`);
+  return result;
 }
 
 /** Deletes the completed jobs of the actor queue older than the retention. Returns how many. */
