@@ -5,7 +5,7 @@
 import { and, eq, inArray, isNull, isNotNull, lte, sql } from './orm.ts';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
-import { ACTIVATION_LIVE, activations, sqlList, type ActivationStatus } from './schema.ts';
+import { ACTIVATION_LIVE, activations, onKeyedRow, sqlList, type ActivationStatus } from './schema.ts';
 
 export type ActivationRow = typeof activations.$inferSelect;
 
@@ -16,6 +16,8 @@ export type ActivationRow = typeof activations.$inferSelect;
  * statements read live rows only, however many finished ones history holds.
  */
 const live = sql`${activations.status} in ${sqlList(ACTIVATION_LIVE)}`;
+/** `live` on an activation reached by its uid: never a reason to walk a partial index (`onKeyedRow`). */
+const liveByUid = onKeyedRow(live);
 const leaseFrom = (leaseMs: number) => sql`now() + ${leaseMs} * interval '1 millisecond'`;
 
 /** The live activations of any of `keys`, row-locked (one statement). */
@@ -49,7 +51,7 @@ export async function extendLease(tx: DbOrTx, activationUid: string, leaseMs: nu
   const rows = await tx
     .update(activations)
     .set({ leaseExpiresAt: sql`greatest(${activations.leaseExpiresAt}, ${leaseFrom(leaseMs)})`, updatedAt: sql`now()` })
-    .where(and(eq(activations.activationUid, activationUid), live))
+    .where(and(eq(activations.activationUid, activationUid), liveByUid))
     .returning({ leaseExpiresAt: activations.leaseExpiresAt });
   return rows[0]?.leaseExpiresAt;
 }
@@ -58,7 +60,7 @@ export async function bumpRevision(tx: DbOrTx, activationUid: string): Promise<n
   const rows = await tx
     .update(activations)
     .set({ revision: sql`${activations.revision} + 1`, updatedAt: sql`now()` })
-    .where(and(eq(activations.activationUid, activationUid), live))
+    .where(and(eq(activations.activationUid, activationUid), liveByUid))
     .returning({ revision: activations.revision });
   return rows[0]!.revision;
 }
@@ -73,7 +75,7 @@ export async function endActivation(
   const rows = await tx
     .update(activations)
     .set({ status, endReason: reason, endedAt: sql`now()`, updatedAt: sql`now()` })
-    .where(and(eq(activations.activationUid, activationUid), live))
+    .where(and(eq(activations.activationUid, activationUid), liveByUid))
     .returning({ uid: activations.activationUid });
   return rows.length > 0;
 }
@@ -137,7 +139,7 @@ export async function lockActivationIf(tx: DbOrTx, activationUid: string, condit
   const rows = await tx
     .select()
     .from(activations)
-    .where(and(eq(activations.activationUid, activationUid), live, extra))
+    .where(and(eq(activations.activationUid, activationUid), liveByUid, extra))
     .for('update');
   return rows[0];
 }

@@ -1,7 +1,7 @@
 /** SQL for `corral.deliveries`: one worker execution of one actor event, carrying the fence. */
 import { and, eq, inArray, sql } from './orm.ts';
 import type { DbOrTx } from './client.ts';
-import { DELIVERY_LIVE, DELIVERY_UNACCEPTED, deliveries, sqlList, type DeliveryState } from './schema.ts';
+import { DELIVERY_LIVE, DELIVERY_UNACCEPTED, deliveries, onKeyedRow, sqlList, type DeliveryState } from './schema.ts';
 
 export type DeliveryRow = typeof deliveries.$inferSelect;
 
@@ -28,7 +28,7 @@ export async function setDeliveryRevision(tx: DbOrTx, deliveryId: string, revisi
   await tx
     .update(deliveries)
     .set({ revision, updatedAt: sql`now()` })
-    .where(and(eq(deliveries.deliveryId, deliveryId), liveState));
+    .where(and(eq(deliveries.deliveryId, deliveryId), onKeyedRow(liveState)));
 }
 
 /** Supersedes every live delivery of an activation (it failed or was stopped). */
@@ -36,7 +36,7 @@ export async function supersedeDeliveriesOf(tx: DbOrTx, activationUid: string, r
   const rows = await tx
     .update(deliveries)
     .set({ state: 'superseded', stateReason: reason, updatedAt: sql`now()` })
-    .where(and(eq(deliveries.activationUid, activationUid), liveState))
+    .where(and(eq(deliveries.activationUid, activationUid), onKeyedRow(liveState)))
     .returning({ id: deliveries.deliveryId });
   return rows.map((r) => r.id);
 }

@@ -19,7 +19,7 @@
 import { sql, type SQL } from './orm.ts';
 import type { DbOrTx } from './client.ts';
 import { jobActiveOf, type Fence, type JobTable } from './fence.ts';
-import { ACTIVATION_LIVE, DELIVERY_LIVE, sqlList } from './schema.ts';
+import { ACTIVATION_LIVE, DELIVERY_LIVE, onKeyedRow, sqlList } from './schema.ts';
 
 export interface HistoryMessage {
   seq: number;
@@ -68,8 +68,8 @@ function liveTurn(jobs: JobTable, fence: Fence, workerId: string) {
        and d.agent_uid = ${fence.agentUid} and d.session_id = ${fence.sessionId}
        and d.actor_epoch = ${fence.actorEpoch} and d.event_id = ${fence.eventId}::uuid
        and d.revision = ${fence.revision} and d.worker_id = ${workerId}
-       and d.state in ${sqlList(DELIVERY_LIVE)}
-       and a.status in ${sqlList(ACTIVATION_LIVE)}
+       and ${onKeyedRow(sql`d.state in ${sqlList(DELIVERY_LIVE)}`)}
+       and ${onKeyedRow(sql`a.status in ${sqlList(ACTIVATION_LIVE)}`)}
        and a.actor_epoch = d.actor_epoch and a.current_event_id = d.event_id and a.revision = d.revision
        and a.lease_expires_at > now()
        and ${jobActiveOf(jobs, 'd')}`;

@@ -17,7 +17,7 @@
  */
 import type { DbOrTx } from './client.ts';
 import { sql } from './orm.ts';
-import { ACTIVATION_ENDED, ageCutoff, DELIVERY_FINISHED, sqlList } from './schema.ts';
+import { ACTIVATION_ENDED, ageCutoff, DELIVERY_FINISHED, onKeyedRow, sqlList } from './schema.ts';
 
 /** P1: deletes up to `limit` finished deliveries older than `olderThanSeconds`. Returns how many. */
 export async function pruneDeliveries(db: DbOrTx, olderThanSeconds: number, limit: number): Promise<number> {
@@ -26,7 +26,7 @@ export async function pruneDeliveries(db: DbOrTx, olderThanSeconds: number, limi
       select d.delivery_id
         from corral.deliveries d
        where d.state in ${sqlList(DELIVERY_FINISHED)} and d.updated_at < ${ageCutoff(olderThanSeconds)}
-         and not exists (select 1 from corral.turns t where t.delivery_id = d.delivery_id and t.status = 'started')
+         and not exists (select 1 from corral.turns t where t.delivery_id = d.delivery_id and ${onKeyedRow(sql`t.status = 'started'`)})
        order by d.updated_at
        limit ${limit}
          for update of d skip locked

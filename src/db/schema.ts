@@ -32,6 +32,7 @@ import {
   timestamp,
   uniqueIndex,
   uuid,
+  type SQL,
 } from './orm.ts';
 import { ACTIVATION_LIVE, ACTIVATION_STATUSES, TURN_STATUSES, MESSAGE_ROLES, MAX_IDEMPOTENCY_KEY_LENGTH } from './views.ts';
 import { ACTOR_PART } from '../actor-key.ts';
@@ -71,6 +72,16 @@ export function ageCutoff(seconds: number) {
   if (!Number.isInteger(seconds) || seconds < 0) throw new Error(`an age in whole seconds, not ${seconds}`);
   return sql.raw(`now() - interval '${seconds} seconds'`);
 }
+
+/**
+ * `(condition) is true`: the same condition (in a WHERE clause NULL is false either way), written
+ * so that no partial index can be chosen for it. For a state checked on a row the statement reaches
+ * by its key: after an ANALYZE of a finished history (every activation stopped, every delivery
+ * completed) a partial index on live rows is estimated at one row, and the planner then walks it
+ * with a filter on the key instead of probing the key's index, reading every live row per row
+ * written (test/db/turn-path-plans.test.ts).
+ */
+export const onKeyedRow = (condition: SQL) => sql`(${condition}) is true`;
 
 const inList = (col: string, values: readonly string[]) => sql.raw(`${col} in ${listText(values)}`);
 

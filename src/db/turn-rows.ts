@@ -14,7 +14,7 @@ import type { ActivationRow } from './activations.ts';
 import { executeNamed } from './prepared.ts';
 import { fromRawRow, prefixedColumns, toDate } from './rows.ts';
 import { contextLinesOf, type ContextLimits } from './history.ts';
-import { activations, ACTIVATION_LIVE, DELIVERY_LIVE, DELIVERY_UNACCEPTED, sqlList } from './schema.ts';
+import { activations, ACTIVATION_LIVE, DELIVERY_LIVE, DELIVERY_UNACCEPTED, onKeyedRow, sqlList } from './schema.ts';
 import { notifyTurnsCte, turnsNotified } from './turn-events.ts';
 
 const LIVE = sqlList(ACTIVATION_LIVE);
@@ -319,7 +319,7 @@ export async function commitTurnRowsMany(
          set status = 'succeeded', finished_at = now(), revision = i.revision, worker_id = i.worker_id,
              output = i.output->'v'
         from i
-       where tu.delivery_id = i.delivery_id and tu.status = 'started'
+       where tu.delivery_id = i.delivery_id and ${onKeyedRow(sql`tu.status = 'started'`)}
       returning tu.id, tu.conversation_id, tu.input, tu.delivery_id, tu.event_id, tu.actor_epoch, tu.attempt, i.activation_uid,
                 i.messages, 1 + jsonb_array_length(i.messages) as count
     ), c as (
@@ -346,13 +346,13 @@ export async function commitTurnRowsMany(
     ), d as (
       update corral.deliveries dl set state = 'completed', updated_at = now()
         from t
-       where dl.delivery_id = t.delivery_id and dl.state in ${DELIVERY_LIVE_LIST}
+       where dl.delivery_id = t.delivery_id and ${onKeyedRow(sql`dl.state in ${DELIVERY_LIVE_LIST}`)}
       returning 1
     ), a as (
       update corral.activations av
          set current_event_id = null, lease_expires_at = now() + ${leaseMs} * interval '1 millisecond', updated_at = now()
         from t
-       where av.activation_uid = t.activation_uid and av.status in ${LIVE}
+       where av.activation_uid = t.activation_uid and ${onKeyedRow(sql`av.status in ${LIVE}`)}
       returning 1
     ), n as (
       ${COMMITTED_NOTIFY}
@@ -397,13 +397,13 @@ export async function acceptDeliveryRowsMany(
     ), d as (
       update corral.deliveries dl set state = 'accepted', updated_at = now()
         from i
-       where dl.delivery_id = i.delivery_id and dl.state in ${UNACCEPTED}
+       where dl.delivery_id = i.delivery_id and ${onKeyedRow(sql`dl.state in ${UNACCEPTED}`)}
       returning 1
     )
     update corral.activations av
        set lease_expires_at = greatest(av.lease_expires_at, now() + ${leaseMs} * interval '1 millisecond'), updated_at = now()
       from (select distinct activation_uid from i) ia
-     where av.activation_uid = ia.activation_uid and av.status in ${LIVE}`,
+     where av.activation_uid = ia.activation_uid and ${onKeyedRow(sql`av.status in ${LIVE}`)}`,
   );
 }
 
@@ -417,7 +417,7 @@ export async function extendLeasesMany(tx: DbOrTx, activationUids: readonly stri
     update corral.activations
        set lease_expires_at = greatest(lease_expires_at, now() + ${leaseMs} * interval '1 millisecond'), updated_at = now()
      where activation_uid in (select jsonb_array_elements_text(${JSON.stringify([...new Set(activationUids)])}::jsonb)::uuid)
-       and status in ${LIVE}
+       and ${onKeyedRow(sql`status in ${LIVE}`)}
     returning activation_uid, lease_expires_at`,
   );
   return new Map(rows.map((r) => [r.activation_uid, toDate(r.lease_expires_at)!]));

@@ -416,10 +416,10 @@ describe('retention', () => {
       (await db.execute<{ state: string }>(sql`select state from pgboss.job where id = ${id} and name = ${t.daemon.queues.events}`)).rows[0]
         ?.state;
     await waitFor(async () => (await state(held!.eventId)) === 'failed', { what: 'held head failed' });
-    expect(await t.daemon.retention.tick()).toBe(0); // too recent
+    expect((await t.daemon.retention.tick()).jobs).toBe(0); // too recent
     // move time instead of sleeping: both finished two hours ago
     await db.execute(sql`update pgboss.job set completed_on = now() - interval '2 hours' where id in (${done!.eventId}, ${held!.eventId})`);
-    expect(await t.daemon.retention.tick()).toBe(1);
+    expect((await t.daemon.retention.tick()).jobs).toBe(1);
     expect(await state(done!.eventId)).toBeUndefined();
     expect(await state(held!.eventId)).toBe('failed');
     expect((await readTranscript(db, actorKey('ret', 'ok'))).map((x) => x.eventId)).toEqual([done!.eventId]);
