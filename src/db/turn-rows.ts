@@ -8,6 +8,7 @@
  */
 import { sql } from './orm.ts';
 import { randomUUID } from 'node:crypto';
+import { v7 as uuidv7 } from 'uuid';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
 import type { ActivationRow } from './activations.ts';
@@ -121,11 +122,13 @@ export async function beginTurnsMany(
       agent_uid: j.key.agentUid,
       session_id: j.key.sessionId,
       event_id: j.eventId,
-      activation_uid: randomUUID(),
+      // time-ordered keys: a new row lands at the end of each key's index, not on a random page of
+      // a large one; the lease id stays random (it is a fence value, never a key)
+      activation_uid: uuidv7(),
       lease_id: randomUUID(),
-      delivery_id: randomUUID(),
-      turn_id: randomUUID(),
-      conv_id: randomUUID(),
+      delivery_id: uuidv7(),
+      turn_id: uuidv7(),
+      conv_id: uuidv7(),
       job_retry_count: j.jobRetryCount,
       worker_id: j.workerId,
       // wrapped, so that a JSON null stays a JSON null (a recordset turns it into SQL NULL)
@@ -233,9 +236,9 @@ export interface TurnRowsInput {
 export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInput[]): Promise<string[]> {
   if (rows.length === 0) return [];
   const input = rows.map((r) => ({
-    delivery_id: randomUUID(),
-    turn_id: randomUUID(),
-    conv_id: randomUUID(),
+    delivery_id: uuidv7(),
+    turn_id: uuidv7(),
+    conv_id: uuidv7(),
     activation_uid: r.activation.activationUid,
     agent_uid: r.activation.agentUid,
     session_id: r.activation.sessionId,
