@@ -57,10 +57,12 @@ interface Options {
   workers: number;
   capacity: number;
   json: boolean;
+  /** pg_stat_statements on: the statements that took the most time in each phase's rounds. */
+  statements: boolean;
 }
 
 const USAGE =
-  'usage: npm run bench:history -- [--jobs N] [--turns N] [--actors N] [--expired N] [--burst N] [--rounds ACTORS] [--wakes N] [--workers W] [--capacity C] [--json]\n';
+  'usage: npm run bench:history -- [--jobs N] [--turns N] [--actors N] [--expired N] [--burst N] [--rounds ACTORS] [--wakes N] [--workers W] [--capacity C] [--statements] [--json]\n';
 
 function options(): Options {
   const { values } = parseArgs({
@@ -75,6 +77,7 @@ function options(): Options {
       workers: { type: 'string', default: '2' },
       capacity: { type: 'string', default: String(DEFAULT_WORKER_CAPACITY) },
       json: { type: 'boolean', default: false },
+      statements: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
   });
@@ -93,8 +96,9 @@ function options(): Options {
     workers: Number(values.workers),
     capacity: Number(values.capacity),
     json: values.json,
+    statements: values.statements,
   };
-  const { json: _json, expired, ...positive } = o;
+  const { json: _json, statements: _statements, expired, ...positive } = o;
   if (!Object.values(positive).every((n) => Number.isInteger(n) && n > 0) || !Number.isInteger(expired) || expired < 0) {
     process.stderr.write(`bench:history: every option takes a positive integer (--expired may be 0)\n${USAGE}`);
     process.exit(2);
@@ -284,9 +288,34 @@ async function withDaemon<T>(
   }
 }
 
-async function phase(url: string, o: Options, cleanup: Cleanup, tag: string): Promise<PhaseResult> {
-  const db = openDatabase(url, { max: 2, applicationName: 'corral-bench' });
+/** The statements of database `name` that took the most time since the last reset (pg_stat_statements). */
+async function topStatements(serverUrl: string, name: string, reset: boolean): Promise<void> {
+  const c = new pg.Client({ connectionString: serverUrl });
+  await c.connect();
   try {
+    if (reset) {
+      await c.query('select pg_stat_statements_reset()');
+      return;
+    }
+    const { rows } = await c.query<{ calls: string; total: number; mean: number; rows: string; query: string }>(
+      `select calls, round((total_exec_time + total_plan_time)::numeric, 1)::float8 as total,
+              round(((total_exec_time + total_plan_time) / calls)::numeric, 3)::float8 as mean, rows,
+              left(regexp_replace(query, '\\s+', ' ', 'g'), 150) as query
+         from pg_stat_statements where dbid = (select oid from pg_database where datname = $1)
+        order by total_exec_time + total_plan_time desc limit 15`,
+      [name],
+    );
+    for (const r of rows) progress(`  ${String(r.total).padStart(9)} ms  ${r.calls.padStart(7)} calls  ${String(r.mean).padStart(9)} ms each  ${r.query}`);
+  } finally {
+    await c.end();
+  }
+}
+
+async function phase(url: string, o: Options, cleanup: Cleanup, tag: string, serverUrl?: string): Promise<PhaseResult> {
+  const db = openDatabase(url, { max: 2, applicationName: 'corral-bench' });
+  const name = new URL(url).pathname.slice(1);
+  try {
+    if (serverUrl) await topStatements(serverUrl, name, true);
     const measured = await withDaemon(url, o, cleanup, async (client) => {
       await burst(client, 200, `${tag}-warm`);
       const bursts: number[] = [];
@@ -297,6 +326,10 @@ async function phase(url: string, o: Options, cleanup: Cleanup, tag: string): Pr
       }
       return { burstPerSec: median(bursts), roundPerSec: median(rounds), wakeMs: await wakes(client, o.wakes, tag) };
     });
+    if (serverUrl) {
+      progress(`${tag}: the statements that took the most time (pg_stat_statements):`);
+      await topStatements(serverUrl, name, false);
+    }
     const client = await openBenchClient(url, cleanup);
     const table = await jobTable(db);
     const fetchNewActorsMs = await fetchOnBacklog(client, url, table, 5_000, 1, tag);
@@ -353,9 +386,10 @@ async function sweep(url: string, o: Options, cleanup: Cleanup, shape: HistorySh
 
 process.exitCode = await runBench(async (cleanup) => {
   const o = options();
-  const server = await openBenchDatabase(cleanup);
+  const server = await openBenchDatabase(cleanup, { statements: o.statements });
+  const statementsOn = o.statements && server.source === 'embedded' ? server.url : undefined;
   const fresh = await freshDatabase(server.url, cleanup, 'corral_history');
-  const empty = await phase(fresh.url, o, cleanup, 'empty');
+  const empty = await phase(fresh.url, o, cleanup, 'empty', statementsOn);
   const db = openDatabase(fresh.url, { max: 2 });
   const shape: HistoryShape = {
     bossSchema: Q.schema,
@@ -373,7 +407,7 @@ process.exitCode = await runBench(async (cleanup) => {
   const pool = new pg.Pool({ connectionString: fresh.url, max: 2 });
   await growHistory(pool, shape);
   await pool.end();
-  const history = await phase(fresh.url, o, cleanup, 'history');
+  const history = await phase(fresh.url, o, cleanup, 'history', statementsOn);
   const swept = await sweep(fresh.url, o, cleanup, shape);
   const ratio = (a: number, b: number) => round(a / b, 2);
   const report = {

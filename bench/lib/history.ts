@@ -68,6 +68,15 @@ async function timed(what: string, fn: () => Promise<unknown>): Promise<void> {
 }
 
 /**
+ * A UUIDv7 for the moment `ts` (an SQL timestamptz), as the daemon makes its keys (time-ordered,
+ * so new rows land at the end of each key's index); `slot` (0–4) picks its random bits from
+ * `rnd`, 96 random hex digits of the row (`RANDOM_HEX`).
+ */
+const uuid7 = (ts: string, slot: number) =>
+  `(lpad(to_hex((extract(epoch from ${ts}) * 1000)::bigint), 12, '0') || '7' || substr(ts.rnd, ${1 + slot * 18}, 3) || '8' || substr(ts.rnd, ${4 + slot * 18}, 15))::uuid`;
+const RANDOM_HEX = 'md5(random()::text) || md5(random()::text) || md5(random()::text)';
+
+/**
  * Completed jobs `from`..`to` of `total`, the last finished at `ageFrom` and the first `retainedDays`
  * before it (oldest first); each ran a second after it was created.
  */
@@ -77,13 +86,14 @@ function completedJobsInsert(h: HistoryShape, from: number, to: number, total: n
   return `
       insert into ${job} (id, name, data, state, policy, singleton_key, retry_limit, retry_delay, retry_backoff,
                           start_after, created_on, started_on, completed_on, heartbeat_seconds, expire_seconds)
-      select gen_random_uuid(), '${h.queue}',
+      select ${uuid7('ts.t', 0)}, '${h.queue}',
              jsonb_build_object('agentUid', 'history', 'sessionId', 's' || (g % ${h.actors}),
                                 'payload', jsonb_build_object('text', 'message ' || g), 'enqueuedAt', now()::text),
              'completed', 'key_strict_fifo', 'history/s' || (g % ${h.actors}), 3, 5, true,
              t, t, t + interval '1 second', t + interval '2 seconds', 30, 900
         from generate_series(${from}, ${to}) g,
-             lateral (select ${ageFrom} - (${total} - g) * (${span}::float8 / ${Math.max(1, total)}) * interval '1 second' as t) ts`;
+             lateral (select ${ageFrom} - (${total} - g) * (${span}::float8 / ${Math.max(1, total)}) * interval '1 second' as t,
+                             ${RANDOM_HEX} as rnd) ts`;
 }
 
 /** Adds `n` completed jobs past the retention (what a sweep must delete), through the indexes, and analyzes the table. */
@@ -118,7 +128,8 @@ export async function growHistory(pool: pg.Pool, h: HistoryShape): Promise<void>
     await timed(`${h.actors} conversations`, () =>
       c.query(`
         insert into corral.conversations (id, agent_uid, session_id, next_seq)
-        select gen_random_uuid(), 'history', 's' || g, ${2 * turnsPerActor + 1} from generate_series(0, ${h.actors - 1}) g`),
+        select ${uuid7('ts.t', 0)}, 'history', 's' || g, ${2 * turnsPerActor + 1}
+          from generate_series(0, ${h.actors - 1}) g, lateral (select now() - interval '${span} seconds' as t, ${RANDOM_HEX} as rnd) ts`),
     );
     // turns: `turnsPerActor` per conversation, spread over the retained days
     const turnsSpan = span / turnsPerActor;
@@ -128,11 +139,12 @@ export async function growHistory(pool: pg.Pool, h: HistoryShape): Promise<void>
           with t as (
             insert into corral.turns (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt,
                                       worker_id, input, output, started_at, finished_at)
-            select gen_random_uuid(), v.id, gen_random_uuid(), gen_random_uuid(), 'succeeded', gen_random_uuid(), ${k + 1}, 1, 1,
+            select ${uuid7('ts.t', 0)}, v.id, ${uuid7('ts.t', 1)}, ${uuid7('ts.t', 2)}, 'succeeded', ${uuid7('ts.t', 3)}, ${k + 1}, 1, 1,
                    'history-worker', jsonb_build_object('text', 'message ' || ${k}), jsonb_build_object('text', 'reply ' || ${k}),
                    ts.t, ts.t + interval '1 second'
               from corral.conversations v,
-                   lateral (select now() - ${span - k * turnsSpan} * interval '1 second' + (hashtext(v.session_id) & 1023) * interval '1 second' as t) ts
+                   lateral (select now() - ${span - k * turnsSpan} * interval '1 second' + (hashtext(v.session_id) & 1023) * interval '1 second' as t,
+                                   ${RANDOM_HEX} as rnd) ts
              where v.agent_uid = 'history'
             returning id, conversation_id, input, output, finished_at)
           insert into corral.messages (conversation_id, turn_id, seq, role, content, created_at)
@@ -145,18 +157,20 @@ export async function growHistory(pool: pg.Pool, h: HistoryShape): Promise<void>
       c.query(`
         insert into corral.activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at, owner_id,
                                         revision, status, end_reason, created_at, updated_at, ended_at)
-        select gen_random_uuid(), 'history', 's' || (g % ${h.actors}), 1000 + g / ${h.actors}, gen_random_uuid(),
+        select ${uuid7('ts.t', 0)}, 'history', 's' || (g % ${h.actors}), 1000 + g / ${h.actors}, gen_random_uuid(),
                now() - interval '1 hour', 'history-daemon', 1, 'stopped', 'idle', t, t, t
           from generate_series(0, ${h.activations - 1}) g,
-               lateral (select now() - interval '20 hours' + g * (72000.0 / ${h.activations}) * interval '1 second' as t) ts`),
+               lateral (select now() - interval '20 hours' + g * (72000.0 / ${h.activations}) * interval '1 second' as t,
+                               ${RANDOM_HEX} as rnd) ts`),
     );
     await timed(`${h.deliveries} finished deliveries`, () =>
       c.query(`
         insert into corral.deliveries (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision,
                                        job_retry_count, worker_id, state, created_at, updated_at)
-        select gen_random_uuid(), a.activation_uid, a.agent_uid, a.session_id, a.actor_epoch, gen_random_uuid(), 1, 0,
+        select ${uuid7('ts.t', 0)}, a.activation_uid, a.agent_uid, a.session_id, a.actor_epoch, ${uuid7('ts.t', 1)}, 1, 0,
                'history-worker', 'completed', a.ended_at, a.ended_at
-          from corral.activations a, generate_series(1, ${Math.max(1, Math.ceil(h.deliveries / h.activations))}) r
+          from corral.activations a, generate_series(1, ${Math.max(1, Math.ceil(h.deliveries / h.activations))}) r,
+               lateral (select a.ended_at as t, r.r as copy, ${RANDOM_HEX} as rnd) ts
          where a.owner_id = 'history-daemon'
          limit ${h.deliveries}`),
     );
