@@ -129,7 +129,7 @@ export async function growHistory(pool: pg.Pool, h: HistoryShape): Promise<void>
       c.query(`
         insert into corral.conversations (id, agent_uid, session_id, next_seq)
         select ${uuid7('ts.t', 0)}, 'history', 's' || g, ${2 * turnsPerActor + 1}
-          from generate_series(0, ${h.actors - 1}) g, lateral (select now() - interval '${span} seconds' as t, ${RANDOM_HEX} as rnd) ts`),
+          from generate_series(0, ${h.actors - 1}) g, lateral (select now() - interval '${span} seconds' as t, g as n, ${RANDOM_HEX} as rnd) ts`),
     );
     // turns: `turnsPerActor` per conversation, spread over the retained days
     const turnsSpan = span / turnsPerActor;
