@@ -317,7 +317,9 @@ async function phase(url: string, o: Options, cleanup: Cleanup, tag: string, ser
   try {
     if (serverUrl) await topStatements(serverUrl, name, true);
     const measured = await withDaemon(url, o, cleanup, async (client) => {
-      await burst(client, 200, `${tag}-warm`);
+      // warm the daemon, its workers and the caches before measuring
+      await burst(client, 1_000, `${tag}-warm`);
+      await tenPerActor(client, 100, `${tag}-warm`);
       const bursts: number[] = [];
       const rounds: number[] = [];
       for (let i = 0; i < REPEATS; i++) {
