@@ -305,7 +305,8 @@ async function topStatements(serverUrl: string, name: string, reset: boolean): P
         order by total_exec_time + total_plan_time desc limit 15`,
       [name],
     );
-    for (const r of rows) progress(`  ${String(r.total).padStart(9)} ms  ${r.calls.padStart(7)} calls  ${String(r.mean).padStart(9)} ms each  ${r.query}`);
+    for (const r of rows)
+      progress(`  ${String(r.total).padStart(9)} ms  ${r.calls.padStart(7)} calls  ${String(r.mean).padStart(9)} ms each  ${r.query}`);
   } finally {
     await c.end();
   }
