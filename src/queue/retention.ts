@@ -45,7 +45,7 @@ export interface SweepPace {
 }
 
 export const DEFAULT_SWEEP_BATCH = 5_000;
-export const DEFAULT_SWEEP_DUTY = 0.25;
+export const DEFAULT_SWEEP_DUTY = 0.2;
 
 export interface RetentionOptions extends SweepPace {
   boss: PgBoss;
