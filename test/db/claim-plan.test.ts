@@ -13,6 +13,7 @@ import { DEFAULTS } from '../../src/config.ts';
 import { CLAIM_FUNCTION, claimStatement, queueTable } from '../../src/db/boss-fetch.ts';
 import { queuesOf } from '../../src/queue/names.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { planNodes, type PlanNode } from '../helpers/plans.ts';
 
 const q = queuesOf(DEFAULTS);
 const HISTORY = 200_000;
@@ -22,16 +23,6 @@ const LIMIT = 50;
 let tdb: TestDatabase;
 let c: pg.Client;
 let table: string;
-
-interface PlanNode {
-  'Node Type': string;
-  'Relation Name'?: string;
-  'Index Name'?: string;
-  'Subplan Name'?: string;
-  Plans?: PlanNode[];
-}
-
-const nodes = (n: PlanNode): PlanNode[] => [n, ...(n.Plans ?? []).flatMap(nodes)];
 
 beforeAll(async () => {
   tdb = await createTestDatabase();
@@ -83,7 +74,7 @@ describe('the claim on statistics that see no queued job', () => {
       const res = await c.query<{ 'QUERY PLAN': { Plan: PlanNode }[] }>(
         `explain (format json) execute claim_plan('${q.events}', ${LIMIT})`,
       );
-      const all = nodes(res.rows[0]!['QUERY PLAN'][0]!.Plan);
+      const all = planNodes(res.rows[0]!['QUERY PLAN'][0]!.Plan);
       const kinds = all.map((n) => n['Node Type']);
       expect(kinds, 'no sort').not.toContain('Sort');
       expect(kinds, 'no incremental sort').not.toContain('Incremental Sort');

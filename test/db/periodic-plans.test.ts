@@ -19,51 +19,17 @@ import { pruneTranscripts } from '../../src/db/transcript-retention.ts';
 import { DEFAULTS } from '../../src/config.ts';
 import { queuesOf } from '../../src/queue/names.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { planNodes, statementsOf, type Captured, type PlanNode } from '../helpers/plans.ts';
 
 const HISTORY = 200_000;
 const BIG_TABLES = new Set(['activations', 'turns', 'deliveries', 'job', 'job_common', 'idempotency_keys', 'conversations', 'messages']);
-
-interface Captured {
-  text: string;
-  values: unknown[];
-}
 
 let tdb: TestDatabase;
 let database: Database;
 let explainer: pg.Client;
 
-/** Records every statement the pool's connections run while `fn` does. */
-async function statementsOf(fn: () => Promise<unknown>): Promise<Captured[]> {
-  const seen: Captured[] = [];
-  const original = pg.Client.prototype.query;
-  const patched = function (this: pg.Client, ...args: unknown[]) {
-    const [first, second] = args as [unknown, unknown];
-    if (typeof first === 'string') seen.push({ text: first, values: Array.isArray(second) ? second : [] });
-    else if (first && typeof first === 'object' && 'text' in first) {
-      const q = first as { text: string; values?: unknown[] };
-      seen.push({ text: q.text, values: Array.isArray(second) ? second : (q.values ?? []) });
-    }
-    return (original as (...a: unknown[]) => unknown).apply(this, args);
-  };
-  pg.Client.prototype.query = patched as typeof original;
-  try {
-    await fn();
-  } finally {
-    pg.Client.prototype.query = original;
-  }
-  return seen.filter((s) => !/^\s*(set|begin|commit|rollback)\b/i.test(s.text));
-}
-
-interface PlanNode {
-  'Node Type': string;
-  'Relation Name'?: string;
-  Plans?: PlanNode[];
-}
-
-function seqScansOf(node: PlanNode): string[] {
-  const own = node['Node Type'] === 'Seq Scan' && node['Relation Name'] ? [node['Relation Name']] : [];
-  return [...own, ...(node.Plans ?? []).flatMap(seqScansOf)];
-}
+const seqScansOf = (plan: PlanNode): string[] =>
+  planNodes(plan).flatMap((n) => (n['Node Type'] === 'Seq Scan' && n['Relation Name'] ? [n['Relation Name']] : []));
 
 /** The generic plan of `s`, as a daemon connection would run it. */
 async function genericPlan(s: Captured, n: number): Promise<PlanNode> {

@@ -14,6 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { acceptDeliveryRowsMany, commitTurnRowsMany, extendLeasesMany } from '../../src/db/turn-rows.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { planNodes, statementsOf, type Captured, type PlanNode } from '../helpers/plans.ts';
 
 const HISTORY = 200_000;
 const LIVE = 3_000;
@@ -22,38 +23,6 @@ const BATCH = 50;
 let tdb: TestDatabase;
 let database: Database;
 let c: pg.Client;
-
-interface Captured {
-  text: string;
-  values: unknown[];
-}
-
-interface PlanNode {
-  'Node Type': string;
-  'Relation Name'?: string;
-  'Index Name'?: string;
-  'Index Cond'?: string;
-  Plans?: PlanNode[];
-}
-
-const nodes = (n: PlanNode): PlanNode[] => [n, ...(n.Plans ?? []).flatMap(nodes)];
-
-/** Records the statements the pool's connections run while `fn` does. */
-async function statementsOf(fn: () => Promise<unknown>): Promise<Captured[]> {
-  const seen: Captured[] = [];
-  const original = pg.Client.prototype.query;
-  pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
-    const first = args[0] as { text?: string; values?: unknown[] } | string;
-    if (typeof first === 'object' && first?.text) seen.push({ text: first.text, values: first.values ?? [] });
-    return (original as (...a: unknown[]) => unknown).apply(this, args);
-  } as typeof original;
-  try {
-    await fn();
-  } finally {
-    pg.Client.prototype.query = original;
-  }
-  return seen.filter((s) => !/^\s*(set|begin|commit|rollback)\b/i.test(s.text));
-}
 
 async function genericPlan(s: Captured): Promise<PlanNode> {
   await c.query('begin');
@@ -75,7 +44,7 @@ async function genericPlan(s: Captured): Promise<PlanNode> {
 
 /** The indexes (or scans) a plan reaches `table` through. */
 const accessOf = (plan: PlanNode, table: string): string[] =>
-  nodes(plan)
+  planNodes(plan)
     .filter((n) => n['Relation Name'] === table && n['Node Type'] !== 'ModifyTable')
     .map((n) => n['Index Name'] ?? n['Node Type']);
 
