@@ -16,8 +16,8 @@ export type ActivationRow = typeof activations.$inferSelect;
  * statements read live rows only, however many finished ones history holds.
  */
 const live = sql`${activations.status} in ${sqlList(ACTIVATION_LIVE)}`;
-/** `live` on an activation reached by its uid: never a reason to walk a partial index (`onKeyedRow`). */
-const liveByUid = onKeyedRow(live);
+/** `live` on an activation reached by its uid or actor key: never a reason to walk a partial index (`onKeyedRow`). */
+const liveByKey = onKeyedRow(live);
 const leaseFrom = (leaseMs: number) => sql`now() + ${leaseMs} * interval '1 millisecond'`;
 
 /** The live activations of any of `keys`, row-locked (one statement). */
@@ -30,7 +30,7 @@ export async function lockLiveActivationsMany(tx: DbOrTx, keys: readonly ActorKe
   return tx
     .select()
     .from(activations)
-    .where(and(sql`(${activations.agentUid}, ${activations.sessionId}) in (${pairs})`, live))
+    .where(and(sql`(${activations.agentUid}, ${activations.sessionId}) in (${pairs})`, liveByKey))
     .orderBy(activations.agentUid, activations.sessionId)
     .for('update');
 }
@@ -40,7 +40,7 @@ export async function lockLiveActivation(tx: DbOrTx, key: ActorKey): Promise<(Ac
   const rows = await tx
     .select({ a: activations, leaseAlive: sql<boolean>`${activations.leaseExpiresAt} > now()` })
     .from(activations)
-    .where(and(eq(activations.agentUid, key.agentUid), eq(activations.sessionId, key.sessionId), live))
+    .where(and(eq(activations.agentUid, key.agentUid), eq(activations.sessionId, key.sessionId), liveByKey))
     .for('update');
   const row = rows[0];
   return row ? { ...row.a, leaseAlive: row.leaseAlive } : undefined;
@@ -51,7 +51,7 @@ export async function extendLease(tx: DbOrTx, activationUid: string, leaseMs: nu
   const rows = await tx
     .update(activations)
     .set({ leaseExpiresAt: sql`greatest(${activations.leaseExpiresAt}, ${leaseFrom(leaseMs)})`, updatedAt: sql`now()` })
-    .where(and(eq(activations.activationUid, activationUid), liveByUid))
+    .where(and(eq(activations.activationUid, activationUid), liveByKey))
     .returning({ leaseExpiresAt: activations.leaseExpiresAt });
   return rows[0]?.leaseExpiresAt;
 }
@@ -60,7 +60,7 @@ export async function bumpRevision(tx: DbOrTx, activationUid: string): Promise<n
   const rows = await tx
     .update(activations)
     .set({ revision: sql`${activations.revision} + 1`, updatedAt: sql`now()` })
-    .where(and(eq(activations.activationUid, activationUid), liveByUid))
+    .where(and(eq(activations.activationUid, activationUid), liveByKey))
     .returning({ revision: activations.revision });
   return rows[0]!.revision;
 }
@@ -75,7 +75,7 @@ export async function endActivation(
   const rows = await tx
     .update(activations)
     .set({ status, endReason: reason, endedAt: sql`now()`, updatedAt: sql`now()` })
-    .where(and(eq(activations.activationUid, activationUid), liveByUid))
+    .where(and(eq(activations.activationUid, activationUid), liveByKey))
     .returning({ uid: activations.activationUid });
   return rows.length > 0;
 }
@@ -139,7 +139,7 @@ export async function lockActivationIf(tx: DbOrTx, activationUid: string, condit
   const rows = await tx
     .select()
     .from(activations)
-    .where(and(eq(activations.activationUid, activationUid), liveByUid, extra))
+    .where(and(eq(activations.activationUid, activationUid), liveByKey, extra))
     .for('update');
   return rows[0];
 }

@@ -16,7 +16,7 @@ import { isUuid } from '../uuid.ts';
 import type { ActivationRow } from './activations.ts';
 import type { DbOrTx } from './client.ts';
 import type { DeliveryRow } from './deliveries.ts';
-import { activations, deliveries, ACTIVATION_LIVE } from './schema.ts';
+import { activations, deliveries, ACTIVATION_LIVE, onKeyedRow } from './schema.ts';
 import { executeNamed } from './prepared.ts';
 import { fromRawRow, prefixedColumns } from './rows.ts';
 import { bossSql } from './boss-jobs.ts';
@@ -112,13 +112,14 @@ export const NO_FENCE_ROWS: FenceRows = {
 /**
  * True when the pg-boss job of delivery `d` (a row in scope) is active in the attempt the delivery
  * carries: the fence's job check, for the statements that apply it in SQL (fence rows, fenced reads).
- * pg-boss's names are S6 of src/db/boss-internals.ts.
+ * pg-boss's names are S6 of src/db/boss-internals.ts. The job is reached by its key, never through
+ * the partial index of live jobs (`onKeyedRow`), which statistics of a long history estimate at one row.
  */
 export function jobActiveOf(jobs: JobTable, d: string): SQL {
   const del = sql.raw(d);
   return sql`exists (select 1 from ${bossSql.job(jobs.schema)} j
                       where j.${c.name} = ${jobs.queue} and j.${c.id} = ${del}.event_id
-                        and j.${c.state} = ${bossSql.state.active} and j.${c.retry_count} = ${del}.job_retry_count)`;
+                        and ${onKeyedRow(sql`j.${c.state} = ${bossSql.state.active} and j.${c.retry_count} = ${del}.job_retry_count`)})`;
 }
 
 /**

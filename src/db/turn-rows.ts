@@ -154,12 +154,12 @@ export async function beginTurnsMany(
              lease_expires_at = ${lease}, updated_at = now()
         from i
        where a.agent_uid = i.agent_uid and a.session_id = i.session_id
-         and a.status in ${LIVE} and a.current_event_id is null
+         and ${onKeyedRow(sql`a.status in ${LIVE} and a.current_event_id is null`)}
       returning a.*`
       : sql`cold as (
       select i.* from i
        where not exists (select 1 from corral.activations l
-                          where l.agent_uid = i.agent_uid and l.session_id = i.session_id and l.status in ${LIVE})
+                          where l.agent_uid = i.agent_uid and l.session_id = i.session_id and ${onKeyedRow(sql`l.status in ${LIVE}`)})
     ), epochs as (
       -- the durable counter (I2): created on first use, never decreasing, so an epoch is never
       -- reused even if every activation row is lost; its row lock serialises concurrent activations

@@ -44,3 +44,28 @@ export async function statementsOf(fn: () => Promise<unknown>): Promise<Captured
   }
   return seen.filter((s) => !/^\s*(set|begin|commit|rollback)\b/i.test(s.text));
 }
+
+/** A parameter as pg sends it: arrays as array literals, objects as JSON. */
+const literalOf = (v: unknown): string =>
+  Array.isArray(v) ? `{${v.map((x) => `"${String(x)}"`).join(',')}}` : typeof v === 'object' ? JSON.stringify(v) : String(v);
+
+/**
+ * The plan `c` would run `s` with as a daemon connection plans it (`force_generic_plan`), in a
+ * transaction rolled back after.
+ */
+export async function genericPlan(c: pg.Client, s: Captured): Promise<PlanNode> {
+  await c.query('begin');
+  try {
+    await c.query('set local plan_cache_mode = force_generic_plan');
+    await c.query(`prepare captured_plan as ${s.text}`);
+    const params = s.values.map((v) => (v === null ? 'null' : `'${literalOf(v).replaceAll("'", "''")}'`));
+    const r = await c.query<{ 'QUERY PLAN': { Plan: PlanNode }[] }>(
+      `explain (format json) execute captured_plan${params.length ? `(${params.join(', ')})` : ''}`,
+    );
+    return r.rows[0]!['QUERY PLAN'][0]!.Plan;
+  } finally {
+    await c.query('rollback');
+    // a prepared statement outlives the transaction
+    await c.query('deallocate captured_plan').catch(() => undefined);
+  }
+}
