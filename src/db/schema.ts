@@ -208,6 +208,11 @@ export const activations = corral.table(
     uniqueIndex('activations_one_live').on(t.agentUid, t.sessionId).where(inList('status', ACTIVATION_LIVE)),
     index('activations_live_lease').on(t.leaseExpiresAt).where(inList('status', ACTIVATION_LIVE)),
     index('activations_actor_epoch').on(t.agentUid, t.sessionId, t.actorEpoch),
+    // the watchdog's idle stop (src/db/activations.ts stopIdleActivations) reads only the warm
+    // activations idle long enough, not every warm one
+    index('activations_idle')
+      .on(t.updatedAt)
+      .where(sql.raw(`status in ${listText(ACTIVATION_LIVE)} and current_event_id is null`)),
     // the pruning of ended activations (src/db/runtime-pruning.ts)
     index('activations_ended').on(t.endedAt).where(inList('status', ACTIVATION_ENDED)),
     check('activations_status', inList('status', ACTIVATION_STATUSES)),

@@ -140,4 +140,20 @@ describe('periodic statements on a history of 200,000 finished turns, right afte
   it('recovery finds orphaned started turns without reading the history', async () => {
     await expectNoSequentialScans('orphanedStartedTurns', () => orphanedStartedTurns(database.db, 1000));
   });
+
+  // last: it adds live rows the other statements would see
+  it('the idle stop reads the activations idle long enough, not every warm one', async () => {
+    await explainer.query(`
+      insert into corral.activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at, owner_id, status)
+        select gen_random_uuid(), 'warm', 's' || g, 1, gen_random_uuid(), now() + interval '1 minute', 'daemon', 'active'
+          from generate_series(1, 20000) g;
+      analyze corral.activations;
+    `);
+    const statements = await statementsOf(() => stopIdleActivations(database.db, 300_000, 100));
+    const indexes = new Set<string>();
+    for (const [i, s] of statements.entries())
+      for (const n of planNodes(await genericPlan(s, i))) if (n['Index Name']?.startsWith('activations_')) indexes.add(n['Index Name']);
+    expect([...indexes], 'through the idle index only').toEqual(['activations_idle']);
+    expect(await stopIdleActivations(database.db, 300_000, 100), 'nothing due among 20,000 warm activations').toBe(0);
+  });
 });

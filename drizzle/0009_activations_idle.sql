@@ -1,0 +1,1 @@
+CREATE INDEX IF NOT EXISTS "activations_idle" ON "corral"."activations" USING btree ("updated_at") WHERE status in ('starting', 'active', 'draining') and current_event_id is null;
