@@ -2,15 +2,18 @@
  * `corral send <agent_uid>/<session_id> '<json>' | --file F | -`: enqueue one event and print
  * its id.
  *
- * The light path: one connection, no Drizzle, no pool, one query to check corral's schema, and
- * pg-boss's insert statement without starting pg-boss (see queue/direct-send.ts); a corral
- * database whose queue is not set up yet gets the full pg-boss path, which creates it.
+ * The light path: one connection, no Drizzle, no pool, one query to check corral's schema, then
+ * `corral.send_event`, the enqueue every other sender runs (src/db/send-event.ts: its checks,
+ * event ids and input policies). A database where the daemon has not installed that function
+ * yet gets pg-boss's insert statement without starting pg-boss (see queue/direct-send.ts), and
+ * one whose queue is not set up either the full pg-boss path, which creates it.
  */
 import pg from 'pg';
 import { parseActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
 import { requireCorralSchema } from '../../db/health.ts';
 import { CorralError, toError } from '../../errors.ts';
+import { sendOneEvent } from '../../db/send-one.ts';
 import { directSend } from '../../queue/direct-send.ts';
 import { actorEventJob, type ActorEventJob } from '../../queue/event-job.ts';
 import type { Logger } from '../../logger.ts';
@@ -44,15 +47,17 @@ export async function runSendCommand(config: Config, actor: string, source: Json
     }
   });
   let sent: boolean;
+  let id: string | undefined;
   try {
     // before anything is written: a database that is not corral's gets nothing, not even pg-boss
     await requireCorralSchema(client);
-    sent = await directSend(client, config.bossSchema, config.queueName, job);
+    id = await sendOneEvent(client, key.agentUid, key.sessionId, event);
+    sent = id !== undefined || (await directSend(client, config.bossSchema, config.queueName, job));
   } finally {
     await client.end().catch(() => undefined);
   }
   if (!sent) await sendWithBoss(url, config, job, logger);
-  io.out.write(`${job.id}\n`);
+  io.out.write(`${id ?? job.id}\n`);
   return 0;
 }
 
