@@ -11,6 +11,7 @@ import {
   DEFAULT_MAX_EVENT_BYTES,
   DEFAULT_MAX_MESSAGE_BYTES,
   DEFAULT_PROGRESS_INTERVAL_MS,
+  AVAILABLE_INPUT_POLICIES,
 } from './defaults.ts';
 
 export const DEAD_LETTER_MODES = ['continue', 'block'] as const;
@@ -177,6 +178,12 @@ const SETTINGS = {
    */
   jobHeartbeatSeconds: setting({ env: 'CORRAL_JOB_HEARTBEAT_S', default: 30, rule: int(10, 3_600) }),
   deadLetterMode: setting({ env: 'CORRAL_DEAD_LETTER_MODE', default: 'continue', rule: oneOf(DEAD_LETTER_MODES) }),
+  /**
+   * What an event sent to a busy actor does, for actors and agents without a policy of their own
+   * (`corral policy`): `queue` (a turn of its own, after the others) or `reject` (`actor_busy`).
+   * Embedded in the send functions the daemon installs.
+   */
+  inputPolicy: setting({ env: 'CORRAL_INPUT_POLICY', default: 'queue', rule: oneOf(AVAILABLE_INPUT_POLICIES) }),
   /** Completed actor events are deleted after this long (0 = never); failed ones never are. */
   completedRetentionSeconds: setting({ env: 'CORRAL_COMPLETED_RETENTION_S', default: 7 * 86_400, rule: int(0, 10 * 365 * 86_400) }),
   /**

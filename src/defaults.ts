@@ -34,3 +34,13 @@ export const DEFAULT_WORKER_CAPACITY = 32;
 
 /** Set by the daemon on the local worker processes it spawns: they stop when it is gone (src/cli/parent-watch.ts). */
 export const STOP_WITH_PARENT_ENV = 'CORRAL_STOP_WITH_PARENT';
+
+/**
+ * What happens to an event sent while its actor is busy (a turn runs or events wait): `queue`
+ * takes it as a turn of its own, after the others; `reject` refuses it (`actor_busy`). The
+ * stored values also admit `coalesce` and `interrupt`, which nothing sets yet.
+ */
+export const INPUT_POLICIES = ['queue', 'coalesce', 'interrupt', 'reject'] as const;
+export type InputPolicy = (typeof INPUT_POLICIES)[number];
+/** The policies a policy may be set to today. */
+export const AVAILABLE_INPUT_POLICIES = ['queue', 'reject'] as const satisfies readonly InputPolicy[];

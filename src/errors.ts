@@ -25,6 +25,8 @@ export type ErrorCode =
   | 'curve_mismatch'
   | 'registration_refused'
   | 'idempotency_conflict'
+  // a send refused by the actor's input policy `reject`: a turn runs or events wait
+  | 'actor_busy'
   | 'dead_lettered'
   | 'cancelled'
   | 'aborted'

@@ -1,10 +1,10 @@
 /**
  * Maps typed errors to messages and exit codes: 0 done, 1 error, 2 bad arguments, 3 nothing
- * matched; and keeps a closed pipe from turning into an error.
+ * matched, 4 the actor is busy (a send its input policy `reject` refused); and keeps a closed pipe from turning into an error.
  */
 import { CorralError, errorMessage, isConnectionError, toError } from '../errors.ts';
 
-export const EXIT = { ok: 0, error: 1, usage: 2, nothingMatched: 3 } as const;
+export const EXIT = { ok: 0, error: 1, usage: 2, nothingMatched: 3, actorBusy: 4 } as const;
 
 export function exitCodeFor(e: unknown): number {
   if (e instanceof CorralError) {
@@ -17,6 +17,8 @@ export function exitCodeFor(e: unknown): number {
       case 'nothing_matched':
       case 'not_found':
         return EXIT.nothingMatched;
+      case 'actor_busy':
+        return EXIT.actorBusy;
       default:
         return EXIT.error;
     }

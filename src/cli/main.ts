@@ -12,6 +12,7 @@ import { CorralError } from '../errors.ts';
 import { dropOutputOnClosedPipe, exitCodeFor, messageFor, EXIT } from './exit.ts';
 import { registerDlqCommands } from './commands/dlq-cli.ts';
 import { registerKeysCommands } from './commands/keys.ts';
+import { registerPolicyCommands } from './commands/policy.ts';
 import { registerRetentionCommands } from './commands/retention.ts';
 import { intArg } from './args.ts';
 import { DEFAULT_WORKER_CAPACITY } from '../defaults.ts';
@@ -198,6 +199,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
   registerDlqCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerKeysCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerRetentionCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
+  registerPolicyCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
 
   const db = program.command('db').description('database maintenance');
   db.command('migrate')

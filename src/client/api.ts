@@ -8,6 +8,7 @@ import type { ActorKey } from '../actor-key.ts';
 import type { Logger } from '../logger.ts';
 import type {
   ActorStatus,
+  InputPolicy,
   CommittedTurnView,
   DrizzleExecutable,
   PgQueryable,
@@ -152,6 +153,17 @@ export interface WaitOptions {
 
 export const DEFAULT_WAIT_MS = 60_000;
 
+/** An agent (every session of it): `'support-bot'`, `{ agentUid }`; or one actor: `'support-bot/s-42'`, `{ agentUid, sessionId }`. */
+export type PolicyTargetRef = string | { agentUid: string; sessionId?: string | null | undefined };
+
+export interface InputPolicySet {
+  /** `agent` or `agent/session`. */
+  target: string;
+  policy: InputPolicy;
+  /** The policy it replaced; null when the target had none of its own. */
+  previous: InputPolicy | null;
+}
+
 /**
  * A connection to corral's database: `const corral = await connect()`. Every method is safe to
  * call concurrently; `close()` ends it.
@@ -167,6 +179,14 @@ export interface Corral {
   transcript(actor: ActorRef): Promise<TranscriptEntry[]>;
   /** What `corral actor` shows: activation, pending events, latest turns, dead letters. */
   actor(actor: ActorRef, opts?: ActorOptions): Promise<ActorStatus>;
+  /**
+   * Sets what an event sent while the actor is busy does, for an agent (every session) or one actor
+   * (which wins over its agent's): `queue`, or `reject` (`send` then fails with `actor_busy` and
+   * enqueues nothing). Decides the sends after it; events already sent are not touched.
+   */
+  setInputPolicy(target: PolicyTargetRef, policy: InputPolicy): Promise<InputPolicySet>;
+  /** Removes the target's own policy (its agent's, else the default, applies again); resolves to the one it had, `nothing_matched` when none. */
+  clearInputPolicy(target: PolicyTargetRef): Promise<InputPolicy>;
   /** Steers the live turn of `actor` (`not_found` when none runs); `data` is at most 6,900 bytes of JSON. */
   steer(actor: ActorRef, data: unknown): Promise<SteerResult>;
   /** Cancels the live turn of `actor` (`not_found` when none runs): the actor moves on to its next event. */

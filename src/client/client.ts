@@ -17,6 +17,7 @@ import { DEFAULT_LINGER_MS, TurnListener } from '../db/turn-listener.ts';
 import { CorralError } from '../errors.ts';
 import { unstorableReason } from '../json-safety.ts';
 import { silentLogger, type Logger } from '../logger.ts';
+import { clearPolicy, parsePolicy, parsePolicyTarget, setPolicy, type InputPolicy } from '../ops/input-policies.ts';
 import { actorStatus, type ActorStatus } from '../ops/status.ts';
 import { cancelTurn, steerTurn } from '../ops/turn-control.ts';
 import { toJsonPayload } from '../queue/event-job.ts';
@@ -30,6 +31,8 @@ import type {
   ConnectOptions,
   Corral,
   EventInput,
+  InputPolicySet,
+  PolicyTargetRef,
   SendOptions,
   SendResult,
   SteerResult,
@@ -128,6 +131,17 @@ class CorralClient implements Corral {
       ...(opts.deadLetters === undefined ? {} : { deadLetters: checkedCount('deadLetters', opts.deadLetters) }),
     };
     return actorStatus(this.database.db, this.queues, toActorKey(actor), limits);
+  }
+
+  async setInputPolicy(target: PolicyTargetRef, policy: InputPolicy): Promise<InputPolicySet> {
+    this.open();
+    const set = await setPolicy(this.database.db, policyTargetOf(target), parsePolicy(String(policy)));
+    return { target: set.target, policy: set.policy, previous: set.previous };
+  }
+
+  async clearInputPolicy(target: PolicyTargetRef): Promise<InputPolicy> {
+    this.open();
+    return clearPolicy(this.database.db, policyTargetOf(target));
   }
 
   /** Steers the live turn of `actor` (`not_found` when none runs); `data` is at most 6,900 bytes of JSON. */
@@ -297,4 +311,14 @@ function checkedCount(name: string, n: unknown, max = 100_000): number {
     throw new CorralError('invalid_argument', `${name} must be an integer from 1 to ${max} (got ${String(n)})`);
   }
   return n;
+}
+
+/** A policy target as the ops take it: a string is parsed, an object's parts are checked the same way. */
+function policyTargetOf(target: PolicyTargetRef): { agentUid: string; sessionId: string | null } {
+  if (typeof target === 'string') return parsePolicyTarget(target);
+  if (target === null || typeof target !== 'object' || typeof target.agentUid !== 'string')
+    throw new CorralError('invalid_argument', 'a policy target is "agent", "agent/session" or { agentUid, sessionId? }');
+  const session = target.sessionId ?? null;
+  if (session !== null && typeof session !== 'string') throw new CorralError('invalid_argument', 'a sessionId is a string');
+  return parsePolicyTarget(session === null ? target.agentUid : `${target.agentUid}/${session}`);
 }

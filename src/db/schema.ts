@@ -34,7 +34,7 @@ import {
   uuid,
   type SQL,
 } from './orm.ts';
-import { ACTIVATION_LIVE, ACTIVATION_STATUSES, TURN_STATUSES, MESSAGE_ROLES, MAX_IDEMPOTENCY_KEY_LENGTH } from './views.ts';
+import { ACTIVATION_LIVE, ACTIVATION_STATUSES, INPUT_POLICIES, TURN_STATUSES, MESSAGE_ROLES, MAX_IDEMPOTENCY_KEY_LENGTH } from './views.ts';
 import { ACTOR_PART } from '../actor-key.ts';
 
 export const corral = pgSchema('corral');
@@ -360,5 +360,27 @@ export const transcriptRetention = corral.table(
   (t) => [
     check('transcript_retention_keep_positive', sql`${t.keepSeconds} > 0`),
     check('transcript_retention_agent_uid', sql.raw(`agent_uid ~ '${ACTOR_PART.source}'`)),
+  ],
+);
+
+/**
+ * Input policies (`corral policy`, src/db/input-policies.ts): what an event sent to a busy actor
+ * does. A row with `session_id` '' holds the agent's policy, one with a session that actor's;
+ * the actor's wins, then the agent's, then the daemon's CORRAL_INPUT_POLICY.
+ */
+export const inputPolicies = corral.table(
+  'input_policies',
+  {
+    agentUid: text('agent_uid').notNull(),
+    /** '' for every session of the agent. */
+    sessionId: text('session_id').notNull().default(''),
+    policy: text('policy', { enum: INPUT_POLICIES }).notNull(),
+    updatedAt: tz('updated_at').notNull().defaultNow(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.agentUid, t.sessionId] }),
+    check('input_policies_policy', inList('policy', INPUT_POLICIES)),
+    check('input_policies_agent_uid', sql.raw(`agent_uid ~ '${ACTOR_PART.source}'`)),
+    check('input_policies_session_id', sql.raw(`session_id = '' or session_id ~ '${ACTOR_PART.source}'`)),
   ],
 );

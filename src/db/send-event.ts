@@ -21,6 +21,10 @@
  *     event (`duplicate`), with other data it is refused (`idempotency_conflict`). Concurrent
  *     sends of one key wait for each other (the key's unique index); rolled back with the
  *     caller's transaction like the event.
+ *  E5 an actor whose input policy is `reject` (src/db/input-policies.ts, P1–P3) takes its event
+ *     only when it is idle: the send locks the actor's key for the transaction and refuses
+ *     (`actor_busy`) while a job of it is unfinished (`corral.actor_busy`) or an earlier event of
+ *     the same call went to it. A repeated idempotency key still answers `duplicate` (E4 first).
  *
  * Errors carry SQLSTATEs of their own (`SEND_ERRORS`), mapped to corral's error codes by
  * `sendError`. The functions are generated (`sendEventFunctionsSql`) and installed when the
@@ -41,7 +45,7 @@ import {
 } from './boss-internals.ts';
 import { runStatement, type StatementTarget } from './executor.ts';
 import { sql } from './orm.ts';
-import { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, SEND_ERRORS } from './views.ts';
+import { AVAILABLE_INPUT_POLICIES, MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, SEND_ERRORS, type InputPolicy } from './views.ts';
 
 export { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, SEND_ERRORS };
 
@@ -50,6 +54,8 @@ export interface SendEventSettings {
   queueName: string;
   /** CORRAL_MAX_EVENT_BYTES. */
   maxEventBytes: number;
+  /** CORRAL_INPUT_POLICY: the policy of actors and agents without one of their own (P1 of src/db/input-policies.ts). */
+  inputPolicy: InputPolicy;
 }
 
 /** The largest number JSON (a double) keeps. */
@@ -95,6 +101,37 @@ BEGIN
 END
 $corral_id$;`;
 
+/** Arbitrary, stable: "busy" in ASCII; with the key's hash, E5's lock. */
+const BUSY_LOCK_CLASS = 0x62757379;
+
+/**
+ * E5: `corral.actor_busy(key)`, whether the actor queue holds an unfinished job of the key: a
+ * queued one (its head, through pg-boss's `job_i10`: the order asked for is that index's, and no
+ * plan may sort, so whatever the statistics say no other index serves it), or one active, waiting
+ * to retry or failed (`job_i8`, which holds at most one per key).
+ */
+function actorBusyFunctionSql(schema: string, table: string, queue: string): string {
+  const job = `${schema}.${table}`;
+  return `CREATE OR REPLACE FUNCTION corral.actor_busy(key text) RETURNS boolean
+LANGUAGE plpgsql STABLE SET enable_sort = off SET enable_seqscan = off SET enable_bitmapscan = off
+AS $corral_busy$
+BEGIN
+  PERFORM 1 FROM ${job} j
+   WHERE j.name = ${lit(queue)} AND j.singleton_key = key
+     AND j.state < 'active' AND NOT j.blocked AND j.policy = 'key_strict_fifo'
+   ORDER BY j.state DESC, j.created_on, j.id
+   LIMIT 1;
+  IF FOUND THEN
+    RETURN true;
+  END IF;
+  PERFORM 1 FROM ${job} j
+   WHERE j.name = ${lit(queue)} AND j.singleton_key = key
+     AND j.state IN ('active', 'retry', 'failed') AND j.policy = 'key_strict_fifo';
+  RETURN FOUND;
+END
+$corral_busy$;`;
+}
+
 /** The functions' text for `s`, with S11's insert for the queue's `target`. */
 export async function sendEventFunctionsSql(s: SendEventSettings, target: InsertTarget): Promise<string> {
   const insert = await eventJobsInsertFunction(s.bossSchema, s.queueName, target);
@@ -106,6 +143,8 @@ export async function sendEventFunctionsSql(s: SendEventSettings, target: Insert
     singletonKey: `agent || '/' || session`,
   });
   const fail = (code: string, message: string) => `RAISE EXCEPTION USING ERRCODE = '${code}', MESSAGE = ${message};`;
+  if (!(AVAILABLE_INPUT_POLICIES as readonly string[]).includes(s.inputPolicy)) throw new Error(`an input policy, not ${s.inputPolicy}`);
+  const actorBusy = actorBusyFunctionSql(s.bossSchema, target.table, s.queueName);
   const sendEvents = `CREATE OR REPLACE FUNCTION corral.send_events(events jsonb)
 RETURNS TABLE (ord integer, event_id uuid, duplicate boolean)
 LANGUAGE plpgsql VOLATILE AS $corral_send$
@@ -126,6 +165,10 @@ DECLARE
   jobs jsonb[] := '{}';
   fresh integer := 0;
   inserted integer;
+  -- E5: whether any policy is set (else every actor has the default), and the keys sent to so far
+  policies boolean := EXISTS (SELECT 1 FROM corral.input_policies);
+  policy text;
+  sent text[] := '{}';
 BEGIN
   IF events IS NULL OR jsonb_typeof(events) <> 'array' THEN
     ${fail('CR400', lit('corral.send_events: events must be a JSON array'))}
@@ -200,6 +243,22 @@ BEGIN
         CONTINUE;
       END IF;
     END IF;
+    policy := ${lit(s.inputPolicy)};
+    IF policies THEN
+      policy := coalesce((SELECT p.policy FROM corral.input_policies p
+                           WHERE p.agent_uid = agent AND p.session_id IN (session, '')
+                           ORDER BY p.session_id DESC LIMIT 1), policy);
+    END IF;
+    IF policy = 'reject' THEN
+      PERFORM pg_advisory_xact_lock(${BUSY_LOCK_CLASS}, hashtext(agent || '/' || session));
+      IF (agent || '/' || session) = ANY (sent) OR corral.actor_busy(agent || '/' || session) THEN
+        RAISE EXCEPTION USING ERRCODE = 'CR423',
+          MESSAGE = at || format('actor %s/%s is busy (a turn runs or events wait) and its input policy is reject: nothing was enqueued', agent, session);
+      END IF;
+    END IF;
+    IF ${s.inputPolicy === 'reject' ? 'true' : 'policies'} THEN
+      sent := array_append(sent, agent || '/' || session);
+    END IF;
     jobs := array_append(jobs, ${payload});
     fresh := fresh + 1;
     ord := i;
@@ -227,7 +286,9 @@ BEGIN
     'agent_uid', agent_uid, 'session_id', session_id, 'data', data, 'idempotency_key', idempotency_key))) s);
 END
 $corral_send_one$;`;
-  return [insert, NEXT_EVENT_ID, sendEvents, sendEvent].join('\n\n');
+  const defaultPolicy = `CREATE OR REPLACE FUNCTION corral.default_input_policy() RETURNS text
+LANGUAGE sql IMMUTABLE AS $corral_policy$ SELECT ${lit(s.inputPolicy)}::text $corral_policy$;`;
+  return [insert, NEXT_EVENT_ID, actorBusy, defaultPolicy, sendEvents, sendEvent].join('\n\n');
 }
 
 /** The comment that names the generated text's digest (so an unchanged one is not replaced). */

@@ -22,6 +22,9 @@ export type MessageRole = (typeof MESSAGE_ROLES)[number];
 /** The longest idempotency key a send takes (characters). */
 export const MAX_IDEMPOTENCY_KEY_LENGTH = 200;
 
+import type { InputPolicy } from '../defaults.ts';
+export { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type InputPolicy } from '../defaults.ts';
+
 export const JOB_STATE = {
   created: 'created',
   retry: 'retry',
@@ -54,6 +57,7 @@ export const SEND_ERRORS: Readonly<Record<string, ErrorCode>> = {
   CR401: 'invalid_actor_key',
   CR409: 'idempotency_conflict',
   CR413: 'payload_too_large',
+  CR423: 'actor_busy',
 };
 
 /** A node-postgres `Client`, `PoolClient` or `Pool` (anything with pg's `query(text, values)`). */
@@ -179,6 +183,8 @@ export interface ActorStatus {
   known: boolean;
   epochCounter: number;
   blockedByEventId: string | null;
+  /** What an event sent to it while it is busy does (src/db/input-policies.ts, P1). */
+  inputPolicy: { policy: InputPolicy; from: 'actor' | 'agent' | 'default' };
   activation: ActivationView | null;
   pendingEvents: PendingJob[];
   recentTurns: TurnView[];

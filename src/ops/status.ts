@@ -11,6 +11,7 @@ import { listDaemons, type DaemonRow } from '../db/daemons.ts';
 import { toDate } from '../db/rows.ts';
 import { findDeadLetters, pendingJobsOf, queueDepth, type QueueDepth, type Queues } from '../db/boss-jobs.ts';
 import { actorRow, latestActivation, recentTurnsOf } from '../db/actor-views.ts';
+import { effectiveInputPolicy } from '../db/input-policies.ts';
 import { blockedActorCount, liveActivationCount, serverTime } from '../db/status-counts.ts';
 import type { ActorStatus } from '../db/views.ts';
 
@@ -133,18 +134,20 @@ export async function actorStatus(
   key: ActorKey,
   opts: { turns?: number; pending?: number; deadLetters?: number } = {},
 ): Promise<ActorStatus> {
-  const [row, activation, pending, recent, dead] = await Promise.all([
+  const [row, activation, pending, recent, dead, inputPolicy] = await Promise.all([
     actorRow(db, key),
     latestActivation(db, key),
     pendingJobsOf(db, q.schema, q.events, key, opts.pending ?? 100),
     recentTurnsOf(db, key, opts.turns ?? 10),
     findDeadLetters(db, q, { actor: key }, { limit: opts.deadLetters ?? 100 }),
+    effectiveInputPolicy(db, key.agentUid, key.sessionId),
   ]);
   return {
     actor: formatActorKey(key),
     known: row !== undefined || pending.length > 0 || dead.length > 0,
     epochCounter: row?.epochCounter ?? 0,
     blockedByEventId: row?.blockedByEventId ?? null,
+    inputPolicy,
     activation: activation ?? null,
     pendingEvents: pending,
     recentTurns: recent,

@@ -34,6 +34,7 @@ export type QueueConfig = Pick<
   | 'jobExpireSeconds'
   | 'jobHeartbeatSeconds'
   | 'maxEventBytes'
+  | 'inputPolicy'
 >;
 
 export interface BossOptions {

@@ -45,6 +45,17 @@ beforeAll(async () => {
       from generate_series(1, ${BACKLOG}) g`);
 }, 120_000);
 
+/** Index entries of the job table read so far (pg_stat_user_indexes, flushed). */
+async function reads(): Promise<number> {
+  await c.query('select pg_stat_force_next_flush()');
+  await c.query('select pg_stat_clear_snapshot()');
+  const { rows } = await c.query<{ n: string }>(
+    `select coalesce(sum(idx_tup_read), 0) as n from pg_stat_user_indexes where schemaname = $1 and relname = $2`,
+    [q.schema, table],
+  );
+  return Number(rows[0]!.n);
+}
+
 afterAll(async () => {
   await c?.end();
   await tdb?.drop();
@@ -93,15 +104,6 @@ describe('the claim on statistics that see no queued job', () => {
   });
 
   it('the function claims a full batch reading about as many index entries as it claims, not the backlog', async () => {
-    const reads = async () => {
-      await c.query('select pg_stat_force_next_flush()');
-      await c.query('select pg_stat_clear_snapshot()');
-      const { rows } = await c.query<{ n: string }>(
-        `select coalesce(sum(idx_tup_read), 0) as n from pg_stat_user_indexes where schemaname = $1 and relname = $2`,
-        [q.schema, table],
-      );
-      return Number(rows[0]!.n);
-    };
     const before = await reads();
     await c.query('begin');
     let claimed: number;
@@ -132,6 +134,21 @@ describe('the claim on statistics that see no queued job', () => {
       ).toEqual([`${table}_pkey`]);
     } finally {
       await database.close();
+    }
+  });
+
+  it("a reject policy's busy check (corral.actor_busy) reads a few index entries, not the backlog", async () => {
+    for (const [key, busy] of [
+      ['backlog/s7', true],
+      ['history/s7', false],
+      ['nobody/s7', false],
+    ] as const) {
+      const before = await reads();
+      const { rows } = await c.query<{ busy: boolean }>('select corral.actor_busy($1) as busy', [key]);
+      const read = (await reads()) - before;
+      expect(rows[0]!.busy, key).toBe(busy);
+      // a lookup through job_i14 or job_i11 would walk the 20,000 queued jobs
+      expect(read, `index entries read for ${key}`).toBeLessThan(20);
     }
   });
 });

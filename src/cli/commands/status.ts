@@ -120,6 +120,8 @@ function writeDaemons(out: Out, daemons: SystemStatus['daemons']): void {
   );
 }
 
+const POLICY_FROM = { actor: "the actor's own", agent: "its agent's", default: 'the default, CORRAL_INPUT_POLICY' } as const;
+
 export async function runActorCommand(config: Config, actor: string, opts: { json?: boolean }, out: Out): Promise<number> {
   const key = parseActorKey(actor);
   const ctx = await openCommandContext(config, { connections: 1 });
@@ -133,6 +135,7 @@ export async function runActorCommand(config: Config, actor: string, opts: { jso
     out.write(`actor ${s.actor}\n`);
     out.write(`epoch counter: ${s.epochCounter}\n`);
     out.write(`blocked: ${s.blockedByEventId ? `yes, by dead-lettered event ${s.blockedByEventId}` : 'no'}\n`);
+    out.write(`input policy: ${s.inputPolicy.policy} (${POLICY_FROM[s.inputPolicy.from]})\n`);
     const a = s.activation;
     if (a) {
       out.write(`activation: ${describeActivation(a, fmtTime)}, current event ${a.currentEventId ?? 'none'}, daemon ${a.ownerId}\n`);

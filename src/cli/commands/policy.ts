@@ -1,0 +1,117 @@
+/**
+ * `corral policy set | list | clear`: what an event sent to a busy actor does, per agent or per
+ * actor (src/ops/input-policies.ts). Without one, an actor follows its agent's, else the daemon's
+ * CORRAL_INPUT_POLICY (default `queue`).
+ *
+ * Exit codes: 0 done, 1 error, 2 bad arguments (target, policy), 3 nothing matched (`clear` of a
+ * target without a policy). Light on purpose: the database and the operations load only when a
+ * command runs, so `--help` and argument errors answer at once.
+ */
+import type { Command } from 'commander';
+import type { Config } from '../../config.ts';
+import type { Db } from '../../db/client.ts';
+
+type ConfigFn = () => Config;
+type RunFn = (p: Promise<number>) => void;
+interface Io {
+  out: NodeJS.WritableStream;
+  err: NodeJS.WritableStream;
+}
+
+const AFTER_SET = `
+Policies:
+  queue    each event becomes a turn of its own, after the ones before it (the default)
+  reject   while a turn runs or events wait, a send fails with actor_busy (corral send exits 4)
+           and nothing is enqueued; an idle actor takes the event
+
+Examples:
+  corral policy set support-bot reject         # every session of support-bot
+  corral policy set support-bot/s-42 queue     # one actor: wins over its agent's policy
+  corral policy list
+  corral policy clear support-bot/s-42
+
+A policy decides the sends after it is set; events already sent are not touched.`;
+
+async function withDatabase<T>(config: Config, fn: (db: Db) => Promise<T>): Promise<T> {
+  const { openCommandContext } = await import('../context.ts');
+  const ctx = await openCommandContext(config, { connections: 1 });
+  try {
+    return await fn(ctx.database.db);
+  } finally {
+    await ctx.close();
+  }
+}
+
+export async function runPolicySet(config: Config, target: string, policy: string, flags: { json?: boolean }, io: Io): Promise<number> {
+  const ops = await import('../../ops/input-policies.ts');
+  const t = ops.parsePolicyTarget(target);
+  const p = ops.parsePolicy(policy);
+  const set = await withDatabase(config, (db) => ops.setPolicy(db, t, p));
+  if (flags.json) {
+    io.out.write(`${JSON.stringify(set, null, 2)}\n`);
+    return 0;
+  }
+  const was = set.previous ?? (t.sessionId === null ? 'the default' : "its agent's or the default");
+  io.out.write(`input policy of ${set.target}: ${set.policy} (was: ${was})\n`);
+  return 0;
+}
+
+export async function runPolicyList(config: Config, flags: { json?: boolean }, io: Io): Promise<number> {
+  const ops = await import('../../ops/input-policies.ts');
+  const { policies: list, default: fallback } = await withDatabase(config, (db) => ops.listPolicies(db));
+  if (flags.json) {
+    io.out.write(`${JSON.stringify({ policies: list, default: fallback }, null, 2)}\n`);
+    return 0;
+  }
+  if (list.length === 0) {
+    io.out.write(`no input policy set: every actor follows the default (${fallback}, the daemon's CORRAL_INPUT_POLICY)\n`);
+    return 0;
+  }
+  const { fmtTime, renderTable } = await import('./status.ts');
+  io.out.write(
+    renderTable(
+      ['TARGET', 'POLICY', 'UPDATED'],
+      list.map((r) => [r.sessionId === null ? `${r.agentUid} (every session)` : r.target, r.policy, fmtTime(new Date(r.updatedAt))]),
+      130,
+    ),
+  );
+  io.out.write(`actors not listed follow their agent's policy, else the default (${fallback}, the daemon's CORRAL_INPUT_POLICY)\n`);
+  return 0;
+}
+
+export async function runPolicyClear(config: Config, target: string, io: Io): Promise<number> {
+  const ops = await import('../../ops/input-policies.ts');
+  const t = ops.parsePolicyTarget(target);
+  const had = await withDatabase(config, (db) => ops.clearPolicy(db, t));
+  const now = t.sessionId === null ? 'the default' : "its agent's, else the default";
+  io.out.write(`input policy of ${t.sessionId === null ? t.agentUid : `${t.agentUid}/${t.sessionId}`}: ${now} (was: ${had})\n`);
+  return 0;
+}
+
+/** Adds `policy set|list|clear` under `program` (inheriting its error handling). */
+export function registerPolicyCommands(program: Command, config: ConfigFn, run: RunFn, io: Io): void {
+  const cmd = program
+    .command('policy')
+    .description('input policies: what an event sent to a busy actor does (queue, reject), per agent or per actor');
+
+  cmd
+    .command('set')
+    .description("set the input policy of an agent (every session) or of one actor (wins over its agent's)")
+    .argument('<target>', '<agent_uid> or <agent_uid>/<session_id>')
+    .argument('<policy>', 'queue or reject')
+    .option('--json', 'JSON output')
+    .addHelpText('after', AFTER_SET)
+    .action((target: string, policy: string, o: { json?: boolean }) => run(runPolicySet(config(), target, policy, o, io)));
+
+  cmd
+    .command('list')
+    .description('list the input policies set (other actors follow the default, CORRAL_INPUT_POLICY)')
+    .option('--json', 'JSON output')
+    .action((o: { json?: boolean }) => run(runPolicyList(config(), o, io)));
+
+  cmd
+    .command('clear')
+    .description("remove the input policy of an agent or actor: its agent's or the default applies again")
+    .argument('<target>', '<agent_uid> or <agent_uid>/<session_id>')
+    .action((target: string) => run(runPolicyClear(config(), target, io)));
+}
