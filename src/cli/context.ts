@@ -3,7 +3,7 @@
  * server under `.corral/` when DATABASE_URL is unset, started on demand).
  */
 import { loadConfig, type Config } from '../config.ts';
-import type { Database } from '../db/client.ts';
+import type { Database, Db } from '../db/client.ts';
 import { openUsableDatabase } from '../db/open.ts';
 import type { Logger } from '../logger.ts';
 import { commandLogger } from './database.ts';
@@ -72,4 +72,14 @@ export async function openCommandContext(config: Config, opts: ContextOptions = 
       await database.close();
     },
   };
+}
+
+/** Runs `fn` on one connection of corral's database (a command that only reads or writes corral's tables), then closes it. */
+export async function withCommandDatabase<T>(config: Config, fn: (db: Db) => Promise<T>): Promise<T> {
+  const ctx = await openCommandContext(config, { connections: 1 });
+  try {
+    return await fn(ctx.database.db);
+  } finally {
+    await ctx.close();
+  }
 }

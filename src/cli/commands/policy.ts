@@ -9,14 +9,7 @@
  */
 import type { Command } from 'commander';
 import type { Config } from '../../config.ts';
-import type { Db } from '../../db/client.ts';
-
-type ConfigFn = () => Config;
-type RunFn = (p: Promise<number>) => void;
-interface Io {
-  out: NodeJS.WritableStream;
-  err: NodeJS.WritableStream;
-}
+import { withDatabase, type ConfigFn, type Io, type RunFn } from './table-commands.ts';
 
 const AFTER_SET = `
 Policies:
@@ -31,16 +24,6 @@ Examples:
   corral policy clear support-bot/s-42
 
 A policy decides the sends after it is set; events already sent are not touched.`;
-
-async function withDatabase<T>(config: Config, fn: (db: Db) => Promise<T>): Promise<T> {
-  const { openCommandContext } = await import('../context.ts');
-  const ctx = await openCommandContext(config, { connections: 1 });
-  try {
-    return await fn(ctx.database.db);
-  } finally {
-    await ctx.close();
-  }
-}
 
 export async function runPolicySet(config: Config, target: string, policy: string, flags: { json?: boolean }, io: Io): Promise<number> {
   const ops = await import('../../ops/input-policies.ts');

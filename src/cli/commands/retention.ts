@@ -9,14 +9,7 @@
  */
 import type { Command } from 'commander';
 import type { Config } from '../../config.ts';
-import type { Db } from '../../db/client.ts';
-
-type ConfigFn = () => Config;
-type RunFn = (p: Promise<number>) => void;
-interface Io {
-  out: NodeJS.WritableStream;
-  err: NodeJS.WritableStream;
-}
+import { withDatabase, type ConfigFn, type Io, type RunFn } from './table-commands.ts';
 
 const AFTER_SET = `
 Examples:
@@ -26,16 +19,6 @@ Examples:
 
 The window counts from when a turn finished; the daemon's retention sweep deletes the turn with
 its messages within about a minute after. Turns still running are never deleted.`;
-
-async function withDatabase<T>(config: Config, fn: (db: Db) => Promise<T>): Promise<T> {
-  const { openCommandContext } = await import('../context.ts');
-  const ctx = await openCommandContext(config, { connections: 1 });
-  try {
-    return await fn(ctx.database.db);
-  } finally {
-    await ctx.close();
-  }
-}
 
 export async function runRetentionSet(config: Config, agent: string, duration: string, flags: { json?: boolean }, io: Io): Promise<number> {
   const ops = await import('../../ops/transcript-retention.ts');
