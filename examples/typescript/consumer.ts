@@ -13,6 +13,8 @@ import {
   MAX_IDEMPOTENCY_KEY_LENGTH,
   MAX_SEND_BATCH,
   SEND_ERRORS,
+  INPUT_POLICIES,
+  AVAILABLE_INPUT_POLICIES,
   TURN_CHANNELS,
   TURN_EVENT_KINDS,
   turnChannelOf,
@@ -32,6 +34,9 @@ import {
   type CommittedTurn,
   type ConnectOptions,
   type EventInput,
+  type InputPolicy,
+  type InputPolicySet,
+  type PolicyTargetRef,
   type SendDb,
   type SendOptions,
   type SendResult,
@@ -137,12 +142,31 @@ export async function sendAndWait(pgClient: PgQueryable): Promise<CommittedTurn>
     const turns: TurnView[] = status.recentTurns;
     const pending: PendingJob[] = status.pendingEvents;
     const dead: DeadLetter[] = status.deadLetters;
+    const target: PolicyTargetRef = { agentUid: refKey.agentUid };
+    const reject: InputPolicy = AVAILABLE_INPUT_POLICIES.includes('reject') ? 'reject' : INPUT_POLICIES[0];
+    const policy: InputPolicySet = await corral.setInputPolicy(target, reject);
+    const before: InputPolicy = await corral.clearInputPolicy(target);
     const steered: SteerResult = await corral.steer(ref, { text: 'also' });
     const cancelled: CancelResult = await corral.cancel(ref);
     const diagnostics: ClientDiagnostics = corral.diagnostics();
     const roles: MessageRole[] = turn.messages.map((m) => m.role);
     const statuses: TurnStatus[] = turns.map((t) => t.status);
-    void [many, emitted, activation, pending, dead, steered, cancelled, diagnostics, roles, statuses, SEND_ERRORS];
+    void [
+      many,
+      emitted,
+      activation,
+      pending,
+      dead,
+      policy,
+      before,
+      status.inputPolicy.from,
+      steered,
+      cancelled,
+      diagnostics,
+      roles,
+      statuses,
+      SEND_ERRORS,
+    ];
     return turn;
   } finally {
     await corral.close();
