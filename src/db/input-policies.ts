@@ -35,9 +35,16 @@ function checked(agentUid: string, sessionId: string | null, policy?: string): v
   if (policy !== undefined && !(INPUT_POLICIES as readonly string[]).includes(policy)) throw new Error(`a policy, not ${policy}`);
 }
 
+/** A stored `session_id` as the API says it: '' (every session of the agent) is null. */
+const sessionOf = (stored: string): string | null => (stored === '' ? null : stored);
+
+/** The default the installed send functions embed; 'queue' before the daemon first installed them. */
+const INSTALLED_DEFAULT = sql`case when to_regprocedure('corral.default_input_policy()') is null then 'queue'
+                                   else corral.default_input_policy() end`;
+
 const rowOf = (r: { agent_uid: string; session_id: string; policy: string; updated_at: Date | string }): InputPolicyRow => ({
   agentUid: r.agent_uid,
-  sessionId: r.session_id === '' ? null : r.session_id,
+  sessionId: sessionOf(r.session_id),
   policy: r.policy as InputPolicy,
   updatedAt: new Date(r.updated_at),
 });
@@ -81,7 +88,7 @@ export async function listInputPolicies(db: DbOrTx): Promise<InputPolicyRow[]> {
   const rows = await db.select().from(inputPolicies).orderBy(asc(inputPolicies.agentUid), asc(inputPolicies.sessionId));
   return rows.map((r) => ({
     agentUid: r.agentUid,
-    sessionId: r.sessionId === '' ? null : r.sessionId,
+    sessionId: sessionOf(r.sessionId),
     policy: r.policy,
     updatedAt: r.updatedAt,
   }));
@@ -89,9 +96,7 @@ export async function listInputPolicies(db: DbOrTx): Promise<InputPolicyRow[]> {
 
 /** The policy of actors and agents without one: the daemon's CORRAL_INPUT_POLICY, as the installed send functions embed it ('queue' before they are). */
 export async function defaultInputPolicy(db: DbOrTx): Promise<InputPolicy> {
-  const res = await db.execute<{ policy: string }>(sql`
-    select case when to_regprocedure('corral.default_input_policy()') is null then 'queue'
-                else corral.default_input_policy() end as policy`);
+  const res = await db.execute<{ policy: string }>(sql`select ${INSTALLED_DEFAULT} as policy`);
   return (res.rows[0]?.policy ?? 'queue') as InputPolicy;
 }
 
@@ -111,8 +116,7 @@ export async function effectiveInputPolicy(db: DbOrTx, agentUid: string, session
     select p.session_id, p.policy from corral.input_policies p
      where p.agent_uid = ${agentUid} and p.session_id in (${sessionId}, '')
     union all
-    select null, case when to_regprocedure('corral.default_input_policy()') is null then 'queue'
-                      else corral.default_input_policy() end`);
+    select null, ${INSTALLED_DEFAULT}`);
   const own = res.rows.find((r) => r.session_id === sessionId);
   if (own) return { policy: own.policy as InputPolicy, from: 'actor' };
   const agent = res.rows.find((r) => r.session_id === '');

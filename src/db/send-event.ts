@@ -140,7 +140,7 @@ export async function sendEventFunctionsSql(s: SendEventSettings, target: Insert
   const payload = sendPayloadSql(s.queueName, {
     id: 'new_id',
     data: `jsonb_build_object('agentUid', agent, 'sessionId', session, 'payload', data, 'enqueuedAt', ${enqueuedAt})`,
-    singletonKey: `agent || '/' || session`,
+    singletonKey: 'actor',
   });
   const fail = (code: string, message: string) => `RAISE EXCEPTION USING ERRCODE = '${code}', MESSAGE = ${message};`;
   if (!(AVAILABLE_INPUT_POLICIES as readonly string[]).includes(s.inputPolicy)) throw new Error(`an input policy, not ${s.inputPolicy}`);
@@ -154,6 +154,7 @@ DECLARE
   at text := '';
   agent text;
   session text;
+  actor text;
   idem text;
   data jsonb;
   text_bytes bigint;
@@ -192,6 +193,7 @@ BEGIN
     IF session IS NULL OR session !~ ${lit(ACTOR_PART.source)} THEN
       ${fail('CR401', `at || format('invalid session_id %s: expected 1-128 characters of A-Z a-z 0-9 . _ : @ -', coalesce(to_json(session)::text, 'null'))`)}
     END IF;
+    actor := agent || '/' || session;
     idem := NULL;
     IF e ? 'idempotency_key' AND jsonb_typeof(e->'idempotency_key') <> 'null' THEN
       IF jsonb_typeof(e->'idempotency_key') <> 'string'
@@ -250,14 +252,14 @@ BEGIN
                            ORDER BY p.session_id DESC LIMIT 1), policy);
     END IF;
     IF policy = 'reject' THEN
-      PERFORM pg_advisory_xact_lock(${BUSY_LOCK_CLASS}, hashtext(agent || '/' || session));
-      IF (agent || '/' || session) = ANY (sent) OR corral.actor_busy(agent || '/' || session) THEN
+      PERFORM pg_advisory_xact_lock(${BUSY_LOCK_CLASS}, hashtext(actor));
+      IF actor = ANY (sent) OR corral.actor_busy(actor) THEN
         RAISE EXCEPTION USING ERRCODE = 'CR423',
           MESSAGE = at || format('actor %s/%s is busy (a turn runs or events wait) and its input policy is reject: nothing was enqueued', agent, session);
       END IF;
     END IF;
     IF ${s.inputPolicy === 'reject' ? 'true' : 'policies'} THEN
-      sent := array_append(sent, agent || '/' || session);
+      sent := array_append(sent, actor);
     END IF;
     jobs := array_append(jobs, ${payload});
     fresh := fresh + 1;

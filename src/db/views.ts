@@ -7,7 +7,10 @@
  */
 import { createHash } from 'node:crypto';
 import type { ActorKey } from '../actor-key.ts';
+import type { InputPolicy } from '../defaults.ts';
 import type { ErrorCode } from '../errors.ts';
+
+export { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type InputPolicy } from '../defaults.ts';
 
 export const ACTIVATION_LIVE = ['starting', 'active', 'draining'] as const;
 export const ACTIVATION_STATUSES = [...ACTIVATION_LIVE, 'stopped', 'failed'] as const;
@@ -21,9 +24,6 @@ export type MessageRole = (typeof MESSAGE_ROLES)[number];
 
 /** The longest idempotency key a send takes (characters). */
 export const MAX_IDEMPOTENCY_KEY_LENGTH = 200;
-
-import type { InputPolicy } from '../defaults.ts';
-export { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type InputPolicy } from '../defaults.ts';
 
 export const JOB_STATE = {
   created: 'created',

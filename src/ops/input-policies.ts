@@ -8,19 +8,11 @@
  */
 import { isValidActorPart, parseActorKey } from '../actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
-import {
-  clearInputPolicy,
-  defaultInputPolicy,
-  effectiveInputPolicy,
-  listInputPolicies,
-  setInputPolicy,
-  type EffectiveInputPolicy,
-  type InputPolicyRow,
-} from '../db/input-policies.ts';
+import { clearInputPolicy, defaultInputPolicy, listInputPolicies, setInputPolicy, type InputPolicyRow } from '../db/input-policies.ts';
 import { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type InputPolicy } from '../db/views.ts';
 import { CorralError } from '../errors.ts';
 
-export { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type EffectiveInputPolicy, type InputPolicy };
+export { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type InputPolicy };
 
 /** An agent (every session of it, `sessionId` null) or one actor. */
 export interface PolicyTarget {
@@ -65,7 +57,8 @@ export interface PolicyView {
   updatedAt: string;
 }
 
-const targetText = (t: PolicyTarget) => (t.sessionId === null ? t.agentUid : `${t.agentUid}/${t.sessionId}`);
+/** `agent` or `agent/session`. */
+export const targetText = (t: PolicyTarget): string => (t.sessionId === null ? t.agentUid : `${t.agentUid}/${t.sessionId}`);
 
 const viewOf = (r: InputPolicyRow): PolicyView => ({
   target: targetText(r),
@@ -75,13 +68,12 @@ const viewOf = (r: InputPolicyRow): PolicyView => ({
   updatedAt: r.updatedAt.toISOString(),
 });
 
-/** Sets the policy of `target` (checked input). Returns it, and the policy it replaced (null: none of its own). */
+/** Sets the policy of `target` (checked input: `parsePolicyTarget`, `parsePolicy`). Returns it, and the policy it replaced (null: none of its own). */
 export async function setPolicy(
   db: DbOrTx,
   target: PolicyTarget,
   policy: InputPolicy,
 ): Promise<PolicyView & { previous: InputPolicy | null }> {
-  parsePolicy(policy);
   const r = await setInputPolicy(db, target.agentUid, target.sessionId, policy);
   return { ...viewOf(r), previous: r.previous };
 }
@@ -97,9 +89,4 @@ export async function clearPolicy(db: DbOrTx, target: PolicyTarget): Promise<Inp
   const had = await clearInputPolicy(db, target.agentUid, target.sessionId);
   if (had === null) throw new CorralError('nothing_matched', `${targetText(target)} has no input policy of its own`);
   return had;
-}
-
-/** The policy an actor's sends follow now, and where it comes from. */
-export function policyOf(db: DbOrTx, agentUid: string, sessionId: string): Promise<EffectiveInputPolicy> {
-  return effectiveInputPolicy(db, agentUid, sessionId);
 }

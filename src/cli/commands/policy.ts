@@ -67,7 +67,7 @@ export async function runPolicyClear(config: Config, target: string, io: Io): Pr
   const t = ops.parsePolicyTarget(target);
   const had = await withDatabase(config, (db) => ops.clearPolicy(db, t));
   const now = t.sessionId === null ? 'the default' : "its agent's, else the default";
-  io.out.write(`input policy of ${t.sessionId === null ? t.agentUid : `${t.agentUid}/${t.sessionId}`}: ${now} (was: ${had})\n`);
+  io.out.write(`input policy of ${ops.targetText(t)}: ${now} (was: ${had})\n`);
   return 0;
 }
 
