@@ -265,7 +265,9 @@ export class Daemon {
     if (!this.deps.skipMigrations) await migrateDatabase(this.deps.databaseUrl);
     await this.boss.start();
     await ensureQueues(this.boss, this.config);
-    this.fetchHeads = keyHeadFetch(this.database.pool, this.queues, await queueTable(this.database.pool, this.queues));
+    // a batch's events share a turn_start's room for one event (B1 of src/db/batches.ts)
+    const batchBytes = Math.floor(this.config.maxMessageBytes / 2);
+    this.fetchHeads = keyHeadFetch(this.database.pool, this.queues, await queueTable(this.database.pool, this.queues), batchBytes);
     await this.broker.start();
     await this.recordHeartbeat();
     if (this.security) {

@@ -37,10 +37,20 @@ export const STOP_WITH_PARENT_ENV = 'CORRAL_STOP_WITH_PARENT';
 
 /**
  * What happens to an event sent while its actor is busy (a turn runs or events wait): `queue`
- * takes it as a turn of its own, after the others; `reject` refuses it (`actor_busy`). The
- * stored values also admit `coalesce` and `interrupt`, which nothing sets yet.
+ * takes it as a turn of its own, after the others; `coalesce` takes it with every other event
+ * waiting into the actor's next turn; `interrupt` cancels the running turn and gives the next one
+ * the interrupted events with the new ones; `reject` refuses it (`actor_busy`).
  */
 export const INPUT_POLICIES = ['queue', 'coalesce', 'interrupt', 'reject'] as const;
 export type InputPolicy = (typeof INPUT_POLICIES)[number];
+/** The policies whose turns take a batch of events (`corral.actor_batch`, src/db/batches.ts). */
+export const BATCHING_POLICIES = ['coalesce', 'interrupt'] as const satisfies readonly InputPolicy[];
 /** The policies a policy may be set to today. */
-export const AVAILABLE_INPUT_POLICIES = ['queue', 'reject'] as const satisfies readonly InputPolicy[];
+export const AVAILABLE_INPUT_POLICIES = ['queue', 'coalesce', 'reject'] as const satisfies readonly InputPolicy[];
+
+/** The most events one turn takes (a policy's `max-events` is at most this). */
+export const MAX_BATCH_EVENTS = 100;
+/** A batching policy's `max-events` when it sets none. */
+export const DEFAULT_BATCH_EVENTS = 20;
+/** The longest debounce and max-wait a policy may set (one hour, in ms). */
+export const MAX_DEBOUNCE_MS = 3_600_000;

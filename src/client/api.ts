@@ -9,6 +9,7 @@ import type { Logger } from '../logger.ts';
 import type {
   ActorStatus,
   InputPolicy,
+  InputPolicyOptions,
   CommittedTurnView,
   DrizzleExecutable,
   PgQueryable,
@@ -160,6 +161,8 @@ export interface InputPolicySet {
   /** `agent` or `agent/session`. */
   target: string;
   policy: InputPolicy;
+  /** A batching policy's options as stored (absent ones take the default). */
+  options: InputPolicyOptions;
   /** The policy it replaced; null when the target had none of its own. */
   previous: InputPolicy | null;
 }
@@ -181,10 +184,11 @@ export interface Corral {
   actor(actor: ActorRef, opts?: ActorOptions): Promise<ActorStatus>;
   /**
    * Sets what an event sent while the actor is busy does, for an agent (every session) or one actor
-   * (which wins over its agent's): `queue`, or `reject` (`send` then fails with `actor_busy` and
-   * enqueues nothing). Decides the sends after it; events already sent are not touched.
+   * (which wins over its agent's): `queue`; `coalesce` (a turn takes every event waiting, in order,
+   * bounded and optionally debounced by `options`); or `reject` (`send` then fails with
+   * `actor_busy` and enqueues nothing). Decides the sends after it; events already sent are not touched.
    */
-  setInputPolicy(target: PolicyTargetRef, policy: InputPolicy): Promise<InputPolicySet>;
+  setInputPolicy(target: PolicyTargetRef, policy: InputPolicy, options?: InputPolicyOptions): Promise<InputPolicySet>;
   /** Removes the target's own policy (its agent's, else the default, applies again); resolves to the one it had, `nothing_matched` when none. */
   clearInputPolicy(target: PolicyTargetRef): Promise<InputPolicy>;
   /** Steers the live turn of `actor` (`not_found` when none runs); `data` is at most 6,900 bytes of JSON. */

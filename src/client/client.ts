@@ -17,8 +17,17 @@ import { DEFAULT_LINGER_MS, TurnListener } from '../db/turn-listener.ts';
 import { CorralError } from '../errors.ts';
 import { unstorableReason } from '../json-safety.ts';
 import { silentLogger, type Logger } from '../logger.ts';
-import { clearPolicy, parsePolicy, parsePolicyTarget, setPolicy, type InputPolicy } from '../ops/input-policies.ts';
+import {
+  batchOptionsFrom,
+  checkBatchOptions,
+  clearPolicy,
+  parsePolicy,
+  parsePolicyTarget,
+  setPolicy,
+  type InputPolicy,
+} from '../ops/input-policies.ts';
 import { actorStatus, type ActorStatus } from '../ops/status.ts';
+import type { InputPolicyOptions } from '../db/views.ts';
 import { cancelTurn, steerTurn } from '../ops/turn-control.ts';
 import { toJsonPayload } from '../queue/event-job.ts';
 import { queuesOf } from '../queue/names.ts';
@@ -133,10 +142,12 @@ class CorralClient implements Corral {
     return actorStatus(this.database.db, this.queues, toActorKey(actor), limits);
   }
 
-  async setInputPolicy(target: PolicyTargetRef, policy: InputPolicy): Promise<InputPolicySet> {
+  async setInputPolicy(target: PolicyTargetRef, policy: InputPolicy, options: InputPolicyOptions = {}): Promise<InputPolicySet> {
     this.open();
-    const set = await setPolicy(this.database.db, policyTargetOf(target), parsePolicy(String(policy)));
-    return { target: set.target, policy: set.policy, previous: set.previous };
+    const p = parsePolicy(String(policy));
+    const checked = checkBatchOptions(p, batchOptionsFrom(options));
+    const set = await setPolicy(this.database.db, policyTargetOf(target), p, checked);
+    return { target: set.target, policy: set.policy, options: set.options, previous: set.previous };
   }
 
   async clearInputPolicy(target: PolicyTargetRef): Promise<InputPolicy> {

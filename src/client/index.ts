@@ -38,6 +38,7 @@ export {
   INPUT_POLICIES,
   AVAILABLE_INPUT_POLICIES,
   type InputPolicy,
+  type InputPolicyOptions,
   TURN_CHANNELS,
   TURN_EVENT_KINDS,
   turnChannelOf,

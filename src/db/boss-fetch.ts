@@ -38,16 +38,26 @@ import type { Queues } from './boss-jobs.ts';
 import { claimStatement, insertTargetOf, queueTable, type BossSqlRunner } from './boss-internals.ts';
 import { sqlState } from '../errors.ts';
 import type { Queryable } from './prepared.ts';
+import { ACTOR_BATCH_FUNCTION, actorBatchFunctionSql, BATCHING_POSSIBLE, type BatchMember } from './batches.ts';
+import { DEFAULT_MAX_MESSAGE_BYTES } from '../defaults.ts';
 
 export { claimStatement, queueTable };
 
 /** The function the claim runs in (one per database: corral's schema holds one deployment). */
 export const CLAIM_FUNCTION = 'corral.claim_actor_events';
+export const CLAIM_SIGNATURE = `${CLAIM_FUNCTION}(text, integer, integer)`;
+/** The byte budget of a batch when the caller names none: half of the default CORRAL_MAX_MESSAGE_BYTES. */
+const DEFAULT_BATCH_BYTES = DEFAULT_MAX_MESSAGE_BYTES / 2;
 
 /** The planner settings the claim is planned under (see above): the plans they leave are bounded by the batch. */
 export const CLAIM_PLANNER_SETTINGS = { enable_sort: 'off', enable_seqscan: 'off', enable_bitmapscan: 'off' } as const;
 
-/** `CREATE OR REPLACE FUNCTION corral.claim_actor_events(queue text, lim integer)`: the claim on `schema`.`table`. */
+/**
+ * `CREATE OR REPLACE FUNCTION corral.claim_actor_events(queue text, lim integer, batch_bytes integer)`:
+ * the claim on `schema`.`table`, each claimed job with the batch that goes with it (src/db/batches.ts:
+ * null for a turn of one event, and never looked for while no batching policy applies and the job
+ * is a first attempt).
+ */
 export function claimFunctionSql(schema: string, table: string): string {
   const settings = Object.entries(CLAIM_PLANNER_SETTINGS)
     .map(([k, v]) => `SET ${k} = ${v}`)
@@ -55,13 +65,23 @@ export function claimFunctionSql(schema: string, table: string): string {
   const quote = '$corral_claim$';
   const body = claimStatement(schema, table);
   if (body.includes(quote)) throw new Error(`the claim holds ${quote}`);
-  return `CREATE OR REPLACE FUNCTION ${CLAIM_FUNCTION}(queue text, lim integer)
-RETURNS TABLE (id uuid, retry_count integer, data jsonb)
+  return `${actorBatchFunctionSql(schema, table)}
+
+DROP FUNCTION IF EXISTS ${CLAIM_FUNCTION}(text, integer);
+
+CREATE OR REPLACE FUNCTION ${CLAIM_FUNCTION}(queue text, lim integer, batch_bytes integer DEFAULT ${DEFAULT_BATCH_BYTES})
+RETURNS TABLE (id uuid, retry_count integer, data jsonb, batch jsonb)
 LANGUAGE plpgsql VOLATILE ${settings}
 AS ${quote}
 #variable_conflict use_column
+DECLARE
+  batching boolean := ${BATCHING_POSSIBLE};
 BEGIN
-  RETURN QUERY ${body};
+  RETURN QUERY WITH c AS (${body})
+  SELECT c.id, c.retry_count, c.data,
+         CASE WHEN batching OR c.retry_count > 0
+              THEN ${ACTOR_BATCH_FUNCTION}(queue, c.id, c.retry_count, c.data, batching, batch_bytes) END
+    FROM c;
 END
 ${quote};`;
 }
@@ -80,7 +100,7 @@ export async function installClaimFunction(db: BossSqlRunner, q: Pick<Queues, 's
   if (!target) return false;
   const text = claimFunctionSql(q.schema, target.table);
   const mark = MARK + createHash('sha256').update(text).digest('hex').slice(0, 32);
-  const signature = `${CLAIM_FUNCTION}(text, integer)`;
+  const signature = CLAIM_SIGNATURE;
   const current = await db.executeSql(`select obj_description(to_regprocedure('${signature}'), 'pg_proc') as mark`);
   if ((current.rows[0] as { mark?: string | null } | undefined)?.mark === mark) return true;
   // one simple query: one implicit transaction, serialised between daemons starting together
@@ -94,21 +114,35 @@ export interface ClaimedJob<T = unknown> {
   id: string;
   retryCount: number;
   data: T;
+  /** The events after this one its turn takes (src/db/batches.ts), in order; absent for one event. */
+  batch?: BatchMember[];
 }
 
 /** A fetch of up to `limit` key heads of the actor queue, claimed for this caller. */
 export type KeyHeadFetch = <T>(limit: number) => Promise<ClaimedJob<T>[]>;
 
-/** Binds the claim (installed by `installClaimFunction`) to a connection pool and the queue's table (see `queueTable`). */
-export function keyHeadFetch(db: Queryable, q: Pick<Queues, 'schema' | 'events'>, table: string): KeyHeadFetch {
+/**
+ * Binds the claim (installed by `installClaimFunction`) to a connection pool and the queue's table
+ * (see `queueTable`); `batchBytes` is a batch's byte budget (B1 of src/db/batches.ts).
+ */
+export function keyHeadFetch(
+  db: Queryable,
+  q: Pick<Queues, 'schema' | 'events'>,
+  table: string,
+  batchBytes: number = DEFAULT_BATCH_BYTES,
+): KeyHeadFetch {
   // the function embeds the table; `table` names the statement so a moved queue gets a new one
-  const text = `select id, retry_count, data from ${CLAIM_FUNCTION}($1, $2)`;
+  const text = `select id, retry_count, data, batch from ${CLAIM_FUNCTION}($1, $2, $3)`;
   const name = `corral_fetch:${q.schema}.${table}`;
   return async <T>(limit: number): Promise<ClaimedJob<T>[]> => {
     if (limit <= 0) return [];
     try {
-      const res = await db.query<{ id: string; retry_count: number; data: T }>({ name, text, values: [q.events, limit] });
-      return res.rows.map((r) => ({ id: r.id, retryCount: r.retry_count, data: r.data }));
+      const res = await db.query<{ id: string; retry_count: number; data: T; batch: BatchMember[] | null }>({
+        name,
+        text,
+        values: [q.events, limit, batchBytes],
+      });
+      return res.rows.map((r) => ({ id: r.id, retryCount: r.retry_count, data: r.data, ...(r.batch ? { batch: r.batch } : {}) }));
     } catch (e) {
       if (sqlState(e) === '23505') return [];
       throw e;

@@ -270,6 +270,54 @@ export function claimStatement(schema: string, table: string): string {
 }
 
 /**
+ * S13: a batch's members (src/db/batches.ts): the key's queued, unblocked, due jobs after `head`,
+ * in the head order (so that one entry after another of index `job_i10` serves it), at most
+ * `lim`. Rows: `id`, `data`. Their `key` and `head` are the statement's PL/pgSQL variables; the
+ * queue's name is `queue`, the limit `lim`.
+ */
+export function batchMembersStatement(schema: string, table: string): string {
+  const s = pg.escapeIdentifier(schema);
+  const t = `${s}.${pg.escapeIdentifier(table)}`;
+  return `select m.${J.id}, m.${J.data} from ${t} m
+   where m.${J.name} = queue and m.${J.singleton_key} = key and m.${J.id} <> head
+     and m.${J.state} < '${S.active}' and not m.${J.blocked} and m.${J.policy} = '${KEY_STRICT_FIFO}'
+     and m.${J.start_after} <= ${s}.${BOSS_NOW}()
+   order by m.${J.state} desc, m.${J.created_on}, m.${J.id}
+   limit lim`;
+}
+
+/**
+ * S14: a debounce window (src/db/batches.ts, B5), on the key's queued jobs that a debounce holds
+ * (not due yet, marked `debounced` in corral's data), through index `job_i10` and `job_i8` like
+ * the busy probe: `running` whether a job of the key is active, waiting to retry or failed (its
+ * turn runs: no window); `first` the oldest held job's `created_on`; `move` sets their
+ * `start_after` to `due`. PL/pgSQL variables: `queue`, `key`, `due`.
+ */
+export function debounceStatements(schema: string, table: string): { running: string; first: string; move: string; now: string } {
+  const s = pg.escapeIdentifier(schema);
+  const t = `${s}.${pg.escapeIdentifier(table)}`;
+  const held = (a: string) =>
+    `${a}.${J.name} = queue and ${a}.${J.singleton_key} = key and ${a}.${J.state} < '${S.active}' and not ${a}.${J.blocked}
+     and ${a}.${J.policy} = '${KEY_STRICT_FIFO}' and ${a}.${J.start_after} > ${s}.${BOSS_NOW}() and ${a}.${J.data} ? 'debounced'`;
+  return {
+    now: `${s}.${BOSS_NOW}()`,
+    running: `select 1 from ${t} b where b.${J.name} = queue and b.${J.singleton_key} = key
+     and b.${J.state} in ${stateList(HOLDING_STATES)} and b.${J.policy} = '${KEY_STRICT_FIFO}'`,
+    first: `select w.${J.created_on} from ${t} w where ${held('w')}
+   order by w.${J.state} desc, w.${J.created_on}, w.${J.id} limit 1`,
+    move: `update ${t} u set ${J.start_after} = due
+   where u.${J.name} = queue and u.${J.id} in (
+     select w.${J.id} from ${t} w where ${held('w')} order by w.${J.state} desc, w.${J.created_on}, w.${J.id})`,
+  };
+}
+
+/** S13: whether job `id` of `queue` is still queued (created: a batch member no one has taken). */
+export function jobQueuedStatement(schema: string, table: string, id: string): string {
+  const t = `${pg.escapeIdentifier(schema)}.${pg.escapeIdentifier(table)}`;
+  return `select 1 from ${t} q where q.${J.name} = queue and q.${J.id} = ${id} and q.${J.state} = '${S.created}'`;
+}
+
+/**
  * S5: what the claim copies from pg-boss's `key_strict_fifo` fetch (`fetchNextJob`), each as both
  * statements contain it once whitespace and letter case are set aside (`schema` as written in
  * them, e.g. `"pgboss"`). The test holds both statements to every one.

@@ -328,6 +328,17 @@ export async function makeLastAttempt(tx: DbOrTx, schema: string, queue: string,
 }
 
 /**
+ * S7 for a queued job (a batch member, src/db/batches.ts B4): its next failure is its last, so
+ * pg-boss's unfenced `fail` dead-letters it. False when it is no longer queued.
+ */
+export async function makeQueuedLastAttempt(tx: DbOrTx, schema: string, queue: string, id: string): Promise<boolean> {
+  const res = await tx.execute(sql`
+    update ${job(schema)} set ${c.retry_limit} = ${c.retry_count}
+     where ${c.name} = ${queue} and ${c.id} = ${id} and ${c.state} = ${st.created}`);
+  return (res.rowCount ?? 0) > 0;
+}
+
+/**
  * S12: stamps pg-boss's maintenance claim on `queues` (now, by pg-boss's clock), so its daily walk
  * of every job does not run on them: corral's retention sweep maintains them.
  */

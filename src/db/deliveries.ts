@@ -63,6 +63,17 @@ export async function getDelivery(db: DbOrTx, deliveryId: string): Promise<Deliv
 }
 
 /** The pg-boss attempt (retryCount) the latest delivery of `eventId` under `activationUid` carries. */
+/** The other events of the batch the latest delivery of `eventId` under `activationUid` carried, in order ([] for one event). */
+export async function latestBatchOf(db: DbOrTx, activationUid: string, eventId: string): Promise<string[]> {
+  const rows = await db
+    .select({ ids: deliveries.coalesced })
+    .from(deliveries)
+    .where(and(eq(deliveries.activationUid, activationUid), eq(deliveries.eventId, eventId)))
+    .orderBy(sql`${deliveries.createdAt} desc`)
+    .limit(1);
+  return rows[0]?.ids ?? [];
+}
+
 export async function latestJobRetryCount(db: DbOrTx, activationUid: string, eventId: string): Promise<number | undefined> {
   const rows = await db
     .select({ n: deliveries.jobRetryCount })

@@ -48,8 +48,7 @@ export async function eventStatus(db: DbOrTx, q: Queues, eventId: string): Promi
     )
     select
       (select cv.agent_uid || '/' || cv.session_id
-         from corral.turns t join corral.conversations cv on cv.id = t.conversation_id
-        where t.event_id = ${eventId}::uuid and t.status = 'succeeded') as committed_actor,
+         from ${committedTurnRows(eventId)} t join corral.conversations cv on cv.id = t.conversation_id) as committed_actor,
       (select state from ev) as state,
       (select actor from ev) as actor,
       (select cancelled from ev) as cancelled,
@@ -74,6 +73,19 @@ export async function eventStatus(db: DbOrTx, q: Queues, eventId: string): Promi
   return { state: 'unknown', actor: undefined, jobState };
 }
 
+/**
+ * The succeeded turn of `eventId` as a subquery (at most one row): the turn of the event itself,
+ * else the batch that took it after its head (src/db/batches.ts; index `turns_coalesced_succeeded`).
+ */
+function committedTurnRows(eventId: string) {
+  const member = JSON.stringify([{ event_id: eventId.toLowerCase() }]);
+  return sql`(select * from (
+      select t.* from corral.turns t where t.event_id = ${eventId}::uuid and t.status = 'succeeded'
+      union all
+      select t.* from corral.turns t
+       where t.coalesced @> ${member}::jsonb and t.status = 'succeeded' and t.coalesced is not null) x limit 1)`;
+}
+
 /** The succeeded turn of `eventId` (undefined: none). */
 export async function committedTurnOf(db: DbOrTx, eventId: string): Promise<CommittedTurnView | undefined> {
   const res = await db.execute<{
@@ -94,10 +106,9 @@ export async function committedTurnOf(db: DbOrTx, eventId: string): Promise<Comm
   }>(sql`
     select t.id as turn_id, cv.agent_uid, cv.session_id, t.actor_epoch, t.attempt, t.worker_id, t.started_at, t.finished_at,
            t.output, t.emitted, m.seq, m.role, m.content, m.created_at
-      from corral.turns t
+      from ${committedTurnRows(eventId)} t
       join corral.conversations cv on cv.id = t.conversation_id
       left join corral.messages m on m.turn_id = t.id
-     where t.event_id = ${eventId}::uuid and t.status = 'succeeded'
      order by m.seq`);
   const first = res.rows[0];
   if (!first) return undefined;

@@ -34,7 +34,17 @@ import {
   uuid,
   type SQL,
 } from './orm.ts';
-import { ACTIVATION_LIVE, ACTIVATION_STATUSES, INPUT_POLICIES, TURN_STATUSES, MESSAGE_ROLES, MAX_IDEMPOTENCY_KEY_LENGTH } from './views.ts';
+import {
+  ACTIVATION_LIVE,
+  ACTIVATION_STATUSES,
+  BATCHING_POLICIES,
+  INPUT_POLICIES,
+  MAX_BATCH_EVENTS,
+  MAX_DEBOUNCE_MS,
+  TURN_STATUSES,
+  MESSAGE_ROLES,
+  MAX_IDEMPOTENCY_KEY_LENGTH,
+} from './views.ts';
 import { ACTOR_PART } from '../actor-key.ts';
 
 export const corral = pgSchema('corral');
@@ -46,7 +56,7 @@ export { ACTIVATION_LIVE, ACTIVATION_STATUSES, TURN_STATUSES, MESSAGE_ROLES, MAX
 export const ACTIVATION_ENDED = ['stopped', 'failed'] as const;
 export type { ActivationStatus, TurnStatus, MessageRole } from './views.ts';
 /** Turns that finished (every status but `started`). */
-export const TURN_FINISHED = ['succeeded', 'failed', 'cancelled'] as const;
+export const TURN_FINISHED = ['succeeded', 'failed', 'cancelled', 'interrupted'] as const;
 
 export const DELIVERY_LIVE = ['created', 'sent', 'accepted'] as const;
 /** Live deliveries their worker has not (yet, durably) accepted. */
@@ -144,6 +154,12 @@ export const turns = corral.table(
     emitted: jsonb('emitted'),
     /** Steering inputs applied to this turn, in order: `[{ revision, input }]` (see docs/protocol.md §9). */
     steers: jsonb('steers'),
+    /**
+     * The events this turn took after its own (`event_id`), in order, when it took a batch (input
+     * policy `coalesce`, src/db/batches.ts): `[{ event_id, data, enqueued_at }]`; null for one event.
+     * Each becomes a `user` message after the turn's own on commit.
+     */
+    coalesced: jsonb('coalesced'),
     startedAt: tz('started_at').notNull().defaultNow(),
     finishedAt: tz('finished_at'),
   },
@@ -157,7 +173,11 @@ export const turns = corral.table(
       .on(t.startedAt)
       .where(sql`status = 'started'`),
     // transcript retention: a conversation's finished turns by age (src/db/transcript-retention.ts)
-    index('turns_finished').on(t.conversationId, t.finishedAt).where(inList('status', TURN_FINISHED)),
+    index('turns_ended').on(t.conversationId, t.finishedAt).where(inList('status', TURN_FINISHED)),
+    // the committed turn of an event it took as part of a batch (src/db/event-status.ts)
+    index('turns_coalesced_succeeded')
+      .using('gin', sql`${t.coalesced} jsonb_path_ops`)
+      .where(sql`status = 'succeeded' and coalesced is not null`),
     check('turns_status', inList('status', TURN_STATUSES)),
   ],
 );
@@ -235,6 +255,8 @@ export const deliveries = corral.table(
     /** pg-boss attempt fence: the job is settled as `{ id: event_id, retryCount }`. */
     jobRetryCount: integer('job_retry_count').notNull(),
     workerId: text('worker_id'),
+    /** The events the turn takes after `event_id`, in order (a batch, src/db/batches.ts); null for one event. */
+    coalesced: uuid('coalesced').array(),
     state: text('state', { enum: DELIVERY_STATES }).notNull(),
     stateReason: text('state_reason'),
     createdAt: tz('created_at').notNull().defaultNow(),
@@ -375,10 +397,25 @@ export const inputPolicies = corral.table(
     /** '' for every session of the agent. */
     sessionId: text('session_id').notNull().default(''),
     policy: text('policy', { enum: INPUT_POLICIES }).notNull(),
+    /** A batching policy's options (null: the default): see src/db/input-policies.ts, P4. */
+    debounceMs: integer('debounce_ms'),
+    maxWaitMs: integer('max_wait_ms'),
+    maxEvents: integer('max_events'),
+    maxBytes: integer('max_bytes'),
     updatedAt: tz('updated_at').notNull().defaultNow(),
   },
   (t) => [
     primaryKey({ columns: [t.agentUid, t.sessionId] }),
+    check('input_policies_debounce', sql.raw(`debounce_ms between 1 and ${MAX_DEBOUNCE_MS}`)),
+    check('input_policies_max_wait', sql.raw(`max_wait_ms between 1 and ${MAX_DEBOUNCE_MS} and max_wait_ms >= coalesce(debounce_ms, 0)`)),
+    check('input_policies_max_events', sql.raw(`max_events between 1 and ${MAX_BATCH_EVENTS}`)),
+    check('input_policies_max_bytes', sql`max_bytes > 0`),
+    check(
+      'input_policies_batching',
+      sql.raw(
+        `policy in ${listText(BATCHING_POLICIES)} or (debounce_ms is null and max_wait_ms is null and max_events is null and max_bytes is null)`,
+      ),
+    ),
     check('input_policies_policy', inList('policy', INPUT_POLICIES)),
     check('input_policies_agent_uid', sql.raw(`agent_uid ~ '${ACTOR_PART.source}'`)),
     check('input_policies_session_id', sql.raw(`session_id = '' or session_id ~ '${ACTOR_PART.source}'`)),

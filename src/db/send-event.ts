@@ -44,6 +44,7 @@ import {
   type InsertTarget,
 } from './boss-internals.ts';
 import { runStatement, type StatementTarget } from './executor.ts';
+import { DEBOUNCE_FUNCTION, debounceFunctionSql, DUE_CHANNEL } from './batches.ts';
 import { sql } from './orm.ts';
 import { AVAILABLE_INPUT_POLICIES, MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, SEND_ERRORS, type InputPolicy } from './views.ts';
 
@@ -169,6 +170,9 @@ DECLARE
   -- E5: whether any policy is set (else every actor has the default), and the keys sent to so far
   policies boolean := EXISTS (SELECT 1 FROM corral.input_policies);
   policy text;
+  debounce integer;
+  max_wait integer;
+  due timestamptz;
   sent text[] := '{}';
 BEGIN
   IF events IS NULL OR jsonb_typeof(events) <> 'array' THEN
@@ -246,10 +250,21 @@ BEGIN
       END IF;
     END IF;
     policy := ${lit(s.inputPolicy)};
+    debounce := NULL;
     IF policies THEN
-      policy := coalesce((SELECT p.policy FROM corral.input_policies p
-                           WHERE p.agent_uid = agent AND p.session_id IN (session, '')
-                           ORDER BY p.session_id DESC LIMIT 1), policy);
+      SELECT p.policy, p.debounce_ms, p.max_wait_ms INTO policy, debounce, max_wait
+        FROM corral.input_policies p
+       WHERE p.agent_uid = agent AND p.session_id IN (session, '')
+       ORDER BY p.session_id DESC LIMIT 1;
+      IF NOT FOUND THEN
+        policy := ${lit(s.inputPolicy)};
+      END IF;
+    END IF;
+    -- E6: a debounce holds an idle actor's events (B5 of src/db/batches.ts)
+    due := NULL;
+    IF debounce IS NOT NULL THEN
+      PERFORM pg_advisory_xact_lock(${BUSY_LOCK_CLASS}, hashtext(actor));
+      due := ${DEBOUNCE_FUNCTION}(${lit(s.queueName)}, actor, debounce, max_wait);
     END IF;
     IF policy = 'reject' THEN
       PERFORM pg_advisory_xact_lock(${BUSY_LOCK_CLASS}, hashtext(actor));
@@ -261,7 +276,13 @@ BEGIN
     IF ${s.inputPolicy === 'reject' ? 'true' : 'policies'} THEN
       sent := array_append(sent, actor);
     END IF;
-    jobs := array_append(jobs, ${payload});
+    IF due IS NULL THEN
+      jobs := array_append(jobs, ${payload});
+    ELSE
+      jobs := array_append(jobs, jsonb_set(${payload}, '{data,debounced}', 'true')
+                                 || jsonb_build_object('startAfter', to_char(due AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')));
+      PERFORM pg_notify(${lit(DUE_CHANNEL)}, ceil(extract(epoch from due - clock_timestamp()) * 1000)::bigint::text);
+    END IF;
     fresh := fresh + 1;
     ord := i;
     event_id := new_id;
@@ -290,7 +311,8 @@ END
 $corral_send_one$;`;
   const defaultPolicy = `CREATE OR REPLACE FUNCTION corral.default_input_policy() RETURNS text
 LANGUAGE sql IMMUTABLE AS $corral_policy$ SELECT ${lit(s.inputPolicy)}::text $corral_policy$;`;
-  return [insert, NEXT_EVENT_ID, actorBusy, defaultPolicy, sendEvents, sendEvent].join('\n\n');
+  const debounceDue = debounceFunctionSql(s.bossSchema, target.table);
+  return [insert, NEXT_EVENT_ID, actorBusy, debounceDue, defaultPolicy, sendEvents, sendEvent].join('\n\n');
 }
 
 /** The comment that names the generated text's digest (so an unchanged one is not replaced). */

@@ -30,7 +30,7 @@
  *     most `limit` turns, with their messages.
  *  R6 A pass with nothing due reads index ranges: the agent's conversations
  *     (`conversations_actor`) and, in each, the finished turns older than the window
- *     (`turns_finished`, on conversation and `finished_at`). The cutoff and the agent are
+ *     (`turns_ended`, on conversation and `finished_at`). The cutoff and the agent are
  *     literals, so a generic plan sees how few rows they select.
  *  R7 A pass reads the agent's conversations only when something may be due: after draining an
  *     agent it records `due_at`, when its oldest finished turn left will pass the window

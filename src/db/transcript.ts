@@ -4,6 +4,7 @@
  * (src/db/turn-rows.ts) in the fenced commit, or by `recordCancelledInput` in a cancel, which
  * holds the live activation's lock and completes the job.
  */
+import type { BatchMember } from './batches.ts';
 import { and, asc, eq, sql } from './orm.ts';
 import type { ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from './client.ts';
@@ -123,9 +124,10 @@ export async function orphanedStartedTurns(db: DbOrTx, limit = 100): Promise<Tur
 }
 
 /** The event payload recorded on the turn of `deliveryId`. */
-export async function turnInput(db: DbOrTx, deliveryId: string): Promise<unknown> {
-  const rows = await db.select({ input: turns.input }).from(turns).where(eq(turns.deliveryId, deliveryId));
-  return rows[0]?.input;
+export async function turnInput(db: DbOrTx, deliveryId: string): Promise<{ input: unknown; coalesced: BatchMember[] | undefined }> {
+  const rows = await db.select({ input: turns.input, coalesced: turns.coalesced }).from(turns).where(eq(turns.deliveryId, deliveryId));
+  const coalesced = rows[0]?.coalesced;
+  return { input: rows[0]?.input, coalesced: Array.isArray(coalesced) ? (coalesced as BatchMember[]) : undefined };
 }
 
 export async function actorOfConversation(db: DbOrTx, conversationId: string): Promise<ActorKey | undefined> {

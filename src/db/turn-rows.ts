@@ -17,6 +17,7 @@ import { fromRawRow, prefixedColumns, toDate } from './rows.ts';
 import { contextLinesOf, type ContextLimits } from './history.ts';
 import { activations, ACTIVATION_LIVE, DELIVERY_LIVE, DELIVERY_UNACCEPTED, onKeyedRow, sqlList } from './schema.ts';
 import { notifyTurnsCte, turnsNotified } from './turn-events.ts';
+import type { BatchMember } from './batches.ts';
 
 const LIVE = sqlList(ACTIVATION_LIVE);
 const DELIVERY_LIVE_LIST = sqlList(DELIVERY_LIVE);
@@ -25,7 +26,7 @@ const UNACCEPTED = sqlList(DELIVERY_UNACCEPTED);
 /**
  * The rows every begun turn gets, as CTEs over `w` (one row per turn: agent_uid, session_id,
  * conv_id, delivery_id, turn_id, activation_uid, actor_epoch, event_id, revision,
- * job_retry_count, worker_id, input): `conv` its conversation (created on first use), `d` the
+ * job_retry_count, worker_id, input, coalesced: its batch's other events, src/db/batches.ts): `conv` its conversation (created on first use), `d` the
  * delivery carrying the fence (`sent` when it has a worker: its turn_start goes out right after
  * the statement; `created` while it waits for one), `t` the `started` turn.
  */
@@ -40,16 +41,20 @@ const TURN_ROWS = sql.raw(`conv_new as (
       select c.id, c.agent_uid, c.session_id, c.next_seq, c.pruned_through from corral.conversations c join w using (agent_uid, session_id)
     ), d as (
       insert into corral.deliveries
-        (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state)
+        (delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id, state,
+         coalesced)
       select delivery_id, activation_uid, agent_uid, session_id, actor_epoch, event_id, revision, job_retry_count, worker_id,
-             case when worker_id is null then 'created' else 'sent' end
+             case when worker_id is null then 'created' else 'sent' end,
+             case when coalesced is not null
+                  then array(select (m->>'event_id')::uuid from jsonb_array_elements(coalesced) with ordinality as x(m, n) order by n) end
         from w
       returning delivery_id
     ), t as (
       insert into corral.turns
-        (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, worker_id, input)
+        (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, worker_id, input,
+         coalesced)
       select w.turn_id, conv.id, w.event_id, d.delivery_id, 'started', w.activation_uid, w.actor_epoch, w.revision,
-             w.job_retry_count + 1, w.worker_id, w.input->'v'
+             w.job_retry_count + 1, w.worker_id, w.input->'v', w.coalesced
         from w join conv using (agent_uid, session_id) join d using (delivery_id)
       returning delivery_id
     )`);
@@ -60,10 +65,13 @@ const STARTED_NOTIFY = notifyTurnsCte(
   '(select w.agent_uid, w.session_id, w.event_id, w.actor_epoch as epoch, w.job_retry_count + 1 as attempt from w join t using (delivery_id))',
 );
 
-/** And of each committed one. */
+/** And of each committed one: of each event it took. */
 const COMMITTED_NOTIFY = notifyTurnsCte(
   'committed',
-  '(select c.agent_uid, c.session_id, t.event_id, t.actor_epoch as epoch, t.attempt from t join c on c.id = t.conversation_id)',
+  `(select c.agent_uid, c.session_id, t.event_id, t.actor_epoch as epoch, t.attempt from t join c on c.id = t.conversation_id
+    union all
+    select c.agent_uid, c.session_id, (b->>'event_id')::uuid, t.actor_epoch, t.attempt
+      from t join c on c.id = t.conversation_id, jsonb_array_elements(t.coalesced) as b)`,
 );
 
 /** One fetched job to begin (at most one per actor in a batch). */
@@ -73,6 +81,8 @@ export interface BeginInput {
   jobRetryCount: number;
   workerId: string | null;
   input: unknown;
+  /** The events after this one the turn takes, in order (src/db/batches.ts); absent for one event. */
+  coalesced?: BatchMember[] | undefined;
   /**
    * What the daemon already knows of the actor's conversation, whose messages it holds from
    * `firstSeq` (`nextSeq` when none) to `nextSeq - 1`: its context is read only when the
@@ -133,6 +143,7 @@ export async function beginTurnsMany(
       worker_id: j.workerId,
       // wrapped, so that a JSON null stays a JSON null (a recordset turns it into SQL NULL)
       input: { v: j.input ?? null },
+      coalesced: j.coalesced ?? null,
       known_conv: j.known?.conversationId ?? null,
       known_seq: j.known?.nextSeq ?? null,
       known_first: j.known?.firstSeq ?? null,
@@ -184,12 +195,12 @@ export async function beginTurnsMany(
     with i as (
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
         agent_uid text, session_id text, event_id uuid, activation_uid uuid, lease_id uuid, delivery_id uuid,
-        turn_id uuid, conv_id uuid, job_retry_count int, worker_id text, input jsonb, known_conv uuid, known_seq int,
-        known_first int)
+        turn_id uuid, conv_id uuid, job_retry_count int, worker_id text, input jsonb, coalesced jsonb, known_conv uuid,
+        known_seq int, known_first int)
     ), ${activationsOf}
     ), w as (
       select i.agent_uid, i.session_id, i.event_id, i.delivery_id, i.turn_id, i.conv_id, i.job_retry_count, i.worker_id, i.input,
-             i.known_conv, i.known_seq, i.known_first, a.activation_uid, a.actor_epoch, a.revision
+             i.coalesced, i.known_conv, i.known_seq, i.known_first, a.activation_uid, a.actor_epoch, a.revision
         from i join a using (agent_uid, session_id)
     ), ${TURN_ROWS}, n as (
       ${STARTED_NOTIFY}
@@ -225,6 +236,7 @@ export interface TurnRowsInput {
   jobRetryCount: number;
   workerId: string | null;
   input: unknown;
+  coalesced?: BatchMember[] | undefined;
 }
 
 /**
@@ -249,6 +261,7 @@ export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInpu
     worker_id: r.workerId,
     // wrapped, so that a JSON null stays a JSON null (a recordset turns it into SQL NULL)
     input: { v: r.input ?? null },
+    coalesced: r.coalesced ?? null,
   }));
   const written = await executeNamed<{ delivery_id: string }>(
     tx,
@@ -257,7 +270,7 @@ export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInpu
     with w as (
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
         delivery_id uuid, turn_id uuid, conv_id uuid, activation_uid uuid, agent_uid text, session_id text,
-        actor_epoch bigint, event_id uuid, revision int, job_retry_count int, worker_id text, input jsonb)
+        actor_epoch bigint, event_id uuid, revision int, job_retry_count int, worker_id text, input jsonb, coalesced jsonb)
     ), ${TURN_ROWS}
     select delivery_id from t`,
   );
@@ -323,8 +336,9 @@ export async function commitTurnRowsMany(
              output = i.output->'v'
         from i
        where tu.delivery_id = i.delivery_id and ${onKeyedRow(sql`tu.status = 'started'`)}
-      returning tu.id, tu.conversation_id, tu.input, tu.delivery_id, tu.event_id, tu.actor_epoch, tu.attempt, i.activation_uid,
-                i.messages, 1 + jsonb_array_length(i.messages) as count
+      returning tu.id, tu.conversation_id, tu.input, tu.coalesced, tu.delivery_id, tu.event_id, tu.actor_epoch, tu.attempt,
+                i.activation_uid, i.messages, coalesce(jsonb_array_length(tu.coalesced), 0) as batched,
+                1 + coalesce(jsonb_array_length(tu.coalesced), 0) + jsonb_array_length(i.messages) as count
     ), c as (
       update corral.conversations cv
          set next_seq = cv.next_seq + t.count, updated_at = now()
@@ -335,7 +349,11 @@ export async function commitTurnRowsMany(
       select t.delivery_id, t.id as turn_id, t.conversation_id, t.count, 1::bigint as ord, 'user'::text as role,
              coalesce(t.input, 'null'::jsonb) as content from t
       union all
-      select t.delivery_id, t.id, t.conversation_id, t.count, x.ord + 1, x.elem->>'role', x.elem->'content'
+      -- a batch's other events, each a user message of its own, in order (src/db/batches.ts)
+      select t.delivery_id, t.id, t.conversation_id, t.count, b.ord + 1, 'user', coalesce(b.elem->'data', 'null'::jsonb)
+        from t, jsonb_array_elements(t.coalesced) with ordinality as b(elem, ord)
+      union all
+      select t.delivery_id, t.id, t.conversation_id, t.count, t.batched + x.ord + 1, x.elem->>'role', x.elem->'content'
         from t, jsonb_array_elements(t.messages) with ordinality as x(elem, ord)
     ), mi as (
       -- each turn's messages, numbered at the end of its conversation: what m inserts, and what the

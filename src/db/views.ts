@@ -10,13 +10,34 @@ import type { ActorKey } from '../actor-key.ts';
 import type { InputPolicy } from '../defaults.ts';
 import type { ErrorCode } from '../errors.ts';
 
-export { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type InputPolicy } from '../defaults.ts';
+export {
+  AVAILABLE_INPUT_POLICIES,
+  BATCHING_POLICIES,
+  DEFAULT_BATCH_EVENTS,
+  INPUT_POLICIES,
+  MAX_BATCH_EVENTS,
+  MAX_DEBOUNCE_MS,
+  type InputPolicy,
+} from '../defaults.ts';
 
 export const ACTIVATION_LIVE = ['starting', 'active', 'draining'] as const;
 export const ACTIVATION_STATUSES = [...ACTIVATION_LIVE, 'stopped', 'failed'] as const;
 export type ActivationStatus = (typeof ACTIVATION_STATUSES)[number];
 
-export const TURN_STATUSES = ['started', 'succeeded', 'failed', 'cancelled'] as const;
+/**
+ * A batching input policy's options (`coalesce`): each absent one takes its default. `debounceMs`:
+ * an idle actor's turn begins once no new event came for this long; `maxWaitMs`: but no later
+ * than this after the first event waiting; `maxEvents` (1-100, default 20) and `maxBytes` (of
+ * the events' JSON; default what a turn_start holds): the most one turn takes.
+ */
+export interface InputPolicyOptions {
+  debounceMs?: number;
+  maxWaitMs?: number;
+  maxEvents?: number;
+  maxBytes?: number;
+}
+
+export const TURN_STATUSES = ['started', 'succeeded', 'failed', 'cancelled', 'interrupted'] as const;
 export type TurnStatus = (typeof TURN_STATUSES)[number];
 
 export const MESSAGE_ROLES = ['user', 'assistant', 'tool'] as const;
@@ -184,7 +205,7 @@ export interface ActorStatus {
   epochCounter: number;
   blockedByEventId: string | null;
   /** What an event sent to it while it is busy does (src/db/input-policies.ts, P1). */
-  inputPolicy: { policy: InputPolicy; from: 'actor' | 'agent' | 'default' };
+  inputPolicy: { policy: InputPolicy; options: InputPolicyOptions; from: 'actor' | 'agent' | 'default' };
   activation: ActivationView | null;
   pendingEvents: PendingJob[];
   recentTurns: TurnView[];

@@ -17,6 +17,7 @@
 import { z } from 'zod';
 import { FENCE_REASONS } from '../errors.ts';
 import { MAX_JSON_DEPTH, pruneDeepJson, unstorableReason } from '../json-safety.ts';
+import { MAX_BATCH_EVENTS } from '../defaults.ts';
 
 export const PROTOCOL_VERSION = 1;
 export { DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PROGRESS_INTERVAL_MS } from '../defaults.ts';
@@ -366,11 +367,18 @@ export const turnContextSchema = z.object({
 });
 export type TurnContextWire = z.infer<typeof turnContextSchema>;
 
+const turnEventSchema = z.object({ id: z.string().min(1), data: json, enqueued_at: isoTime });
+
 export const turnStartSchema = z.object({
   v,
   type: z.literal('turn_start'),
   turn_ref: turnRefSchema,
-  event: z.object({ id: z.string().min(1), data: json, enqueued_at: isoTime }),
+  event: turnEventSchema,
+  /**
+   * A turn that takes a batch (input policy `coalesce`): every event of it, in enqueue order,
+   * `event` first; absent when the turn takes one event.
+   */
+  events: z.array(turnEventSchema).min(2).max(MAX_BATCH_EVENTS).optional(),
   attempt: z.int().min(1),
   lease_expires_at: isoTime,
   context: turnContextSchema.optional(),

@@ -8,11 +8,26 @@
  */
 import { isValidActorPart, parseActorKey } from '../actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
-import { clearInputPolicy, defaultInputPolicy, listInputPolicies, setInputPolicy, type InputPolicyRow } from '../db/input-policies.ts';
-import { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type InputPolicy } from '../db/views.ts';
+import {
+  clearInputPolicy,
+  defaultInputPolicy,
+  listInputPolicies,
+  setInputPolicy,
+  type BatchOptions,
+  type InputPolicyRow,
+} from '../db/input-policies.ts';
+import {
+  AVAILABLE_INPUT_POLICIES,
+  BATCHING_POLICIES,
+  INPUT_POLICIES,
+  MAX_BATCH_EVENTS,
+  MAX_DEBOUNCE_MS,
+  type InputPolicy,
+} from '../db/views.ts';
 import { CorralError } from '../errors.ts';
+import { parseDurationMs } from './duration.ts';
 
-export { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type InputPolicy };
+export { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type InputPolicy, type BatchOptions };
 
 /** An agent (every session of it, `sessionId` null) or one actor. */
 export interface PolicyTarget {
@@ -48,12 +63,90 @@ export function parsePolicy(text: string): InputPolicy {
   );
 }
 
+/** A batching policy's options as the CLI writes them (durations like `300ms`, `5s`). */
+export interface BatchOptionsText {
+  debounce?: string;
+  maxWait?: string;
+  maxEvents?: string;
+  maxBytes?: string;
+}
+
+const invalid = (message: string) => new CorralError('invalid_argument', message);
+
+/** The CLI's options, parsed; `invalid_argument` for a bad value (then `checkBatchOptions`). */
+export function parseBatchOptions(policy: InputPolicy, text: BatchOptionsText): BatchOptions {
+  const count = (v: string, flag: string) => {
+    if (!/^\d+$/.test(v.trim())) throw invalid(`invalid ${flag} ${JSON.stringify(v)}: expected a whole number`);
+    return Number(v.trim());
+  };
+  const options: BatchOptions = {
+    ...(text.debounce === undefined ? {} : { debounceMs: Math.round(parseDurationMs(text.debounce, '--debounce duration')) }),
+    ...(text.maxWait === undefined ? {} : { maxWaitMs: Math.round(parseDurationMs(text.maxWait, '--max-wait duration')) }),
+    ...(text.maxEvents === undefined ? {} : { maxEvents: count(text.maxEvents, '--max-events') }),
+    ...(text.maxBytes === undefined ? {} : { maxBytes: count(text.maxBytes, '--max-bytes') }),
+  };
+  return checkBatchOptions(policy, options);
+}
+
+const OPTION_KEYS = ['debounceMs', 'maxWaitMs', 'maxEvents', 'maxBytes'] as const;
+
+/** An application's options object, checked for its shape (then `checkBatchOptions`); `invalid_argument` otherwise. */
+export function batchOptionsFrom(value: unknown): BatchOptions {
+  if (value === undefined || value === null) return {};
+  if (typeof value !== 'object' || Array.isArray(value)) throw invalid('input policy options are an object');
+  const out: BatchOptions = {};
+  for (const [k, v] of Object.entries(value as Record<string, unknown>)) {
+    if (!(OPTION_KEYS as readonly string[]).includes(k)) {
+      throw invalid(`unknown input policy option ${JSON.stringify(k)}: expected ${OPTION_KEYS.join(', ')}`);
+    }
+    if (v === undefined) continue;
+    if (typeof v !== 'number' || !Number.isInteger(v))
+      throw invalid(`input policy option ${k} is a whole number, not ${JSON.stringify(v)}`);
+    out[k as (typeof OPTION_KEYS)[number]] = v;
+  }
+  return out;
+}
+
+/** `options` if `policy` takes them and they are in range; `invalid_argument` otherwise. */
+export function checkBatchOptions(policy: InputPolicy, options: BatchOptions): BatchOptions {
+  const given = Object.entries(options).filter(([, v]) => v !== undefined);
+  if (given.length === 0) return {};
+  if (!(BATCHING_POLICIES as readonly string[]).includes(policy)) {
+    throw invalid(`input policy ${policy} takes no options (debounce, max-wait, max-events and max-bytes are coalesce's)`);
+  }
+  const { debounceMs, maxWaitMs, maxEvents, maxBytes } = options;
+  const within = (v: number | undefined, lo: number, hi: number) => v === undefined || (Number.isInteger(v) && v >= lo && v <= hi);
+  if (!within(debounceMs, 1, MAX_DEBOUNCE_MS)) throw invalid(`a debounce is 1 ms to 1 h, not ${debounceMs} ms`);
+  if (!within(maxWaitMs, 1, MAX_DEBOUNCE_MS)) throw invalid(`a max-wait is 1 ms to 1 h, not ${maxWaitMs} ms`);
+  if (maxWaitMs !== undefined && debounceMs === undefined) throw invalid('a max-wait bounds a debounce: set a debounce too');
+  if (maxWaitMs !== undefined && debounceMs !== undefined && maxWaitMs < debounceMs) {
+    throw invalid(`the max-wait (${maxWaitMs} ms) is shorter than the debounce (${debounceMs} ms)`);
+  }
+  if (!within(maxEvents, 1, MAX_BATCH_EVENTS)) throw invalid(`max-events is 1 to ${MAX_BATCH_EVENTS}, not ${maxEvents}`);
+  if (!within(maxBytes, 1, 2 ** 31 - 1)) throw invalid(`max-bytes is a positive number of bytes, not ${maxBytes}`);
+  return Object.fromEntries(given) as BatchOptions;
+}
+
+/** The options as one line: `debounce 300ms, max-wait 5000ms, max-events 20` ('' for none). */
+export function optionsText(o: BatchOptions): string {
+  return [
+    o.debounceMs === undefined ? '' : `debounce ${o.debounceMs}ms`,
+    o.maxWaitMs === undefined ? '' : `max-wait ${o.maxWaitMs}ms`,
+    o.maxEvents === undefined ? '' : `max-events ${o.maxEvents}`,
+    o.maxBytes === undefined ? '' : `max-bytes ${o.maxBytes}`,
+  ]
+    .filter(Boolean)
+    .join(', ');
+}
+
 export interface PolicyView {
   /** `agent` or `agent/session`. */
   target: string;
   agentUid: string;
   sessionId: string | null;
   policy: InputPolicy;
+  /** A batching policy's options (absent ones take the default). */
+  options: BatchOptions;
   updatedAt: string;
 }
 
@@ -65,6 +158,7 @@ const viewOf = (r: InputPolicyRow): PolicyView => ({
   agentUid: r.agentUid,
   sessionId: r.sessionId,
   policy: r.policy,
+  options: r.options,
   updatedAt: r.updatedAt.toISOString(),
 });
 
@@ -73,8 +167,9 @@ export async function setPolicy(
   db: DbOrTx,
   target: PolicyTarget,
   policy: InputPolicy,
+  options: BatchOptions = {},
 ): Promise<PolicyView & { previous: InputPolicy | null }> {
-  const r = await setInputPolicy(db, target.agentUid, target.sessionId, policy);
+  const r = await setInputPolicy(db, target.agentUid, target.sessionId, policy, checkBatchOptions(policy, options));
   return { ...viewOf(r), previous: r.previous };
 }
 

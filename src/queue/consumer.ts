@@ -16,6 +16,7 @@ import type { Clock } from '../clock.ts';
 import { errorMessage, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import type { ActorEventJobData } from './events.ts';
+import { DUE_CHANNEL, type BatchMember } from '../db/batches.ts';
 
 /**
  * How long capacity wake-ups gather before one fetch (see `wakeForCapacity`). Slots now free one
@@ -24,10 +25,19 @@ import type { ActorEventJobData } from './events.ts';
  */
 const CAPACITY_COALESCE_MS = 1;
 
+/** Due wake-ups: their granularity, a little slack past the due time, and how many may wait at once. */
+const DUE_WAKE_SLOT_MS = 10;
+const DUE_WAKE_SLACK_MS = 5;
+const MAX_DUE_TIMERS = 10_000;
+/** Farther than an hour (the longest debounce): the poll finds it. */
+const MAX_DUE_WAKE_MS = 3_600_000;
+
 export interface ConsumedJob {
   id: string;
   retryCount: number;
   data: ActorEventJobData;
+  /** The events after this one its turn takes, in order (src/db/batches.ts); absent for one event. */
+  batch?: BatchMember[];
 }
 
 export interface ConsumerOptions {
@@ -127,17 +137,51 @@ export class QueueConsumer {
     const db = this.opts.boss.getDb();
     if (typeof db.listen !== 'function') return undefined;
     try {
-      return await db.listen(
+      const jobs = await db.listen(
         bossNotifyChannel(this.opts.bossSchema),
         (payload) => {
           if (notifiesQueue(payload, this.opts.queueName)) this.wake();
         },
         () => this.wake(),
       );
+      // a debounced send says when its batch is due (B5 of src/db/batches.ts)
+      const due = await db
+        .listen(
+          DUE_CHANNEL,
+          (payload) => this.wakeIn(Number(payload)),
+          () => this.wake(),
+        )
+        .catch(() => undefined);
+      return {
+        close: async () => {
+          for (const t of this.dueTimers.values()) t.cancel();
+          this.dueTimers.clear();
+          await Promise.all([jobs.close(), due?.close()]);
+        },
+      };
     } catch (e) {
       this.log.warn({ err: toError(e).message }, 'LISTEN unavailable; polling only');
       return undefined;
     }
+  }
+
+  /** Wake-ups asked for by debounced sends, by the 10 ms slot they fall in (so many sends share one). */
+  private readonly dueTimers = new Map<number, { cancel(): void }>();
+
+  /** Wakes the loop `ms` from now (a debounced batch falls due), unless that is beyond the next poll anyway. */
+  private wakeIn(ms: number): void {
+    if (!Number.isFinite(ms) || ms < 0 || ms > MAX_DUE_WAKE_MS) return;
+    const at = this.opts.clock.nowMs() + ms + DUE_WAKE_SLACK_MS;
+    const slot = Math.ceil(at / DUE_WAKE_SLOT_MS);
+    if (this.dueTimers.has(slot) || this.dueTimers.size >= MAX_DUE_TIMERS) return;
+    const timer = this.opts.clock.setTimeout(
+      () => {
+        this.dueTimers.delete(slot);
+        this.wake();
+      },
+      slot * DUE_WAKE_SLOT_MS - this.opts.clock.nowMs(),
+    );
+    this.dueTimers.set(slot, timer);
   }
 
   private async pause(ms: number, signal: AbortSignal): Promise<void> {

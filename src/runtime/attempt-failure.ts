@@ -24,6 +24,7 @@ import type { ActivationRow } from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
 import { setBlockedBy } from '../db/actors.ts';
+import { makeQueuedLastAttempt } from '../db/boss-jobs.ts';
 import { JOB_STATE } from '../db/boss-internals.ts';
 import { notifyTurnEvents } from '../db/turn-events.ts';
 import { sql } from '../db/orm.ts';
@@ -148,26 +149,55 @@ export class AttemptFailures {
     if (res.affected !== 1) return { deadLettered: false, jobFailed: false };
     const job = await boss.getJobById(jobs.queue, eventId, { db });
     const deadLettered = job?.state === JOB_STATE.failed;
+    const notices = [eventId];
     if (deadLettered) {
       const key = { agentUid: activation.agentUid, sessionId: activation.sessionId };
       if (this.deps.deadLetterMode === 'continue') {
         // The dead-letter copy keeps the event; the failed original would hold the actor's queue.
         await boss.deleteJob(jobs.queue, eventId, { db });
+        notices.push(...(await this.deadLetterMembers(tx, activation.activationUid, eventId, errorRecord, kind)));
       } else {
+        // the batch's other events stay queued behind the failed head (a replay forms the batch again)
         await setBlockedBy(tx, key, eventId);
       }
     }
     // watchers hear of it with the commit (src/db/turn-events.ts)
-    await notifyTurnEvents(tx, [
-      {
-        kind: deadLettered ? 'dead_lettered' : 'failed',
+    await notifyTurnEvents(
+      tx,
+      notices.map((id) => ({
+        kind: deadLettered ? ('dead_lettered' as const) : ('failed' as const),
         agentUid: activation.agentUid,
         sessionId: activation.sessionId,
-        eventId,
+        eventId: id,
         epoch: activation.actorEpoch,
         attempt: retryCount + 1,
-      },
-    ]);
+      })),
+    );
     return { deadLettered, jobFailed: true };
+  }
+
+  /**
+   * B4 of src/db/batches.ts: the other events of a dead-lettered head's batch follow it into the
+   * dead-letter queue, one by one in order (a failed job holds its key: two at once would break
+   * pg-boss's one-per-key index), each deleted from the actor queue as the head was. Returns those moved.
+   */
+  private async deadLetterMembers(
+    tx: Tx,
+    activationUid: string,
+    eventId: string,
+    error: { code: string; message: string },
+    kind: FailureKind,
+  ): Promise<string[]> {
+    const { boss, jobs } = this.deps;
+    const db = fromDrizzle(tx, sql);
+    const moved: string[] = [];
+    for (const id of await deliveries.latestBatchOf(tx, activationUid, eventId)) {
+      if (!(await makeQueuedLastAttempt(tx, jobs.schema, jobs.queue, id))) continue;
+      const res = (await boss.fail(jobs.queue, id, { error, kind, batch_of: eventId }, { db })) as { affected?: number };
+      if (res.affected !== 1) continue;
+      await boss.deleteJob(jobs.queue, id, { db });
+      moved.push(id);
+    }
+    return moved;
   }
 }

@@ -435,6 +435,13 @@ function turnStart(f: InFlightTurn): DaemonMessage {
     attempt: f.started.attempt,
     lease_expires_at: f.started.leaseExpiresAt.toISOString(),
   };
+  // a batch: every event of the turn, in order, its own first (docs/protocol.md §5.4)
+  if (f.started.batch) {
+    msg.events = [
+      msg.event,
+      ...f.started.batch.map((m) => ({ id: m.event_id, data: (m.data ?? null) as never, enqueued_at: m.enqueued_at })),
+    ];
+  }
   // the context goes into the frame as JSON text built once at the begin (src/runtime/context-cache.ts)
   return f.started.contextJson === undefined ? msg : withRawField(msg, 'context', f.started.contextJson);
 }

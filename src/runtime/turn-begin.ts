@@ -19,6 +19,7 @@ import { fenceOf, lockFence, type Fence, type JobTable } from '../db/fence.ts';
 import { DELIVERY_LIVE } from '../db/schema.ts';
 import { CorralError, isConnectionError } from '../errors.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
+import type { BatchMember } from '../db/batches.ts';
 import type { AttemptFailures } from './attempt-failure.ts';
 import { contextJson, knownOf, type ContextCache } from './context-cache.ts';
 import type { Settlement } from './group-writer.ts';
@@ -36,6 +37,8 @@ export interface StartedTurn {
   workerId: string | null;
   /** The conversation so far as the JSON text of turn_start's `context` (src/runtime/context-cache.ts `contextJson`). */
   contextJson?: string | undefined;
+  /** The events after this one the turn takes, in order (src/db/batches.ts); absent for one event. */
+  batch?: BatchMember[] | undefined;
 }
 
 /** A fetched job to begin, and the worker whose slot it holds (null: it waits for one). */
@@ -90,14 +93,9 @@ export class TurnBeginner {
       const { activation, delivery } = await lockFence(tx, this.deps.jobs, fence);
       await deliveries.transitionDelivery(tx, delivery.deliveryId, DELIVERY_LIVE, endState, reason);
       await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: { code: endState, message: reason } });
+      const { input, coalesced } = await transcript.turnInput(tx, delivery.deliveryId);
       const [deliveryId] = await turnRows.insertTurnRowsMany(tx, [
-        {
-          activation,
-          eventId: delivery.eventId,
-          jobRetryCount: delivery.jobRetryCount,
-          workerId: nextWorkerId,
-          input: await transcript.turnInput(tx, delivery.deliveryId),
-        },
+        { activation, eventId: delivery.eventId, jobRetryCount: delivery.jobRetryCount, workerId: nextWorkerId, input, coalesced },
       ]);
       await activations.extendLease(tx, activation.activationUid, this.deps.leaseMs);
       return fenceOf({ ...activation, eventId: delivery.eventId, deliveryId: deliveryId! });
@@ -189,6 +187,7 @@ export class TurnBeginner {
         jobRetryCount: r.job.retryCount,
         workerId: r.workerId,
         input: r.job.data.payload,
+        coalesced: r.job.batch,
         known: knownOf(known[i]),
       })),
       { kind, leaseMs: this.deps.leaseMs, ownerId: this.deps.ownerId, context },
@@ -243,6 +242,7 @@ export class TurnBeginner {
       leaseExpiresAt: activation.leaseExpiresAt,
       workerId,
       ...(contextJson === undefined ? {} : { contextJson }),
+      ...(job.batch ? { batch: job.batch } : {}),
     };
   }
 }

@@ -135,6 +135,8 @@ export class TurnCommits {
       );
       const outcomes: ReplyOutcome[] = [];
       const completions: { id: string; retryCount: number }[] = [];
+      // the other events of batches (B2 of src/db/batches.ts): queued, completed with their head
+      const members: string[] = [];
       const commits: turnRows.CommitRowsInput[] = [];
       const accepts: { deliveryId: string; activationUid: string }[] = [];
       const progress: { index: number; activationUid: string }[] = [];
@@ -174,6 +176,7 @@ export class TurnCommits {
             leaseMs: this.deps.leaseMs,
           });
           completions.push({ id: r.fence.eventId, retryCount: delivery.jobRetryCount });
+          if (delivery.coalesced) members.push(...delivery.coalesced);
           if (r.emit?.length || lateSteer) {
             effects.push({
               deliveryId: delivery.deliveryId,
@@ -209,6 +212,10 @@ export class TurnCommits {
           const settled = new Set(res.settled ?? []);
           throw new BatchNotSettled(completions.map((c) => c.id).filter((id) => !settled.has(id)));
         }
+      }
+      if (members.length > 0) {
+        // a member an operator settled meanwhile (a cancel) stays as it is; the others complete here
+        await this.deps.boss.complete(this.deps.jobs.queue, members, null, { db: fromDrizzle(tx, sql), includeQueued: true });
       }
       return outcomes;
     });

@@ -14,6 +14,9 @@
  * - `{"history": true}`      → reads the whole conversation back through `history.read` (worker
  *   RPC) and reports `history_total`
  * - anything else             → `{ text: "echo: " + JSON.stringify(data) }`
+ * A turn that takes several events (input policy `coalesce`) answers them all in one message:
+ * `echo: ` and each event's text (or its JSON) in order, joined by ` | `; it waits the largest
+ * `delayMs` among them, and fails or emits as its first event asks.
  * A steer received before the reply is included as `steered: <last steer input>`. When the turn
  * continues a conversation, the reply says how many earlier messages it saw in its context
  * (`seen: N`).
@@ -41,10 +44,8 @@ export function createExampleHandler(clock: Clock = systemClock): (ctx: TurnCont
     try {
       const data = ctx.event.data;
       const rec = asRecord(data);
-      const delay = rec?.delayMs;
-      if (typeof delay === 'number' && Number.isFinite(delay) && delay > 0) {
-        await clock.sleep(Math.min(delay, MAX_DELAY_MS), ctx.signal);
-      }
+      const delay = Math.max(0, ...ctx.events.map((e) => delayOf(asRecord(e.data))));
+      if (delay > 0) await clock.sleep(Math.min(delay, MAX_DELAY_MS), ctx.signal);
       ctx.signal.throwIfAborted();
       if (rec?.fail === true) {
         const err = new Error('example worker asked to fail') as Error & { code?: string; retryable?: boolean };
@@ -52,7 +53,7 @@ export function createExampleHandler(clock: Clock = systemClock): (ctx: TurnCont
         if (typeof rec.retryable === 'boolean') err.retryable = rec.retryable;
         throw err;
       }
-      const text = typeof rec?.text === 'string' ? `echo: ${rec.text}` : `echo: ${JSON.stringify(data)}`;
+      const text = `echo: ${ctx.events.map((e) => textOf(e.data)).join(' | ')}`;
       const content: Record<string, JsonValue> = { text };
       if (steered !== undefined) content.steered = steered;
       const seen = ctx.context?.messages.length ?? 0;
@@ -64,6 +65,18 @@ export function createExampleHandler(clock: Clock = systemClock): (ctx: TurnCont
       unsubscribe();
     }
   };
+}
+
+/** An event's `delayMs`, 0 when it asks for none. */
+function delayOf(rec: Record<string, JsonValue> | null): number {
+  const delay = rec?.delayMs;
+  return typeof delay === 'number' && Number.isFinite(delay) && delay > 0 ? delay : 0;
+}
+
+/** What the echo says of one event: its `text`, else its JSON. */
+function textOf(data: JsonValue): string {
+  const rec = asRecord(data);
+  return typeof rec?.text === 'string' ? rec.text : JSON.stringify(data);
 }
 
 /** The effects an example event asks for: `emit` entries and a `remindInMs` timer to its own actor. */

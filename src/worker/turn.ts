@@ -29,6 +29,13 @@ import {
   type WorkerMessage,
 } from '../fabric/protocol.ts';
 
+/** One event a turn answers. */
+export interface TurnEvent {
+  id: string;
+  data: JsonValue;
+  enqueuedAt: string;
+}
+
 /** Called with each steer's input and the new turn_ref (already current when called). */
 export type SteerListener = (input: JsonValue, turnRef: TurnRef) => void;
 
@@ -36,7 +43,12 @@ export type SteerListener = (input: JsonValue, turnRef: TurnRef) => void;
 export interface TurnContext {
   /** The current fence; replaced by every turn_steer. */
   readonly turnRef: TurnRef;
-  readonly event: { id: string; data: JsonValue; enqueuedAt: string };
+  readonly event: TurnEvent;
+  /**
+   * Every event this turn answers, in enqueue order, `event` first: more than one when the actor's
+   * input policy coalesced events that waited (`coalesce`), else just `[event]`.
+   */
+  readonly events: readonly TurnEvent[];
   /** 1 for the first try of this event, then 2, 3, … */
   readonly attempt: number;
   /** Lease expiry as sent by the daemon at turn_start (progress extends it daemon-side). */
@@ -187,6 +199,7 @@ export class RunningTurn {
         return self.ref;
       },
       event: { id: ev.id, data: ev.data, enqueuedAt: ev.enqueued_at },
+      events: (this.start.events ?? [ev]).map((e) => ({ id: e.id, data: e.data, enqueuedAt: e.enqueued_at })),
       attempt: this.start.attempt,
       leaseExpiresAt: this.start.lease_expires_at,
       signal: this.controller.signal,

@@ -36,7 +36,7 @@ const running = (actor: string) =>
 
 describe('input policies', { timeout: 60_000 }, () => {
   it('queue (the default): events sent during a turn each get a turn of their own', async () => {
-    expect((await s.corral.actor('qq/a')).inputPolicy).toEqual({ policy: 'queue', from: 'default' });
+    expect((await s.corral.actor('qq/a')).inputPolicy).toEqual({ policy: 'queue', options: {}, from: 'default' });
     const first = await s.corral.send('qq/a', { text: 'm1', delayMs: 800 });
     await running('qq/a');
     const second = await s.corral.send('qq/a', { text: 'm2' });
@@ -47,7 +47,7 @@ describe('input policies', { timeout: 60_000 }, () => {
 
   it('reject: a send while the turn runs fails with actor_busy and enqueues nothing; an idle actor takes one again', async () => {
     const set = await s.corral.setInputPolicy('rj', 'reject');
-    expect(set).toEqual({ target: 'rj', policy: 'reject', previous: null });
+    expect(set).toEqual({ target: 'rj', policy: 'reject', options: {}, previous: null });
     const first = await s.corral.send('rj/a', { text: 'm1', delayMs: 1_000 }, { idempotencyKey: 'k1' });
     await running('rj/a');
     const e = await refusal(s.corral.send('rj/a', { text: 'm2' }));
@@ -59,7 +59,7 @@ describe('input policies', { timeout: 60_000 }, () => {
       duplicate: true,
     });
     expect((await jobsOf(s.pg, 'rj/a')).map((j) => j.data.payload)).toEqual([{ text: 'm1', delayMs: 1_000 }]);
-    expect((await s.corral.actor('rj/a')).inputPolicy).toEqual({ policy: 'reject', from: 'agent' });
+    expect((await s.corral.actor('rj/a')).inputPolicy).toEqual({ policy: 'reject', options: {}, from: 'agent' });
     // another actor of the agent is idle: it takes its event
     const other = await s.corral.send('rj/b', { text: 'b1' });
     await s.corral.waitForTurn(first.eventId, { timeoutMs: 20_000 });
@@ -86,11 +86,11 @@ describe('input policies', { timeout: 60_000 }, () => {
 
   it("an actor's own policy wins over its agent's, and clearing it brings the agent's back", async () => {
     await s.corral.setInputPolicy('ov', 'reject');
-    expect(await s.corral.setInputPolicy('ov/open', 'queue')).toEqual({ target: 'ov/open', policy: 'queue', previous: null });
+    expect(await s.corral.setInputPolicy('ov/open', 'queue')).toEqual({ target: 'ov/open', policy: 'queue', options: {}, previous: null });
     const first = await s.corral.send('ov/open', { text: 'o1', delayMs: 800 });
     await running('ov/open');
     const second = await s.corral.send('ov/open', { text: 'o2' });
-    expect((await s.corral.actor('ov/open')).inputPolicy).toEqual({ policy: 'queue', from: 'actor' });
+    expect((await s.corral.actor('ov/open')).inputPolicy).toEqual({ policy: 'queue', options: {}, from: 'actor' });
     expect(await s.corral.clearInputPolicy('ov/open')).toBe('queue');
     expect((await refusal(s.corral.send('ov/open', { text: 'o3' }))).code).toBe('actor_busy');
     expect((await refusal(s.corral.clearInputPolicy('ov/open'))).code).toBe('nothing_matched');
@@ -141,7 +141,7 @@ describe('input policies', { timeout: 60_000 }, () => {
     try {
       const first = await r.corral.send('dflt/a', { text: 'd1', delayMs: 600 });
       expect((await refusal(r.corral.send('dflt/a', { text: 'd2' }))).code).toBe('actor_busy');
-      expect((await r.corral.actor('dflt/a')).inputPolicy).toEqual({ policy: 'reject', from: 'default' });
+      expect((await r.corral.actor('dflt/a')).inputPolicy).toEqual({ policy: 'reject', options: {}, from: 'default' });
       await r.corral.setInputPolicy('dflt/a', 'queue');
       const second = await r.corral.send('dflt/a', { text: 'd3' });
       await r.corral.waitForTurn(second.eventId, { timeoutMs: 20_000 });
