@@ -50,8 +50,8 @@ describe('corral policy (CLI)', { timeout: 180_000 }, () => {
     const [table, asJson] = await Promise.all([policy('list'), policy('list', '--json')]);
     expect(table.code, table.stderr).toBe(0);
     const lines = table.stdout.trimEnd().split('\n');
-    expect(lines[0]).toMatch(/^TARGET\s+POLICY\s+UPDATED$/);
-    expect(lines[1]).toMatch(/^support-bot \(every session\)\s+reject\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$/);
+    expect(lines[0]).toMatch(/^TARGET\s+POLICY\s+OPTIONS\s+UPDATED$/);
+    expect(lines[1]).toMatch(/^support-bot \(every session\)\s+reject\s+-\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$/);
     expect(lines[2]).toMatch(/^support-bot\/vip\s+queue\s+/);
     expect(lines[3]).toMatch(/^triage \(every session\)\s+reject\s+/);
     expect(lines[4]).toBe("actors not listed follow their agent's policy, else the default (queue, the daemon's CORRAL_INPUT_POLICY)");
@@ -95,16 +95,24 @@ describe('corral policy (CLI)', { timeout: 180_000 }, () => {
     expect(shown.code, shown.stderr).toBe(0);
     expect(shown.stdout).toContain("input policy: reject (the actor's own)\n");
     const asJson = await corral(['actor', 'busy/two', '--json'], tdb.url);
-    expect(json<{ inputPolicy: unknown }>(asJson).inputPolicy).toEqual({ policy: 'queue', from: 'default' });
+    expect(json<{ inputPolicy: unknown }>(asJson).inputPolicy).toEqual({ policy: 'queue', options: {}, from: 'default' });
   });
 
   it('answers bad input with exit code 2 and a clear message, before the database is touched', async () => {
     // nothing listens there: a command that got past its arguments would fail with exit 1
     const nowhere = { DATABASE_URL: 'postgres://nobody@127.0.0.1:1/none' };
     const cases: [string[], RegExp][] = [
-      [['set', 'agent', 'coalesce'], /input policy coalesce is not available yet: choose one of queue, reject/],
-      [['set', 'agent', 'interrupt'], /input policy interrupt is not available yet/],
-      [['set', 'agent', 'drop'], /unknown input policy "drop": choose one of queue, reject/],
+      [['set', 'agent', 'interrupt'], /input policy interrupt is not available yet: choose one of queue, coalesce, reject/],
+      [['set', 'agent', 'queue', '--debounce', '300ms'], /input policy queue takes no options/],
+      [['set', 'agent', 'coalesce', '--debounce', 'soon'], /invalid --debounce duration "soon"/],
+      [['set', 'agent', 'coalesce', '--max-wait', '5s'], /a max-wait bounds a debounce: set a debounce too/],
+      [
+        ['set', 'agent', 'coalesce', '--debounce', '2s', '--max-wait', '1s'],
+        /the max-wait \(1000 ms\) is shorter than the debounce \(2000 ms\)/,
+      ],
+      [['set', 'agent', 'coalesce', '--max-events', '101'], /max-events is 1 to 100, not 101/],
+      [['set', 'agent', 'coalesce', '--max-events', 'many'], /invalid --max-events "many": expected a whole number/],
+      [['set', 'agent', 'drop'], /unknown input policy "drop": choose one of queue, coalesce, reject/],
       [['set', 'bad agent!', 'reject'], /invalid agent_uid "bad agent!"/],
       [['set', 'agent/bad session', 'reject'], /invalid/],
       [['clear', 'x'.repeat(129)], /invalid agent_uid/],

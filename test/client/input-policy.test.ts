@@ -128,8 +128,8 @@ describe('input policies', { timeout: 60_000 }, () => {
   });
 
   it('bad policies and targets are refused before the database is touched', async () => {
-    expect((await refusal(s.corral.setInputPolicy('x', 'coalesce'))).message).toBe(
-      'input policy coalesce is not available yet: choose one of queue, reject',
+    expect((await refusal(s.corral.setInputPolicy('x', 'interrupt'))).message).toBe(
+      'input policy interrupt is not available yet: choose one of queue, coalesce, reject',
     );
     expect((await refusal(s.corral.setInputPolicy('x', 'nope' as never))).code).toBe('invalid_argument');
     expect((await refusal(s.corral.setInputPolicy('bad key', 'reject'))).code).toBe('invalid_actor_key');

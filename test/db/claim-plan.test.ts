@@ -10,7 +10,7 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULTS } from '../../src/config.ts';
-import { CLAIM_FUNCTION, claimStatement, queueTable } from '../../src/db/boss-fetch.ts';
+import { CLAIM_FUNCTION, CLAIM_SIGNATURE, claimStatement, queueTable } from '../../src/db/boss-fetch.ts';
 import { openDatabase } from '../../src/db/client.ts';
 import { loadFenceRowsMany } from '../../src/db/fence.ts';
 import { queuesOf } from '../../src/queue/names.ts';
@@ -72,7 +72,7 @@ describe('the claim on statistics that see no queued job', () => {
 
   it("under the function's settings the generic plan never sorts or scans the table, and heads come from job_i10", async () => {
     const { rows } = await c.query<{ config: string[] | null }>(`select proconfig as config from pg_proc where oid = $1::regprocedure`, [
-      `${CLAIM_FUNCTION}(text, integer)`,
+      CLAIM_SIGNATURE,
     ]);
     const settings = rows[0]?.config ?? [];
     expect(settings).toEqual(expect.arrayContaining(['enable_sort=off', 'enable_seqscan=off', 'enable_bitmapscan=off']));
@@ -149,6 +149,39 @@ describe('the claim on statistics that see no queued job', () => {
       expect(rows[0]!.busy, key).toBe(busy);
       // a lookup through job_i14 or job_i11 would walk the 20,000 queued jobs
       expect(read, `index entries read for ${key}`).toBeLessThan(20);
+    }
+  });
+
+  it("a coalesce batch (corral.actor_batch) reads its key's entries, not the backlog, and keeps their order", async () => {
+    const t = `${q.schema}.${table}`;
+    const data = (n: number) =>
+      JSON.stringify({ agentUid: 'batch', sessionId: 's1', payload: { n }, enqueuedAt: '2026-01-01T00:00:00.000Z' });
+    const ids: string[] = [];
+    await c.query('begin');
+    try {
+      for (let n = 0; n < 6; n++) {
+        const { rows } = await c.query<{ id: string }>(
+          `insert into ${t} (id, name, data, state, policy, singleton_key, created_on)
+           values (gen_random_uuid(), $1, $2::jsonb, 'created', 'key_strict_fifo', 'batch/s1', now() + $3 * interval '1 ms') returning id`,
+          [q.events, data(n), n],
+        );
+        ids.push(rows[0]!.id);
+      }
+      await c.query(`insert into corral.input_policies (agent_uid, policy, max_events) values ('batch', 'coalesce', 4)`);
+      const before = await reads();
+      const { rows } = await c.query<{ batch: { event_id: string; data: { n: number } }[] }>(
+        'select corral.actor_batch($1, $2, 0, $3::jsonb, true, 1000000) as batch',
+        [q.events, ids[0], data(0)],
+      );
+      const read = (await reads()) - before;
+      expect(
+        rows[0]!.batch.map((m) => m.data.n),
+        'the next three, in order (max-events 4 with the head)',
+      ).toEqual([1, 2, 3]);
+      expect(rows[0]!.batch.map((m) => m.event_id)).toEqual(ids.slice(1, 4));
+      expect(read, 'index entries read for a batch of four').toBeLessThan(20);
+    } finally {
+      await c.query('rollback');
     }
   });
 });
