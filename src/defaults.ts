@@ -46,7 +46,7 @@ export type InputPolicy = (typeof INPUT_POLICIES)[number];
 /** The policies whose turns take a batch of events (`corral.actor_batch`, src/db/batches.ts). */
 export const BATCHING_POLICIES = ['coalesce', 'interrupt'] as const satisfies readonly InputPolicy[];
 /** The policies a policy may be set to today. */
-export const AVAILABLE_INPUT_POLICIES = ['queue', 'coalesce', 'reject'] as const satisfies readonly InputPolicy[];
+export const AVAILABLE_INPUT_POLICIES = ['queue', 'coalesce', 'interrupt', 'reject'] as const satisfies readonly InputPolicy[];
 
 /** The most events one turn takes (a policy's `max-events` is at most this). */
 export const MAX_BATCH_EVENTS = 100;

@@ -16,7 +16,13 @@
  *     transaction that writes them.
  *  B3 A retry takes the batch its event's last attempt took (its turn's `coalesced`), less any
  *     member no longer queued, whatever the policy says now: an attempt is retried as it was.
- *     Only the first attempt of a head forms a batch.
+ *     Only the first attempt of a head forms a batch, and an attempt after an interrupted one
+ *     (B6): its batch is formed again, so the events that interrupted it join.
+ *  B6 `interrupt` is `coalesce` whose batch also ends when an event comes: the daemon running the
+ *     turn ends its attempt unspent (src/runtime/attempt-failure.ts `interrupt`: turn `interrupted`,
+ *     job back to `created`), tells the worker `turn_cancel`, and the next turn takes the
+ *     interrupted events and the new ones, in order. A turn already past its commit is not
+ *     interrupted (the fence decides); with no daemon listening, the events wait as under coalesce.
  *  B4 A batch whose head is dead-lettered sends every member to the dead-letter queue with it
  *     (src/runtime/attempt-failure.ts), in order, so a replay brings them back in order.
  *  B5 A debounce (`debounce_ms`, P4 of src/db/input-policies.ts) holds an idle actor's events:
@@ -67,6 +73,7 @@ DECLARE
   session text := head_data->>'sessionId';
   key text := agent || '/' || session;
   recorded jsonb;
+  last_status text;
   policy text;
   set_events integer;
   set_bytes integer;
@@ -78,12 +85,13 @@ DECLARE
 BEGIN
   IF attempts > 0 THEN
     -- B3: the batch of the event's last attempt (its latest turn), members still queued
-    SELECT t.coalesced INTO recorded
+    SELECT t.coalesced, t.status INTO recorded, last_status
       FROM corral.conversations cv JOIN corral.turns t ON t.conversation_id = cv.id
      WHERE cv.agent_uid = agent AND cv.session_id = session AND t.event_id = head
      ORDER BY t.started_at DESC
      LIMIT 1;
-    IF FOUND THEN
+    -- an interrupted attempt is not retried as it was: its events go with the ones that came
+    IF FOUND AND last_status <> 'interrupted' THEN
       IF recorded IS NULL THEN
         RETURN NULL;
       END IF;

@@ -328,6 +328,18 @@ export async function makeLastAttempt(tx: DbOrTx, schema: string, queue: string,
 }
 
 /**
+ * S15: an interrupted attempt (input policy `interrupt`) gives its job back to the queue without
+ * spending it: state `created` again, as never started (so pg-boss's next claim does not count
+ * an attempt), keeping its place at the head of its key. Only while `active` at `retryCount`.
+ */
+export async function requeueActiveJob(tx: DbOrTx, schema: string, queue: string, id: string, retryCount: number): Promise<boolean> {
+  const res = await tx.execute(sql`
+    update ${job(schema)} set ${c.state} = ${st.created}, ${c.started_on} = null, ${c.heartbeat_on} = null
+     where ${c.name} = ${queue} and ${c.id} = ${id} and ${c.retry_count} = ${retryCount} and ${c.state} = ${st.active}`);
+  return (res.rowCount ?? 0) > 0;
+}
+
+/**
  * S7 for a queued job (a batch member, src/db/batches.ts B4): its next failure is its last, so
  * pg-boss's unfenced `fail` dead-letters it. False when it is no longer queued.
  */

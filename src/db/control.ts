@@ -9,7 +9,15 @@ import type { Fence } from './fence.ts';
 
 export const CONTROL_CHANNEL = 'corral_control';
 
-export type ControlMessage = { kind: 'steer'; fence: Fence; input: unknown } | { kind: 'cancel'; fence: Fence; reason: string };
+/**
+ * `interrupt`: an event (`eventId`) was sent to an actor whose input policy is `interrupt`
+ * (src/db/send-event.ts E7): the daemon running the actor's turn interrupts it, unless the turn
+ * takes that event already.
+ */
+export type ControlMessage =
+  | { kind: 'steer'; fence: Fence; input: unknown }
+  | { kind: 'cancel'; fence: Fence; reason: string }
+  | { kind: 'interrupt'; agentUid: string; sessionId: string; eventId: string };
 
 /** NOTIFY payloads are limited to 8000 bytes; larger steering input travels by reference. */
 export const MAX_NOTIFY_BYTES = 7_900;
@@ -24,6 +32,9 @@ export async function notifyControl(tx: DbOrTx, msg: ControlMessage): Promise<vo
 export function parseControl(payload: string): ControlMessage | undefined {
   try {
     const m = JSON.parse(payload) as ControlMessage;
+    if (m && m.kind === 'interrupt') {
+      return typeof m.agentUid === 'string' && typeof m.sessionId === 'string' && typeof m.eventId === 'string' ? m : undefined;
+    }
     return m && (m.kind === 'steer' || m.kind === 'cancel') && m.fence ? m : undefined;
   } catch {
     return undefined;

@@ -25,6 +25,11 @@
  *     only when it is idle: the send locks the actor's key for the transaction and refuses
  *     (`actor_busy`) while a job of it is unfinished (`corral.actor_busy`) or an earlier event of
  *     the same call went to it. A repeated idempotency key still answers `duplicate` (E4 first).
+ *  E6 an actor whose policy has a debounce (`coalesce`) holds its event while no turn of it runs
+ *     (B5 of src/db/batches.ts: the event and those held already start together, later).
+ *  E7 an event to an actor whose policy is `interrupt` commits a control notification naming it:
+ *     the daemon running the actor's turn, if any, interrupts that turn, and the next one takes
+ *     the interrupted events with this one.
  *
  * Errors carry SQLSTATEs of their own (`SEND_ERRORS`), mapped to corral's error codes by
  * `sendError`. The functions are generated (`sendEventFunctionsSql`) and installed when the
@@ -45,6 +50,7 @@ import {
 } from './boss-internals.ts';
 import { runStatement, type StatementTarget } from './executor.ts';
 import { DEBOUNCE_FUNCTION, debounceFunctionSql, DUE_CHANNEL } from './batches.ts';
+import { CONTROL_CHANNEL } from './control.ts';
 import { sql } from './orm.ts';
 import { AVAILABLE_INPUT_POLICIES, MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, SEND_ERRORS, type InputPolicy } from './views.ts';
 
@@ -275,6 +281,11 @@ BEGIN
     END IF;
     IF ${s.inputPolicy === 'reject' ? 'true' : 'policies'} THEN
       sent := array_append(sent, actor);
+    END IF;
+    IF policy = 'interrupt' THEN
+      -- E7: the daemon running the actor's turn interrupts it (src/db/control.ts)
+      PERFORM pg_notify(${lit(CONTROL_CHANNEL)},
+        json_build_object('kind', 'interrupt', 'agentUid', agent, 'sessionId', session, 'eventId', new_id)::text);
     END IF;
     IF due IS NULL THEN
       jobs := array_append(jobs, ${payload});

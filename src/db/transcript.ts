@@ -45,16 +45,24 @@ export async function finishTurn(
  * their context like any earlier one. Call after `finishTurn(…, 'cancelled')`, in its transaction.
  */
 export async function recordCancelledInput(tx: DbOrTx, deliveryId: string): Promise<void> {
+  // a batch's other events too, each a user message after the turn's own (src/db/batches.ts)
   await tx.execute(sql`
     with t as (
-      select id, conversation_id, input from corral.turns where delivery_id = ${deliveryId} and status = 'cancelled'
+      select id, conversation_id, input, coalesced, 1 + coalesce(jsonb_array_length(coalesced), 0) as count
+        from corral.turns where delivery_id = ${deliveryId} and status = 'cancelled'
     ), c as (
-      update corral.conversations cv set next_seq = cv.next_seq + 1, updated_at = now()
+      update corral.conversations cv set next_seq = cv.next_seq + t.count, updated_at = now()
         from t where cv.id = t.conversation_id
-      returning cv.id, cv.next_seq - 1 as seq
+      returning cv.id, cv.next_seq - t.count as first
+    ), items as (
+      select t.conversation_id, t.id, 1::bigint as ord, coalesce(t.input, 'null'::jsonb) as content from t
+      union all
+      select t.conversation_id, t.id, b.ord + 1, coalesce(b.elem->'data', 'null'::jsonb)
+        from t, jsonb_array_elements(t.coalesced) with ordinality as b(elem, ord)
     )
     insert into corral.messages (conversation_id, turn_id, seq, role, content)
-    select t.conversation_id, t.id, c.seq, 'user', coalesce(t.input, 'null'::jsonb) from t join c on c.id = t.conversation_id`);
+    select items.conversation_id, items.id, c.first + items.ord - 1, 'user', items.content
+      from items join c on c.id = items.conversation_id`);
 }
 
 /** A steer: the turn's new revision, and its input appended to `steers` (a result that misses it makes it the next event). */
@@ -100,7 +108,34 @@ export async function readTranscript(db: DbOrTx, key: ActorKey): Promise<Transcr
     }
     entry.messages.push({ seq: msg.seq, role: msg.role, content: msg.content, createdAt: msg.createdAt });
   }
-  return out;
+  return withInterrupted(db, key, out);
+}
+
+/**
+ * `entries` with the actor's interrupted turns (input policy `interrupt`) in their place by start:
+ * they wrote no message (their events are the next turn's), so only their status shows.
+ */
+async function withInterrupted(db: DbOrTx, key: ActorKey, entries: TranscriptEntry[]): Promise<TranscriptEntry[]> {
+  const rows = await db
+    .select({ turn: turns })
+    .from(turns)
+    .innerJoin(conversations, eq(conversations.id, turns.conversationId))
+    .where(and(eq(conversations.agentUid, key.agentUid), eq(conversations.sessionId, key.sessionId), eq(turns.status, 'interrupted')))
+    .orderBy(asc(turns.startedAt));
+  if (rows.length === 0) return entries;
+  const interrupted: TranscriptEntry[] = rows.map(({ turn }) => ({
+    turnId: turn.id,
+    eventId: turn.eventId,
+    status: turn.status,
+    actorEpoch: turn.actorEpoch,
+    revision: turn.revision,
+    startedAt: turn.startedAt,
+    finishedAt: turn.finishedAt,
+    messages: [],
+    emitted: [],
+  }));
+  // stable: an interrupted turn goes before the turn that began after it
+  return [...entries, ...interrupted].sort((a, b) => a.startedAt.getTime() - b.startedAt.getTime());
 }
 
 function cancelReasonOf(error: unknown): string {

@@ -56,7 +56,8 @@ export async function steerTurn(deps: Pick<TurnControlDeps, 'db'>, key: ActorKey
 /**
  * Cancels the live turn of `key`: the turn is recorded as cancelled with the event's `user`
  * message (so the person sees what they sent), the activation ends (a late result is rejected
- * with `cancelled`) and the event's job completes, so the actor moves on.
+ * with `cancelled`) and the event's job completes, so the actor moves on; so do the jobs of the
+ * other events of its batch, if it took one.
  */
 export async function cancelTurn(deps: TurnControlDeps, key: ActorKey, reason: string): Promise<Fence> {
   return inTransaction(deps.db, async (tx) => {
@@ -75,11 +76,23 @@ export async function cancelTurn(deps: TurnControlDeps, key: ActorKey, reason: s
       { cancelled: true, reason },
       { db: fromDrizzle(tx, sql) },
     );
+    // a batch's other events are the turn's too (src/db/batches.ts): they are cancelled with it
+    const members = delivery.coalesced ?? [];
+    if (members.length > 0) {
+      await deps.boss.complete(deps.queueName, members, { cancelled: true, reason }, { db: fromDrizzle(tx, sql), includeQueued: true });
+    }
     const fence = fenceOf(delivery);
     await notifyControl(tx, { kind: 'cancel', fence, reason });
-    await notifyTurnEvents(tx, [
-      { kind: 'cancelled', ...key, eventId: delivery.eventId, epoch: delivery.actorEpoch, attempt: delivery.jobRetryCount + 1 },
-    ]);
+    await notifyTurnEvents(
+      tx,
+      [delivery.eventId, ...members].map((eventId) => ({
+        kind: 'cancelled' as const,
+        ...key,
+        eventId,
+        epoch: delivery.actorEpoch,
+        attempt: delivery.jobRetryCount + 1,
+      })),
+    );
     return fence;
   });
 }

@@ -24,7 +24,7 @@ import type { ActivationRow } from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
 import { setBlockedBy } from '../db/actors.ts';
-import { makeQueuedLastAttempt } from '../db/boss-jobs.ts';
+import { makeQueuedLastAttempt, requeueActiveJob } from '../db/boss-jobs.ts';
 import { JOB_STATE } from '../db/boss-internals.ts';
 import { notifyTurnEvents } from '../db/turn-events.ts';
 import { sql } from '../db/orm.ts';
@@ -110,6 +110,30 @@ export class AttemptFailures {
         { kind: deadLettered ? 'dead_lettered' : 'failed', ...key, eventId: turn.eventId, epoch: turn.actorEpoch, attempt: turn.attempt },
       ]);
       return { deadLettered, jobFailed: true };
+    });
+  }
+
+  /**
+   * Input policy `interrupt`: an event came while the turn of `fence` runs. Under the activation's
+   * row lock, while that delivery is still live and its job active at its attempt: the activation
+   * ends, its deliveries are superseded and their turns marked `interrupted`, and the job goes back
+   * to the queue unspent (S15 of src/db/boss-internals.ts), so the actor's next turn takes it with
+   * the events that came (its policy batches, src/db/batches.ts). False when the turn had moved on.
+   */
+  async interrupt(fence: Fence): Promise<boolean> {
+    const { jobs } = this.deps;
+    return inTransaction(this.deps.db, async (tx) => {
+      const activation = await activations.lockActivationIf(tx, fence.activationUid, 'live');
+      if (!activation || activation.currentEventId !== fence.eventId) return false;
+      const delivery = await deliveries.liveDeliveryOfEvent(tx, fence.eventId);
+      if (!delivery || delivery.deliveryId !== fence.deliveryId) return false;
+      if (!(await requeueActiveJob(tx, jobs.schema, jobs.queue, fence.eventId, delivery.jobRetryCount))) return false;
+      await activations.endActivation(tx, activation.activationUid, 'failed', 'interrupted');
+      const error = { code: 'interrupted', message: 'interrupted by a newer event (input policy interrupt)' };
+      for (const id of await deliveries.supersedeDeliveriesOf(tx, activation.activationUid, 'interrupted')) {
+        await transcript.finishTurn(tx, id, 'interrupted', { error });
+      }
+      return true;
     });
   }
 

@@ -18,7 +18,7 @@
  *  3. A redirect is fenced: a delivery the watchdog already failed is not redirected.
  *  4. It never touches the socket: it sends through `Transport`, the broker's send queue.
  */
-import type { ActorKey } from '../actor-key.ts';
+import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { TimerHandle } from '../clock.ts';
 import type { ControlMessage } from '../db/control.ts';
 import { FenceRejected, toError } from '../errors.ts';
@@ -392,6 +392,10 @@ export class Dispatcher {
    * turn holds its worker connection; the others ignore it.
    */
   applyControl(msg: ControlMessage): void {
+    if (msg.kind === 'interrupt') {
+      this.interrupt(msg);
+      return;
+    }
     const f = this.turnOf(msg.fence.eventId);
     if (!f || f.fence.deliveryId !== msg.fence.deliveryId) return;
     this.opts.background.track(
@@ -420,10 +424,41 @@ export class Dispatcher {
     this.parkedRetry = null;
   }
 
+  /**
+   * Input policy `interrupt`: event `msg.eventId` came for an actor whose turn runs here. Unless
+   * the turn takes that event already, it is interrupted in the database (AttemptFailures
+   * `interrupt`), its worker told (`turn_cancel`), and its slot freed: the consumer then fetches
+   * the actor's next turn, which takes the interrupted events with the new one.
+   */
+  private interrupt(msg: Extract<ControlMessage, { kind: 'interrupt' }>): void {
+    const key = { agentUid: msg.agentUid, sessionId: msg.sessionId };
+    const controller = this.opts.directory.get(key);
+    if (!controller?.turn) return;
+    this.opts.background.track(
+      controller.run(async () => {
+        const current = controller.turn;
+        if (!current || takesEvent(current, msg.eventId)) return;
+        if (!(await this.opts.retry(() => this.opts.failures.interrupt(current.fence), { actor: controller.name }))) return;
+        const workerId = current.workerId;
+        if (workerId) {
+          await this.tell(workerId, { v: 1, type: 'turn_cancel', turn_ref: toWire(current.fence), reason: 'interrupted' });
+        }
+        this.log.info({ ...fenceFields(current.fence), workerId, by: msg.eventId }, 'turn interrupted');
+        this.settle(current.fence);
+      }),
+      { actor: formatActorKey(key), eventId: msg.eventId },
+    );
+  }
+
   private async tell(workerId: string, msg: DaemonMessage): Promise<void> {
     const res = await this.opts.transport.send(workerId, msg);
     if (!res.ok) this.log.debug({ workerId, type: msg.type, reason: res.reason }, 'message not delivered');
   }
+}
+
+/** Whether the turn takes event `eventId` (its own, or one of its batch). */
+function takesEvent(f: InFlightTurn, eventId: string): boolean {
+  return f.fence.eventId === eventId || (f.started.batch?.some((m) => m.event_id === eventId) ?? false);
 }
 
 function turnStart(f: InFlightTurn): DaemonMessage {

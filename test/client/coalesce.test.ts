@@ -114,6 +114,27 @@ describe('input policy coalesce', { timeout: 60_000 }, () => {
     expect(first.startedAt.getTime() - started, 'the first turn began within max-wait (and the poll)').toBeLessThan(2_400);
   });
 
+  it('interrupt: an event sent during a turn cancels it, and the next turn holds both events', async () => {
+    expect((await s.corral.setInputPolicy('ci', 'interrupt')).policy).toBe('interrupt');
+    const m1 = await s.corral.send('ci/a', { text: 'm1', delayMs: 1_500 });
+    await running('ci/a');
+    const sentAt = Date.now();
+    const m2 = await s.corral.send('ci/a', { text: 'm2' });
+    const turn = await s.corral.waitForTurn(m2.eventId, { timeoutMs: 20_000 });
+    expect((await s.corral.waitForTurn(m1.eventId, { timeoutMs: 1_000 })).turnId, 'one turn answered both').toBe(turn.turnId);
+    const entries = await s.corral.transcript('ci/a');
+    expect(entries.map((e) => [e.status, e.eventId, e.messages.map((m) => (m.content as { text: string }).text)])).toEqual([
+      ['interrupted', m1.eventId, []],
+      ['succeeded', m1.eventId, ['m1', 'm2', 'echo: m1 | m2']],
+    ]);
+    // the interrupted turn's attempt was not spent, and the next one began at once (not after m1's 1.5 s)
+    expect(turn.attempt).toBe(1);
+    expect(turn.startedAt.getTime() - sentAt, 'the next turn began right after the interrupt').toBeLessThan(1_000);
+    const status = await s.corral.actor('ci/a', { turns: 5 });
+    expect(status.recentTurns.map((t) => t.status)).toEqual(expect.arrayContaining(['interrupted', 'succeeded']));
+    expect(await jobStates([m1.eventId, m2.eventId])).toEqual(['completed', 'completed']);
+  });
+
   it('queue is untouched: an actor of another agent still gets one turn per event', async () => {
     await s.corral.send('cq/a', { text: 'q1', delayMs: 800 });
     await running('cq/a');

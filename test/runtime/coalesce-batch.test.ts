@@ -11,6 +11,8 @@ import { actorKey, type ActorKey } from '../../src/actor-key.ts';
 import { readTranscript } from '../../src/db/transcript.ts';
 import { setInputPolicy } from '../../src/db/input-policies.ts';
 import { replayDeadLetters } from '../../src/ops/dead-letters.ts';
+import { cancelTurn } from '../../src/ops/turn-control.ts';
+import { eventStatus } from '../../src/db/event-status.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
@@ -107,6 +109,32 @@ describe('a coalesced batch on the wire', { timeout: 60_000 }, () => {
       sql`select count(*)::int as n from corral.turns where status = 'succeeded' and event_id = any(${sql.param([m1, m2, m3, m4])}::uuid[])`,
     );
     expect(succeeded.rows[0]!.n, 'one succeeded turn per batch').toBe(3);
+  });
+
+  it('a cancel of a batch cancels every event of it, and keeps what the person sent', async () => {
+    const { t, w, db } = await setup();
+    await setInputPolicy(db, 'cc', null, 'coalesce');
+    const key = actorKey('cc', 's');
+    const [m1] = await send(t, key, 'm1');
+    const s1 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === m1);
+    const [m2, m3] = await send(t, key, 'm2', 'm3');
+    await w.send(ok(s1.turn_ref, 'r1'));
+    const s2 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === m2);
+    expect(texts(s2)).toEqual(['m2', 'm3']);
+    await cancelTurn({ db, boss: t.daemon.boss, queueName: t.daemon.queues.events }, key, 'enough');
+    await w.next('turn_cancel', (m) => (m.turn_ref as Ref).delivery_id === (s2.turn_ref as Ref).delivery_id);
+    const [m4] = await send(t, key, 'm4');
+    const s4 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === m4);
+    expect(texts(s4), 'the cancelled batch does not come back').toEqual(['m4']);
+    await w.send(ok(s4.turn_ref, 'r4'));
+    await w.next('turn_committed', (m) => (m.turn_ref as Ref).event_id === m4);
+    const tr = await readTranscript(db, key);
+    expect(tr.map((x) => [x.status, x.messages.map((m) => (m.content as { text: string }).text)])).toEqual([
+      ['succeeded', ['m1', 'r1']],
+      ['cancelled', ['m2', 'm3']],
+      ['succeeded', ['m4', 'r4']],
+    ]);
+    for (const id of [m2!, m3!]) expect((await eventStatus(db, t.daemon.queues, id)).state, id).toBe('cancelled');
   });
 
   it('dead-letters a batch that fails every attempt whole, and a replay brings its events back in order', async () => {
