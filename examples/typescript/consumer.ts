@@ -36,6 +36,7 @@ import {
   type EventInput,
   type InputPolicy,
   type InputPolicySet,
+  type InputPolicyOptions,
   type PolicyTargetRef,
   type SendDb,
   type SendOptions,
@@ -145,6 +146,8 @@ export async function sendAndWait(pgClient: PgQueryable): Promise<CommittedTurn>
     const target: PolicyTargetRef = { agentUid: refKey.agentUid };
     const reject: InputPolicy = AVAILABLE_INPUT_POLICIES.includes('reject') ? 'reject' : INPUT_POLICIES[0];
     const policy: InputPolicySet = await corral.setInputPolicy(target, reject);
+    const batching: InputPolicyOptions = { debounceMs: 300, maxWaitMs: 5_000, maxEvents: 20 };
+    const coalesced: InputPolicySet = await corral.setInputPolicy(target, 'coalesce', batching);
     const before: InputPolicy = await corral.clearInputPolicy(target);
     const steered: SteerResult = await corral.steer(ref, { text: 'also' });
     const cancelled: CancelResult = await corral.cancel(ref);
@@ -153,6 +156,7 @@ export async function sendAndWait(pgClient: PgQueryable): Promise<CommittedTurn>
     const statuses: TurnStatus[] = turns.map((t) => t.status);
     void [
       many,
+      coalesced,
       emitted,
       activation,
       pending,
@@ -224,7 +228,8 @@ const handler: TurnHandler = async (ctx: TurnContext): Promise<TurnOutcome> => {
     const page: HistoryPage = await ctx.history({ limit: 10 });
     const seen: TranscriptMessage[] = page.messages;
     const emit: Emit[] = [{ actor: text, data: { seen: seen.length } }];
-    const data: JsonValue = ctx.event.data;
+    // every event the turn answers (more than one when the actor's policy coalesced them)
+    const data: JsonValue = ctx.events.map((e) => e.data);
     const turnRef: TurnRef = ctx.turnRef;
     void turnRef.actor_epoch;
     return { messages: [{ role: 'assistant', content: { text: `got ${JSON.stringify(data)}` } }], emit };

@@ -73,6 +73,16 @@ describe('corral policy (CLI)', { timeout: 180_000 }, () => {
       'support-bot/*=reject',
       'triage/*=reject',
     ]);
+
+    // coalesce with its options, durations written like 300ms and 5s
+    const co = await policy('set', 'chat', 'coalesce', '--debounce', '300ms', '--max-wait', '5s', '--max-events', '20');
+    expect(co.code, co.stderr).toBe(0);
+    expect(co.stdout).toBe('input policy of chat: coalesce (debounce 300ms, max-wait 5000ms, max-events 20) (was: the default)\n');
+    const stored = (await listInputPolicies(database.db)).find((p) => p.agentUid === 'chat');
+    expect(stored?.options).toEqual({ debounceMs: 300, maxWaitMs: 5_000, maxEvents: 20 });
+    const plain = await policy('set', 'chat', 'interrupt');
+    expect(plain.stdout, 'a set replaces the options too').toBe('input policy of chat: interrupt (was: coalesce)\n');
+    expect((await listInputPolicies(database.db)).find((p) => p.agentUid === 'chat')?.options).toEqual({});
   });
 
   it('corral send exits 4 while a reject actor has an event waiting, enqueueing nothing; corral actor names the policy', async () => {
@@ -102,7 +112,6 @@ describe('corral policy (CLI)', { timeout: 180_000 }, () => {
     // nothing listens there: a command that got past its arguments would fail with exit 1
     const nowhere = { DATABASE_URL: 'postgres://nobody@127.0.0.1:1/none' };
     const cases: [string[], RegExp][] = [
-      [['set', 'agent', 'interrupt'], /input policy interrupt is not available yet: choose one of queue, coalesce, reject/],
       [['set', 'agent', 'queue', '--debounce', '300ms'], /input policy queue takes no options/],
       [['set', 'agent', 'coalesce', '--debounce', 'soon'], /invalid --debounce duration "soon"/],
       [['set', 'agent', 'coalesce', '--max-wait', '5s'], /a max-wait bounds a debounce: set a debounce too/],
@@ -112,7 +121,7 @@ describe('corral policy (CLI)', { timeout: 180_000 }, () => {
       ],
       [['set', 'agent', 'coalesce', '--max-events', '101'], /max-events is 1 to 100, not 101/],
       [['set', 'agent', 'coalesce', '--max-events', 'many'], /invalid --max-events "many": expected a whole number/],
-      [['set', 'agent', 'drop'], /unknown input policy "drop": choose one of queue, coalesce, reject/],
+      [['set', 'agent', 'drop'], /unknown input policy "drop": choose one of queue, coalesce, interrupt, reject/],
       [['set', 'bad agent!', 'reject'], /invalid agent_uid "bad agent!"/],
       [['set', 'agent/bad session', 'reject'], /invalid/],
       [['clear', 'x'.repeat(129)], /invalid agent_uid/],

@@ -128,10 +128,17 @@ describe('input policies', { timeout: 60_000 }, () => {
   });
 
   it('bad policies and targets are refused before the database is touched', async () => {
-    expect((await refusal(s.corral.setInputPolicy('x', 'interrupt'))).message).toBe(
-      'input policy interrupt is not available yet: choose one of queue, coalesce, reject',
+    expect((await refusal(s.corral.setInputPolicy('x', 'nope' as never))).message).toBe(
+      'unknown input policy "nope": choose one of queue, coalesce, interrupt, reject',
     );
-    expect((await refusal(s.corral.setInputPolicy('x', 'nope' as never))).code).toBe('invalid_argument');
+    expect((await refusal(s.corral.setInputPolicy('x', 'reject', { debounceMs: 300 }))).message).toMatch(/reject takes no options/);
+    expect((await refusal(s.corral.setInputPolicy('x', 'coalesce', { debounceMs: '300ms' } as never))).message).toMatch(
+      /debounceMs is a whole number/,
+    );
+    expect((await refusal(s.corral.setInputPolicy('x', 'coalesce', { wait: 1 } as never))).message).toMatch(
+      /unknown input policy option "wait"/,
+    );
+    expect((await refusal(s.corral.setInputPolicy('x', 'coalesce', { maxEvents: 0 }))).message).toMatch(/max-events is 1 to 100/);
     expect((await refusal(s.corral.setInputPolicy('bad key', 'reject'))).code).toBe('invalid_actor_key');
     expect((await refusal(s.corral.setInputPolicy({ agentUid: 'a', sessionId: 'b/c' }, 'reject'))).code).toBe('invalid_actor_key');
   });

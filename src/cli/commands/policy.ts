@@ -18,6 +18,9 @@ Policies:
             default, and --max-bytes of payload); events sent while it runs go to the next turn,
             together. With --debounce, an idle actor's turn begins once no new event came for
             that long, but no later than --max-wait after the first
+  interrupt an event sent while a turn runs interrupts it (the worker is told, its result no
+            longer counts, its attempt is not spent) and the next turn takes the interrupted
+            events with the new one; takes coalesce's options
   reject    while a turn runs or events wait, a send fails with actor_busy (corral send exits 4)
             and nothing is enqueued; an idle actor takes the event
 
@@ -97,13 +100,13 @@ export async function runPolicyClear(config: Config, target: string, io: Io): Pr
 export function registerPolicyCommands(program: Command, config: ConfigFn, run: RunFn, io: Io): void {
   const cmd = program
     .command('policy')
-    .description('input policies: what an event sent to a busy actor does (queue, coalesce, reject), per agent or per actor');
+    .description('input policies: what an event sent to a busy actor does (queue, coalesce, interrupt, reject), per agent or per actor');
 
   cmd
     .command('set')
     .description("set the input policy of an agent (every session) or of one actor (wins over its agent's)")
     .argument('<target>', '<agent_uid> or <agent_uid>/<session_id>')
-    .argument('<policy>', 'queue, coalesce or reject')
+    .argument('<policy>', 'queue, coalesce, interrupt or reject')
     .option('--debounce <duration>', 'coalesce: an idle actor waits this long after each new event (e.g. 300ms)')
     .option('--max-wait <duration>', 'coalesce: but no longer than this after the first (needs --debounce; e.g. 5s)')
     .option('--max-events <n>', 'coalesce: at most this many events in one turn (1-100; default 20)')

@@ -7,6 +7,7 @@ import { parseActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
 import { CorralError } from '../../errors.ts';
 import { errorLine } from '../../ops/dead-letters.ts';
+import { optionsText } from '../../ops/input-policies.ts';
 import { describeActivation } from '../../ops/actor-state.ts';
 import { actorStatus, systemStatus, type SystemStatus } from '../../ops/status.ts';
 import { queuesOf } from '../../queue/names.ts';
@@ -135,7 +136,8 @@ export async function runActorCommand(config: Config, actor: string, opts: { jso
     out.write(`actor ${s.actor}\n`);
     out.write(`epoch counter: ${s.epochCounter}\n`);
     out.write(`blocked: ${s.blockedByEventId ? `yes, by dead-lettered event ${s.blockedByEventId}` : 'no'}\n`);
-    out.write(`input policy: ${s.inputPolicy.policy} (${POLICY_FROM[s.inputPolicy.from]})\n`);
+    const policyOptions = optionsText(s.inputPolicy.options);
+    out.write(`input policy: ${s.inputPolicy.policy}${policyOptions ? `, ${policyOptions}` : ''} (${POLICY_FROM[s.inputPolicy.from]})\n`);
     const a = s.activation;
     if (a) {
       out.write(`activation: ${describeActivation(a, fmtTime)}, current event ${a.currentEventId ?? 'none'}, daemon ${a.ownerId}\n`);
