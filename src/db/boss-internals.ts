@@ -58,8 +58,20 @@
  *     retention sweep, which does their maintenance, stamps `maintain_on` on every pass: pg-boss
  *     claims a queue only when its stamp is a maintenance interval old. pg-boss has no option to
  *     leave one queue's maintenance to its owner.
+ *  S13 Batches (src/db/batches.ts, input policy `coalesce`): `batchMembersStatement` reads a key's
+ *     queued jobs after its head in the head order (`job_i10`), and `jobQueuedStatement` whether a
+ *     recorded member is still `created`. A batch's members complete from `created` through
+ *     pg-boss's public `complete(…, { includeQueued })`; a dead-lettered batch's members get
+ *     `makeQueuedLastAttempt` (S7 for a queued job) and pg-boss's unfenced `fail`, one at a time.
+ *     pg-boss has no "the next jobs of this key" nor a batch fetch for `key_strict_fifo`.
+ *  S14 Debounce (`debounceStatements`, in `corral.debounce_due`): the held jobs of a key (not due,
+ *     marked `debounced` in corral's own data) get one `start_after`; the send gives a new one the
+ *     same through S1's `startAfter`. pg-boss's `sendDebounced` moves a job to a time slot, not a
+ *     key's waiting jobs to the end of a quiet period.
+ *  S15 `requeueActiveJob` (db/boss-jobs.ts): an interrupted attempt's job back to `created` with no
+ *     `started_on`, so the next claim does not count an attempt. pg-boss has no "give back unspent".
  *
- * Tests: test/queue/boss-internals.test.ts checks S1–S12 piece by piece, each failure naming its
+ * Tests: test/queue/boss-internals.test.ts checks S1–S15 piece by piece, each failure naming its
  * piece; test/queue/direct-send.test.ts compares a direct insert with `boss.send`'s row, column by
  * column; test/queue/key-head-fetch.test.ts compares the claim with pg-boss's own fetch on one
  * backlog; test/queue/notify-channel.test.ts compares the channel with pg-boss's SQL expression.

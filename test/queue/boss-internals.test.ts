@@ -44,7 +44,7 @@ import {
   EVENT_JOBS_INSERT_FUNCTION,
 } from '../../src/db/boss-internals.ts';
 import { installSendEvent, sendEventFunctionsSql } from '../../src/db/send-event.ts';
-import { getDeadLetter, holdBossMaintenance, makeLastAttempt } from '../../src/db/boss-jobs.ts';
+import { getDeadLetter, holdBossMaintenance, makeLastAttempt, makeQueuedLastAttempt, requeueActiveJob } from '../../src/db/boss-jobs.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { jobActiveOf } from '../../src/db/fence.ts';
 import { sql } from '../../src/db/orm.ts';
@@ -397,6 +397,60 @@ describe('pg-boss internals (src/db/boss-internals.ts)', () => {
     } finally {
       await client.query('rollback').catch(() => undefined);
       await listener.end();
+    }
+  });
+
+  it('S13–S15: a batch is read off the key in order, completed or dead-lettered from created, and an interrupted attempt requeued unspent', async () => {
+    const key = actorKey('internals', 'batch');
+    const jobs = [0, 1, 2, 3].map((n) => actorEventJob(key, { n }, DEFAULTS.maxEventBytes));
+    for (const [i, j] of jobs.entries()) {
+      await boss.send(q.events, j.data as unknown as object, {
+        id: j.id,
+        singletonKey: j.singletonKey,
+        // the last one is not due yet (a reminder): a batch leaves it out
+        ...(i === 3 ? { startAfter: 3600 } : {}),
+        db: { executeSql: (text: string, values?: unknown[]) => client.query(text, values) },
+      });
+    }
+    await client.query(`insert into corral.input_policies (agent_uid, session_id, policy) values ('internals', 'batch', 'coalesce')`);
+    try {
+      const head = (await keyHeadFetch(client, q, table)(100)).find((j) => j.id === jobs[0]!.id);
+      expect(head?.batch?.map((m) => m.event_id), 'S13: the due jobs after the head, in order').toEqual([jobs[1]!.id, jobs[2]!.id]);
+      expect(head?.batch?.map((m) => m.data)).toEqual([{ n: 1 }, { n: 2 }]);
+      const state = async (id: string) => (await one<{ s: string }>(`select state::text as s from ${schema}.job where id = $1`, [id])).s;
+      expect(await state(jobs[1]!.id), 'S13: members stay created while the head runs').toBe(JOB_STATE.created);
+
+      // S15: the head back to the queue unspent; the next claim takes it at the same attempt
+      expect(await requeueActiveJob(database.db, schema, q.events, jobs[0]!.id, 1), 'S15: fenced by the attempt').toBe(false);
+      expect(await requeueActiveJob(database.db, schema, q.events, jobs[0]!.id, 0)).toBe(true);
+      expect(await state(jobs[0]!.id)).toBe(JOB_STATE.created);
+      const again = (await keyHeadFetch(client, q, table)(100)).find((j) => j.id === jobs[0]!.id);
+      expect(again?.retryCount, 'S15: no attempt spent').toBe(0);
+
+      // B2: members complete from created with includeQueued
+      const done = (await boss.complete(q.events, [jobs[1]!.id], null, { includeQueued: true })) as { affected?: number };
+      expect(done.affected, "S13: pg-boss's complete takes a queued job with includeQueued").toBe(1);
+      expect(await state(jobs[1]!.id)).toBe(JOB_STATE.completed);
+      // B4: a queued member's last attempt, failed unfenced, is dead-lettered by pg-boss (one at a time: failed holds the key)
+      await boss.deleteJob(q.events, jobs[0]!.id);
+      expect(await makeQueuedLastAttempt(database.db, schema, q.events, jobs[2]!.id)).toBe(true);
+      await boss.fail(q.events, jobs[2]!.id, { error: 'batch' });
+      expect(await state(jobs[2]!.id), "S13: pg-boss's fail after makeQueuedLastAttempt is final").toBe(JOB_STATE.failed);
+      const copy = await one<{ n: number }>(`select count(*)::int as n from ${schema}.job where name = $1 and source_id = $2`, [
+        q.deadLetter,
+        jobs[2]!.id,
+      ]);
+      expect(copy.n, 'S13: with its dead-letter copy').toBe(1);
+
+      // S14: a debounce moves the held jobs of an idle key to one start time
+      await boss.deleteJob(q.events, jobs[2]!.id);
+      await client.query(`update ${schema}.job set data = data || '{"debounced": true}' where id = $1`, [jobs[3]!.id]);
+      const due = await one<{ due: Date }>(`select corral.debounce_due($1, $2, 300, 5000) as due`, [q.events, 'internals/batch']);
+      const moved = await one<{ start_after: Date }>(`select start_after from ${schema}.job where id = $1`, [jobs[3]!.id]);
+      expect(moved.start_after.getTime(), 'S14: the held job starts when the window ends').toBe(due.due.getTime());
+      expect(due.due.getTime() - Date.now(), 'S14: a debounce from now').toBeLessThan(5_000);
+    } finally {
+      await client.query(`delete from corral.input_policies where agent_uid = 'internals'`);
     }
   });
 
