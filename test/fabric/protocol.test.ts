@@ -224,6 +224,22 @@ describe('daemon messages', () => {
     expect(parseDaemonMessage(buf({ ...challenge, worker_id: undefined })).ok).toBe(false);
   });
 
+  it("takes a batch turn_start's events (2–100, in order, event first) and refuses other shapes", () => {
+    const start = makeTurnStart({ text: 'a' }, ref) as Record<string, unknown> & { event: { id: string; enqueued_at: string } };
+    const ev = (i: number) => ({ id: `e${i}`, data: { text: `t${i}` }, enqueued_at: start.event.enqueued_at });
+    const events = [start.event, ev(1), ev(2)];
+    const parsed = parseDaemonMessage(buf({ ...start, events }));
+    expect(parsed.ok && parsed.msg.type === 'turn_start' && parsed.msg.events?.map((e) => e.id)).toEqual([start.event.id, 'e1', 'e2']);
+    for (const [what, bad] of [
+      ['one event is no batch', [start.event]],
+      ['more than 100', Array.from({ length: 101 }, (_, i) => ev(i))],
+      ['an event without its id', [start.event, { data: 1, enqueued_at: start.event.enqueued_at }]],
+      ['not a list', { 0: start.event }],
+    ] as const) {
+      expect(parseDaemonMessage(buf({ ...start, events: bad })), what).toMatchObject({ ok: false, code: 'invalid_message' });
+    }
+  });
+
   it('reports unknown daemon types as unknown_type (workers skip them)', () => {
     const r = parseDaemonMessage(buf({ v: 1, type: 'turn_pause', turn_ref: ref }));
     expect(r).toMatchObject({ ok: false, code: 'unknown_type' });
