@@ -62,24 +62,25 @@ export async function getDelivery(db: DbOrTx, deliveryId: string): Promise<Deliv
   return rows[0];
 }
 
-/** The pg-boss attempt (retryCount) the latest delivery of `eventId` under `activationUid` carries. */
-/** The other events of the batch the latest delivery of `eventId` under `activationUid` carried, in order ([] for one event). */
-export async function latestBatchOf(db: DbOrTx, activationUid: string, eventId: string): Promise<string[]> {
+/**
+ * The latest delivery of `eventId` under `activationUid`: its pg-boss attempt and the other
+ * events of its batch, in order ([] for one event); undefined when there is none.
+ */
+export async function latestDeliveryOf(
+  db: DbOrTx,
+  activationUid: string,
+  eventId: string,
+): Promise<{ jobRetryCount: number; coalesced: string[] } | undefined> {
   const rows = await db
-    .select({ ids: deliveries.coalesced })
+    .select({ n: deliveries.jobRetryCount, ids: deliveries.coalesced })
     .from(deliveries)
     .where(and(eq(deliveries.activationUid, activationUid), eq(deliveries.eventId, eventId)))
     .orderBy(sql`${deliveries.createdAt} desc`)
     .limit(1);
-  return rows[0]?.ids ?? [];
+  return rows[0] && { jobRetryCount: rows[0].n, coalesced: rows[0].ids ?? [] };
 }
 
+/** The pg-boss attempt (retryCount) the latest delivery of `eventId` under `activationUid` carries. */
 export async function latestJobRetryCount(db: DbOrTx, activationUid: string, eventId: string): Promise<number | undefined> {
-  const rows = await db
-    .select({ n: deliveries.jobRetryCount })
-    .from(deliveries)
-    .where(and(eq(deliveries.activationUid, activationUid), eq(deliveries.eventId, eventId)))
-    .orderBy(sql`${deliveries.createdAt} desc`)
-    .limit(1);
-  return rows[0]?.n;
+  return (await latestDeliveryOf(db, activationUid, eventId))?.jobRetryCount;
 }

@@ -92,18 +92,7 @@ export async function readTranscript(db: DbOrTx, key: ActorKey): Promise<Transcr
   for (const { turn, msg } of rows) {
     let entry = out.at(-1);
     if (!entry || entry.turnId !== turn.id) {
-      entry = {
-        turnId: turn.id,
-        eventId: turn.eventId,
-        status: turn.status,
-        actorEpoch: turn.actorEpoch,
-        revision: turn.revision,
-        startedAt: turn.startedAt,
-        finishedAt: turn.finishedAt,
-        messages: [],
-        emitted: Array.isArray(turn.emitted) ? (turn.emitted as EmittedEntry[]) : [],
-        ...(turn.status === 'cancelled' ? { cancelReason: cancelReasonOf(turn.error) } : {}),
-      };
+      entry = entryOf(turn);
       out.push(entry);
     }
     entry.messages.push({ seq: msg.seq, role: msg.role, content: msg.content, createdAt: msg.createdAt });
@@ -123,7 +112,14 @@ async function withInterrupted(db: DbOrTx, key: ActorKey, entries: TranscriptEnt
     .where(and(eq(conversations.agentUid, key.agentUid), eq(conversations.sessionId, key.sessionId), eq(turns.status, 'interrupted')))
     .orderBy(asc(turns.startedAt));
   if (rows.length === 0) return entries;
-  const interrupted: TranscriptEntry[] = rows.map(({ turn }) => ({
+  const interrupted = rows.map(({ turn }) => entryOf(turn));
+  // stable: an interrupted turn goes before the turn that began after it
+  return [...entries, ...interrupted].sort((a, b) => a.startedAt.getTime() - b.startedAt.getTime());
+}
+
+/** A turn's transcript entry, its messages still to add. */
+function entryOf(turn: TurnRow): TranscriptEntry {
+  return {
     turnId: turn.id,
     eventId: turn.eventId,
     status: turn.status,
@@ -132,10 +128,9 @@ async function withInterrupted(db: DbOrTx, key: ActorKey, entries: TranscriptEnt
     startedAt: turn.startedAt,
     finishedAt: turn.finishedAt,
     messages: [],
-    emitted: [],
-  }));
-  // stable: an interrupted turn goes before the turn that began after it
-  return [...entries, ...interrupted].sort((a, b) => a.startedAt.getTime() - b.startedAt.getTime());
+    emitted: Array.isArray(turn.emitted) ? (turn.emitted as EmittedEntry[]) : [],
+    ...(turn.status === 'cancelled' ? { cancelReason: cancelReasonOf(turn.error) } : {}),
+  };
 }
 
 function cancelReasonOf(error: unknown): string {

@@ -215,7 +215,7 @@ export class AttemptFailures {
     const { boss, jobs } = this.deps;
     const db = fromDrizzle(tx, sql);
     const moved: string[] = [];
-    for (const id of await deliveries.latestBatchOf(tx, activationUid, eventId)) {
+    for (const id of (await deliveries.latestDeliveryOf(tx, activationUid, eventId))?.coalesced ?? []) {
       if (!(await makeQueuedLastAttempt(tx, jobs.schema, jobs.queue, id))) continue;
       const res = (await boss.fail(jobs.queue, id, { error, kind, batch_of: eventId }, { db })) as { affected?: number };
       if (res.affected !== 1) continue;

@@ -127,3 +127,25 @@ export async function stopGracefully(proc: Proc | undefined, waitMs = 8_000): Pr
   proc.child.kill('SIGTERM');
   await Promise.race([proc.exited, new Promise((r) => setTimeout(r, waitMs))]);
 }
+
+/**
+ * The environment of a crash test's `corral daemon` and `corral worker` processes: insecure, on
+ * `databaseUrl` and `endpoint`, with leases, heartbeats, stale timeouts and retries short enough
+ * that a killed process's turns come back within a few seconds.
+ */
+export function fastRecoveryEnv(databaseUrl: string, endpoint: string): Record<string, string> {
+  return {
+    DATABASE_URL: databaseUrl,
+    CORRAL_ENDPOINT: endpoint,
+    CORRAL_INSECURE: '1',
+    CORRAL_LEASE_MS: '3000',
+    CORRAL_PROGRESS_INTERVAL_MS: '500',
+    CORRAL_WORKER_HEARTBEAT_MS: '200',
+    CORRAL_WORKER_STALE_MS: '1500',
+    CORRAL_WATCHDOG_INTERVAL_MS: '200',
+    CORRAL_RECOVERY_INTERVAL_MS: '500',
+    CORRAL_RETRY_DELAY_S: '1',
+    CORRAL_RETRY_DELAY_MAX_S: '2',
+    CORRAL_POLL_INTERVAL_MS: '200',
+  };
+}

@@ -8,7 +8,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
-import { freePort, killAll, spawnCorral, stopGracefully, type Proc } from '../helpers/processes.ts';
+import { fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 describe('a coalesced batch through kill -9 of its worker and of the daemon', () => {
@@ -27,19 +27,8 @@ describe('a coalesced batch through kill -9 of its worker and of the daemon', ()
     db = await createTestDatabase();
     const endpoint = `tcp://127.0.0.1:${await freePort()}`;
     const env = {
-      DATABASE_URL: db.url,
-      CORRAL_ENDPOINT: endpoint,
-      CORRAL_INSECURE: '1',
+      ...fastRecoveryEnv(db.url, endpoint),
       CORRAL_INPUT_POLICY: 'coalesce',
-      CORRAL_LEASE_MS: '3000',
-      CORRAL_PROGRESS_INTERVAL_MS: '500',
-      CORRAL_WORKER_HEARTBEAT_MS: '200',
-      CORRAL_WORKER_STALE_MS: '1500',
-      CORRAL_WATCHDOG_INTERVAL_MS: '200',
-      CORRAL_RECOVERY_INTERVAL_MS: '500',
-      CORRAL_RETRY_DELAY_S: '1',
-      CORRAL_RETRY_DELAY_MAX_S: '2',
-      CORRAL_POLL_INTERVAL_MS: '200',
     };
     const start = (args: string[], name: string) => {
       const p = spawnCorral(args, env, name);

@@ -6,7 +6,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
-import { freePort, killAll, spawnCorral, type Proc, stopGracefully } from '../helpers/processes.ts';
+import { fastRecoveryEnv, freePort, killAll, spawnCorral, type Proc, stopGracefully } from '../helpers/processes.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
 
@@ -35,18 +35,7 @@ describe('durable effects survive kill -9 of the daemon between result and commi
     const port = await freePort();
     const endpoint = `tcp://127.0.0.1:${port}`;
     const env = {
-      DATABASE_URL: db.url,
-      CORRAL_ENDPOINT: endpoint,
-      CORRAL_INSECURE: '1',
-      CORRAL_LEASE_MS: '3000',
-      CORRAL_PROGRESS_INTERVAL_MS: '500',
-      CORRAL_WORKER_HEARTBEAT_MS: '200',
-      CORRAL_WORKER_STALE_MS: '1500',
-      CORRAL_WATCHDOG_INTERVAL_MS: '200',
-      CORRAL_RECOVERY_INTERVAL_MS: '500',
-      CORRAL_RETRY_DELAY_S: '1',
-      CORRAL_RETRY_DELAY_MAX_S: '2',
-      CORRAL_POLL_INTERVAL_MS: '200',
+      ...fastRecoveryEnv(db.url, endpoint),
       CORRAL_LOG_LEVEL: 'debug',
     };
     daemon = spawnCorral(['daemon'], env, 'daemon');
