@@ -30,7 +30,9 @@
  *     debounce holds already, the start time `now + debounce` (at most `max_wait_ms` after the
  *     oldest held one), so the batch begins once they are all due together. The send notifies
  *     `DUE_CHANNEL` with the milliseconds to wait, so a daemon fetches then rather than at its
- *     next poll. A send to an actor whose turn runs is not held: it waits for the next turn.
+ *     next poll. A send to an actor whose turn runs is not held (it waits for the next turn), and
+ *     releases what was held (due now), so no held event falls behind a later one. A change of
+ *     an agent's or actor's policy releases its held events too (`corral.release_held`).
  *
  * When neither the default nor any stored policy batches and the head is a first attempt, the
  * claim does not call the function: the turn path of `queue` pays one read of an empty table.
@@ -136,13 +138,15 @@ ${quote};`;
 export const DUE_CHANNEL = 'corral_due';
 
 export const DEBOUNCE_FUNCTION = 'corral.debounce_due';
+export const RELEASE_HELD_FUNCTION = 'corral.release_held';
 
 /**
  * `CREATE OR REPLACE FUNCTION corral.debounce_due(queue, key, debounce_ms, max_wait_ms)`: B5 for a
- * send to actor `key`: null when its turn runs (the event is not held), else the start time of
+ * send to actor `key`, and `corral.release_held(agent, session)`: the held events of `queue`'s
+ * agent (`session` null) or actor made due now, for a change of policy: null when its turn runs (the event is not held), else the start time of
  * the held events, those already held moved to it. The caller holds the actor's advisory lock.
  */
-export function debounceFunctionSql(schema: string, table: string): string {
+export function debounceFunctionSql(schema: string, table: string, queue: string): string {
   const quote = '$corral_debounce$';
   const st = debounceStatements(schema, table);
   const now = st.now;
@@ -156,6 +160,9 @@ DECLARE
 BEGIN
   PERFORM 1 FROM (${st.running}) r;
   IF FOUND THEN
+    -- a turn runs: nothing is held, and what was held is due now, so it stays ahead of this event
+    due := ${now};
+    ${st.move};
     RETURN NULL;
   END IF;
   due := ${now} + debounce_ms * interval '1 millisecond';
@@ -165,6 +172,21 @@ BEGIN
   END IF;
   ${st.move};
   RETURN due;
+END
+${quote};
+
+CREATE OR REPLACE FUNCTION ${RELEASE_HELD_FUNCTION}(agent text, session text)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SET enable_sort = off SET enable_seqscan = off SET enable_bitmapscan = off
+AS ${quote}
+DECLARE
+  queue text := '${queue.replaceAll("'", "''")}';
+  due timestamptz := ${now};
+  released integer;
+BEGIN
+  ${st.releaseOf}
+  GET DIAGNOSTICS released = ROW_COUNT;
+  RETURN released;
 END
 ${quote};`;
 }

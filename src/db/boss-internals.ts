@@ -303,14 +303,19 @@ export function batchMembersStatement(schema: string, table: string): string {
  * (not due yet, marked `debounced` in corral's data), through index `job_i10` and `job_i8` like
  * the busy probe: `running` whether a job of the key is active, waiting to retry or failed (its
  * turn runs: no window); `first` the oldest held job's `created_on`; `move` sets their
- * `start_after` to `due`. PL/pgSQL variables: `queue`, `key`, `due`.
+ * `start_after` to `due`; `releaseOf` does so for every held job of an agent (`session` null)
+ * or actor. PL/pgSQL variables: `queue`, `key`, `due`, `agent`, `session`.
  */
-export function debounceStatements(schema: string, table: string): { running: string; first: string; move: string; now: string } {
+export function debounceStatements(
+  schema: string,
+  table: string,
+): { running: string; first: string; move: string; now: string; releaseOf: string } {
   const s = pg.escapeIdentifier(schema);
   const t = `${s}.${pg.escapeIdentifier(table)}`;
-  const held = (a: string) =>
-    `${a}.${J.name} = queue and ${a}.${J.singleton_key} = key and ${a}.${J.state} < '${S.active}' and not ${a}.${J.blocked}
+  const heldOf = (a: string, keys: string) =>
+    `${a}.${J.name} = queue and ${keys} and ${a}.${J.state} < '${S.active}' and not ${a}.${J.blocked}
      and ${a}.${J.policy} = '${KEY_STRICT_FIFO}' and ${a}.${J.start_after} > ${s}.${BOSS_NOW}() and ${a}.${J.data} ? 'debounced'`;
+  const held = (a: string) => heldOf(a, `${a}.${J.singleton_key} = key`);
   return {
     now: `${s}.${BOSS_NOW}()`,
     running: `select 1 from ${t} b where b.${J.name} = queue and b.${J.singleton_key} = key
@@ -320,6 +325,12 @@ export function debounceStatements(schema: string, table: string): { running: st
     move: `update ${t} u set ${J.start_after} = due
    where u.${J.name} = queue and u.${J.id} in (
      select w.${J.id} from ${t} w where ${held('w')} order by w.${J.state} desc, w.${J.created_on}, w.${J.id})`,
+    // an agent's keys are the range ['agent/', 'agent0') of job_i10's key column ('0' follows '/')
+    releaseOf: `IF session IS NULL THEN
+    update ${t} u set ${J.start_after} = due where ${heldOf('u', `u.${J.singleton_key} >= agent || '/' and u.${J.singleton_key} < agent || '0'`)};
+  ELSE
+    update ${t} u set ${J.start_after} = due where ${heldOf('u', `u.${J.singleton_key} = agent || '/' || session`)};
+  END IF;`,
   };
 }
 

@@ -66,6 +66,15 @@ function checked(agentUid: string, sessionId: string | null, policy?: string): v
 /** A stored `session_id` as the API says it: '' (every session of the agent) is null. */
 const sessionOf = (stored: string): string | null => (stored === '' ? null : stored);
 
+/**
+ * P5: the events a debounce holds for the target, made due now (`corral.release_held`, installed
+ * with the send functions; nothing to release before they are), in the transaction of the change.
+ */
+async function releaseHeld(db: DbOrTx, agentUid: string, sessionId: string | null): Promise<void> {
+  const installed = await db.execute<{ ok: boolean }>(sql`select to_regprocedure('corral.release_held(text, text)') is not null as ok`);
+  if (installed.rows[0]?.ok) await db.execute(sql`select corral.release_held(${agentUid}, ${sessionId}::text)`);
+}
+
 /** The default the installed send functions embed; 'queue' before the daemon first installed them. */
 const INSTALLED_DEFAULT = sql`case when to_regprocedure('corral.default_input_policy()') is null then 'queue'
                                    else corral.default_input_policy() end`;
@@ -100,6 +109,7 @@ export async function setInputPolicy(
           max_events = excluded.max_events, max_bytes = excluded.max_bytes, updated_at = now()
     returning p.agent_uid, p.session_id, p.policy, p.debounce_ms, p.max_wait_ms, p.max_events, p.max_bytes, p.updated_at,
               (select policy from old) as previous`);
+  await releaseHeld(db, agentUid, sessionId);
   const r = res.rows[0]!;
   return { ...rowOf(r), previous: (r.previous as InputPolicy | null) ?? null };
 }
@@ -110,6 +120,7 @@ export async function clearInputPolicy(db: DbOrTx, agentUid: string, sessionId: 
   const res = await db.execute<{ policy: string }>(
     sql`delete from corral.input_policies where agent_uid = ${agentUid} and session_id = ${sessionId ?? ''} returning policy`,
   );
+  if (res.rows.length > 0) await releaseHeld(db, agentUid, sessionId);
   return (res.rows[0]?.policy as InputPolicy | undefined) ?? null;
 }
 

@@ -322,7 +322,7 @@ END
 $corral_send_one$;`;
   const defaultPolicy = `CREATE OR REPLACE FUNCTION corral.default_input_policy() RETURNS text
 LANGUAGE sql IMMUTABLE AS $corral_policy$ SELECT ${lit(s.inputPolicy)}::text $corral_policy$;`;
-  const debounceDue = debounceFunctionSql(s.bossSchema, target.table);
+  const debounceDue = debounceFunctionSql(s.bossSchema, target.table, s.queueName);
   return [insert, NEXT_EVENT_ID, actorBusy, debounceDue, defaultPolicy, sendEvents, sendEvent].join('\n\n');
 }
 

@@ -114,6 +114,24 @@ describe('input policy coalesce', { timeout: 60_000 }, () => {
     expect(first.startedAt.getTime() - started, 'the first turn began within max-wait (and the poll)').toBeLessThan(2_400);
   });
 
+  it('a change of policy releases the events a debounce holds, in order', async () => {
+    await s.corral.setInputPolicy('ch/a', 'coalesce', { debounceMs: 3_600_000 });
+    const e1 = await s.corral.send('ch/a', { text: 'h1' });
+    const e2 = await s.corral.send('ch/a', { text: 'h2' });
+    await sleep(700);
+    expect(await jobStates([e1.eventId, e2.eventId]), 'held by the hour-long debounce').toEqual(['created', 'created']);
+    await s.corral.setInputPolicy('ch/a', 'coalesce');
+    await s.corral.waitForTurn(e2.eventId, { timeoutMs: 20_000 });
+    expect(await turnsOf('ch/a')).toEqual([{ users: ['h1', 'h2'], reply: 'echo: h1 | h2' }]);
+    // an agent's: a clear releases every session's
+    await s.corral.setInputPolicy('cg', 'coalesce', { debounceMs: 3_600_000 });
+    const g = [await s.corral.send('cg/x', { text: 'gx' }), await s.corral.send('cg/y', { text: 'gy' })];
+    await sleep(500);
+    expect(await jobStates(g.map((e) => e.eventId))).toEqual(['created', 'created']);
+    expect(await s.corral.clearInputPolicy('cg')).toBe('coalesce');
+    for (const e of g) await s.corral.waitForTurn(e.eventId, { timeoutMs: 20_000 });
+  });
+
   it('interrupt: an event sent during a turn cancels it, and the next turn holds both events', async () => {
     expect((await s.corral.setInputPolicy('ci', 'interrupt')).policy).toBe('interrupt');
     const m1 = await s.corral.send('ci/a', { text: 'm1', delayMs: 1_500 });
