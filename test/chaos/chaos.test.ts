@@ -14,7 +14,7 @@ import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { killAll } from '../helpers/processes.ts';
 import type { ChaosEnvironment } from './environment.ts';
 import { describeFailure, makeLogRoot, runScenario, type Scenario } from './runner.ts';
-import { daemonKill, duplicateResults, workerKill, workerStop } from './scenarios.ts';
+import { coalesceKill, daemonKill, duplicateResults, workerKill, workerStop } from './scenarios.ts';
 
 /** The scenario databases; a passed scenario drops its own, a failed one's is kept (see afterEach). */
 const databases: TestDatabase[] = [];
@@ -79,4 +79,14 @@ describe('crash tests (real processes, real PostgreSQL, real ZeroMQ)', () => {
   it('a worker frozen past its lease: its late results are rejected', { timeout: 240_000 }, async () => {
     await run(workerStop, 3);
   });
+
+  it(
+    'input policy coalesce, workers and the daemon killed -9 while batches run: each batch commits once, whole, in order',
+    { timeout: 240_000 },
+    async () => {
+      const r = await run(coalesceKill, 4);
+      // the scenario's own check (no_batches) already fails a run without a committed batch
+      expect(r.summary?.batches.committed ?? 0).toBeGreaterThan(0);
+    },
+  );
 });

@@ -59,10 +59,14 @@ export class Cluster {
   readonly faults: { at: number; what: string }[] = [];
   private readonly incarnations = new Map<string, number>();
 
-  constructor(opts: { logDir: string; databaseUrl: string; timings: ChaosTimings }) {
+  /** Extra environment of every daemon (e.g. `CORRAL_INPUT_POLICY`). */
+  readonly daemonEnv: Record<string, string>;
+
+  constructor(opts: { logDir: string; databaseUrl: string; timings: ChaosTimings; daemonEnv?: Record<string, string> }) {
     this.logDir = opts.logDir;
     this.databaseUrl = opts.databaseUrl;
     this.timings = opts.timings;
+    this.daemonEnv = opts.daemonEnv ?? {};
     mkdirSync(this.logDir, { recursive: true });
   }
 
@@ -76,7 +80,7 @@ export class Cluster {
       // CORRAL_CHAOS_NODE_ARGS: extra node flags for every child (e.g. `--import ./trace.mjs`).
       const nodeArgs = (process.env.CORRAL_CHAOS_NODE_ARGS ?? '').split(/\s+/).filter(Boolean);
       proc = spawn(process.execPath, ['--import', PARENT_WATCH, ...nodeArgs, CORRAL_BIN, ...args], {
-        env: childEnv(this.databaseUrl, this.timings, this.logDir),
+        env: { ...childEnv(this.databaseUrl, this.timings, this.logDir), ...(kind === 'daemon' ? this.daemonEnv : {}) },
         stdio: ['ignore', fd, fd],
         cwd: this.logDir,
       });

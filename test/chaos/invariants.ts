@@ -1,16 +1,32 @@
 /**
  * The runtime's invariants, checked FROM THE DATABASE ONLY (rows typed by src/db/schema.ts, live
- * states from its constants), given the list of events that were enqueued:
+ * states from its constants), given the list of events that were enqueued.
  *
- *  I1 every event is committed exactly once (one succeeded turn, its two messages written once,
- *     its job completed with that attempt) or is in the dead-letter queue, never both, never lost;
+ * A turn takes a BATCH: its own event (`turns.event_id`, the head) and, under a batching input
+ * policy (`coalesce`, src/db/batches.ts), the actor's events queued behind it (`turns.coalesced`,
+ * in order; null for a turn of one event, as under `queue`). An event is COMMITTED by the
+ * succeeded turn whose batch holds it, as its head or as a member.
+ *
+ *  I1 every event is committed exactly once (the head of one succeeded turn or a member of one,
+ *     never both, never twice) or is in the dead-letter queue, never both, never lost. A
+ *     succeeded turn's messages are written once: a `user` message per event of its batch, in
+ *     order, then the worker's reply to the batch; every job of the batch is completed (the
+ *     head's at the turn's attempt). A dead-lettered head's batch is dead-lettered whole. A retry
+ *     takes no event its earlier attempt did not. A batch is one actor's, at most its policy's
+ *     `max_events`, and only under a batching policy;
  *  I2 per actor, committed events appear in the transcript in enqueue order (UUIDv7 order),
- *     skipping only dead-lettered ones; message seqs are gapless;
+ *     across turns and within each batch, skipping only dead-lettered ones; message seqs are
+ *     gapless;
  *  I3 no transcript row was written under a stale fence: each succeeded turn equals the delivery
- *     and activation it committed under, no later attempt / newer epoch exists for its event, and
- *     no message belongs to a turn that did not succeed;
+ *     (batch included) and activation it committed under, no later attempt / newer epoch exists
+ *     for any event of its batch, a committed member never ran as a head, and no message belongs
+ *     to a turn that did not succeed;
  *  I4 never two live activations for one actor: the partial unique index exists, epochs are unique
  *     per actor and strictly increase with creation time, and never exceed the durable counter.
+ *
+ * The example worker (`corral worker`) fails a turn whose FIRST event says `fail: true`: such an
+ * event dead-letters when it heads its batch (and its batch's other events with it), and commits
+ * like any other when it is a later member of a batch.
  *
  * Used by the chaos runner after every scenario and by in-process tests (any database whose
  * events were enqueued through the event queue: pass the events with their ids).
@@ -19,85 +35,32 @@ import { isDeepStrictEqual } from 'node:util';
 import type pg from 'pg';
 import { DEFAULTS } from '../../src/config.ts';
 import type { Db } from '../../src/db/client.ts';
-import { ACTIVATION_LIVE, DELIVERY_LIVE, activations, actors, conversations, deliveries, messages, turns } from '../../src/db/schema.ts';
-import { queuesOf, type Queues } from '../../src/queue/boss.ts';
+import { defaultInputPolicy, listInputPolicies, type InputPolicyRow } from '../../src/db/input-policies.ts';
+import { activations, actors, conversations, deliveries, messages, turns } from '../../src/db/schema.ts';
+import { DEFAULT_BATCH_EVENTS, type InputPolicy } from '../../src/db/views.ts';
+import { queuesOf } from '../../src/queue/boss.ts';
 import type { ChaosTimings } from './environment.ts';
 import type { ActorRef } from './plan.ts';
 
-type TurnRow = typeof turns.$inferSelect;
-type DeliveryRow = typeof deliveries.$inferSelect;
-type ActivationRow = typeof activations.$inferSelect;
+import {
+  type TurnRow,
+  UNIQUE_INDEXES,
+  type CheckedEvent,
+  type CheckOptions,
+  echoes,
+  type InvariantId,
+  type Violation,
+  type CheckResult,
+  keyOf,
+  isLiveActivation,
+  isLiveDelivery,
+  isBatching,
+  groupBy,
+  batchOf,
+  byStart,
+} from './invariant-parts.ts';
 
-/** The unique indexes I1/I4 rely on (a migration that drops one is a violation). */
-const UNIQUE_INDEXES = ['activations_one_live', 'turns_one_success_per_event', 'deliveries_one_live_per_event'];
-
-/** An enqueued event as the checks see it: its id, its actor, its place in the actor's order. */
-export interface CheckedEvent {
-  /** The event id the event queue returned (an event without one is a harness error). */
-  id?: string;
-  actor: ActorRef;
-  /** Position within its actor (0-based, enqueue order). */
-  ordinal: number;
-  /** The payload; `fail: true` marks an event its handler always fails (it must dead-letter). */
-  payload: Record<string, unknown> & { fail?: true };
-}
-
-export interface CheckOptions {
-  /** Some non-failing events may legitimately exhaust their retries (e.g. under a fault). */
-  allowUnexpectedDeadLetters?: boolean;
-  /** Queue names (default: those of the default configuration). */
-  queues?: Pick<Queues, 'events' | 'deadLetter'>;
-  /** Whether `content` is the assistant reply the handler writes for `payload` (default: the echo worker's). */
-  replyMatches?: (payload: CheckedEvent['payload'], content: unknown) => boolean;
-}
-
-/** The reply of `corral worker`'s echo handler. */
-const echoes = (payload: CheckedEvent['payload'], content: unknown) =>
-  (content as { text?: unknown } | null)?.text === `echo: ${String(payload.text)}`;
-
-export type InvariantId = 'I1' | 'I2' | 'I3' | 'I4' | 'quiescence' | 'process' | 'expectation' | 'harness';
-
-export interface Violation {
-  invariant: InvariantId;
-  code: string;
-  message: string;
-  details?: unknown;
-  /** The bug this check caught before (see test/chaos/README.md): a regression if it fires again. */
-  knownIssue?: string;
-}
-
-export interface CheckSummary {
-  events: number;
-  committed: number;
-  deadLettered: number;
-  expectedDeadLetters: number;
-  turns: number;
-  activations: number;
-  maxEpoch: number;
-  /** Leftovers that are not violations by themselves (reported for inspection). */
-  residue: { startedTurns: number; liveDeliveries: number; busyActivations: number; liveActivations: number };
-}
-
-export interface CheckResult {
-  ok: boolean;
-  violations: Violation[];
-  summary: CheckSummary;
-}
-
-const keyOf = (a: ActorRef) => `${a.agentUid}/${a.sessionId}`;
-const isLiveActivation = (a: Pick<ActivationRow, 'status'>) => (ACTIVATION_LIVE as readonly string[]).includes(a.status);
-const isLiveDelivery = (d: Pick<DeliveryRow, 'state'>) => (DELIVERY_LIVE as readonly string[]).includes(d.state);
-
-function groupBy<T, K>(xs: T[], key: (x: T) => K): Map<K, T[]> {
-  const m = new Map<K, T[]>();
-  for (const x of xs) {
-    const k = key(x);
-    const list = m.get(k);
-    if (list) list.push(x);
-    else m.set(k, [x]);
-  }
-  return m;
-}
+export type { CheckedEvent, CheckOptions, InvariantId, Violation, CheckSummary, CheckResult } from './invariant-parts.ts';
 
 export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckOptions = {}): Promise<CheckResult> {
   const queue = opts.queues ?? queuesOf(DEFAULTS);
@@ -112,6 +75,8 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
   const activationRows = await db.select().from(activations);
   const conversationRows = await db.select().from(conversations);
   const actorRows = await db.select().from(actors);
+  const policyRows = await listInputPolicies(db);
+  const fallbackPolicy = await defaultInputPolicy(db);
   // pg-boss's tables and the catalogue are not part of corral's schema.
   const q = async <T extends pg.QueryResultRow>(text: string, params: unknown[] = []) => (await db.$client.query<T>(text, params)).rows;
   const jobs = await q<{ id: string; state: string; retry_count: number; singleton_key: string | null }>(
@@ -131,6 +96,7 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
   const planned = plan.filter((e) => e.id);
   if (planned.length !== plan.length) add('harness', 'unenqueued', `${plan.length - planned.length} planned events have no id`);
   const plannedById = new Map(planned.map((e) => [e.id!, e]));
+  const turnById = new Map(turnRows.map((t) => [t.id, t]));
   const turnsByEvent = groupBy(turnRows, (t) => t.eventId);
   const messagesByTurn = groupBy(messageRows, (m) => m.turnId);
   const deliveryById = new Map(deliveryRows.map((d) => [d.deliveryId, d]));
@@ -141,18 +107,74 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
     dlq.filter((d) => d.source_id),
     (d) => d.source_id!,
   );
-  const succeededByEvent = new Map<string, TurnRow>();
+  const label = (id: string | undefined) => {
+    if (id === undefined) return '(end)';
+    const p = plannedById.get(id);
+    return p ? `${keyOf(p.actor)}#${p.ordinal}` : id;
+  };
+
+  // Every turn's batch; which turns (any status) took each event, and which succeeded ones did.
+  const batchByTurn = new Map(turnRows.map((t) => [t.id, batchOf(t)]));
+  const turnsTaking = new Map<string, { turn: TurnRow; index: number }[]>();
+  for (const t of turnRows) {
+    batchByTurn.get(t.id)!.ids.forEach((id, index) => {
+      const list = turnsTaking.get(id);
+      if (list) list.push({ turn: t, index });
+      else turnsTaking.set(id, [{ turn: t, index }]);
+    });
+  }
+  /** The succeeded turn that committed each event (the first one, if several did). */
+  const committedBy = new Map<string, { turn: TurnRow; index: number }>();
+
+  // The policy a batch was formed under (P1 of src/db/input-policies.ts): the actor's own row,
+  // else its agent's, else the daemons' CORRAL_INPUT_POLICY as installed.
+  const policyOf = (a: ActorRef): { policy: InputPolicy; maxEvents: number } => {
+    const own: InputPolicyRow | undefined =
+      policyRows.find((p) => p.agentUid === a.agentUid && p.sessionId === a.sessionId) ??
+      policyRows.find((p) => p.agentUid === a.agentUid && p.sessionId === null);
+    const policy = own?.policy ?? fallbackPolicy;
+    return { policy, maxEvents: isBatching(policy) ? (own?.options.maxEvents ?? DEFAULT_BATCH_EVENTS) : 1 };
+  };
 
   // ---- I1: exactly once, or dead-lettered ---------------------------------------------------
+  // A head's dead-lettered batch: the members of its last turn (what src/runtime/attempt-failure.ts
+  // sends to the dead-letter queue with it).
+  const deadLetteredBatchOf = new Map<string, string>(); // member → its dead-lettered head
+  const committedByAny = (id: string) => (turnsTaking.get(id) ?? []).some((x) => x.turn.status === 'succeeded');
+  let deadLetteredBatches = 0;
+  for (const [head, copies] of dlqBySource) {
+    if (copies.length === 0) continue;
+    const last = [...(turnsByEvent.get(head) ?? [])].sort(byStart).at(-1);
+    if (!last) continue;
+    const { ids } = batchByTurn.get(last.id)!;
+    if (ids.length > 1) deadLetteredBatches++;
+    for (const m of ids.slice(1)) {
+      deadLetteredBatchOf.set(m, head);
+      if (!dlqBySource.has(m)) {
+        add(
+          'I1',
+          'dead_letter_batch_split',
+          `event ${label(m)} was in the batch of dead-lettered head ${label(head)} (its last turn ${last.id}, attempt ${last.attempt}) but is not in the dead-letter queue${committedByAny(m) ? ' (it committed later)' : ''}`,
+        );
+      }
+    }
+  }
+
   let committed = 0;
   let deadLettered = 0;
-  const expectedDeadLetters = planned.filter((e) => e.payload.fail).length;
+  let committedMembers = 0;
+  // A `fail` event dead-letters unless a batch took it after its head; a dead-lettered `fail`
+  // head takes its batch with it.
+  let expectedDeadLetters = 0;
   for (const e of planned) {
     const id = e.id!;
-    const ts = turnsByEvent.get(id) ?? [];
-    const ok = ts.filter((t) => t.status === 'succeeded');
+    const taking = turnsTaking.get(id) ?? [];
+    const ok = taking.filter((x) => x.turn.status === 'succeeded');
     const dl = dlqBySource.get(id) ?? [];
+    const dlHead = deadLetteredBatchOf.get(id);
     const where = `event ${id} (${keyOf(e.actor)}#${e.ordinal}${e.payload.fail ? ', fail' : ''})`;
+    if (e.payload.fail ? !ok.some((x) => x.index > 0) : dlHead !== undefined && plannedById.get(dlHead)?.payload.fail)
+      expectedDeadLetters++;
     if (ok.length === 0 && dl.length === 0) {
       add('I1', 'lost', `${where} is neither committed nor dead-lettered`, { job: jobById.get(id) ?? null });
       continue;
@@ -161,34 +183,29 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
       add(
         'I1',
         'duplicate_commit',
-        `${where} has ${ok.length} succeeded turns`,
-        ok.map((t) => t.id),
+        `${where} was committed by ${ok.length} succeeded turns (as head of ${ok.filter((x) => x.index === 0).length}, as member of ${ok.filter((x) => x.index > 0).length})`,
+        ok.map((x) => ({ turn: x.turn.id, head: label(x.turn.eventId), index: x.index })),
       );
     if (dl.length > 1) add('I1', 'duplicate_dead_letter', `${where} was dead-lettered ${dl.length} times`);
     if (ok.length > 0 && dl.length > 0) add('I1', 'committed_and_dead_lettered', `${where} is both committed and dead-lettered`);
     if (ok.length > 0) {
       committed++;
-      const t = ok[0]!;
-      succeededByEvent.set(id, t);
-      if (e.payload.fail) add('I1', 'fail_event_committed', `${where} committed although its worker always fails it`);
-      const msgs = (messagesByTurn.get(t.id) ?? []).sort((a, b) => a.seq - b.seq);
-      const good =
-        msgs.length === 2 &&
-        msgs[0]!.role === 'user' &&
-        isDeepStrictEqual(msgs[0]!.content, e.payload) &&
-        msgs[1]!.role === 'assistant' &&
-        replyMatches(e.payload, msgs[1]!.content) &&
-        msgs[1]!.seq === msgs[0]!.seq + 1;
-      if (!good) {
-        add('I1', 'bad_messages', `${where}: its succeeded turn ${t.id} does not carry exactly [user payload, assistant reply]`, {
-          messages: msgs.map((m) => ({ seq: m.seq, role: m.role, content: m.content })),
-        });
-      }
+      const c = ok[0]!;
+      committedBy.set(id, c);
+      if (c.index > 0) committedMembers++;
+      if (e.payload.fail && c.index === 0)
+        add('I1', 'fail_event_committed', `${where} committed as its turn's head although the worker fails such a turn`);
       const job = jobById.get(id);
-      const d = deliveryById.get(t.deliveryId);
+      const d = deliveryById.get(c.turn.deliveryId);
       if (!job) add('I1', 'job_missing', `${where} committed but its job is gone from ${queue.events}`);
-      else if (job.state !== 'completed') add('I1', 'job_not_completed', `${where} committed but its job is ${job.state}`, job);
-      else if (d && job.retry_count !== d.jobRetryCount) {
+      else if (job.state !== 'completed')
+        add(
+          'I1',
+          'job_not_completed',
+          `${where} committed${c.index > 0 ? ` (member ${c.index} of a batch)` : ''} but its job is ${job.state}`,
+          job,
+        );
+      else if (c.index === 0 && d && job.retry_count !== d.jobRetryCount) {
         add(
           'I1',
           'job_attempt_mismatch',
@@ -201,9 +218,23 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
       const copy = dl[0]!;
       if (!isDeepStrictEqual(copy.data?.payload, e.payload))
         add('I1', 'dead_letter_payload', `${where}: its dead letter carries another payload`, copy.data);
-      if (!e.payload.fail && !opts.allowUnexpectedDeadLetters) {
-        const attempts = ts.map((t) => ({ attempt: t.attempt, status: t.status, epoch: t.actorEpoch, worker: t.workerId }));
-        add('I1', 'unexpected_dead_letter', `${where} exhausted its retries although its worker never fails it`, { attempts });
+      // A non-failing event dead-letters only with the batch of a `fail` head it was taken into.
+      const withFailHead = dlHead !== undefined && plannedById.get(dlHead)?.payload.fail === true;
+      if (!e.payload.fail && !withFailHead && !opts.allowUnexpectedDeadLetters) {
+        const attempts = taking.map((x) => ({
+          head: label(x.turn.eventId),
+          index: x.index,
+          attempt: x.turn.attempt,
+          status: x.turn.status,
+          epoch: x.turn.actorEpoch,
+          worker: x.turn.workerId,
+        }));
+        add(
+          'I1',
+          'unexpected_dead_letter',
+          `${where} exhausted its retries although its worker never fails it${dlHead ? ` (it went with the batch of ${label(dlHead)})` : ''}`,
+          { attempts },
+        );
       }
       const original = jobById.get(id);
       if (original && ['created', 'retry', 'active'].includes(original.state)) {
@@ -218,6 +249,87 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
     if (!d.source_id || !plannedById.has(d.source_id)) add('I1', 'unknown_dead_letter', `dead letter ${d.id} names no planned event`, d);
   }
 
+  // Each succeeded turn: its batch (one actor's, in order, within its policy) and its messages
+  // ([user per event of the batch, in order, then the reply to the batch], written once).
+  let committedBatches = 0;
+  let largest = 0;
+  for (const t of turnRows) {
+    if (t.status !== 'succeeded') continue;
+    const { ids, members, malformed } = batchByTurn.get(t.id)!;
+    const where = `succeeded turn ${t.id} (head ${label(t.eventId)}${ids.length > 1 ? `, batch of ${ids.length}` : ''})`;
+    largest = Math.max(largest, ids.length);
+    if (ids.length > 1) committedBatches++;
+    if (malformed) add('I1', 'bad_batch', `${where}: coalesced is not a list of events`, t.coalesced);
+    const conv = conversationById.get(t.conversationId);
+    const events = ids.map((id) => plannedById.get(id));
+    if (ids.length > 1) {
+      const dup = ids.filter((id, i) => ids.indexOf(id) !== i);
+      if (dup.length > 0) add('I1', 'batch_duplicate', `${where} takes event(s) ${dup.map(label).join(', ')} twice`);
+      if (ids.some((id, i) => i > 0 && !(ids[i - 1]! < id)))
+        add('I2', 'batch_order', `${where}: its events are not in enqueue (UUIDv7) order`, ids.map(label));
+      const foreign = events.filter((p, i) => i > 0 && p && conv && keyOf(p.actor) !== keyOf(conv));
+      if (foreign.length > 0)
+        add('I1', 'batch_other_actor', `${where} takes events of another actor: ${foreign.map((p) => label(p!.id)).join(', ')}`);
+      members.forEach((m, i) => {
+        const p = events[i + 1];
+        if (p && !isDeepStrictEqual(m.data, p.payload))
+          add('I1', 'batch_payload', `${where}: member ${i + 1} (${label(m.event_id)}) records another payload`, {
+            recorded: m.data,
+            payload: p.payload,
+          });
+      });
+    }
+    if (conv) {
+      const { policy, maxEvents } = policyOf(conv);
+      if (ids.length > maxEvents)
+        add(
+          'I1',
+          isBatching(policy) ? 'batch_too_large' : 'batch_under_non_batching_policy',
+          `${where} takes ${ids.length} events; the actor's policy ${policy} allows ${maxEvents}`,
+        );
+    }
+    const unknown = ids.filter((id) => !plannedById.has(id));
+    if (unknown.length > 0) {
+      add('I1', 'unknown_event', `${where} takes event(s) the harness never enqueued: ${unknown.join(', ')}`);
+      continue;
+    }
+    const payloads = events.map((p) => p!.payload);
+    const msgs = (messagesByTurn.get(t.id) ?? []).sort((a, b) => a.seq - b.seq);
+    const good =
+      msgs.length === ids.length + 1 &&
+      payloads.every((p, i) => msgs[i]!.role === 'user' && isDeepStrictEqual(msgs[i]!.content, p)) &&
+      msgs.at(-1)!.role === 'assistant' &&
+      replyMatches(payloads, msgs.at(-1)!.content) &&
+      msgs.every((m, i) => m.seq === msgs[0]!.seq + i);
+    if (!good) {
+      add(
+        'I1',
+        'bad_messages',
+        `${where} does not carry exactly [${ids.length > 1 ? `user payload ×${ids.length}` : 'user payload'}, assistant reply]`,
+        { batch: ids.map(label), messages: msgs.map((m) => ({ seq: m.seq, role: m.role, content: m.content })) },
+      );
+    }
+  }
+
+  // A retry runs its batch again (B3 of src/db/batches.ts): no attempt of a head takes an event
+  // its previous attempt did not.
+  let retriedThenCommitted = 0;
+  for (const [head, ts] of turnsByEvent) {
+    const sorted = [...ts].sort(byStart);
+    if (sorted.length > 1 && sorted.some((t) => t.coalesced) && sorted.some((t) => t.status === 'succeeded')) retriedThenCommitted++;
+    for (let i = 1; i < sorted.length; i++) {
+      const before = new Set(batchByTurn.get(sorted[i - 1]!.id)!.ids);
+      const added = batchByTurn.get(sorted[i]!.id)!.ids.filter((id) => !before.has(id));
+      if (added.length > 0) {
+        add(
+          'I1',
+          'retry_batch_grew',
+          `head ${label(head)}: attempt ${sorted[i]!.attempt} (turn ${sorted[i]!.id}) takes ${added.map(label).join(', ')}, which attempt ${sorted[i - 1]!.attempt} did not`,
+        );
+      }
+    }
+  }
+
   // ---- I2: per-actor enqueue order ----------------------------------------------------------
   const convByActor = new Map(conversationRows.map((c) => [keyOf(c), c]));
   const plannedByActor = groupBy(planned, (e) => keyOf(e.actor));
@@ -226,31 +338,34 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
     const inPlanOrder = [...events].sort((a, b) => a.ordinal - b.ordinal);
     const byId = [...events].sort((a, b) => (a.id! < b.id! ? -1 : a.id! > b.id! ? 1 : 0));
     if (inPlanOrder.some((e, i) => e !== byId[i])) add('harness', 'ids_not_monotonic', `${actor}: UUIDv7 ids do not follow enqueue order`);
-    const expected = byId.filter((e) => succeededByEvent.has(e.id!)).map((e) => e.id!);
+    const expected = byId.filter((e) => committedBy.has(e.id!)).map((e) => e.id!);
     const conv = convByActor.get(actor);
     const convMsgs = conv ? (messagesByConv.get(conv.id) ?? []).sort((a, b) => a.seq - b.seq) : [];
+    // The events the transcript's user messages stand for: the k-th user message of a turn is
+    // the k-th event of its batch.
     const actual: string[] = [];
-    const turnById = new Map(turnRows.map((t) => [t.id, t]));
+    const usersSeen = new Map<string, number>();
     for (const m of convMsgs) {
+      if (m.role !== 'user') continue;
       const t = turnById.get(m.turnId);
-      const ev = t?.eventId ?? `?turn:${m.turnId}`;
-      if (actual.at(-1) !== ev) actual.push(ev);
+      const k = usersSeen.get(m.turnId) ?? 0;
+      usersSeen.set(m.turnId, k + 1);
+      actual.push(t ? (batchByTurn.get(t.id)!.ids[k] ?? `?extra:${t.id}`) : `?turn:${m.turnId}`);
     }
     if (!isDeepStrictEqual(actual, expected)) {
       const i = actual.findIndex((id, k) => id !== expected[k]);
       const at = i < 0 ? Math.min(actual.length, expected.length) : i;
-      const label = (id: string | undefined) => {
-        if (id === undefined) return '(end)';
-        const p = plannedById.get(id);
-        return p ? `#${p.ordinal}` : id;
+      const short = (id: string | undefined) => {
+        const p = id === undefined ? undefined : plannedById.get(id);
+        return p ? `#${p.ordinal}` : label(id);
       };
       add(
         'I2',
         'order',
-        `${actor}: transcript order differs from enqueue order at position ${at}: got ${label(actual[at])}, expected ${label(expected[at])}`,
+        `${actor}: transcript order differs from enqueue order at position ${at}: got ${short(actual[at])}, expected ${short(expected[at])}`,
         {
-          actual: actual.map(label),
-          expected: expected.map(label),
+          actual: actual.map(short),
+          expected: expected.map(short),
         },
       );
     }
@@ -278,6 +393,7 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
     const d = deliveryById.get(t.deliveryId);
     const a = activationById.get(t.activationUid);
     const conv = conversationById.get(t.conversationId);
+    const { ids } = batchByTurn.get(t.id)!;
     const where = `succeeded turn ${t.id} of event ${t.eventId}`;
     if (!d) {
       add('I3', 'no_delivery', `${where} has no delivery row ${t.deliveryId}`);
@@ -286,6 +402,8 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
     const mism: string[] = [];
     if (d.state !== 'completed') mism.push(`delivery state ${d.state}`);
     if (d.eventId !== t.eventId) mism.push('event');
+    if (!isDeepStrictEqual(d.coalesced ?? [], ids.slice(1)))
+      mism.push(`batch ${JSON.stringify(ids.slice(1).map(label))} vs delivery ${JSON.stringify((d.coalesced ?? []).map(label))}`);
     if (d.activationUid !== t.activationUid) mism.push('activation');
     if (d.actorEpoch !== t.actorEpoch) mism.push(`epoch ${t.actorEpoch} vs delivery ${d.actorEpoch}`);
     if (d.revision !== t.revision) mism.push(`revision ${t.revision} vs delivery ${d.revision}`);
@@ -306,23 +424,36 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
         `${where} committed at attempt ${t.attempt} but attempt(s) ${later.map((o) => o.attempt).join(', ')} exist`,
       );
     }
-    const newer = others.filter((o) => o.actorEpoch > t.actorEpoch);
-    if (newer.length > 0) {
-      add(
-        'I3',
-        'commit_under_older_epoch',
-        `${where} committed under epoch ${t.actorEpoch} but the event also ran under epoch(s) ${newer.map((o) => o.actorEpoch).join(', ')}`,
-        {
-          committed: { attempt: t.attempt, epoch: t.actorEpoch, worker: t.workerId, finishedAt: t.finishedAt },
-          others: newer.map((o) => ({
-            attempt: o.attempt,
-            epoch: o.actorEpoch,
-            status: o.status,
-            worker: o.workerId,
-            startedAt: o.startedAt,
-          })),
-        },
-      );
+    // No event of the batch ran again under a newer epoch (as a head or in another batch).
+    for (const [k, id] of ids.entries()) {
+      const newer = (turnsTaking.get(id) ?? []).filter((o) => o.turn.id !== t.id && o.turn.actorEpoch > t.actorEpoch);
+      if (newer.length > 0) {
+        add(
+          'I3',
+          'commit_under_older_epoch',
+          `${where} committed ${k === 0 ? 'its event' : `event ${label(id)} (member ${k})`} under epoch ${t.actorEpoch} but it also ran under epoch(s) ${newer.map((o) => o.turn.actorEpoch).join(', ')}`,
+          {
+            committed: { attempt: t.attempt, epoch: t.actorEpoch, worker: t.workerId, finishedAt: t.finishedAt },
+            others: newer.map((o) => ({
+              head: label(o.turn.eventId),
+              index: o.index,
+              attempt: o.turn.attempt,
+              epoch: o.turn.actorEpoch,
+              status: o.turn.status,
+              worker: o.turn.workerId,
+              startedAt: o.turn.startedAt,
+            })),
+          },
+        );
+      }
+      // A member stays queued behind its head (B2): no fetch takes it, so it never heads a turn.
+      const asHead = k > 0 ? (turnsByEvent.get(id) ?? []) : [];
+      if (asHead.length > 0)
+        add(
+          'I3',
+          'member_ran_as_head',
+          `${where} committed event ${label(id)} as member ${k}, but it also headed turn(s) ${asHead.map((o) => `${o.id} (${o.status})`).join(', ')}`,
+        );
     }
   }
   for (const d of deliveryRows) {
@@ -396,6 +527,7 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
       turns: turnRows.length,
       activations: activationRows.length,
       maxEpoch,
+      batches: { committed: committedBatches, committedMembers, largest, retriedThenCommitted, deadLettered: deadLetteredBatches },
       residue,
     },
   };

@@ -35,6 +35,12 @@ export interface PlanOptions {
   delayMs?: [number, number];
   /** Fraction of events that carry a delay. */
   slowFraction?: number;
+  /**
+   * `[min, max]`: after each actor's first event, events come in runs of min–max consecutive
+   * events of one actor (a burst: what a batching input policy coalesces). Absent: every event
+   * picks its actor at random.
+   */
+  burst?: [number, number];
 }
 
 export function planEvents(o: PlanOptions): PlannedEvent[] {
@@ -48,9 +54,20 @@ export function planEvents(o: PlanOptions): PlannedEvent[] {
   while (failAt.size < Math.min(o.failures, o.events)) failAt.add(Math.floor(rand() * o.events));
   const ordinals = new Map<ActorRef, number>();
   const plan: PlannedEvent[] = [];
+  let current = actors[0]!;
+  let run = 0;
   for (let i = 0; i < o.events; i++) {
-    // Every actor gets its share; the order across actors is shuffled.
-    const actor = i < o.actors ? actors[i]! : actors[Math.floor(rand() * o.actors)]!;
+    // Every actor gets its share; the order across actors is shuffled (in bursts, with `burst`).
+    let actor: ActorRef;
+    if (i < o.actors) actor = actors[i]!;
+    else {
+      if (run <= 0) {
+        current = actors[Math.floor(rand() * o.actors)]!;
+        run = o.burst ? o.burst[0] + Math.floor(rand() * (o.burst[1] - o.burst[0] + 1)) : 1;
+      }
+      actor = current;
+      run--;
+    }
     const ordinal = ordinals.get(actor) ?? 0;
     ordinals.set(actor, ordinal + 1);
     const payload: PlannedEvent['payload'] = { text: `${actor.agentUid}/${actor.sessionId}#${ordinal}` };

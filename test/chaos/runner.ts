@@ -43,7 +43,9 @@ export interface Scenario {
   /** Needs `env.restartServer` (skipped otherwise). */
   needsServerControl?: boolean;
   /** Overrides of the event plan (e.g. longer turns, so a fault surely lands mid-turn). */
-  plan?: Pick<Partial<PlanOptions>, 'delayMs' | 'slowFraction'>;
+  plan?: Pick<Partial<PlanOptions>, 'delayMs' | 'slowFraction' | 'burst'>;
+  /** Extra environment of the scenario's daemons (e.g. `CORRAL_INPUT_POLICY: 'coalesce'`). */
+  daemonEnv?: Record<string, string>;
   /** Some non-failing events may legitimately exhaust their retries under this fault. */
   allowUnexpectedDeadLetters?: boolean;
   run(ctx: ScenarioContext): Promise<void>;
@@ -123,7 +125,12 @@ export async function runScenario(scenario: Scenario, env: ChaosEnvironment, o: 
   const database = await env.createDatabase(scenario.id);
   result.database = database.name;
   let db: ScenarioDb | undefined;
-  const cluster = new Cluster({ logDir, databaseUrl: database.url, timings });
+  const cluster = new Cluster({
+    logDir,
+    databaseUrl: database.url,
+    timings,
+    ...(scenario.daemonEnv ? { daemonEnv: scenario.daemonEnv } : {}),
+  });
   let producer: Promise<void> | undefined;
   let producerError: unknown;
   try {

@@ -7,6 +7,7 @@ import type { PgBoss } from 'pg-boss';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { DELIVERY_LIVE } from '../../src/db/schema.ts';
 import { migrateDatabase } from '../../src/db/migrate.ts';
+import { setInputPolicy, type BatchOptions, type InputPolicy } from '../../src/db/input-policies.ts';
 import { createBoss, ensureQueues } from '../../src/queue/boss.ts';
 import { createEventQueue, type EventQueue } from '../../src/queue/events.ts';
 import { DEFAULTS } from '../../src/config.ts';
@@ -85,7 +86,12 @@ export class ScenarioDb {
     const ids = this.ids();
     const { rows } = await this.pool.query<{ committed: number; dead_lettered: number; settled: number; pending: number }>(
       `with ev as (select unnest($1::uuid[]) as id),
-            c as (select distinct event_id as id from corral.turns where status = 'succeeded' and event_id = any($1::uuid[])),
+            s as (select event_id, coalesced from corral.turns where status = 'succeeded'),
+            -- committed: the head of a succeeded turn, or a member of its batch (input policy coalesce)
+            c as (select event_id as id from s where event_id = any($1::uuid[])
+                  union
+                  select (m->>'event_id')::uuid from s, jsonb_array_elements(s.coalesced) as m
+                   where s.coalesced is not null and (m->>'event_id')::uuid = any($1::uuid[])),
             d as (select distinct source_id as id from pgboss.job where name = $2 and source_id = any($1::uuid[]))
        select (select count(*) from c)::int as committed,
               (select count(*) from d)::int as dead_lettered,
@@ -113,7 +119,9 @@ export class ScenarioDb {
   async busyOn(workerId: string, minRemainingMs: number): Promise<{ deliveryId: string; eventId: string; remainingMs: number }[]> {
     const { rows } = await this.pool.query<{ delivery_id: string; event_id: string; remaining: number }>(
       `select d.delivery_id, d.event_id,
-              (coalesce((t.input->>'delayMs')::int, 0) - extract(epoch from (now() - d.updated_at)) * 1000)::int as remaining
+              (greatest(coalesce((t.input->>'delayMs')::int, 0),
+                        coalesce((select max((m->'data'->>'delayMs')::int) from jsonb_array_elements(t.coalesced) as m), 0))
+               - extract(epoch from (now() - d.updated_at)) * 1000)::int as remaining
          from corral.deliveries d join corral.turns t on t.delivery_id = d.delivery_id
         where d.worker_id = $1 and d.state = 'accepted'`,
       [workerId],
@@ -121,6 +129,24 @@ export class ScenarioDb {
     return rows
       .filter((r) => r.remaining >= minRemainingMs)
       .map((r) => ({ deliveryId: r.delivery_id, eventId: r.event_id, remainingMs: r.remaining }));
+  }
+
+  /**
+   * Accepted deliveries that carry a batch (input policy coalesce: the turn took more than its
+   * own event), of `workerIds` if given: a batch is mid-turn.
+   */
+  async acceptedBatches(workerIds?: string[]): Promise<{ deliveryId: string; eventId: string; workerId: string; members: number }[]> {
+    const { rows } = await this.pool.query<{ delivery_id: string; event_id: string; worker_id: string; members: number }>(
+      `select delivery_id, event_id, worker_id, cardinality(coalesced) as members from corral.deliveries
+        where state = 'accepted' and coalesced is not null and ($1::text[] is null or worker_id = any($1::text[]))`,
+      [workerIds ?? null],
+    );
+    return rows.map((r) => ({ deliveryId: r.delivery_id, eventId: r.event_id, workerId: r.worker_id, members: r.members }));
+  }
+
+  /** Sets an input policy (src/db/input-policies.ts) for an agent (`sessionId` null) or one actor. */
+  async setInputPolicy(agentUid: string, sessionId: string | null, policy: InputPolicy, options: BatchOptions = {}): Promise<void> {
+    await setInputPolicy(this.database.db, agentUid, sessionId, policy, options);
   }
 
   /** Deliveries in a live state (created, sent, accepted): turns not yet ended. */
@@ -174,6 +200,7 @@ export class ScenarioDb {
     const { rows } = await this.pool.query<{ id: string }>(
       `select ev.id from unnest($1::uuid[]) as ev(id)
         where not exists (select 1 from corral.turns t where t.event_id = ev.id and t.status = 'succeeded')
+          and not exists (select 1 from corral.turns t where t.status = 'succeeded' and t.coalesced @> jsonb_build_array(jsonb_build_object('event_id', ev.id)))
           and not exists (select 1 from pgboss.job j where j.name = $2 and j.source_id = ev.id)`,
       [ids, QUEUE.deadLetter],
     );
@@ -189,7 +216,8 @@ export class ScenarioDb {
         [id],
       );
       const turns = await this.pool.query(
-        `select id, status, attempt, actor_epoch, worker_id, error, started_at, finished_at from corral.turns where event_id = $1 order by started_at`,
+        `select id, event_id, status, attempt, actor_epoch, worker_id, error, started_at, finished_at, jsonb_array_length(coalesced) as batched
+           from corral.turns where event_id = $1 or coalesced @> jsonb_build_array(jsonb_build_object('event_id', $1::uuid)) order by started_at`,
         [id],
       );
       const acts = await this.pool.query(

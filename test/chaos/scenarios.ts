@@ -7,7 +7,7 @@ import { DELIVERY_LIVE } from '../../src/db/schema.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';
 import type { ChildHandle } from './cluster.ts';
 import { rng } from './plan.ts';
-import type { Scenario, ScenarioContext } from './runner.ts';
+import type { Scenario, ScenarioContext, ScenarioResult } from './runner.ts';
 
 /** Polls `check` until truthy (errors count as "not yet"); `what` names the step in a timeout. */
 const waitUntil = <T>(what: string, check: () => Promise<T | undefined | null | false>, timeoutMs: number, intervalMs = 100): Promise<T> =>
@@ -418,7 +418,136 @@ export const mixed: Scenario = {
   },
 };
 
-export const SCENARIOS: Scenario[] = [workerKill, workerStop, daemonKill, pgRestart, duplicateResults, twoDaemons, mixed, daemonStop];
+/** The load of the coalesce scenarios: bursts per actor, and turns long enough for more to queue behind them. */
+const BATCH_LOAD: Scenario['plan'] = { delayMs: [150, 900], slowFraction: 0.6, burst: [2, 6] };
+
+/**
+ * Waits until a batch is mid-turn (an accepted delivery that took more than its own event), on
+ * one of `workerIds` if given. With `orIdle`, none in time is reported (empty list) instead of
+ * failing the scenario: the fault is injected anyway.
+ */
+async function midBatch(ctx: ScenarioContext, workerIds: string[] | undefined, timeoutMs = 20_000, orIdle = false) {
+  const what = `a batch mid-turn${workerIds ? ` on ${workerIds.join('/')}` : ''}`;
+  return waitUntil(
+    what,
+    async () => {
+      const b = await ctx.db.acceptedBatches(workerIds);
+      return b.length > 0 ? b : undefined;
+    },
+    timeoutMs,
+    20,
+  ).catch((e: unknown) => {
+    if (!orIdle) throw e;
+    ctx.log(`no ${what} within ${timeoutMs} ms; injecting the fault anyway`);
+    return [];
+  });
+}
+
+/** Batches must have happened (else the scenario tested nothing of coalesce); notes what they were. */
+function verifyBatches(ctx: ScenarioContext, result: ScenarioResult) {
+  const b = result.summary?.batches;
+  ctx.expect(
+    (b?.committed ?? 0) > 0,
+    'no_batches',
+    'no succeeded turn took a batch (turns.coalesced) although the input policy is coalesce and events came in bursts',
+    b,
+  );
+  const hit = (ctx.state.batchesHit as number[] | undefined) ?? [];
+  result.notes.push(
+    `batches: ${b?.committed ?? 0} committed (${b?.committedMembers ?? 0} events as members, largest ${b?.largest ?? 0}), ` +
+      `${b?.retriedThenCommitted ?? 0} retried then committed, ${b?.deadLettered ?? 0} dead-lettered whole; ` +
+      `faults hit ${hit.filter((n) => n > 0).length}/${hit.length} times with a batch mid-turn`,
+  );
+}
+
+/**
+ * (i) input policy coalesce (CORRAL_INPUT_POLICY of the daemon), events in bursts: kill -9 workers
+ * while they run batches (restart after 1 s / at once) and kill -9 the daemon while batches run
+ * (restart after 1 s / at once). Every batch's events commit once, together, in order.
+ */
+export const coalesceKill: Scenario = {
+  id: 'i-coalesce-kill',
+  title: 'coalesce: kill -9 workers and the daemon while batches run, restart them',
+  plan: BATCH_LOAD,
+  daemonEnv: { CORRAL_INPUT_POLICY: 'coalesce' },
+  async run(ctx) {
+    const { cluster: c } = ctx;
+    let { d, workers } = await daemonWithWorkers(ctx);
+    const hit: number[] = [];
+    ctx.state.batchesHit = hit;
+    void ctx.startProducer(10, 250);
+    await ctx.waitSettled(0.1);
+    let b = await midBatch(ctx, ['w1'], 20_000, true);
+    hit.push(b.length);
+    c.kill9(workers.get('w1')!);
+    ctx.log(`kill -9 w1 with ${b.length} batch(es) mid-turn; restarting it in 1 s`);
+    await sleep(1_000);
+    workers.set('w1', await c.startWorker({ id: 'w1', capacity: 4 }, d.endpoint, d));
+    b = await midBatch(ctx, undefined, 20_000, true);
+    hit.push(b.length);
+    await c.kill9AndWait(d);
+    ctx.log(`kill -9 daemon with ${b.length} batch(es) mid-turn; restarting it in 1 s`);
+    await sleep(1_000);
+    d = await c.startDaemon('daemon', d.endpoint);
+    await Promise.all(WORKERS.map((id) => c.waitWorkerReady(d, id, d.startedAt)));
+    // Generous: jobs the killed daemon fetched but never began hold their actors until pg-boss
+    // fails them (job heartbeat + its supervise interval).
+    await ctx.waitSettled(0.45, 120_000);
+    b = await midBatch(ctx, ['w2'], 20_000, true);
+    hit.push(b.length);
+    await c.kill9AndWait(workers.get('w2')!);
+    ctx.log(`kill -9 w2 with ${b.length} batch(es) mid-turn; restarting it at once`);
+    workers.set('w2', await c.startWorker({ id: 'w2', capacity: 4 }, d.endpoint, d));
+    b = await midBatch(ctx, undefined, 20_000, true);
+    hit.push(b.length);
+    await c.kill9AndWait(d);
+    ctx.log(`kill -9 daemon with ${b.length} batch(es) mid-turn; restarting it at once`);
+    d = await c.startDaemon('daemon', d.endpoint);
+    await Promise.all(WORKERS.map((id) => c.waitWorkerReady(d, id, d.startedAt)));
+  },
+  verify: verifyBatches,
+};
+
+/**
+ * (j) coalesce as a stored policy (`corral.input_policies`: every agent, at most 4 events a turn;
+ * one actor's own row says queue, and wins), two daemons on one database, one killed -9 while
+ * its workers run batches (not restarted): the other one retries them as they were.
+ */
+export const coalesceTwoDaemons: Scenario = {
+  id: 'j-coalesce-two-daemons',
+  title: 'coalesce (policy rows, max 4 events): two daemons, one killed -9 while batches run',
+  plan: BATCH_LOAD,
+  async run(ctx) {
+    const { cluster: c } = ctx;
+    const agents = [...new Set(ctx.events.map((e) => e.actor.agentUid))];
+    for (const a of agents) await ctx.db.setInputPolicy(a, null, 'coalesce', { maxEvents: 4 });
+    const own = ctx.events[0]!.actor;
+    await ctx.db.setInputPolicy(own.agentUid, own.sessionId, 'queue');
+    ctx.log(`policy coalesce (max 4 events) for ${agents.length} agents; queue for ${own.agentUid}/${own.sessionId}`);
+    const { dA, dB } = await twoDaemonsWithWorkers(ctx);
+    ctx.log(`daemonA ${dA.endpoint} (a1, a2), daemonB ${dB.endpoint} (b1, b2)`);
+    void ctx.startProducer(10, 250);
+    await ctx.waitSettled(0.2);
+    const b = await midBatch(ctx, ['a1', 'a2'], 20_000, true);
+    ctx.state.batchesHit = [b.length];
+    await c.kill9AndWait(dA);
+    ctx.log(`kill -9 daemonA with ${b.length} batch(es) mid-turn (not restarted)`);
+  },
+  verify: verifyBatches,
+};
+
+export const SCENARIOS: Scenario[] = [
+  workerKill,
+  workerStop,
+  daemonKill,
+  pgRestart,
+  duplicateResults,
+  twoDaemons,
+  mixed,
+  daemonStop,
+  coalesceKill,
+  coalesceTwoDaemons,
+];
 
 export function findScenario(id: string): Scenario | undefined {
   const x = id.toLowerCase();
