@@ -106,9 +106,26 @@ export class AttemptFailures {
       )) as { affected?: number };
       if (res.affected !== 1 || !key) return { deadLettered: false, jobFailed: res.affected === 1 };
       const deadLettered = (await this.deps.boss.getJobById(this.deps.jobs.queue, turn.eventId, { db }))?.state === JOB_STATE.failed;
-      await notifyTurnEvents(tx, [
-        { kind: deadLettered ? 'dead_lettered' : 'failed', ...key, eventId: turn.eventId, epoch: turn.actorEpoch, attempt: turn.attempt },
-      ]);
+      const notices = [turn.eventId];
+      if (deadLettered && this.deps.deadLetterMode === 'continue') {
+        await this.deps.boss.deleteJob(this.deps.jobs.queue, turn.eventId, { db });
+        const members = Array.isArray(turn.coalesced) ? (turn.coalesced as { event_id: string }[]).map((m) => m.event_id) : [];
+        notices.push(
+          ...(await this.deadLetterMembers(tx, members, turn.eventId, { code: 'recovered', message: 'fence rows lost' }, 'recovered')),
+        );
+      } else if (deadLettered) {
+        await setBlockedBy(tx, key, turn.eventId);
+      }
+      await notifyTurnEvents(
+        tx,
+        notices.map((eventId) => ({
+          kind: deadLettered ? ('dead_lettered' as const) : ('failed' as const),
+          ...key,
+          eventId,
+          epoch: turn.actorEpoch,
+          attempt: turn.attempt,
+        })),
+      );
       return { deadLettered, jobFailed: true };
     });
   }
@@ -179,7 +196,8 @@ export class AttemptFailures {
       if (this.deps.deadLetterMode === 'continue') {
         // The dead-letter copy keeps the event; the failed original would hold the actor's queue.
         await boss.deleteJob(jobs.queue, eventId, { db });
-        notices.push(...(await this.deadLetterMembers(tx, activation.activationUid, eventId, errorRecord, kind)));
+        const members = (await deliveries.latestDeliveryOf(tx, activation.activationUid, eventId))?.coalesced ?? [];
+        notices.push(...(await this.deadLetterMembers(tx, members, eventId, errorRecord, kind)));
       } else {
         // the batch's other events stay queued behind the failed head (a replay forms the batch again)
         await setBlockedBy(tx, key, eventId);
@@ -207,7 +225,7 @@ export class AttemptFailures {
    */
   private async deadLetterMembers(
     tx: Tx,
-    activationUid: string,
+    members: readonly string[],
     eventId: string,
     error: { code: string; message: string },
     kind: FailureKind,
@@ -215,7 +233,7 @@ export class AttemptFailures {
     const { boss, jobs } = this.deps;
     const db = fromDrizzle(tx, sql);
     const moved: string[] = [];
-    for (const id of (await deliveries.latestDeliveryOf(tx, activationUid, eventId))?.coalesced ?? []) {
+    for (const id of members) {
       if (!(await makeQueuedLastAttempt(tx, jobs.schema, jobs.queue, id))) continue;
       const res = (await boss.fail(jobs.queue, id, { error, kind, batch_of: eventId }, { db })) as { affected?: number };
       if (res.affected !== 1) continue;
