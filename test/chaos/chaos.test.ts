@@ -14,7 +14,7 @@ import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { killAll } from '../helpers/processes.ts';
 import type { ChaosEnvironment } from './environment.ts';
 import { describeFailure, makeLogRoot, runScenario, type Scenario } from './runner.ts';
-import { coalesceKill, daemonKill, duplicateResults, workerKill, workerStop } from './scenarios.ts';
+import { coalesceKill, coalesceTwoDaemons, daemonKill, duplicateResults, workerKill, workerStop } from './scenarios.ts';
 
 /** The scenario databases; a passed scenario drops its own, a failed one's is kept (see afterEach). */
 const databases: TestDatabase[] = [];
@@ -86,6 +86,15 @@ describe('crash tests (real processes, real PostgreSQL, real ZeroMQ)', () => {
     async () => {
       const r = await run(coalesceKill, 4);
       // the scenario's own check (no_batches) already fails a run without a committed batch
+      expect(r.summary?.batches.committed ?? 0).toBeGreaterThan(0);
+    },
+  );
+
+  it(
+    'input policy coalesce on two daemons, one killed -9: each batch commits once, on one daemon, in order',
+    { timeout: 240_000 },
+    async () => {
+      const r = await run(coalesceTwoDaemons, 5);
       expect(r.summary?.batches.committed ?? 0).toBeGreaterThan(0);
     },
   );

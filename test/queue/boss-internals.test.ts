@@ -415,7 +415,10 @@ describe('pg-boss internals (src/db/boss-internals.ts)', () => {
     await client.query(`insert into corral.input_policies (agent_uid, session_id, policy) values ('internals', 'batch', 'coalesce')`);
     try {
       const head = (await keyHeadFetch(client, q, table)(100)).find((j) => j.id === jobs[0]!.id);
-      expect(head?.batch?.map((m) => m.event_id), 'S13: the due jobs after the head, in order').toEqual([jobs[1]!.id, jobs[2]!.id]);
+      expect(
+        head?.batch?.map((m) => m.event_id),
+        'S13: the due jobs after the head, in order',
+      ).toEqual([jobs[1]!.id, jobs[2]!.id]);
       expect(head?.batch?.map((m) => m.data)).toEqual([{ n: 1 }, { n: 2 }]);
       const state = async (id: string) => (await one<{ s: string }>(`select state::text as s from ${schema}.job where id = $1`, [id])).s;
       expect(await state(jobs[1]!.id), 'S13: members stay created while the head runs').toBe(JOB_STATE.created);
