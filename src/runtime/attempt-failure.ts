@@ -18,7 +18,8 @@ import { fromDrizzle, type PgBoss } from 'pg-boss';
 import type { DeadLetterMode } from '../config.ts';
 import type { Db, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
-import type { Fence, JobTable } from '../db/fence.ts';
+import { lockFence, type Fence, type JobTable } from '../db/fence.ts';
+import { FenceRejected } from '../errors.ts';
 import * as activations from '../db/activations.ts';
 import type { ActivationRow } from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
@@ -131,8 +132,8 @@ export class AttemptFailures {
   }
 
   /**
-   * Input policy `interrupt`: an event came while the turn of `fence` runs. Under the activation's
-   * row lock, while that delivery is still live and its job active at its attempt: the activation
+   * Input policy `interrupt`: an event came while the turn of `fence` runs. Under the fence's row
+   * locks, while the fence holds (its delivery live, its job active at its attempt): the activation
    * ends, its deliveries are superseded and their turns marked `interrupted`, and the job goes back
    * to the queue unspent (S15 of src/db/boss-internals.ts), so the actor's next turn takes it with
    * the events that came (its policy batches, src/db/batches.ts). False when the turn had moved on.
@@ -140,10 +141,16 @@ export class AttemptFailures {
   async interrupt(fence: Fence): Promise<boolean> {
     const { jobs } = this.deps;
     return inTransaction(this.deps.db, async (tx) => {
-      const activation = await activations.lockActivationIf(tx, fence.activationUid, 'live');
-      if (!activation || activation.currentEventId !== fence.eventId) return false;
-      const delivery = await deliveries.liveDeliveryOfEvent(tx, fence.eventId);
-      if (!delivery || delivery.deliveryId !== fence.deliveryId) return false;
+      // the fence rows locked as every reply locks them (delivery, then activation): no deadlock
+      // with a reply of the same turn committing meanwhile
+      let rows: Awaited<ReturnType<typeof lockFence>>;
+      try {
+        rows = await lockFence(tx, jobs, fence);
+      } catch (e) {
+        if (e instanceof FenceRejected) return false;
+        throw e;
+      }
+      const { activation, delivery } = rows;
       if (!(await requeueActiveJob(tx, jobs.schema, jobs.queue, fence.eventId, delivery.jobRetryCount))) return false;
       await activations.endActivation(tx, activation.activationUid, 'failed', 'interrupted');
       const error = { code: 'interrupted', message: 'interrupted by a newer event (input policy interrupt)' };

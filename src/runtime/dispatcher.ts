@@ -430,10 +430,15 @@ export class Dispatcher {
    * `interrupt`), its worker told (`turn_cancel`), and its slot freed: the consumer then fetches
    * the actor's next turn, which takes the interrupted events with the new one.
    */
-  private interrupt(msg: Extract<ControlMessage, { kind: 'interrupt' }>): void {
+  private interrupt(msg: Extract<ControlMessage, { kind: 'interrupt' }>, lookups = 1): void {
     const key = { agentUid: msg.agentUid, sessionId: msg.sessionId };
     const controller = this.opts.directory.get(key);
-    if (!controller?.turn) return;
+    if (!controller) {
+      // a turn claimed an instant before may not have reached its controller yet: look once more
+      if (lookups < INTERRUPT_LOOKUPS) this.opts.clock.setTimeout(() => this.interrupt(msg, lookups + 1), INTERRUPT_RELOOK_MS);
+      return;
+    }
+    // queued behind the actor's operations, so a turn being begun is held by the time this runs
     this.opts.background.track(
       controller.run(async () => {
         const current = controller.turn;
@@ -455,6 +460,10 @@ export class Dispatcher {
     if (!res.ok) this.log.debug({ workerId, type: msg.type, reason: res.reason }, 'message not delivered');
   }
 }
+
+/** How often, and how far apart, an interrupt looks for the actor's controller. */
+const INTERRUPT_LOOKUPS = 3;
+const INTERRUPT_RELOOK_MS = 50;
 
 /** Whether the turn takes event `eventId` (its own, or one of its batch). */
 function takesEvent(f: InFlightTurn, eventId: string): boolean {
