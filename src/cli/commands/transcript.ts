@@ -34,7 +34,12 @@ export async function runTranscriptCommand(
       return 0;
     }
     for (const t of turns) {
-      const cancelled = t.status === 'cancelled' ? ` cancelled: ${t.cancelReason ?? 'cancelled'}` : '';
+      const cancelled =
+        t.status === 'cancelled'
+          ? ` cancelled: ${t.cancelReason ?? 'cancelled'}`
+          : t.status === 'interrupted'
+            ? ' interrupted (its events are in the next turn)'
+            : '';
       out.write(`── turn ${t.eventId}${cancelled} (epoch ${t.actorEpoch}, revision ${t.revision}, ${t.finishedAt?.toISOString() ?? ''})\n`);
       for (const m of t.messages) out.write(`  ${String(m.seq).padStart(4)} ${m.role.padEnd(9)} ${contentText(m.content)}\n`);
       for (const e of t.emitted) {
