@@ -137,6 +137,32 @@ describe('a coalesced batch on the wire', { timeout: 60_000 }, () => {
     for (const id of [m2!, m3!]) expect((await eventStatus(db, t.daemon.queues, id)).state, id).toBe('cancelled');
   });
 
+  it('interrupt on the wire: turn_cancel "interrupted", the late result refused, the next turn_start holds both events at attempt 1', async () => {
+    const { t, w, db } = await setup();
+    await setInputPolicy(db, 'ci', null, 'interrupt');
+    const key = actorKey('ci', 's');
+    const [m1] = await send(t, key, 'm1');
+    const s1 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === m1);
+    await w.send({ type: 'turn_accepted', turn_ref: s1.turn_ref });
+    // the interrupt comes through corral.send_events (the SQL send) like any application's
+    await db.execute(sql`select corral.send_event('ci', 's', '{"text": "m2"}'::jsonb)`);
+    const cancel = await w.next('turn_cancel', (m) => (m.turn_ref as Ref).delivery_id === (s1.turn_ref as Ref).delivery_id);
+    expect(cancel.reason).toBe('interrupted');
+    await w.send(ok(s1.turn_ref, 'too late'));
+    await w.next('turn_rejected', (m) => (m.turn_ref as Ref).delivery_id === (s1.turn_ref as Ref).delivery_id);
+    const s2 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === m1 && m !== s1);
+    expect(texts(s2)).toEqual(['m1', 'm2']);
+    expect(s2.attempt, 'the interrupted attempt was not spent').toBe(1);
+    expect((s2.turn_ref as Ref).actor_epoch).toBeGreaterThan((s1.turn_ref as Ref).actor_epoch);
+    await w.send(ok(s2.turn_ref, 'r12'));
+    await w.next('turn_committed', (m) => (m.turn_ref as Ref).delivery_id === (s2.turn_ref as Ref).delivery_id);
+    const tr = await readTranscript(db, key);
+    expect(tr.map((x) => [x.status, x.messages.map((m) => (m.content as { text: string }).text)])).toEqual([
+      ['interrupted', []],
+      ['succeeded', ['m1', 'm2', 'r12']],
+    ]);
+  });
+
   it('dead-letters a batch that fails every attempt whole, and a replay brings its events back in order', async () => {
     const { t, w, db } = await setup({ retryLimit: 1, deadLetterMode: 'continue' });
     await setInputPolicy(db, 'cd', null, 'coalesce');
