@@ -46,6 +46,15 @@ export async function lockLiveActivation(tx: DbOrTx, key: ActorKey): Promise<(Ac
   return row ? { ...row.a, leaseAlive: row.leaseAlive } : undefined;
 }
 
+/** The live activation of `key`, not locked (the caller locks what it found in its own order). */
+export async function liveActivationOf(db: DbOrTx, key: ActorKey): Promise<ActivationRow | undefined> {
+  const rows = await db
+    .select()
+    .from(activations)
+    .where(and(eq(activations.agentUid, key.agentUid), eq(activations.sessionId, key.sessionId), liveByKey));
+  return rows[0];
+}
+
 /** Extends the lease of a live activation that is still running `eventId` at `revision`. */
 export async function extendLease(tx: DbOrTx, activationUid: string, leaseMs: number): Promise<Date | undefined> {
   const rows = await tx

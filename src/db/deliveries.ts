@@ -57,6 +57,16 @@ export async function liveDeliveryOfEvent(db: DbOrTx, eventId: string): Promise<
   return rows[0];
 }
 
+/** The live delivery of `eventId`, row-locked. */
+export async function lockLiveDeliveryOfEvent(tx: DbOrTx, eventId: string): Promise<DeliveryRow | undefined> {
+  const rows = await tx
+    .select()
+    .from(deliveries)
+    .where(and(eq(deliveries.eventId, eventId), liveState))
+    .for('update');
+  return rows[0];
+}
+
 export async function getDelivery(db: DbOrTx, deliveryId: string): Promise<DeliveryRow | undefined> {
   const rows = await db.select().from(deliveries).where(eq(deliveries.deliveryId, deliveryId));
   return rows[0];

@@ -97,9 +97,17 @@ export async function cancelTurn(deps: TurnControlDeps, key: ActorKey, reason: s
   });
 }
 
+/**
+ * The actor's live turn, its delivery's row locked before its activation's: the order every
+ * reply locks them in (src/db/fence.ts), so a steer or cancel meeting a reply of the same turn
+ * waits for it instead of deadlocking with it.
+ */
 async function lockLiveTurn(tx: Tx, key: ActorKey) {
-  const live = await activations.lockLiveActivation(tx, key);
-  const delivery = live?.currentEventId ? await deliveries.liveDeliveryOfEvent(tx, live.currentEventId) : undefined;
-  if (!live || !delivery) throw new CorralError('not_found', `${formatActorKey(key)} has no turn in flight`);
+  const seen = await activations.liveActivationOf(tx, key);
+  const delivery = seen?.currentEventId ? await deliveries.lockLiveDeliveryOfEvent(tx, seen.currentEventId) : undefined;
+  const live = delivery ? await activations.lockActivationIf(tx, delivery.activationUid, 'live') : undefined;
+  if (!live || !delivery || live.currentEventId !== delivery.eventId) {
+    throw new CorralError('not_found', `${formatActorKey(key)} has no turn in flight`);
+  }
   return { activation: live, delivery };
 }
