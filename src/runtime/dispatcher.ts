@@ -253,6 +253,8 @@ export class Dispatcher {
           if (current.workerId !== null) await this.redirect(eventId, null, reason, 'superseded');
           const waiting = this.turnOf(eventId);
           if (waiting) this.park(eventId, waiting);
+          // a worker may have registered while the redirect was written: it found nothing parked
+          this.dispatchParked();
           return;
         }
         await this.redirect(eventId, next, reason, 'superseded');
