@@ -102,6 +102,16 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     help: 'Turns a worker handed back (over_capacity, worker_stopping): dispatched again, the worker waits behind its peers',
     registers,
   });
+  const coalesced = new Counter({
+    name: 'corral_events_coalesced_total',
+    help: "Events committed by another event's turn, as its batch (input policies coalesce and interrupt)",
+    registers,
+  });
+  const interrupted = new Counter({
+    name: 'corral_turns_interrupted_total',
+    help: 'Running turns interrupted by a newer event (input policy interrupt); their events went to the next turn',
+    registers,
+  });
   const rpcRefused = new Counter({
     name: 'corral_rpc_refused_total',
     help: "Worker RPC requests answered busy, by which of the worker's budgets they exceeded (requests at once, requests per second)",
@@ -265,6 +275,10 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     rejected: (reason) => rejections.inc({ reason }),
     invalidMessage: () => invalid.inc(),
     handedBack: () => handBacks.inc(),
+    coalesced: (events) => {
+      if (events > 0) coalesced.inc(events);
+    },
+    interrupted: () => interrupted.inc(),
     rpcRefused: (budget) => rpcRefused.inc({ budget }),
     dispatchLatency: (s) => {
       if (Number.isFinite(s) && s >= 0) dispatchLatency.observe(s);

@@ -451,6 +451,7 @@ export class Dispatcher {
           await this.tell(workerId, { v: 1, type: 'turn_cancel', turn_ref: toWire(current.fence), reason: 'interrupted' });
         }
         this.log.info({ ...fenceFields(current.fence), workerId, by: msg.eventId }, 'turn interrupted');
+        this.opts.metrics.interrupted?.();
         this.settle(current.fence);
       }),
       { actor: formatActorKey(key), eventId: msg.eventId },

@@ -12,6 +12,10 @@ export interface RuntimeMetrics {
   commitLatency?(seconds: number): void;
   /** A worker handed a turn back (it waits behind its peers for a while). */
   handedBack?(): void;
+  /** A committed turn took `events` events after its own (a batch, input policy coalesce/interrupt). */
+  coalesced?(events: number): void;
+  /** A running turn was interrupted by a newer event (input policy interrupt). */
+  interrupted?(): void;
   /** A worker RPC answered `busy`: over the worker's requests at once, or per second. */
   rpcRefused?(reason: 'concurrency' | 'rate'): void;
 }

@@ -132,7 +132,9 @@ export class ReplyPipeline {
       if (outcome.outcome === 'committed') {
         this.opts.metrics.committed();
         this.opts.workers.committed(e.workerId);
-        const sentAtMs = this.opts.dispatcher.turnOf(fence.eventId)?.sentAtMs;
+        const held = this.opts.dispatcher.turnOf(fence.eventId);
+        if (held?.started.batch) this.opts.metrics.coalesced?.(held.started.batch.length);
+        const sentAtMs = held?.sentAtMs;
         if (sentAtMs !== undefined) this.opts.metrics.commitLatency?.((this.opts.clock.nowMs() - sentAtMs) / 1000);
         this.log.info({ ...fenceFields(fence), workerId: e.workerId }, 'turn committed');
       } else {

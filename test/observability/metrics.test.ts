@@ -8,6 +8,8 @@ import { actorKey } from '../../src/actor-key.ts';
 import { loadConfig } from '../../src/config.ts';
 import { Daemon } from '../../src/daemon.ts';
 import { readTranscript } from '../../src/db/transcript.ts';
+import { setInputPolicy } from '../../src/db/input-policies.ts';
+import { sql } from '../../src/db/orm.ts';
 import { daemonReadiness, observabilityChild } from '../../src/observability/daemon-child.ts';
 import { startObservabilityServer, type ObservabilityServer } from '../../src/observability/http.ts';
 import { createMetrics } from '../../src/observability/metrics.ts';
@@ -110,6 +112,29 @@ describe('metrics and observability endpoints', () => {
     const text = await scrape();
     expect(sample(text, 'corral_dead_letters')).toBe(1);
     expect(sample(text, 'corral_event_retries_total')).toBe(0);
+  });
+
+  it('counts interrupted turns and the events a batch committed', async () => {
+    const db = daemon.database.db;
+    await setInputPolicy(db, 'metrics-int', null, 'interrupt');
+    const send = async (text: string, delayMs = 0) =>
+      (
+        await db.execute<{ id: string }>(
+          sql`select corral.send_event('metrics-int', 's', ${JSON.stringify({ text, delayMs })}::jsonb) as id`,
+        )
+      ).rows[0]!.id;
+    const m1 = await send('m1', 800);
+    await waitFor(
+      async () =>
+        (await db.execute<{ n: number }>(sql`select count(*)::int as n from corral.turns where event_id = ${m1}::uuid`)).rows[0]!.n > 0,
+      { what: 'the first turn begun' },
+    );
+    await send('m2');
+    const key = actorKey('metrics-int', 's');
+    await waitFor(async () => (await readTranscript(db, key)).some((t) => t.status === 'succeeded'), { what: 'the batch committed' });
+    const text = await scrape();
+    expect(sample(text, 'corral_turns_interrupted_total')).toBe(1);
+    expect(sample(text, 'corral_events_coalesced_total')).toBe(1);
   });
 
   it('answers /healthz and /readyz, and 404 elsewhere', async () => {
