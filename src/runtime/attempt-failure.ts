@@ -15,6 +15,7 @@
  * commit that got there first wins and the failure changes nothing.
  */
 import { fromDrizzle, type PgBoss } from 'pg-boss';
+import type { ActorKey } from '../actor-key.ts';
 import type { DeadLetterMode } from '../config.ts';
 import type { Db, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
@@ -106,26 +107,14 @@ export class AttemptFailures {
         { db },
       )) as { affected?: number };
       if (res.affected !== 1 || !key) return { deadLettered: false, jobFailed: res.affected === 1 };
-      const deadLettered = (await this.deps.boss.getJobById(this.deps.jobs.queue, turn.eventId, { db }))?.state === JOB_STATE.failed;
-      const notices = [turn.eventId];
-      if (deadLettered && this.deps.deadLetterMode === 'continue') {
-        await this.deps.boss.deleteJob(this.deps.jobs.queue, turn.eventId, { db });
-        const members = Array.isArray(turn.coalesced) ? (turn.coalesced as { event_id: string }[]).map((m) => m.event_id) : [];
-        notices.push(
-          ...(await this.deadLetterMembers(tx, members, turn.eventId, { code: 'recovered', message: 'fence rows lost' }, 'recovered')),
-        );
-      } else if (deadLettered) {
-        await setBlockedBy(tx, key, turn.eventId);
-      }
-      await notifyTurnEvents(
+      const members = Array.isArray(turn.coalesced) ? (turn.coalesced as { event_id: string }[]).map((m) => m.event_id) : [];
+      const deadLettered = await this.settleFailedJob(
         tx,
-        notices.map((eventId) => ({
-          kind: deadLettered ? ('dead_lettered' as const) : ('failed' as const),
-          ...key,
-          eventId,
-          epoch: turn.actorEpoch,
-          attempt: turn.attempt,
-        })),
+        key,
+        { eventId: turn.eventId, epoch: turn.actorEpoch, attempt: turn.attempt },
+        async () => members,
+        { code: 'recovered', message: 'fence rows lost' },
+        'recovered',
       );
       return { deadLettered, jobFailed: true };
     });
@@ -195,34 +184,54 @@ export class AttemptFailures {
       affected?: number;
     };
     if (res.affected !== 1) return { deadLettered: false, jobFailed: false };
-    const job = await boss.getJobById(jobs.queue, eventId, { db });
-    const deadLettered = job?.state === JOB_STATE.failed;
-    const notices = [eventId];
-    if (deadLettered) {
-      const key = { agentUid: activation.agentUid, sessionId: activation.sessionId };
-      if (this.deps.deadLetterMode === 'continue') {
-        // The dead-letter copy keeps the event; the failed original would hold the actor's queue.
-        await boss.deleteJob(jobs.queue, eventId, { db });
-        const members = (await deliveries.latestDeliveryOf(tx, activation.activationUid, eventId))?.coalesced ?? [];
-        notices.push(...(await this.deadLetterMembers(tx, members, eventId, errorRecord, kind)));
-      } else {
-        // the batch's other events stay queued behind the failed head (a replay forms the batch again)
-        await setBlockedBy(tx, key, eventId);
-      }
-    }
-    // watchers hear of it with the commit (src/db/turn-events.ts)
-    await notifyTurnEvents(
+    const deadLettered = await this.settleFailedJob(
       tx,
-      notices.map((id) => ({
-        kind: deadLettered ? ('dead_lettered' as const) : ('failed' as const),
-        agentUid: activation.agentUid,
-        sessionId: activation.sessionId,
-        eventId: id,
-        epoch: activation.actorEpoch,
-        attempt: retryCount + 1,
-      })),
+      { agentUid: activation.agentUid, sessionId: activation.sessionId },
+      { eventId, epoch: activation.actorEpoch, attempt: retryCount + 1 },
+      async () => (await deliveries.latestDeliveryOf(tx, activation.activationUid, eventId))?.coalesced ?? [],
+      errorRecord,
+      kind,
     );
     return { deadLettered, jobFailed: true };
+  }
+
+  /**
+   * After pg-boss failed the attempt of `turn.eventId`: whether that dead-lettered it, and then
+   * what the dead-letter mode does (`continue`: the failed original leaves the actor queue and its
+   * batch's other events, `members`, follow it; `block`: the actor is held, the others wait queued
+   * behind it, and a replay forms the batch again). Watchers hear of every event it moved, with
+   * the commit (src/db/turn-events.ts).
+   */
+  private async settleFailedJob(
+    tx: Tx,
+    key: ActorKey,
+    turn: { eventId: string; epoch: number; attempt: number },
+    members: () => Promise<readonly string[]>,
+    error: { code: string; message: string },
+    kind: FailureKind,
+  ): Promise<boolean> {
+    const { boss, jobs } = this.deps;
+    const db = fromDrizzle(tx, sql);
+    const deadLettered = (await boss.getJobById(jobs.queue, turn.eventId, { db }))?.state === JOB_STATE.failed;
+    const notices = [turn.eventId];
+    if (deadLettered && this.deps.deadLetterMode === 'continue') {
+      // The dead-letter copy keeps the event; the failed original would hold the actor's queue.
+      await boss.deleteJob(jobs.queue, turn.eventId, { db });
+      notices.push(...(await this.deadLetterMembers(tx, await members(), turn.eventId, error, kind)));
+    } else if (deadLettered) {
+      await setBlockedBy(tx, key, turn.eventId);
+    }
+    await notifyTurnEvents(
+      tx,
+      notices.map((eventId) => ({
+        kind: deadLettered ? ('dead_lettered' as const) : ('failed' as const),
+        ...key,
+        eventId,
+        epoch: turn.epoch,
+        attempt: turn.attempt,
+      })),
+    );
+    return deadLettered;
   }
 
   /**
