@@ -25,17 +25,14 @@ import { asc, sql } from './orm.ts';
 import { inputPolicies } from './schema.ts';
 import { INPUT_POLICIES, type InputPolicy, type InputPolicyOptions } from './views.ts';
 
-export { INPUT_POLICIES, type InputPolicy };
-
-/** A batching policy's options (P4); absent: the default. */
-export type BatchOptions = InputPolicyOptions;
+export { INPUT_POLICIES, type InputPolicy, type InputPolicyOptions };
 
 export interface InputPolicyRow {
   agentUid: string;
   /** null: every session of the agent. */
   sessionId: string | null;
   policy: InputPolicy;
-  options: BatchOptions;
+  options: InputPolicyOptions;
   updatedAt: Date;
 }
 
@@ -50,7 +47,7 @@ type StoredRow = {
   updated_at: Date | string;
 };
 
-const optionsOf = (r: Pick<StoredRow, 'debounce_ms' | 'max_wait_ms' | 'max_events' | 'max_bytes'>): BatchOptions => ({
+const optionsOf = (r: Pick<StoredRow, 'debounce_ms' | 'max_wait_ms' | 'max_events' | 'max_bytes'>): InputPolicyOptions => ({
   ...(r.debounce_ms === null ? {} : { debounceMs: r.debounce_ms }),
   ...(r.max_wait_ms === null ? {} : { maxWaitMs: r.max_wait_ms }),
   ...(r.max_events === null ? {} : { maxEvents: r.max_events }),
@@ -93,7 +90,7 @@ export async function setInputPolicy(
   agentUid: string,
   sessionId: string | null,
   policy: InputPolicy,
-  options: BatchOptions = {},
+  options: InputPolicyOptions = {},
 ): Promise<InputPolicyRow & { previous: InputPolicy | null }> {
   checked(agentUid, sessionId, policy);
   const session = sessionId ?? '';
@@ -146,7 +143,7 @@ export async function defaultInputPolicy(db: DbOrTx): Promise<InputPolicy> {
 export interface EffectiveInputPolicy {
   policy: InputPolicy;
   /** A batching policy's options as set (P4); empty for the default. */
-  options: BatchOptions;
+  options: InputPolicyOptions;
   /** `actor`: its own row; `agent`: its agent's; `default`: the daemon's CORRAL_INPUT_POLICY. */
   from: 'actor' | 'agent' | 'default';
 }

@@ -4,18 +4,11 @@
  * session of it) or one actor (src/db/input-policies.ts says exactly when a send is refused).
  *
  * The input is checked before anything touches the database: a malformed target is
- * `invalid_actor_key`, a policy that does not exist or is not available yet `invalid_argument`.
+ * `invalid_actor_key`, a policy that does not exist or options it does not take `invalid_argument`.
  */
 import { isValidActorPart, parseActorKey } from '../actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
-import {
-  clearInputPolicy,
-  defaultInputPolicy,
-  listInputPolicies,
-  setInputPolicy,
-  type BatchOptions,
-  type InputPolicyRow,
-} from '../db/input-policies.ts';
+import { clearInputPolicy, defaultInputPolicy, listInputPolicies, setInputPolicy, type InputPolicyRow } from '../db/input-policies.ts';
 import {
   AVAILABLE_INPUT_POLICIES,
   BATCHING_POLICIES,
@@ -23,11 +16,12 @@ import {
   MAX_BATCH_EVENTS,
   MAX_DEBOUNCE_MS,
   type InputPolicy,
+  type InputPolicyOptions,
 } from '../db/views.ts';
 import { CorralError } from '../errors.ts';
 import { parseDurationMs } from './duration.ts';
 
-export { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type InputPolicy, type BatchOptions };
+export { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type InputPolicy, type InputPolicyOptions };
 
 /** An agent (every session of it, `sessionId` null) or one actor. */
 export interface PolicyTarget {
@@ -48,15 +42,9 @@ export function parsePolicyTarget(text: string): PolicyTarget {
   return { agentUid: key.agentUid, sessionId: key.sessionId };
 }
 
-/** A policy that may be set today; `invalid_argument` for another word, or one not available yet. */
+/** A policy's name; `invalid_argument` for another word. */
 export function parsePolicy(text: string): InputPolicy {
   if ((AVAILABLE_INPUT_POLICIES as readonly string[]).includes(text)) return text as InputPolicy;
-  if ((INPUT_POLICIES as readonly string[]).includes(text)) {
-    throw new CorralError(
-      'invalid_argument',
-      `input policy ${text} is not available yet: choose one of ${AVAILABLE_INPUT_POLICIES.join(', ')}`,
-    );
-  }
   throw new CorralError(
     'invalid_argument',
     `unknown input policy ${JSON.stringify(text)}: choose one of ${AVAILABLE_INPUT_POLICIES.join(', ')}`,
@@ -74,12 +62,12 @@ export interface BatchOptionsText {
 const invalid = (message: string) => new CorralError('invalid_argument', message);
 
 /** The CLI's options, parsed; `invalid_argument` for a bad value (then `checkBatchOptions`). */
-export function parseBatchOptions(policy: InputPolicy, text: BatchOptionsText): BatchOptions {
+export function parseBatchOptions(policy: InputPolicy, text: BatchOptionsText): InputPolicyOptions {
   const count = (v: string, flag: string) => {
     if (!/^\d+$/.test(v.trim())) throw invalid(`invalid ${flag} ${JSON.stringify(v)}: expected a whole number`);
     return Number(v.trim());
   };
-  const options: BatchOptions = {
+  const options: InputPolicyOptions = {
     ...(text.debounce === undefined ? {} : { debounceMs: Math.round(parseDurationMs(text.debounce, '--debounce duration')) }),
     ...(text.maxWait === undefined ? {} : { maxWaitMs: Math.round(parseDurationMs(text.maxWait, '--max-wait duration')) }),
     ...(text.maxEvents === undefined ? {} : { maxEvents: count(text.maxEvents, '--max-events') }),
@@ -91,10 +79,10 @@ export function parseBatchOptions(policy: InputPolicy, text: BatchOptionsText): 
 const OPTION_KEYS = ['debounceMs', 'maxWaitMs', 'maxEvents', 'maxBytes'] as const;
 
 /** An application's options object, checked for its shape (then `checkBatchOptions`); `invalid_argument` otherwise. */
-export function batchOptionsFrom(value: unknown): BatchOptions {
+export function batchOptionsFrom(value: unknown): InputPolicyOptions {
   if (value === undefined || value === null) return {};
   if (typeof value !== 'object' || Array.isArray(value)) throw invalid('input policy options are an object');
-  const out: BatchOptions = {};
+  const out: InputPolicyOptions = {};
   for (const [k, v] of Object.entries(value as Record<string, unknown>)) {
     if (!(OPTION_KEYS as readonly string[]).includes(k)) {
       throw invalid(`unknown input policy option ${JSON.stringify(k)}: expected ${OPTION_KEYS.join(', ')}`);
@@ -108,7 +96,7 @@ export function batchOptionsFrom(value: unknown): BatchOptions {
 }
 
 /** `options` if `policy` takes them and they are in range; `invalid_argument` otherwise. */
-export function checkBatchOptions(policy: InputPolicy, options: BatchOptions): BatchOptions {
+export function checkBatchOptions(policy: InputPolicy, options: InputPolicyOptions): InputPolicyOptions {
   const given = Object.entries(options).filter(([, v]) => v !== undefined);
   if (given.length === 0) return {};
   if (!(BATCHING_POLICIES as readonly string[]).includes(policy)) {
@@ -124,11 +112,11 @@ export function checkBatchOptions(policy: InputPolicy, options: BatchOptions): B
   }
   if (!within(maxEvents, 1, MAX_BATCH_EVENTS)) throw invalid(`max-events is 1 to ${MAX_BATCH_EVENTS}, not ${maxEvents}`);
   if (!within(maxBytes, 1, 2 ** 31 - 1)) throw invalid(`max-bytes is a positive number of bytes, not ${maxBytes}`);
-  return Object.fromEntries(given) as BatchOptions;
+  return Object.fromEntries(given) as InputPolicyOptions;
 }
 
 /** The options as one line: `debounce 300ms, max-wait 5000ms, max-events 20` ('' for none). */
-export function optionsText(o: BatchOptions): string {
+export function optionsText(o: InputPolicyOptions): string {
   return [
     o.debounceMs === undefined ? '' : `debounce ${o.debounceMs}ms`,
     o.maxWaitMs === undefined ? '' : `max-wait ${o.maxWaitMs}ms`,
@@ -146,7 +134,7 @@ export interface PolicyView {
   sessionId: string | null;
   policy: InputPolicy;
   /** A batching policy's options (absent ones take the default). */
-  options: BatchOptions;
+  options: InputPolicyOptions;
   updatedAt: string;
 }
 
@@ -167,7 +155,7 @@ export async function setPolicy(
   db: DbOrTx,
   target: PolicyTarget,
   policy: InputPolicy,
-  options: BatchOptions = {},
+  options: InputPolicyOptions = {},
 ): Promise<PolicyView & { previous: InputPolicy | null }> {
   const r = await setInputPolicy(db, target.agentUid, target.sessionId, policy, checkBatchOptions(policy, options));
   return { ...viewOf(r), previous: r.previous };

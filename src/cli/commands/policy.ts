@@ -9,6 +9,7 @@
  */
 import type { Command } from 'commander';
 import type { Config } from '../../config.ts';
+import type { BatchOptionsText } from '../../ops/input-policies.ts';
 import { withDatabase, type ConfigFn, type Io, type RunFn } from './table-commands.ts';
 
 const AFTER_SET = `
@@ -35,13 +36,7 @@ Examples:
 
 A policy decides the sends after it is set; events already sent are not touched.`;
 
-export interface PolicySetFlags {
-  json?: boolean;
-  debounce?: string;
-  maxWait?: string;
-  maxEvents?: string;
-  maxBytes?: string;
-}
+export type PolicySetFlags = BatchOptionsText & { json?: boolean };
 
 export async function runPolicySet(config: Config, target: string, policy: string, flags: PolicySetFlags, io: Io): Promise<number> {
   const ops = await import('../../ops/input-policies.ts');
