@@ -18,11 +18,6 @@
  *     member no longer queued, whatever the policy says now: an attempt is retried as it was.
  *     Only the first attempt of a head forms a batch, and an attempt after an interrupted one
  *     (B6): its batch is formed again, so the events that interrupted it join.
- *  B6 `interrupt` is `coalesce` whose batch also ends when an event comes: the daemon running the
- *     turn ends its attempt unspent (src/runtime/attempt-failure.ts `interrupt`: turn `interrupted`,
- *     job back to `created`), tells the worker `turn_cancel`, and the next turn takes the
- *     interrupted events and the new ones, in order. A turn already past its commit is not
- *     interrupted (the fence decides); with no daemon listening, the events wait as under coalesce.
  *  B4 A batch whose head is dead-lettered sends every member to the dead-letter queue with it
  *     (src/runtime/attempt-failure.ts), in order, so a replay brings them back in order.
  *  B5 A debounce (`debounce_ms`, P4 of src/db/input-policies.ts) holds an idle actor's events:
@@ -33,6 +28,11 @@
  *     next poll. A send to an actor whose turn runs is not held (it waits for the next turn), and
  *     releases what was held (due now), so no held event falls behind a later one. A change of
  *     an agent's or actor's policy releases its held events too (`corral.release_held`).
+ *  B6 `interrupt` is `coalesce` whose batch also ends when an event comes: the daemon running the
+ *     turn ends its attempt unspent (src/runtime/attempt-failure.ts `interrupt`: turn `interrupted`,
+ *     job back to `created`), tells the worker `turn_cancel`, and the next turn takes the
+ *     interrupted events and the new ones, in order. A turn already past its commit is not
+ *     interrupted (the fence decides); with no daemon listening, the events wait as under coalesce.
  *
  * When neither the default nor any stored policy batches and the head is a first attempt, the
  * claim does not call the function: the turn path of `queue` pays one read of an empty table.
@@ -141,10 +141,11 @@ export const DEBOUNCE_FUNCTION = 'corral.debounce_due';
 export const RELEASE_HELD_FUNCTION = 'corral.release_held';
 
 /**
- * `CREATE OR REPLACE FUNCTION corral.debounce_due(queue, key, debounce_ms, max_wait_ms)`: B5 for a
- * send to actor `key`, and `corral.release_held(agent, session)`: the held events of `queue`'s
- * agent (`session` null) or actor made due now, for a change of policy: null when its turn runs (the event is not held), else the start time of
- * the held events, those already held moved to it. The caller holds the actor's advisory lock.
+ * B5's two functions. `corral.debounce_due(queue, key, debounce_ms, max_wait_ms)`, for a send to
+ * actor `key` (the caller holds the actor's advisory lock): null when its turn runs (the event is
+ * not held, and what was held is due now), else the start time of the held events, those held
+ * already moved to it. `corral.release_held(agent, session)`: the held events of `queue`'s agent
+ * (`session` null) or actor made due now, for a change of policy; returns how many.
  */
 export function debounceFunctionSql(schema: string, table: string, queue: string): string {
   const quote = '$corral_debounce$';

@@ -14,8 +14,9 @@
  * limit. Its cost is the jobs it walks past: about the limit times the queue depth per actor,
  * never more than the backlog.
  *
- * It runs inside `corral.claim_actor_events(queue, lim)` (`claimFunctionSql`), a PL/pgSQL
- * function whose only purpose is its planner settings (`CLAIM_PLANNER_SETTINGS`: no sorts, no
+ * It runs inside `corral.claim_actor_events(queue, lim, batch_bytes)` (`claimFunctionSql`), a PL/pgSQL
+ * function that also names each claimed head's batch (src/db/batches.ts) and whose other purpose
+ * is its planner settings (`CLAIM_PLANNER_SETTINGS`: no sorts, no
  * sequential or bitmap scans). Completed history drowns the queued rows in the statistics: after
  * an ANALYZE of a table of 10M completed jobs taken while nothing was queued, `state` reads
  * `{completed}=1` and every partial index on queued rows is estimated at one row, so the planner
@@ -100,12 +101,11 @@ export async function installClaimFunction(db: BossSqlRunner, q: Pick<Queues, 's
   if (!target) return false;
   const text = claimFunctionSql(q.schema, target.table);
   const mark = MARK + createHash('sha256').update(text).digest('hex').slice(0, 32);
-  const signature = CLAIM_SIGNATURE;
-  const current = await db.executeSql(`select obj_description(to_regprocedure('${signature}'), 'pg_proc') as mark`);
+  const current = await db.executeSql(`select obj_description(to_regprocedure('${CLAIM_SIGNATURE}'), 'pg_proc') as mark`);
   if ((current.rows[0] as { mark?: string | null } | undefined)?.mark === mark) return true;
   // one simple query: one implicit transaction, serialised between daemons starting together
   await db.executeSql(
-    [`select pg_advisory_xact_lock(${CLAIM_INSTALL_LOCK_KEY})`, text, `COMMENT ON FUNCTION ${signature} IS '${mark}'`].join(';\n'),
+    [`select pg_advisory_xact_lock(${CLAIM_INSTALL_LOCK_KEY})`, text, `COMMENT ON FUNCTION ${CLAIM_SIGNATURE} IS '${mark}'`].join(';\n'),
   );
   return true;
 }

@@ -168,7 +168,7 @@ export class QueueConsumer {
   /** Wake-ups asked for by debounced sends, by the 10 ms slot they fall in (so many sends share one). */
   private readonly dueTimers = new Map<number, { cancel(): void }>();
 
-  /** Wakes the loop `ms` from now (a debounced batch falls due), unless that is beyond the next poll anyway. */
+  /** Wakes the loop `ms` from now (a debounced batch falls due); a wait beyond the longest debounce is left to the poll. */
   private wakeIn(ms: number): void {
     if (!Number.isFinite(ms) || ms < 0 || ms > MAX_DUE_WAKE_MS) return;
     const at = this.opts.clock.nowMs() + ms + DUE_WAKE_SLACK_MS;

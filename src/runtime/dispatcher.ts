@@ -482,7 +482,7 @@ function turnStart(f: InFlightTurn): DaemonMessage {
     attempt: f.started.attempt,
     lease_expires_at: f.started.leaseExpiresAt.toISOString(),
   };
-  // a batch: every event of the turn, in order, its own first (docs/protocol.md §5.4)
+  // a batch: every event of the turn, in order, its own first (docs/protocol.md §5.3)
   if (f.started.batch) {
     msg.events = [
       msg.event,
