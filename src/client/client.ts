@@ -17,15 +17,7 @@ import { DEFAULT_LINGER_MS, TurnListener } from '../db/turn-listener.ts';
 import { CorralError } from '../errors.ts';
 import { unstorableReason } from '../json-safety.ts';
 import { silentLogger, type Logger } from '../logger.ts';
-import {
-  batchOptionsFrom,
-  checkBatchOptions,
-  clearPolicy,
-  parsePolicy,
-  parsePolicyTarget,
-  setPolicy,
-  type InputPolicy,
-} from '../ops/input-policies.ts';
+import { batchOptionsFrom, clearPolicy, parsePolicy, parsePolicyTarget, setPolicy, type InputPolicy } from '../ops/input-policies.ts';
 import { actorStatus, type ActorStatus } from '../ops/status.ts';
 import type { InputPolicyOptions } from '../db/views.ts';
 import { cancelTurn, steerTurn } from '../ops/turn-control.ts';
@@ -144,9 +136,8 @@ class CorralClient implements Corral {
 
   async setInputPolicy(target: PolicyTargetRef, policy: InputPolicy, options: InputPolicyOptions = {}): Promise<InputPolicySet> {
     this.open();
-    const p = parsePolicy(String(policy));
-    const checked = checkBatchOptions(p, batchOptionsFrom(options));
-    const set = await setPolicy(this.database.db, policyTargetOf(target), p, checked);
+    // setPolicy checks the options against the policy, before the database is touched
+    const set = await setPolicy(this.database.db, policyTargetOf(target), parsePolicy(String(policy)), batchOptionsFrom(options));
     return { target: set.target, policy: set.policy, options: set.options, previous: set.previous };
   }
 
