@@ -421,3 +421,49 @@ export const inputPolicies = corral.table(
     check('input_policies_session_id', sql.raw(`session_id = '' or session_id ~ '${ACTOR_PART.source}'`)),
   ],
 );
+
+/**
+ * API tokens of the HTTP API (`corral tokens`, src/db/api-tokens.ts): a bearer token is shown
+ * once when created; only its SHA-256 is stored (a token is 32 random bytes, so a fast hash is
+ * enough). `scopes` says what it may do (`read`: streams, transcripts, event states; `send`:
+ * events). A revoked token stays, so its name is not reused by mistake.
+ */
+export const apiTokens = corral.table(
+  'api_tokens',
+  {
+    name: text('name').primaryKey(),
+    tokenSha256: text('token_sha256').notNull(),
+    scopes: text('scopes').array().notNull(),
+    createdAt: tz('created_at').notNull().defaultNow(),
+    lastUsedAt: tz('last_used_at'),
+    revokedAt: tz('revoked_at'),
+  },
+  (t) => [
+    uniqueIndex('api_tokens_sha256').on(t.tokenSha256),
+    check('api_tokens_name', sql.raw(`name ~ '^[A-Za-z0-9._-]{1,64}$'`)),
+    check('api_tokens_scopes', sql.raw(`cardinality(scopes) >= 1 and scopes <@ array['read', 'send']::text[]`)),
+  ],
+);
+
+/**
+ * The chunks a running turn streamed (`turn_chunk`, src/db/stream-chunks.ts), so that a client of
+ * any daemon can follow a live turn from its first chunk or from where it left off. UNLOGGED (the
+ * migration says so; Drizzle has no word for it): chunks need not survive a crash, since after the
+ * commit the transcript is the record and after a crash the turn is retried from its start. Kept
+ * only while the delivery is live: the daemon deletes a turn's chunks when it ends, and the
+ * retention sweep those of deliveries that are not live any more.
+ */
+export const streamChunks = corral.table(
+  'stream_chunks',
+  {
+    deliveryId: uuid('delivery_id').notNull(),
+    seq: integer('seq').notNull(),
+    agentUid: text('agent_uid').notNull(),
+    sessionId: text('session_id').notNull(),
+    actorEpoch: integer('actor_epoch').notNull(),
+    attempt: integer('attempt').notNull(),
+    data: jsonb('data').notNull(),
+    createdAt: tz('created_at').notNull().defaultNow(),
+  },
+  (t) => [primaryKey({ columns: [t.deliveryId, t.seq] }), check('stream_chunks_seq', sql`${t.seq} >= 1`)],
+);
