@@ -43,7 +43,7 @@ import type {
 } from './api.ts';
 import { waitForTurn } from './wait.ts';
 import { ActorWatch } from './watch.ts';
-import { LiveStream, parseLiveEventId } from './live.ts';
+import { LiveStream, parseLiveEventId } from '../ops/live-stream.ts';
 import type { LiveWatch, LiveWatchOptions } from './live-api.ts';
 
 export type * from './api.ts';

@@ -1,5 +1,5 @@
 /**
- * `corral.watch(actor)`: the actor's live stream (src/client/live-api.ts), from the database and
+ * `corral.watch(actor)`, `corral watch`: the actor's live stream (src/ops/live-api.ts), from the database and
  * its notifications alone, so it works against any daemon of the deployment.
  *
  *  V1 The database decides, notifications only wake: each wake-up reads where the followed turn
