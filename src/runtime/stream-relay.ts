@@ -80,6 +80,11 @@ interface Streaming {
   lastProgressMs: number;
 }
 
+/** R5: most chunk bytes in one insert (its JSON text, the driver's buffer and the server's copy each hold them). */
+const GROUP_BYTES = 1024 * 1024;
+
+type PendingChunk = ChunkRow & { bytes: number };
+
 /** R6: how often ended attempts' chunks are looked for and deleted. */
 const SWEEP_MS = 2_000;
 
@@ -87,7 +92,7 @@ export class StreamRelay {
   private readonly opts: StreamRelayOptions;
   private readonly log: Logger;
   private readonly streaming = new Map<string, Streaming>();
-  private pending: ChunkRow[] = [];
+  private pending: PendingChunk[] = [];
   private pendingBytes = 0;
   private writing: Promise<void> | undefined;
   private sweepTimer: ReturnType<Clock['setInterval']> | undefined;
@@ -125,6 +130,7 @@ export class StreamRelay {
       attempt: turn.started.attempt,
       data: JSON.stringify(e.data),
       channel: s.channel,
+      bytes: e.bytes,
     });
     this.pendingBytes += e.bytes;
     this.count('relayed');
@@ -142,9 +148,8 @@ export class StreamRelay {
       // let the rest of this round of socket reads join the first group
       await new Promise<void>((resolve) => setImmediate(resolve));
       while (this.pending.length > 0) {
-        const rows = this.pending;
-        const bytes = this.pendingBytes;
-        this.pending = [];
+        const rows = this.takeGroup();
+        const bytes = rows.reduce((n, r) => n + r.bytes, 0);
         try {
           await insertChunks(this.opts.db, rows);
         } catch (err) {
@@ -158,6 +163,14 @@ export class StreamRelay {
     } finally {
       this.writing = undefined;
     }
+  }
+
+  /** R5: the oldest pending chunks, at most GROUP_BYTES of them (at least one): a statement's text holds them all. */
+  private takeGroup(): PendingChunk[] {
+    let bytes = 0;
+    let n = 0;
+    while (n < this.pending.length && (n === 0 || bytes + this.pending[n]!.bytes <= GROUP_BYTES)) bytes += this.pending[n++]!.bytes;
+    return this.pending.splice(0, n);
   }
 
   /** R6: forgets the attempts that ended here and deletes their chunks. */
