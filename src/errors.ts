@@ -27,6 +27,8 @@ export type ErrorCode =
   | 'idempotency_conflict'
   // a send refused by the actor's input policy `reject`: a turn runs or events wait
   | 'actor_busy'
+  // a name taken (an API token's: revoked ones keep theirs)
+  | 'already_exists'
   | 'dead_lettered'
   | 'cancelled'
   | 'aborted'

@@ -14,6 +14,7 @@ import { registerDlqCommands } from './commands/dlq-cli.ts';
 import { registerKeysCommands } from './commands/keys.ts';
 import { registerPolicyCommands } from './commands/policy.ts';
 import { registerRetentionCommands } from './commands/retention.ts';
+import { registerTokensCommands } from './commands/tokens.ts';
 import { intArg } from './args.ts';
 import { DEFAULT_WORKER_CAPACITY } from '../defaults.ts';
 
@@ -200,6 +201,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
   registerKeysCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerRetentionCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerPolicyCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
+  registerTokensCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
 
   const db = program.command('db').description('database maintenance');
   db.command('migrate')
