@@ -60,6 +60,12 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
       intArg(0, 65_535),
     )
     .option('--metrics-host <host>', 'address for the metrics server (default CORRAL_METRICS_HOST or 127.0.0.1)')
+    .option(
+      '--http-port <port>',
+      'serve the HTTP API (docs/http.md) on this port (default CORRAL_HTTP_PORT; off when unset or 0)',
+      intArg(0, 65_535),
+    )
+    .option('--http-host <host>', 'address for the HTTP API (default CORRAL_HTTP_HOST or 127.0.0.1; loopback unless behind TLS)')
     .option('--insecure', 'turn CURVE off: any process that reaches the endpoint may register as a worker (CORRAL_INSECURE=1)')
     .option('--insecure-remote', 'with --insecure, allow binding a non-loopback address (CORRAL_INSECURE_REMOTE=1)')
     .action(
@@ -69,6 +75,8 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
         endpoint?: string;
         metricsPort?: number;
         metricsHost?: string;
+        httpPort?: number;
+        httpHost?: string;
         insecure?: boolean;
         insecureRemote?: boolean;
       }) =>
@@ -81,6 +89,8 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
                 ...(o.endpoint ? { endpoint: o.endpoint } : {}),
                 ...(o.metricsPort !== undefined ? { metricsPort: o.metricsPort } : {}),
                 ...(o.metricsHost ? { metricsHost: o.metricsHost } : {}),
+                ...(o.httpPort !== undefined ? { httpPort: o.httpPort } : {}),
+                ...(o.httpHost ? { httpHost: o.httpHost } : {}),
               }),
               o,
             ),
