@@ -124,7 +124,7 @@ async function latencies(pool: pg.Pool, heard: Heard[], sentAt: Map<string, numb
 }
 
 async function single(corral: Corral, pool: pg.Pool, samples: number): Promise<PhaseResult> {
-  const watch = await corral.watch('bench-watch/single');
+  const watch = await corral.watchTurns('bench-watch/single');
   const heard: Heard[] = [];
   const reading = collect(watch, heard);
   const sentAt = new Map<string, number>();
@@ -148,7 +148,7 @@ async function single(corral: Corral, pool: pg.Pool, samples: number): Promise<P
 
 async function burst(corral: Corral, pool: pg.Pool, actors: number, perActor: number): Promise<PhaseResult> {
   const names = Array.from({ length: actors }, (_, i) => `bench-watch/burst-${i}`);
-  const watches = await Promise.all(names.map((a) => corral.watch(a)));
+  const watches = await Promise.all(names.map((a) => corral.watchTurns(a)));
   const heard: Heard[] = [];
   const reading = watches.map((w) => collect(w, heard));
   const events = names.flatMap((a) => Array.from({ length: perActor }, (_, k) => ({ actor: a, data: { text: `b${k}` } })));

@@ -11,6 +11,7 @@ import {
   DEFAULT_MAX_EVENT_BYTES,
   DEFAULT_MAX_MESSAGE_BYTES,
   DEFAULT_PROGRESS_INTERVAL_MS,
+  DEFAULT_STREAM_CHUNK_BYTES,
   AVAILABLE_INPUT_POLICIES,
 } from './defaults.ts';
 
@@ -218,6 +219,12 @@ const SETTINGS = {
   rpcPerSecond: setting({ env: 'CORRAL_RPC_PER_SECOND', default: 200, rule: int(1, 100_000) }),
   /** Worker RPC: a request not served within this long is answered `timeout`. */
   rpcTimeoutMs: setting({ env: 'CORRAL_RPC_TIMEOUT_MS', default: 10_000, rule: int(10, 600_000) }),
+  /** Live turns: the largest `turn_chunk` frame relayed (bytes); a larger one is dropped and counted. */
+  streamChunkBytes: setting({ env: 'CORRAL_STREAM_CHUNK_BYTES', default: DEFAULT_STREAM_CHUNK_BYTES, rule: int(256) }),
+  /** Live turns: most chunk bytes one attempt may stream; the rest of its chunks are dropped and counted. */
+  streamTurnBytes: setting({ env: 'CORRAL_STREAM_TURN_BYTES', default: 8 * 1024 * 1024, rule: int(256) }),
+  /** Live turns: most chunk bytes waiting to be written, daemon-wide; beyond it chunks are dropped and counted. */
+  streamBacklogBytes: setting({ env: 'CORRAL_STREAM_BACKLOG_BYTES', default: 32 * 1024 * 1024, rule: int(1024) }),
   /** CURVE off (and any worker admitted). Never implied: `--insecure` or CORRAL_INSECURE=1. */
   insecure: setting({ env: 'CORRAL_INSECURE', default: false, rule: flag() }),
   /** With `insecure`, also allow binding a non-loopback address. */
@@ -273,6 +280,11 @@ const CHECKS: readonly { holds: (c: Config) => boolean; message: string; key?: k
     holds: (c) => c.maxEventBytes <= c.maxMessageBytes / 2,
     message: 'maxEventBytes must be at most half of maxMessageBytes (a turn_start carries the event and its envelope)',
     key: 'maxEventBytes',
+  },
+  {
+    holds: (c) => c.streamChunkBytes <= c.maxMessageBytes && c.streamChunkBytes <= c.streamTurnBytes,
+    message: 'streamChunkBytes must be at most maxMessageBytes and at most streamTurnBytes',
+    key: 'streamChunkBytes',
   },
   {
     holds: (c) => !c.insecure || c.insecureRemote || isLocalEndpoint(c.endpoint),

@@ -151,6 +151,7 @@ export class Daemon {
         leaseMs: config.leaseMs,
         staleMs: config.workerStaleMs,
         retry: { limit: config.retryLimit, delay_s: config.retryDelaySeconds, delay_max_s: config.retryDelayMaxSeconds, backoff: true },
+        streamChunkBytes: config.streamChunkBytes,
       },
       ...(security ? security.brokerOptions() : {}),
       onEvent: (e) => this.runtime.handleBrokerEvent(e),

@@ -54,3 +54,6 @@ export const MAX_BATCH_EVENTS = 100;
 export const DEFAULT_BATCH_EVENTS = 20;
 /** The longest debounce and max-wait a policy may set (one hour, in ms). */
 export const MAX_DEBOUNCE_MS = 3_600_000;
+
+/** The largest `turn_chunk` frame a daemon relays unless configured otherwise (CORRAL_STREAM_CHUNK_BYTES, told in `worker_welcome`). */
+export const DEFAULT_STREAM_CHUNK_BYTES = 64 * 1024;

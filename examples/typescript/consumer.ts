@@ -185,7 +185,7 @@ export function drizzleTarget(tx: DrizzleExecutable): SendDb {
 // corral: a watch of an actor's turns
 export async function watchTurns(corral: Corral, signal: AbortSignal): Promise<TurnEventKind[]> {
   const options: WatchOptions = { signal, maxBuffered: DEFAULT_MAX_BUFFERED };
-  const watch: TurnWatch = await corral.watch(ref, options);
+  const watch: TurnWatch = await corral.watchTurns(ref, options);
   const kinds: TurnEventKind[] = [];
   for await (const e of watch as AsyncIterable<WatchEvent>) {
     if (e.kind === 'gap') {

@@ -90,7 +90,7 @@ try {
 
     // 4. watch: started and committed of a turn, as they happen
     const watched = `package-test/watch-${tag}`;
-    const watch = await corral.watch(watched);
+    const watch = await corral.watchTurns(watched);
     const sentAt = Date.now();
     const sent = await corral.send(watched, { text: 'watched' });
     /** @type {Record<string, number>} */

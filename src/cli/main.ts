@@ -170,6 +170,29 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     );
 
   program
+    .command('watch')
+    .description("follow an actor's live turns: each turn's start, what its worker streams, then the committed turn")
+    .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
+    .option('--json', 'one JSON event per line: {"id","type","data"}, types turn_started, chunk, turn_committed, turn_failed, reset, error')
+    .option('--once', 'exit once a turn has ended (committed or failed)')
+    .option('--last-event-id <id>', 'resume right after this event id (from an earlier --json line)')
+    .addHelpText('after', '\nExamples:\n  corral watch a/s1\n  corral watch a/s1 --json | jq -c .\n  corral watch a/s1 --once --json')
+    .action((actor: string, o: { json?: boolean; once?: boolean; lastEventId?: string }) =>
+      run(
+        import('./commands/watch.ts').then((m) => {
+          const stop = new AbortController();
+          const onSignal = () => stop.abort();
+          process.once('SIGINT', onSignal);
+          process.once('SIGTERM', onSignal);
+          return m.runWatchCommand(config(), actor, o, { out: process.stdout, err: process.stderr, signal: stop.signal }).finally(() => {
+            process.off('SIGINT', onSignal);
+            process.off('SIGTERM', onSignal);
+          });
+        }),
+      ),
+    );
+
+  program
     .command('steer')
     .description("steer an actor's live turn in place: the worker gets the input and a new revision")
     .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')

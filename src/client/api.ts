@@ -104,6 +104,8 @@ export interface ClientDiagnostics {
 }
 
 /** One turn event of the watched actor. */
+import type { LiveWatch, LiveWatchOptions } from './live-api.ts';
+
 export interface TurnEvent {
   /** `started`: an attempt began; `committed`: its turn is in the transcript; `failed`: the attempt failed and will be retried; `dead_lettered`: its retries are spent; `cancelled`: `cancel` ended it. */
   kind: TurnEventKind;
@@ -197,8 +199,13 @@ export interface Corral {
   cancel(actor: ActorRef, reason?: string): Promise<CancelResult>;
   /** The committed turn of `eventId`, once it committed; rejects `dead_lettered`, `cancelled`, `not_found`, `timeout`, `aborted`, `closed`. */
   waitForTurn(eventId: string, opts?: WaitOptions): Promise<CommittedTurn>;
-  /** The turn events of `actor` from now on; resolves once it listens (nothing committed after that is missed). */
-  watch(actor: ActorRef, opts?: WatchOptions): Promise<TurnWatch>;
+  /**
+   * The live stream of `actor` (src/client/live-api.ts): each turn's start, the chunks its worker
+   * streams, then its commit or failure, from now on or from `lastEventId`; resolves once it listens.
+   */
+  watch(actor: ActorRef, opts?: LiveWatchOptions): Promise<LiveWatch>;
+  /** Just the turn events of `actor` (started, committed, failed …) from now on, without reading any row; resolves once it listens (nothing committed after that is missed). */
+  watchTurns(actor: ActorRef, opts?: WatchOptions): Promise<TurnWatch>;
   diagnostics(): ClientDiagnostics;
   /** Ends every watch, rejects every wait (`closed`), closes the connections. Idempotent. */
   close(): Promise<void>;

@@ -43,6 +43,8 @@ import type {
 } from './api.ts';
 import { waitForTurn } from './wait.ts';
 import { ActorWatch } from './watch.ts';
+import { LiveStream, parseLiveEventId } from '../ops/live-stream.ts';
+import type { LiveWatch, LiveWatchOptions } from './live-api.ts';
 
 export type * from './api.ts';
 
@@ -59,6 +61,7 @@ class CorralClient implements Corral {
   private listenerInstance: TurnListener | undefined;
   private boss: Promise<PgBoss> | undefined;
   private readonly watches = new Set<ActorWatch>();
+  private readonly streams = new Set<LiveStream>();
   private readonly waits = new Set<(e: CorralError) => void>();
   private calls = 0;
   private closing: Promise<void> | undefined;
@@ -187,8 +190,29 @@ class CorralClient implements Corral {
     );
   }
 
-  /** The turn events of `actor` from now on; resolves once it listens (nothing committed after that is missed). */
-  async watch(actor: ActorRef, opts: WatchOptions = {}): Promise<TurnWatch> {
+  async watch(actor: ActorRef, opts: LiveWatchOptions = {}): Promise<LiveWatch> {
+    this.open();
+    if (opts.maxBufferedBytes !== undefined) checkedCount('maxBufferedBytes', opts.maxBufferedBytes);
+    if (opts.lastEventId !== undefined && parseLiveEventId(opts.lastEventId) === undefined) {
+      throw new CorralError(
+        'invalid_argument',
+        `lastEventId ${JSON.stringify(opts.lastEventId.slice(0, 80))} is not an event id of a live stream`,
+      );
+    }
+    const stream = new LiveStream(toActorKey(actor), { db: this.database.db, queues: this.queues, listener: this.listener() }, opts, (s) =>
+      this.streams.delete(s),
+    );
+    this.streams.add(stream);
+    try {
+      await stream.start();
+    } catch (e) {
+      await stream.close();
+      throw e;
+    }
+    return stream;
+  }
+
+  async watchTurns(actor: ActorRef, opts: WatchOptions = {}): Promise<TurnWatch> {
     this.open();
     if (opts.maxBuffered !== undefined) checkedCount('maxBuffered', opts.maxBuffered);
     const watch = new ActorWatch(toActorKey(actor), opts, (w) => this.watches.delete(w));
@@ -207,7 +231,7 @@ class CorralClient implements Corral {
       databaseCalls: this.calls,
       listening: this.listenerInstance?.listening ?? 0,
       reconnects: this.listenerInstance?.reconnects ?? 0,
-      watches: this.watches.size,
+      watches: this.watches.size + this.streams.size,
       waits: this.waits.size,
     };
   }
@@ -222,6 +246,7 @@ class CorralClient implements Corral {
     const closed = new CorralError('closed', 'the client was closed');
     for (const cancel of [...this.waits]) cancel(closed);
     await Promise.all([...this.watches].map((w) => w.close()));
+    await Promise.all([...this.streams].map((s) => s.close()));
     await this.listenerInstance?.close();
     const boss = await this.boss?.catch(() => undefined);
     await boss?.stop({ graceful: false, close: true }).catch(() => undefined);

@@ -29,6 +29,19 @@ export {
   type WatchOptions,
 } from './api.ts';
 export { toActorKey, type ActorRef } from './actor-ref.ts';
+export {
+  LIVE_EVENT_TYPES,
+  type LiveAttempt,
+  type LiveChunk,
+  type LiveError,
+  type LiveEvent,
+  type LiveEventType,
+  type LiveTurnCommitted,
+  type LiveTurnFailed,
+  type LiveTurnStarted,
+  type LiveWatch,
+  type LiveWatchOptions,
+} from './live-api.ts';
 export { CorralError, FenceRejected, FENCE_REASONS, type ErrorCode, type FenceReason } from '../errors.ts';
 export { actorKey, formatActorKey, parseActorKey, type ActorKey } from '../actor-key.ts';
 export {

@@ -25,7 +25,10 @@ import { SerialQueue } from '../serial-queue.ts';
 import { parseTurnNotices, type TurnNotice } from './turn-events.ts';
 
 export interface TurnSubscriber {
-  notices(notices: TurnNotice[]): void;
+  /** A turn channel's notifications, parsed (src/db/turn-events.ts). */
+  notices?(notices: TurnNotice[]): void;
+  /** Any other channel's (a stream channel, src/db/stream-chunks.ts): the payload as sent. */
+  payload?(payload: string): void;
   /** L2: the connection was lost at `since` and listens again since `until`; events in between were not heard. */
   gap(since: Date, until: Date): void;
 }
@@ -239,11 +242,14 @@ export class TurnListener {
   private deliver(channel: string, payload: string): void {
     const ch = this.channels.get(channel);
     if (!ch || ch.subscribers.size === 0) return;
-    const notices = parseTurnNotices(payload);
-    if (notices.length === 0) return;
+    let notices: TurnNotice[] | undefined;
     for (const s of [...ch.subscribers]) {
       try {
-        s.notices(notices);
+        if (s.payload) s.payload(payload);
+        else if (s.notices) {
+          notices ??= parseTurnNotices(payload);
+          if (notices.length > 0) s.notices(notices);
+        }
       } catch (e) {
         this.opts.logger?.warn({ err: toError(e).message, channel }, 'a turn event subscriber threw');
       }

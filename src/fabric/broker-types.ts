@@ -22,6 +22,8 @@ export type BrokerEvent =
   | { kind: 'worker_heartbeat'; workerId: string; inFlight: number }
   | { kind: 'turn_accepted'; workerId: string; turnRef: TurnRef }
   | { kind: 'turn_progress'; workerId: string; turnRef: TurnRef; note?: string }
+  /** `bytes`: the frame's size, which the relay bounds (src/runtime/stream-relay.ts). */
+  | { kind: 'turn_chunk'; workerId: string; turnRef: TurnRef; seq: number; data: unknown; bytes: number }
   | { kind: 'turn_result'; workerId: string; turnRef: TurnRef; messages: ResultMessage[]; output?: unknown; emit?: unknown[] }
   | { kind: 'turn_error'; workerId: string; turnRef: TurnRef; error: TurnErrorBody }
   | { kind: 'invalid'; routingId: string; reason: string }
@@ -134,7 +136,7 @@ export interface BrokerOptions {
   /** How long a peer may take to finish the ZMTP/CURVE handshake. Default 5000. */
   handshakeIntervalMs?: number;
   /** Told to workers in `worker_welcome` (lease, stale timeout, retry policy), so a worker can check its timings fit. */
-  welcome?: { leaseMs: number; staleMs: number; retry: RetryPolicy };
+  welcome?: { leaseMs: number; staleMs: number; retry: RetryPolicy; streamChunkBytes?: number };
   /** Receives every valid message (and every refusal as `invalid`). Called synchronously. */
   onEvent: (e: BrokerEvent) => void;
 }

@@ -431,6 +431,9 @@ export class Broker {
           ...(msg.note === undefined ? {} : { note: msg.note }),
         });
         return;
+      case 'turn_chunk':
+        this.emit({ kind: 'turn_chunk', workerId, turnRef: msg.turn_ref, seq: msg.seq, data: msg.data, bytes: frames[1]!.length });
+        return;
       case 'turn_result':
         this.emit({
           kind: 'turn_result',
@@ -459,7 +462,12 @@ export class Broker {
       heartbeat_interval_ms: this.heartbeatIntervalMs,
       progress_interval_ms: this.progressIntervalMs,
       ...(this.opts.welcome
-        ? { lease_ms: this.opts.welcome.leaseMs, stale_ms: this.opts.welcome.staleMs, retry: this.opts.welcome.retry }
+        ? {
+            lease_ms: this.opts.welcome.leaseMs,
+            stale_ms: this.opts.welcome.staleMs,
+            retry: this.opts.welcome.retry,
+            ...(this.opts.welcome.streamChunkBytes === undefined ? {} : { stream_chunk_bytes: this.opts.welcome.streamChunkBytes }),
+          }
         : {}),
     };
   }

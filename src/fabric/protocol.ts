@@ -173,6 +173,17 @@ export const turnProgressSchema = z.object({
   note: z.string().max(4096).optional(),
 });
 
+export const MAX_CHUNK_SEQ = 2_147_483_647;
+
+/** Something a running turn streams to the people watching it (docs/protocol.md §5.2): relayed while the turn is live, never stored past it. */
+export const turnChunkSchema = z.object({
+  v,
+  type: z.literal('turn_chunk'),
+  turn_ref: turnRefSchema,
+  seq: z.int().min(1).max(MAX_CHUNK_SEQ),
+  data: json,
+});
+
 export const resultMessageSchema = z.object({ role: z.enum(['assistant', 'tool']), content: json });
 export type ResultMessage = z.infer<typeof resultMessageSchema>;
 
@@ -269,6 +280,7 @@ export const workerMessageSchema = z.discriminatedUnion('type', [
   workerHeartbeatSchema,
   turnAcceptedSchema,
   turnProgressSchema,
+  turnChunkSchema,
   turnResultSchema,
   turnErrorSchema,
   rpcRequestSchema,
@@ -278,6 +290,7 @@ export type WorkerReady = z.infer<typeof workerReadySchema>;
 export type WorkerHeartbeat = z.infer<typeof workerHeartbeatSchema>;
 export type TurnAccepted = z.infer<typeof turnAcceptedSchema>;
 export type TurnProgress = z.infer<typeof turnProgressSchema>;
+export type TurnChunk = z.infer<typeof turnChunkSchema>;
 export type TurnResult = z.infer<typeof turnResultSchema>;
 export type TurnError = z.infer<typeof turnErrorSchema>;
 
@@ -309,6 +322,8 @@ export const workerWelcomeSchema = z.object({
   /** A worker silent (no message) for this long is declared stale and must register again. */
   stale_ms: z.int().min(1).optional(),
   retry: retryPolicySchema.optional(),
+  /** The largest `turn_chunk` frame the daemon relays (CORRAL_STREAM_CHUNK_BYTES); absent from older daemons. */
+  stream_chunk_bytes: z.int().min(1).optional(),
 });
 
 /**

@@ -112,6 +112,12 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     help: 'Running turns interrupted by a newer event (input policy interrupt); their events went to the next turn',
     registers,
   });
+  const streamChunks = new Counter({
+    name: 'corral_stream_chunks_total',
+    help: 'turn_chunk messages by outcome: relayed to watchers, or dropped (stale delivery, out of order, too large, over the turn or backlog bytes, unstorable, not written)',
+    labelNames: ['outcome'] as const,
+    registers,
+  });
   const rpcRefused = new Counter({
     name: 'corral_rpc_refused_total',
     help: "Worker RPC requests answered busy, by which of the worker's budgets they exceeded (requests at once, requests per second)",
@@ -280,6 +286,7 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     },
     interrupted: () => interrupted.inc(),
     rpcRefused: (budget) => rpcRefused.inc({ budget }),
+    streamChunk: (outcome) => streamChunks.inc({ outcome }),
     dispatchLatency: (s) => {
       if (Number.isFinite(s) && s >= 0) dispatchLatency.observe(s);
     },

@@ -26,6 +26,7 @@ import { systemClock, type Clock } from '../clock.ts';
 import { completedJobsOlderThan, holdBossMaintenance } from '../db/boss-jobs.ts';
 import type { DbOrTx } from '../db/client.ts';
 import { pruneIdempotencyKeys } from '../db/idempotency.ts';
+import { pruneStreamChunks } from '../db/stream-chunks.ts';
 import { pruneActivations, pruneDeliveries } from '../db/runtime-pruning.ts';
 import { markTranscriptChecked, pruneAgentTranscripts, transcriptRetentionDue } from '../db/transcript-retention.ts';
 import { queuesOf } from './names.ts';
@@ -65,6 +66,8 @@ export interface SweepResult {
   transcriptRows: number;
   jobs: number;
   idempotencyKeys: number;
+  /** Live turns' chunks whose delivery ended (S3 of src/db/stream-chunks.ts): the daemon that ran it was gone before it deleted them. */
+  streamChunks: number;
 }
 
 /**
@@ -110,6 +113,7 @@ export async function sweepRetention(opts: RetentionOptions): Promise<SweepResul
     transcriptRows: await step(() => pruneTranscriptRows(opts)),
     jobs: await step(() => sweepCompletedJobs(opts)),
     idempotencyKeys: await step(() => sweepIdempotencyKeys(opts)),
+    streamChunks: await step(() => pruneStreamChunks(opts.db)),
   };
   if (failures.length === 1) throw failures[0];
   if (failures.length > 1) throw new AggregateError(failures, `${failures.length} retention steps failed`);

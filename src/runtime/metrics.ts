@@ -16,6 +16,8 @@ export interface RuntimeMetrics {
   coalesced?(events: number): void;
   /** A running turn was interrupted by a newer event (input policy interrupt). */
   interrupted?(): void;
+  /** A `turn_chunk`, by what became of it (src/runtime/stream-relay.ts). */
+  streamChunk?(outcome: string): void;
   /** A worker RPC answered `busy`: over the worker's requests at once, or per second. */
   rpcRefused?(reason: 'concurrency' | 'rate'): void;
 }

@@ -37,6 +37,7 @@ import type { Transport } from './transport.ts';
 import { AttemptFailures } from './attempt-failure.ts';
 import { ContextCache } from './context-cache.ts';
 import { RpcServer } from './rpc.ts';
+import { StreamRelay } from './stream-relay.ts';
 import { TurnBeginner, type FetchedJob } from './turn-begin.ts';
 import { TurnCommits } from './turn-commit.ts';
 import { WorkerRegistry } from './worker-registry.ts';
@@ -58,6 +59,10 @@ export type RuntimeConfig = Pick<
   | 'rpcConcurrency'
   | 'rpcPerSecond'
   | 'rpcTimeoutMs'
+  | 'progressIntervalMs'
+  | 'streamChunkBytes'
+  | 'streamTurnBytes'
+  | 'streamBacklogBytes'
 >;
 
 export interface RuntimeOptions {
@@ -87,6 +92,8 @@ export class Runtime {
   readonly workers: WorkerRegistry;
   readonly dispatcher: Dispatcher;
   readonly replies: ReplyPipeline;
+  /** Live turns: the chunks workers stream. */
+  readonly stream: StreamRelay;
   private readonly background: BackgroundWork;
   private readonly log: Logger;
   private readonly metrics: RuntimeMetrics;
@@ -166,6 +173,19 @@ export class Runtime {
       dispatcher: this.dispatcher,
       maxEventBytes: config.maxEventBytes,
     });
+    this.stream = new StreamRelay({
+      db: opts.db,
+      turnOf: (eventId) => this.dispatcher.turnOf(eventId),
+      progress: (workerId, ref) => this.replies.progress(workerId, ref),
+      clock: opts.clock,
+      logger: opts.logger,
+      chunkBytes: config.streamChunkBytes,
+      turnBytes: config.streamTurnBytes,
+      backlogBytes: config.streamBacklogBytes,
+      // the lease is renewed about as often as the worker's own progress would
+      progressEveryMs: config.progressIntervalMs,
+      counted: (outcome) => this.metrics.streamChunk?.(outcome),
+    });
   }
 
   /** Called synchronously from the broker's receive loop: schedules, never awaits. */
@@ -185,6 +205,10 @@ export class Runtime {
         return;
       case 'turn_progress':
         this.replies.progress(e.workerId, e.turnRef);
+        return;
+      case 'turn_chunk':
+        this.workers.seen(e.workerId);
+        this.stream.chunk(e);
         return;
       case 'turn_result':
         this.replies.result(e);
@@ -236,6 +260,7 @@ export class Runtime {
 
   /** Waits for scheduled background work (tests, shutdown). */
   async drain(): Promise<void> {
+    await this.stream.flushed();
     await this.background.drain();
     await this.rpc.drain();
   }
@@ -243,6 +268,7 @@ export class Runtime {
   /** Stops retrying database work and parked turns (shutdown). */
   stop(): void {
     this.stopping = true;
+    this.stream.stop();
     this.dispatcher.stop();
     this.directory.stop();
   }

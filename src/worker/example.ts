@@ -13,6 +13,8 @@
  *   N ms after the commit
  * - `{"history": true}`      → reads the whole conversation back through `history.read` (worker
  *   RPC) and reports `history_total`
+ * - `{"stream": N, "streamMs": T}` → streams N chunks `{ "delta": "w1 " }`, `{ "delta": "w2 " }` …
+ *   (live turns: `ctx.stream`) spread over T ms (default 40 ms apart), before the rest
  * - anything else             → `{ text: "echo: " + JSON.stringify(data) }`
  * A turn that takes several events (input policy `coalesce`) answers them all in one message:
  * `echo: ` and each event's text (or its JSON) in order, joined by ` | `; it waits the largest
@@ -46,6 +48,7 @@ export function createExampleHandler(clock: Clock = systemClock): (ctx: TurnCont
       const rec = asRecord(data);
       const delay = Math.max(0, ...ctx.events.map((e) => delayOf(asRecord(e.data))));
       if (delay > 0) await clock.sleep(Math.min(delay, MAX_DELAY_MS), ctx.signal);
+      await streamChunks(ctx, rec, clock);
       ctx.signal.throwIfAborted();
       if (rec?.fail === true) {
         const err = new Error('example worker asked to fail') as Error & { code?: string; retryable?: boolean };
@@ -65,6 +68,18 @@ export function createExampleHandler(clock: Clock = systemClock): (ctx: TurnCont
       unsubscribe();
     }
   };
+}
+
+/** `stream`: N chunks over `streamMs` (each `{ delta }`), as a model's tokens would come. */
+async function streamChunks(ctx: TurnContext, rec: Record<string, JsonValue> | null, clock: Clock): Promise<void> {
+  const n = rec?.stream;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n <= 0) return;
+  const count = Math.min(n, 100_000);
+  const total = typeof rec?.streamMs === 'number' && rec.streamMs >= 0 ? Math.min(rec.streamMs, MAX_DELAY_MS) : count * 40;
+  for (let i = 1; i <= count; i++) {
+    ctx.stream({ delta: `w${i} ` });
+    if (i < count && total > 0) await clock.sleep(total / count, ctx.signal);
+  }
 }
 
 /** An event's `delayMs`, 0 when it asks for none. */

@@ -43,6 +43,7 @@ import {
   type WorkerMessage,
 } from '../fabric/protocol.ts';
 import { SerialQueue } from '../serial-queue.ts';
+import { DEFAULT_STREAM_CHUNK_BYTES } from '../defaults.ts';
 import { runReceiveLoop } from '../fabric/receive-loop.ts';
 import { RunningTurn, type TurnHandler } from './turn.ts';
 import { registrationRefusal, watchHandshakes, type RefusalListener } from './refusals.ts';
@@ -119,6 +120,8 @@ class WorkerRuntime implements Worker {
   private heartbeatTimer: TimerHandle | null = null;
   private heartbeatMs: number;
   private progressMs: number;
+  /** The largest turn_chunk frame the daemon relays (its welcome says; the default until then). */
+  private streamChunkBytes = DEFAULT_STREAM_CHUNK_BYTES;
   private registered = false;
   private readySentAtMs: number | null = null;
   private heartbeatQueued = false;
@@ -320,6 +323,7 @@ class WorkerRuntime implements Worker {
           // one lost progress message would then cost the lease: say so, the daemon's config is off
           this.log.warn({ progressMs: msg.progress_interval_ms, leaseMs: msg.lease_ms }, 'progress interval is more than half the lease');
         }
+        if (msg.stream_chunk_bytes !== undefined) this.streamChunkBytes = msg.stream_chunk_bytes;
         return this.onWelcome(msg.heartbeat_interval_ms, msg.progress_interval_ms, msg.capacity);
       case 'worker_challenge':
         return this.onChallenge(msg.worker_id, msg.nonce);
@@ -426,6 +430,7 @@ class WorkerRuntime implements Worker {
       logger: this.log,
       maxMessageBytes: this.maxMessageBytes,
       progressIntervalMs: () => this.progressMs,
+      streamChunkBytes: () => Math.min(this.streamChunkBytes, this.maxMessageBytes),
       send: (m, frame) => this.sendFinalOrProgress(m, frame),
       rpc: (turnRef, method, params) => this.callRpc(turnRef, method, params),
       finished: (t) => void this.turns.delete(t.deliveryId),

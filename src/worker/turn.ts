@@ -64,6 +64,14 @@ export interface TurnContext {
   /** Send a turn_progress now (extends the lease); the SDK also sends one periodically. */
   progress(note?: string): void;
   /**
+   * Streams `data` (any JSON value, e.g. `{ delta: 'Hel' }`) to whoever watches the actor
+   * (`corral watch`, `corral.watch`, the HTTP API), in order, as a `turn_chunk` (docs/protocol.md
+   * §5.2). Fire and forget: the daemon shows it only while this attempt is the live one, and it
+   * counts as progress. Returns false when nothing was sent: the turn is over, or the chunk is
+   * larger than the daemon relays (`stream_chunk_bytes`, 64 KiB by default).
+   */
+  stream(data: unknown): boolean;
+  /**
    * The conversation this turn continues, as sent with turn_start: its latest messages (oldest
    * first, bounded by the daemon's count and byte budget). Undefined from a daemon that sends none.
    */
@@ -115,6 +123,8 @@ export interface TurnDeps {
   send(msg: WorkerMessage, frame?: string): void;
   progressIntervalMs(): number;
   maxMessageBytes: number;
+  /** The largest turn_chunk frame the daemon relays. */
+  streamChunkBytes(): number;
   /** A worker RPC on the worker's connection. */
   rpc(turnRef: TurnRef, method: string, params: unknown): Promise<unknown>;
   /** Called once, just before the final message is queued (invariant 4). */
@@ -137,6 +147,8 @@ export class RunningTurn {
   private progressTimer: TimerHandle | null = null;
   private silenced = false;
   private stopping = false;
+  /** The last turn_chunk's seq. */
+  private chunkSeq = 0;
   private settled = false;
 
   constructor(start: TurnStart, deps: TurnDeps) {
@@ -215,6 +227,9 @@ export class RunningTurn {
       },
       progress(note) {
         self.sendProgress(note);
+      },
+      stream(data) {
+        return self.sendChunk(data);
       },
       context: this.start.context,
       rpc(method, params) {
@@ -318,6 +333,32 @@ export class RunningTurn {
       turn_ref: this.ref,
       ...(note === undefined ? {} : { note: note.slice(0, 4096) }),
     });
+  }
+
+  private sendChunk(data: unknown): boolean {
+    if (this.settled || this.silenced) return false;
+    const msg = {
+      v: PROTOCOL_VERSION,
+      type: 'turn_chunk',
+      turn_ref: this.ref,
+      seq: this.chunkSeq + 1,
+      data: data ?? null,
+    } as WorkerMessage;
+    let frame: string;
+    try {
+      frame = encodeFrame(msg);
+    } catch (e) {
+      this.log.warn({ err: toError(e).message }, 'stream chunk is not JSON; not sent');
+      return false;
+    }
+    const bytes = frameBytesAbove(frame, this.deps.streamChunkBytes());
+    if (bytes !== undefined) {
+      this.log.warn({ bytes, limit: this.deps.streamChunkBytes() }, 'stream chunk too large; not sent');
+      return false;
+    }
+    this.chunkSeq++;
+    this.deps.send(msg, frame);
+    return true;
   }
 
   private notify(input: JsonValue, ref: TurnRef): void {

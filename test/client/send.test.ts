@@ -237,7 +237,7 @@ describe('sendMany and the checks', () => {
     await expect(code(c.send('app/closed', 1))).resolves.toBe('closed');
     await expect(code(c.transcript('app/closed'))).resolves.toBe('closed');
     await expect(code(c.waitForTurn('01234567-89ab-7def-8123-456789abcdef'))).resolves.toBe('closed');
-    await expect(code(c.watch('app/closed'))).resolves.toBe('closed');
+    await expect(code(c.watchTurns('app/closed'))).resolves.toBe('closed');
   });
 
   it('reads an actor the way `corral actor` does', async () => {

@@ -133,7 +133,7 @@ describe('turn watchers', () => {
     await waitFor(async () => (await sender.transcript(actor)).length === 1, { what: 'the unwatched turn committed' });
 
     const watcher = await s.connect({ applicationName: 'tw-watcher', watchLingerMs: 0 });
-    const watch = await watcher.watch(actor);
+    const watch = await watcher.watchTurns(actor);
     const pid = await backendOf('tw-watcher-listen');
     expect(await registrations()).toEqual([`${channel} ${pid}`]);
     const heard = await sender.send(actor, { text: 'watched' });
@@ -152,7 +152,7 @@ describe('turn watchers', () => {
     expect(await registrations()).toEqual([]);
     const unheard2 = await sender.send(actor, { text: 'nobody watches again' });
     await waitFor(async () => (await sender.transcript(actor)).length === 3, { what: 'the second unwatched turn committed' });
-    const again = await watcher.watch(actor);
+    const again = await watcher.watchTurns(actor);
     const last = await sender.send(actor, { text: 'watched again' });
     await read(again, committed(last.eventId));
     await waitFor(() => raw.some((n) => n.kind === 'committed' && n.eventId === last.eventId), { what: 'the raw listener hearing' });

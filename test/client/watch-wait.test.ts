@@ -34,7 +34,7 @@ const errorOf = async (p: Promise<unknown>): Promise<CorralError> => {
 describe('watch', () => {
   it('yields started and committed of each turn, in order, without a database call while it waits', async () => {
     const watcher = await s.connect();
-    const watch = await watcher.watch('w/one');
+    const watch = await watcher.watchTurns('w/one');
     const before = watcher.diagnostics();
     expect(before.listening).toBe(1);
     const a = await sender.send('w/one', { text: 'a' });
@@ -64,7 +64,7 @@ describe('watch', () => {
   });
 
   it('yields failed and dead_lettered, and a wait for that event rejects dead_lettered', async () => {
-    const watch = await s.corral.watch('w/fails');
+    const watch = await s.corral.watchTurns('w/fails');
     const sent = await sender.send('w/fails', { fail: true });
     const waited = errorOf(s.corral.waitForTurn(sent.eventId));
     const seen = await read(watch, (x) => x.some((e) => e.kind === 'dead_lettered'));
@@ -79,8 +79,8 @@ describe('watch', () => {
 
   it('ends when its signal aborts, and several watches of one channel each get theirs', async () => {
     const ctl = new AbortController();
-    const w1 = await s.corral.watch('w/abort', { signal: ctl.signal });
-    const w2 = await s.corral.watch('w/abort');
+    const w1 = await s.corral.watchTurns('w/abort', { signal: ctl.signal });
+    const w2 = await s.corral.watchTurns('w/abort');
     const sent = await sender.send('w/abort', { text: 'x' });
     const both = await read(w2, (x) => x.some((e) => e.kind === 'committed'));
     expect(both.map((e) => e.kind)).toEqual(['started', 'committed']);
@@ -93,7 +93,7 @@ describe('watch', () => {
     expect(s.corral.diagnostics()).toMatchObject({ watches: 0 });
     const aborted = new AbortController();
     aborted.abort();
-    const w3 = await s.corral.watch('w/abort', { signal: aborted.signal });
+    const w3 = await s.corral.watchTurns('w/abort', { signal: aborted.signal });
     expect(await w3.next()).toEqual({ value: undefined, done: true });
     // a watch ended before it began holds nothing
     expect(s.corral.diagnostics().watches).toBe(0);
@@ -101,7 +101,7 @@ describe('watch', () => {
 
   it('after its connection is lost, says so with a gap and goes on hearing turns', async () => {
     const watcher = await s.connect({ applicationName: 'watch-reconnect' });
-    const watch = await watcher.watch('w/reconnect');
+    const watch = await watcher.watchTurns('w/reconnect');
     const killed = await s.pg.query<{ n: number }>(
       `select count(pg_terminate_backend(pid))::int as n from pg_stat_activity
         where application_name = 'watch-reconnect-listen' and datname = current_database()`,
@@ -121,7 +121,7 @@ describe('watch', () => {
   });
 
   it('drops what a consumer that falls behind did not read, for one overflow gap', async () => {
-    const watch = await s.corral.watch('w/slow', { maxBuffered: 2 });
+    const watch = await s.corral.watchTurns('w/slow', { maxBuffered: 2 });
     const sent = await sender.sendMany(Array.from({ length: 3 }, (_, i) => ({ actor: 'w/slow', data: { text: `s${i}` } })));
     await Promise.all(sent.map((e) => s.corral.waitForTurn(e.eventId)));
     // their 6 events arrived unread (on the connection the waits share): the buffer held at most 2

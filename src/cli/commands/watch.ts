@@ -1,0 +1,111 @@
+/**
+ * `corral watch <agent_uid>/<session_id> [--json] [--once] [--last-event-id ID]`: an actor's live
+ * turns as they run (src/ops/live-stream.ts), from the database the other commands use: each
+ * turn's start, what its worker streams, then the committed turn or its failure. `--json` prints
+ * one event per line (`{"id","type","data"}`, the events of `corral.watch` and the HTTP API).
+ * Runs until Ctrl-C (or, with `--once`, until a turn ended); a reader that falls too far behind
+ * gets the `error` event and exit code 1.
+ */
+import { formatActorKey, parseActorKey } from '../../actor-key.ts';
+import type { Config } from '../../config.ts';
+import { TurnListener } from '../../db/turn-listener.ts';
+import { CorralError } from '../../errors.ts';
+import type { LiveEvent } from '../../ops/live-api.ts';
+import { LiveStream, parseLiveEventId } from '../../ops/live-stream.ts';
+import { queuesOf } from '../../queue/names.ts';
+import { openCommandContext } from '../context.ts';
+
+export interface WatchCommandOptions {
+  json?: boolean;
+  once?: boolean;
+  lastEventId?: string;
+}
+
+export interface WatchIo {
+  out: NodeJS.WritableStream;
+  err: NodeJS.WritableStream;
+  /** Ends the watch (Ctrl-C): exit code 0. */
+  signal: AbortSignal;
+}
+
+export async function runWatchCommand(config: Config, actor: string, opts: WatchCommandOptions, io: WatchIo): Promise<number> {
+  const key = parseActorKey(actor);
+  if (opts.lastEventId !== undefined && parseLiveEventId(opts.lastEventId) === undefined) {
+    throw new CorralError(
+      'invalid_argument',
+      `--last-event-id ${JSON.stringify(opts.lastEventId.slice(0, 80))} is not an event id of a stream`,
+    );
+  }
+  const ctx = await openCommandContext(config, { connections: 1 });
+  const listener = new TurnListener({ url: ctx.database.url, applicationName: 'corral-watch', logger: ctx.logger });
+  const stream = new LiveStream(
+    key,
+    { db: ctx.database.db, queues: queuesOf(config), listener },
+    { signal: io.signal, ...(opts.lastEventId !== undefined ? { lastEventId: opts.lastEventId } : {}) },
+    () => undefined,
+  );
+  // a closed pipe (`corral watch … | head`) ends the watch, quietly
+  const onPipeError = () => void stream.close();
+  io.out.on('error', onPipeError);
+  const print = opts.json ? jsonPrinter(io.out) : textPrinter(io.out);
+  try {
+    await stream.start();
+    if (!opts.json) io.err.write(`watching ${formatActorKey(key)} (Ctrl-C to stop)\n`);
+    for await (const e of stream) {
+      print(e);
+      if (e.type === 'error') {
+        io.err.write(`corral watch: ${e.data.message}\n`);
+        return 1;
+      }
+      if (opts.once && (e.type === 'turn_committed' || e.type === 'turn_failed')) break;
+    }
+    return 0;
+  } finally {
+    io.out.off('error', onPipeError);
+    await stream.close();
+    await listener.close();
+    await ctx.close();
+  }
+}
+
+function jsonPrinter(out: NodeJS.WritableStream): (e: LiveEvent) => void {
+  return (e) => out.write(`${JSON.stringify(e)}\n`);
+}
+
+/** Chunks with a text `delta` print as running text; any other chunk on a line of its own. */
+function textPrinter(out: NodeJS.WritableStream): (e: LiveEvent) => void {
+  let midLine = false;
+  const line = (text: string) => {
+    out.write(`${midLine ? '\n' : ''}${text}\n`);
+    midLine = false;
+  };
+  return (e) => {
+    switch (e.type) {
+      case 'turn_started': {
+        const batch = e.data.events.length > 1 ? `, ${e.data.events.length} events` : '';
+        line(`── turn ${e.data.event_id} (epoch ${e.data.epoch}, attempt ${e.data.attempt}${batch})`);
+        return;
+      }
+      case 'chunk': {
+        const data = e.data.data as { delta?: unknown } | null;
+        if (data !== null && typeof data === 'object' && typeof data.delta === 'string') {
+          out.write(data.delta);
+          midLine = true;
+        } else line(`  chunk ${e.data.seq}: ${JSON.stringify(e.data.data)}`);
+        return;
+      }
+      case 'turn_committed':
+        line(`── committed`);
+        for (const m of e.data.messages) line(`  ${String(m.seq).padStart(4)} ${m.role.padEnd(9)} ${JSON.stringify(m.content)}`);
+        return;
+      case 'turn_failed':
+        line(`── ${e.data.reason === 'failed' ? 'failed; it will be retried' : e.data.reason.replace('_', ' ')}`);
+        return;
+      case 'reset':
+        line(`── reset: attempt ${e.data.attempt} starts over`);
+        return;
+      case 'error':
+        return;
+    }
+  };
+}

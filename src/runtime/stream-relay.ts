@@ -1,0 +1,217 @@
+/**
+ * The stream relay: a running turn's `turn_chunk`s, judged against the turn this process runs and
+ * written in groups to `corral.stream_chunks` (src/db/stream-chunks.ts), from where any daemon's
+ * watchers read them.
+ *
+ *  R1 A chunk is relayed only while its delivery is the live one this process runs, from the worker
+ *     holding it (the in-memory fence, `holdsLiveTurn`); the insert checks the delivery row again
+ *     (S1). A chunk of a stale, unknown or ended delivery is dropped and counted, never answered:
+ *     chunks are fire-and-forget, and the turn's final message gets its own answer.
+ *  R2 Per attempt, chunks are relayed in increasing `seq`; a repeated or older seq is dropped.
+ *  R3 Bounded: a chunk frame above `chunkBytes`, chunks past `turnBytes` for one attempt, and
+ *     chunks that would take the bytes waiting to be written past `backlogBytes` are dropped and
+ *     counted. So a worker streaming without limit costs the daemon at most `backlogBytes`.
+ *  R4 A relayed chunk counts as progress: at most every `progressEveryMs` per attempt it extends
+ *     the lease as a `turn_progress` would.
+ *  R5 One insert at a time; the chunks that arrive meanwhile go together in the next one, in order.
+ *  R6 The chunks of an attempt that ended are deleted (S3), a few seconds after it ended.
+ */
+import type { Clock } from '../clock.ts';
+import type { DbOrTx } from '../db/client.ts';
+import { deleteChunks, insertChunks, streamChannelOf, type ChunkRow } from '../db/stream-chunks.ts';
+import { errorMessage } from '../errors.ts';
+import { unstorableReason } from '../json-safety.ts';
+import type { Logger } from '../logger.ts';
+import type { BrokerEvent } from '../fabric/broker.ts';
+import type { InFlightTurn } from './directory.ts';
+import type { WireTurnRef } from './fence.ts';
+
+type ChunkEvent = Extract<BrokerEvent, { kind: 'turn_chunk' }>;
+
+export const CHUNK_OUTCOMES = [
+  'relayed',
+  'stale',
+  'out_of_order',
+  'too_large',
+  'turn_limit',
+  'backlog',
+  'unstorable',
+  'write_failed',
+] as const;
+export type ChunkOutcome = (typeof CHUNK_OUTCOMES)[number];
+
+export interface StreamRelayOptions {
+  db: DbOrTx;
+  /** The turn this process runs for an event (the dispatcher's). */
+  turnOf(eventId: string): InFlightTurn | undefined;
+  /** R4: the lease extension of a `turn_progress`. */
+  progress(workerId: string, ref: WireTurnRef): void;
+  clock: Clock;
+  logger: Logger;
+  chunkBytes: number;
+  turnBytes: number;
+  backlogBytes: number;
+  progressEveryMs: number;
+  /** Counts each chunk by what became of it. */
+  counted?: (outcome: ChunkOutcome) => void;
+}
+
+/** R1: whether `ref` is the live attempt `turn` of this process, sent by the worker that holds it. */
+export function holdsLiveTurn(turn: InFlightTurn | undefined, workerId: string, ref: WireTurnRef): turn is InFlightTurn {
+  if (!turn || turn.workerId !== workerId) return false;
+  const f = turn.fence;
+  // a chunk sent just before a steer reached the worker carries the revision before it: same attempt
+  return (
+    f.deliveryId === ref.delivery_id &&
+    f.activationUid === ref.activation_uid &&
+    f.actorEpoch === ref.actor_epoch &&
+    f.eventId === ref.event_id &&
+    f.agentUid === ref.agent_uid &&
+    f.sessionId === ref.session_id &&
+    ref.revision <= f.revision
+  );
+}
+
+interface Streaming {
+  eventId: string;
+  seq: number;
+  bytes: number;
+  channel: string;
+  lastProgressMs: number;
+}
+
+/** R5: most chunk bytes in one insert (its JSON text, the driver's buffer and the server's copy each hold them). */
+const GROUP_BYTES = 1024 * 1024;
+
+type PendingChunk = ChunkRow & { bytes: number };
+
+/** R6: how often ended attempts' chunks are looked for and deleted. */
+const SWEEP_MS = 2_000;
+
+export class StreamRelay {
+  private readonly opts: StreamRelayOptions;
+  private readonly log: Logger;
+  private readonly streaming = new Map<string, Streaming>();
+  private pending: PendingChunk[] = [];
+  private pendingBytes = 0;
+  private writing: Promise<void> | undefined;
+  private sweepTimer: ReturnType<Clock['setInterval']> | undefined;
+  private stopped = false;
+
+  constructor(opts: StreamRelayOptions) {
+    this.opts = opts;
+    this.log = opts.logger.child({ component: 'stream' });
+  }
+
+  /** Called from the broker's receive loop: judges the chunk now, writes it later. Never throws. */
+  chunk(e: ChunkEvent): void {
+    const ref = e.turnRef;
+    const turn = this.opts.turnOf(ref.event_id);
+    if (this.stopped || !holdsLiveTurn(turn, e.workerId, ref)) return this.count('stale');
+    if (e.bytes > this.opts.chunkBytes) return this.count('too_large');
+    let s = this.streaming.get(ref.delivery_id);
+    if (s && e.seq <= s.seq) return this.count('out_of_order');
+    if ((s?.bytes ?? 0) + e.bytes > this.opts.turnBytes) return this.count('turn_limit');
+    if (this.pendingBytes + e.bytes > this.opts.backlogBytes) return this.count('backlog');
+    if (unstorableReason(e.data) !== null) return this.count('unstorable');
+    if (!s) {
+      s = { eventId: ref.event_id, seq: 0, bytes: 0, channel: streamChannelOf(`${ref.agent_uid}/${ref.session_id}`), lastProgressMs: 0 };
+      this.streaming.set(ref.delivery_id, s);
+      this.sweepTimer ??= this.opts.clock.setInterval(() => this.sweep(), SWEEP_MS);
+    }
+    s.seq = e.seq;
+    s.bytes += e.bytes;
+    this.pending.push({
+      deliveryId: ref.delivery_id,
+      seq: e.seq,
+      agentUid: ref.agent_uid,
+      sessionId: ref.session_id,
+      epoch: ref.actor_epoch,
+      attempt: turn.started.attempt,
+      data: JSON.stringify(e.data),
+      channel: s.channel,
+      bytes: e.bytes,
+    });
+    this.pendingBytes += e.bytes;
+    this.count('relayed');
+    const now = this.opts.clock.nowMs();
+    if (now - s.lastProgressMs >= this.opts.progressEveryMs) {
+      s.lastProgressMs = now;
+      this.opts.progress(e.workerId, ref);
+    }
+    this.writing ??= this.write();
+  }
+
+  /** R5: writes what is pending, a group at a time, until nothing is. */
+  private async write(): Promise<void> {
+    try {
+      // let the rest of this round of socket reads join the first group
+      await new Promise<void>((resolve) => setImmediate(resolve));
+      while (this.pending.length > 0) {
+        const rows = this.takeGroup();
+        const bytes = rows.reduce((n, r) => n + r.bytes, 0);
+        try {
+          await insertChunks(this.opts.db, rows);
+        } catch (err) {
+          // a lost chunk is a gap the watchers fill from the transcript at the commit: never a retry loop here
+          for (let i = 0; i < rows.length; i++) this.count('write_failed');
+          this.log.warn({ err: errorMessage(err).slice(0, 300), chunks: rows.length }, 'stream chunks not written');
+        } finally {
+          this.pendingBytes -= bytes;
+        }
+      }
+    } finally {
+      this.writing = undefined;
+    }
+  }
+
+  /** R5: the oldest pending chunks, at most GROUP_BYTES of them (at least one): a statement's text holds them all. */
+  private takeGroup(): PendingChunk[] {
+    let bytes = 0;
+    let n = 0;
+    while (n < this.pending.length && (n === 0 || bytes + this.pending[n]!.bytes <= GROUP_BYTES)) bytes += this.pending[n++]!.bytes;
+    return this.pending.splice(0, n);
+  }
+
+  /** R6: forgets the attempts that ended here and deletes their chunks. */
+  private sweep(): void {
+    const ended: string[] = [];
+    for (const [deliveryId, s] of this.streaming) {
+      if (this.opts.turnOf(s.eventId)?.fence.deliveryId !== deliveryId) ended.push(deliveryId);
+    }
+    if (ended.length === 0) {
+      if (this.streaming.size === 0) this.stopSweeping();
+      return;
+    }
+    for (const id of ended) this.streaming.delete(id);
+    void deleteChunks(this.opts.db, ended).catch((err: unknown) =>
+      // the retention sweep deletes them later (S3)
+      this.log.debug({ err: errorMessage(err).slice(0, 300) }, 'ended turns’ chunks not deleted yet'),
+    );
+  }
+
+  private stopSweeping(): void {
+    this.sweepTimer?.cancel();
+    this.sweepTimer = undefined;
+  }
+
+  private count(outcome: ChunkOutcome): void {
+    this.opts.counted?.(outcome);
+  }
+
+  /** Attempts streaming now (tests, diagnostics). */
+  get streamingTurns(): number {
+    return this.streaming.size;
+  }
+
+  /** Resolves once the chunks relayed so far are written (or given up). */
+  async flushed(): Promise<void> {
+    await this.writing;
+  }
+
+  /** Stops relaying (shutdown); `flushed` waits for the write in progress. */
+  stop(): void {
+    this.stopped = true;
+    this.stopSweeping();
+  }
+}
