@@ -42,7 +42,7 @@ export interface ApiServerOptions {
   port: number;
   /** Sends events and reads transcripts. */
   corral: Corral;
-  /** The actor live streams come from; without one the stream route answers 503 `shutdown`. */
+  /** Where live streams come from; default `corral` (its `watch`). */
   live?: LiveSource | undefined;
   /** corral's database: tokens and event states. */
   db: Db;
@@ -75,6 +75,7 @@ const METHODS: HTTPMethods[] = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE',
 export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer> {
   const log = opts.logger.child({ component: 'http-api' });
   const { config, db, corral } = opts;
+  const live = opts.live ?? corral;
   const queues = queuesOf(config);
   const bodyLimit = config.maxEventBytes;
   const keepAliveMs = opts.keepAliveMs ?? DEFAULT_KEEPALIVE_MS;
@@ -197,8 +198,7 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
   route('GET', '/v1/actors/:agent_uid/:session_id/stream', 'read', async (req, reply) => {
     const actor = actorOf(req.params);
     const headers = parsed(StreamHeaders, req.headers, 'invalid_argument', 'header');
-    if (!opts.live) throw new CorralError('shutdown', 'live streams are not served here');
-    await streams.serve(req, reply, { live: opts.live, actor, lastEventId: headers['last-event-id'], token: tokenOf(req).name });
+    await streams.serve(req, reply, { live, actor, lastEventId: headers['last-event-id'], token: tokenOf(req).name });
   });
 
   // S4 of streams.ts: one statement for all open streams' tokens
