@@ -101,6 +101,10 @@ describe('sending, reading, the event state', () => {
       status: 200,
       body: { actor: 'web/nobody', turns: [] },
     });
+    // the key parts' `:` and `@`, percent-encoded or not
+    for (const path of ['/v1/actors/app%3Aone/user%40host/transcript', '/v1/actors/app:one/user@host/transcript']) {
+      expect(await answer(await api.call(path, { token: rw }))).toEqual({ status: 200, body: { actor: 'app:one/user@host', turns: [] } });
+    }
   });
 
   it('any JSON value is an event (null, a string, an array); the same Idempotency-Key gives the same event', async () => {
@@ -115,6 +119,10 @@ describe('sending, reading, the event state', () => {
     expect(b).toEqual({ status: 202, body: { event_id: (a.body as { event_id: string }).event_id, duplicate: true } });
     // keys are per actor
     expect((other.body as { event_id: string }).event_id).not.toBe((a.body as { event_id: string }).event_id);
+    expect(await answer(await send('web/idem', { text: 'twice?' }, { 'idempotency-key': 'order-17' }))).toEqual({
+      status: 409,
+      body: failure('idempotency_conflict', /idempotency key "order-17" of web\/idem was used for event .* with other data/),
+    });
     expect(await answer(await send('web/idem', {}, { 'idempotency-key': 'k'.repeat(201) }))).toEqual({
       status: 400,
       body: failure('invalid_argument', /^invalid header idempotency-key "k+…": expected 1-200 characters$/),

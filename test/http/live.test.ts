@@ -79,6 +79,9 @@ describe('the live stream over HTTP', () => {
     const again = await api.call('/v1/actors/live/resume/stream', { token, headers: { 'last-event-id': before.at(-1)!.id! } });
     expect(again.status).toBe(200);
     const after = await readUntil(new SseReader(again), (x) => x.some((m) => m.event === 'turn_committed'));
+    const bad = await api.call('/v1/actors/live/resume/stream', { token, headers: { 'last-event-id': 'not-an-id' } });
+    expect(bad.status).toBe(400);
+    expect(((await bad.json()) as { error: { code: string } }).error.code).toBe('invalid_argument');
     const chunks = [...before, ...after].filter((m) => m.event === 'chunk');
     expect(chunks.map(deltaOf)).toEqual(words(1, 20));
     expect(after[0]!.event).toBe('chunk');
