@@ -127,9 +127,11 @@ export class Streams {
     let finished!: () => void;
     const done = new Promise<void>((resolve) => (finished = resolve));
 
+    let endReason = '';
     const end = (reason: string, drop = false): void => {
       if (ended) return;
       ended = true;
+      endReason = reason;
       clearInterval(keepAlive);
       this.release(slot);
       abort.abort();
@@ -158,9 +160,12 @@ export class Streams {
       throw e;
     }
     if (ended) {
-      // the client left, or the server closed, while the watch started
+      // the client left, the token was revoked or the server closes while the watch started:
+      // nothing was sent, so the route still answers (to a client that is there to hear it)
       void watch.close().catch(() => undefined);
-      return;
+      throw endReason === 'token revoked'
+        ? new CorralError('unauthorized', 'the token is not valid (unknown or revoked)', { details: { tokenGiven: true } })
+        : new CorralError('shutdown', 'the stream ended before it began');
     }
 
     reply.hijack();

@@ -142,11 +142,19 @@ export class ScriptedLive implements LiveSource {
   readonly watches: ScriptedWatch[] = [];
   /** The next watch fails to start with this. */
   failNext: Error | undefined;
+  /** While set, watches start only once it resolves. */
+  gate: Promise<void> | undefined;
+  /** Watches waiting at the gate. */
+  starting = 0;
 
   async watch(actor: ActorKey, opts: LiveWatchOptions): Promise<LiveWatch> {
     const fail = this.failNext;
     this.failNext = undefined;
     if (fail) throw fail;
+    if (this.gate) {
+      this.starting++;
+      await this.gate.finally(() => this.starting--);
+    }
     const w = new ScriptedWatch(actor, opts);
     this.watches.push(w);
     return w;

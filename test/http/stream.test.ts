@@ -213,6 +213,28 @@ describe('the bounds', () => {
     expect(received).toBeLessThan(taken * (8 * 1024 + 200));
   });
 
+  it('closing the server while a watch starts answers 503 shutdown, not a stream', async () => {
+    const other = await startApi(tdb.url, { live, keepAliveMs: KEEPALIVE_MS });
+    let open!: () => void;
+    live.gate = new Promise<void>((r) => (open = r));
+    try {
+      const pending = other.call('/v1/actors/agent/starting/stream', { token: reader });
+      await waitFor(() => live.starting === 1, { what: 'the watch starting' });
+      const stopping = other.stop();
+      open();
+      const res = await pending;
+      expect(await answer(res)).toEqual({
+        status: 503,
+        body: { error: { code: 'shutdown', message: 'the server is shutting down' } },
+      });
+      await stopping;
+      expect(live.last().closed).toBe(true);
+    } finally {
+      live.gate = undefined;
+      open();
+    }
+  });
+
   it('closing the server ends its streams', async () => {
     const other = await startApi(tdb.url, { live, keepAliveMs: KEEPALIVE_MS });
     const token = reader;
