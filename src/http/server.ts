@@ -148,7 +148,7 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
   });
 
   const auth = (scope: ApiTokenScope) => requireScope(verifier, scope);
-  /** H1: `url` answers `methods`; any other method 405. */
+  /** H1: `url` answers `method`, behind the token check of `scope`; any other method is 405. */
   const route = (
     method: HTTPMethods,
     url: string,
