@@ -11,11 +11,13 @@
  *     the next attempt begins with `reset`.
  *  V3 An event id (`<delivery_id>:s|<seq>|e|r`) says where the stream was: `lastEventId` resumes
  *     right after it, on any daemon, while that turn's row is there.
- *  V4 A missed notification costs latency, never an event: the watch looks again every second
- *     while a turn is followed, and every 10 s otherwise, and after every reconnect (a gap).
+ *  V4 A missed notification costs latency, never an event: the watch looks again after 2 s without
+ *     news while a turn is followed, after 10 s otherwise, and after every reconnect (a gap). A
+ *     turn that streams, and so is heard, is not read again meanwhile.
  *  V5 Bounded: a reader more than `maxBufferedBytes` behind gets an `error` (`overflow`) and the
  *     stream ends; nothing is held without limit.
  */
+import { performance } from 'node:perf_hooks';
 import type { ActorKey } from '../actor-key.ts';
 import { formatActorKey } from '../actor-key.ts';
 import type { Queues } from '../db/boss-jobs.ts';
@@ -36,8 +38,10 @@ import { errorMessage } from '../errors.ts';
 import type { LiveAttempt, LiveEvent, LiveTurnFailed, LiveWatch, LiveWatchOptions } from './live-api.ts';
 
 export const DEFAULT_MAX_BUFFERED_BYTES = 4 * 1024 * 1024;
-const FOLLOWING_POLL_MS = 1_000;
+const FOLLOWING_POLL_MS = 2_000;
 const IDLE_POLL_MS = 10_000;
+/** Most chunk notices held during a look; past it, the look after reads the table instead. */
+const MAX_HELD = 1_000;
 
 /** V3: the parts of an event id. */
 export function parseLiveEventId(id: string): { deliveryId: string; at: 's' | 'e' | 'r' | number } | undefined {
@@ -76,9 +80,13 @@ export class LiveStream implements LiveWatch {
   /** Where the watch began: turns that started before it are not yielded (V2). */
   private since: string | undefined;
   private pendingReset = false;
+  /** Chunk notices heard while a look runs, applied after it. */
+  private held: { deliveryId: string; seq: number; data: string }[] = [];
   private syncing = false;
   private syncAgain = false;
   private timer: NodeJS.Timeout | undefined;
+  /** When the followed turn was last heard of or read (V4). */
+  private heardAtMs = 0;
   private ended = false;
   private readonly onAbort = () => void this.close();
 
@@ -138,13 +146,27 @@ export class LiveStream implements LiveWatch {
     this.since = live?.startedAt ?? '-infinity';
   }
 
-  /** V1: the chunk notified is yielded here when it is the next one; false: look in the database. */
+  /**
+   * V1: the chunk notified is yielded here when it is the next one; false: look in the database.
+   * One heard during a look waits for its end (up to MAX_HELD of them), so a busy stream is not
+   * read again for each chunk that arrives meanwhile.
+   */
   private chunkNoticed(deliveryId: string, seq: number, data: string | undefined): boolean {
+    if (this.syncing) {
+      if (data === undefined || this.held.length >= MAX_HELD) return false;
+      this.held.push({ deliveryId, seq, data });
+      return true;
+    }
+    return this.applyChunk(deliveryId, seq, data);
+  }
+
+  private applyChunk(deliveryId: string, seq: number, data: string | undefined): boolean {
     const f = this.followed;
-    if (this.syncing || data === undefined || !f || f.ended || !f.startedSent || f.turn.deliveryId !== deliveryId) return false;
+    if (data === undefined || !f || f.ended || !f.startedSent || f.turn.deliveryId !== deliveryId) return false;
     if (seq <= f.lastSeq) return true;
     if (seq !== f.lastSeq + 1) return false;
     this.emitChunk(f, seq, data);
+    this.heardAtMs = performance.now();
     return true;
   }
 
@@ -165,6 +187,9 @@ export class LiveStream implements LiveWatch {
       do {
         this.syncAgain = false;
         await this.look();
+        const held = this.held;
+        this.held = [];
+        for (const n of held) if (!this.applyChunk(n.deliveryId, n.seq, n.data)) this.syncAgain = true;
       } while (this.syncAgain && !this.ended);
     } catch (e) {
       // a database away for a moment: the next wake-up or poll looks again
@@ -240,9 +265,22 @@ export class LiveStream implements LiveWatch {
   private schedulePoll(): void {
     if (this.ended) return;
     clearTimeout(this.timer);
+    this.heardAtMs = performance.now();
     const following = this.followed !== undefined && !this.followed.ended;
-    this.timer = setTimeout(() => this.wake(), following ? FOLLOWING_POLL_MS : IDLE_POLL_MS);
+    this.timer = setTimeout(() => this.pollDue(), following ? FOLLOWING_POLL_MS : IDLE_POLL_MS);
     this.timer.unref?.();
+  }
+
+  /** V4: a look, unless the followed turn was heard of lately; then later. */
+  private pollDue(): void {
+    const quietMs = performance.now() - this.heardAtMs;
+    const following = this.followed !== undefined && !this.followed.ended;
+    if (following && quietMs < FOLLOWING_POLL_MS) {
+      this.timer = setTimeout(() => this.pollDue(), FOLLOWING_POLL_MS - quietMs);
+      this.timer.unref?.();
+      return;
+    }
+    this.wake();
   }
 
   /** V5 */

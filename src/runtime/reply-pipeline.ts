@@ -45,6 +45,8 @@ export interface ReplyPipelineOptions extends RuntimeParts {
   dispatcher: Dispatcher;
   /** Largest emitted event payload (CORRAL_MAX_EVENT_BYTES). */
   maxEventBytes: number;
+  /** The stream relay's R7: the chunks of a delivery received before its result, once written (undefined: nothing to wait for). */
+  chunksWritten?: (deliveryId: string) => Promise<void> | undefined;
 }
 
 export class ReplyPipeline {
@@ -114,6 +116,8 @@ export class ReplyPipeline {
     this.dropAccept(e.turnRef.delivery_id);
     this.fenced(e.workerId, e.turnRef, 'commit', async (fence) => {
       let outcome: ReplyOutcome;
+      const chunks = this.opts.chunksWritten?.(fence.deliveryId);
+      if (chunks) await chunks;
       try {
         outcome = await this.writer.submit({
           kind: 'commit',

@@ -172,6 +172,7 @@ export class Runtime {
       ...parts,
       dispatcher: this.dispatcher,
       maxEventBytes: config.maxEventBytes,
+      chunksWritten: (deliveryId) => this.stream.written(deliveryId),
     });
     this.stream = new StreamRelay({
       db: opts.db,

@@ -13,8 +13,12 @@
  *     counted. So a worker streaming without limit costs the daemon at most `backlogBytes`.
  *  R4 A relayed chunk counts as progress: at most every `progressEveryMs` per attempt it extends
  *     the lease as a `turn_progress` would.
- *  R5 One insert at a time; the chunks that arrive meanwhile go together in the next one, in order.
+ *  R5 Inserts run in LANES lanes, each one at a time; an attempt's chunks always take the same lane,
+ *     so they are stored and notified in seq order; the chunks that arrive while a lane writes go
+ *     together in its next insert.
  *  R6 The chunks of an attempt that ended are deleted (S3), a few seconds after it ended.
+ *  R7 A result waits for the chunks that came before it (`written`): they are stored before the
+ *     commit ends the delivery, which would fail their insert's fence (S1) and lose them.
  */
 import type { Clock } from '../clock.ts';
 import type { DbOrTx } from '../db/client.ts';
@@ -78,12 +82,25 @@ interface Streaming {
   bytes: number;
   channel: string;
   lastProgressMs: number;
+  /** R5: the lane its chunks take. */
+  lane: Lane;
+  /** R7: its chunks not written yet, and who waits for them. */
+  unwritten: number;
+  waiters: (() => void)[];
 }
 
 /** R5: most chunk bytes in one insert (its JSON text, the driver's buffer and the server's copy each hold them). */
 const GROUP_BYTES = 1024 * 1024;
 
 type PendingChunk = ChunkRow & { bytes: number };
+
+/** R5: inserts in flight at once (PostgreSQL takes them on as many cores). */
+const LANES = 2;
+
+interface Lane {
+  pending: PendingChunk[];
+  writing: Promise<void> | undefined;
+}
 
 /** R6: how often ended attempts' chunks are looked for and deleted. */
 const SWEEP_MS = 2_000;
@@ -92,9 +109,9 @@ export class StreamRelay {
   private readonly opts: StreamRelayOptions;
   private readonly log: Logger;
   private readonly streaming = new Map<string, Streaming>();
-  private pending: PendingChunk[] = [];
+  private readonly lanes: Lane[] = Array.from({ length: LANES }, () => ({ pending: [], writing: undefined }));
   private pendingBytes = 0;
-  private writing: Promise<void> | undefined;
+  private nextLane = 0;
   private sweepTimer: ReturnType<Clock['setInterval']> | undefined;
   private stopped = false;
 
@@ -115,13 +132,23 @@ export class StreamRelay {
     if (this.pendingBytes + e.bytes > this.opts.backlogBytes) return this.count('backlog');
     if (unstorableReason(e.data) !== null) return this.count('unstorable');
     if (!s) {
-      s = { eventId: ref.event_id, seq: 0, bytes: 0, channel: streamChannelOf(`${ref.agent_uid}/${ref.session_id}`), lastProgressMs: 0 };
+      s = {
+        eventId: ref.event_id,
+        seq: 0,
+        bytes: 0,
+        channel: streamChannelOf(`${ref.agent_uid}/${ref.session_id}`),
+        lastProgressMs: 0,
+        lane: this.lanes[this.nextLane++ % LANES]!,
+        unwritten: 0,
+        waiters: [],
+      };
       this.streaming.set(ref.delivery_id, s);
       this.sweepTimer ??= this.opts.clock.setInterval(() => this.sweep(), SWEEP_MS);
     }
     s.seq = e.seq;
     s.bytes += e.bytes;
-    this.pending.push({
+    s.unwritten++;
+    s.lane.pending.push({
       deliveryId: ref.delivery_id,
       seq: e.seq,
       agentUid: ref.agent_uid,
@@ -139,16 +166,16 @@ export class StreamRelay {
       s.lastProgressMs = now;
       this.opts.progress(e.workerId, ref);
     }
-    this.writing ??= this.write();
+    s.lane.writing ??= this.write(s.lane);
   }
 
-  /** R5: writes what is pending, a group at a time, until nothing is. */
-  private async write(): Promise<void> {
+  /** R5: writes what is pending in `lane`, a group at a time, until nothing is. */
+  private async write(lane: Lane): Promise<void> {
     try {
       // let the rest of this round of socket reads join the first group
       await new Promise<void>((resolve) => setImmediate(resolve));
-      while (this.pending.length > 0) {
-        const rows = this.takeGroup();
+      while (lane.pending.length > 0) {
+        const rows = takeGroup(lane.pending);
         const bytes = rows.reduce((n, r) => n + r.bytes, 0);
         try {
           await insertChunks(this.opts.db, rows);
@@ -158,19 +185,31 @@ export class StreamRelay {
           this.log.warn({ err: errorMessage(err).slice(0, 300), chunks: rows.length }, 'stream chunks not written');
         } finally {
           this.pendingBytes -= bytes;
+          this.markWritten(rows);
         }
       }
     } finally {
-      this.writing = undefined;
+      lane.writing = undefined;
     }
   }
 
-  /** R5: the oldest pending chunks, at most GROUP_BYTES of them (at least one): a statement's text holds them all. */
-  private takeGroup(): PendingChunk[] {
-    let bytes = 0;
-    let n = 0;
-    while (n < this.pending.length && (n === 0 || bytes + this.pending[n]!.bytes <= GROUP_BYTES)) bytes += this.pending[n++]!.bytes;
-    return this.pending.splice(0, n);
+  /**
+   * R7: undefined when every chunk of `deliveryId` received so far is written (the common case,
+   * and every turn that streams nothing: no promise, no wait), else a promise of that.
+   */
+  written(deliveryId: string): Promise<void> | undefined {
+    const s = this.streaming.get(deliveryId);
+    if (!s || s.unwritten === 0) return undefined;
+    return new Promise((resolve) => s.waiters.push(resolve));
+  }
+
+  private markWritten(rows: readonly PendingChunk[]): void {
+    for (const r of rows) {
+      const s = this.streaming.get(r.deliveryId);
+      if (!s) continue;
+      s.unwritten--;
+      if (s.unwritten === 0 && s.waiters.length > 0) for (const w of s.waiters.splice(0)) w();
+    }
   }
 
   /** R6: forgets the attempts that ended here and deletes their chunks. */
@@ -183,7 +222,10 @@ export class StreamRelay {
       if (this.streaming.size === 0) this.stopSweeping();
       return;
     }
-    for (const id of ended) this.streaming.delete(id);
+    for (const id of ended) {
+      for (const w of this.streaming.get(id)?.waiters.splice(0) ?? []) w();
+      this.streaming.delete(id);
+    }
     void deleteChunks(this.opts.db, ended).catch((err: unknown) =>
       // the retention sweep deletes them later (S3)
       this.log.debug({ err: errorMessage(err).slice(0, 300) }, 'ended turns’ chunks not deleted yet'),
@@ -206,7 +248,7 @@ export class StreamRelay {
 
   /** Resolves once the chunks relayed so far are written (or given up). */
   async flushed(): Promise<void> {
-    await this.writing;
+    await Promise.all(this.lanes.map((l) => l.writing));
   }
 
   /** Stops relaying (shutdown); `flushed` waits for the write in progress. */
@@ -214,4 +256,12 @@ export class StreamRelay {
     this.stopped = true;
     this.stopSweeping();
   }
+}
+
+/** R5: the oldest pending chunks, at most GROUP_BYTES of them (at least one): a statement's text holds them all. */
+function takeGroup(pending: PendingChunk[]): PendingChunk[] {
+  let bytes = 0;
+  let n = 0;
+  while (n < pending.length && (n === 0 || bytes + pending[n]!.bytes <= GROUP_BYTES)) bytes += pending[n++]!.bytes;
+  return pending.splice(0, n);
 }

@@ -14,7 +14,8 @@
  * - `{"history": true}`      → reads the whole conversation back through `history.read` (worker
  *   RPC) and reports `history_total`
  * - `{"stream": N, "streamMs": T}` → streams N chunks `{ "delta": "w1 " }`, `{ "delta": "w2 " }` …
- *   (live turns: `ctx.stream`) spread over T ms (default 40 ms apart), before the rest
+ *   (live turns: `ctx.stream`) spread over T ms (default 40 ms apart), before the rest; with
+ *   `"stamp": true` each chunk also carries `t`, when it was sent (ms since the epoch, fractional)
  * - anything else             → `{ text: "echo: " + JSON.stringify(data) }`
  * A turn that takes several events (input policy `coalesce`) answers them all in one message:
  * `echo: ` and each event's text (or its JSON) in order, joined by ` | `; it waits the largest
@@ -76,8 +77,9 @@ async function streamChunks(ctx: TurnContext, rec: Record<string, JsonValue> | n
   if (typeof n !== 'number' || !Number.isInteger(n) || n <= 0) return;
   const count = Math.min(n, 100_000);
   const total = typeof rec?.streamMs === 'number' && rec.streamMs >= 0 ? Math.min(rec.streamMs, MAX_DELAY_MS) : count * 40;
+  const stamp = rec?.stamp === true;
   for (let i = 1; i <= count; i++) {
-    ctx.stream({ delta: `w${i} ` });
+    ctx.stream(stamp ? { delta: `w${i} `, t: performance.timeOrigin + performance.now() } : { delta: `w${i} ` });
     if (i < count && total > 0) await clock.sleep(total / count, ctx.signal);
   }
 }

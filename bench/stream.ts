@@ -1,0 +1,171 @@
+/**
+ * Live turns: how soon a streamed chunk reaches a watcher, and what a chunk costs the daemon (see
+ * docs/benchmarks.md, "Live turns").
+ *
+ *   npm run bench:stream -- [--turns 200] [--rate 20] [--seconds 5] [--workers 2] [--capacity 128] [--json]
+ *
+ * A daemon with W example workers runs as an OS process (`corral daemon --workers W`, as
+ * deployed). Each of `turns` actors is watched by one `corral.watch` iterator in this process,
+ * then all get an event at once whose turn streams `rate` chunks per second for `seconds`
+ * (`{"stream": N, "streamMs": T, "stamp": true}`: each chunk carries the time it was sent).
+ * Latency of a chunk = when the watch yielded it − when the worker sent it (one host, one
+ * clock). The same turns with no chunks (`delayMs` instead), run first, are the baseline: the
+ * daemon's CPU per chunk is (CPU with chunks − CPU without) ÷ chunks.
+ */
+import { performance } from 'node:perf_hooks';
+import { parseArgs } from 'node:util';
+import pg from 'pg';
+import { connect, type Corral, type LiveEvent } from '../src/client/index.ts';
+import { openDatabase } from '../src/db/client.ts';
+import { progress, round, runBench, summarise, type Percentiles } from './lib/common.ts';
+import { openBenchDatabase } from './lib/database.ts';
+import { daemonCpuMs, freshDatabase, startDaemonProcess, waitForWorkers, type DaemonProcess } from './lib/daemon-process.ts';
+
+function options() {
+  const { values } = parseArgs({
+    options: {
+      turns: { type: 'string', default: '200' },
+      rate: { type: 'string', default: '20' },
+      seconds: { type: 'string', default: '5' },
+      workers: { type: 'string', default: '2' },
+      capacity: { type: 'string', default: '128' },
+      json: { type: 'boolean', default: false },
+      help: { type: 'boolean', short: 'h', default: false },
+    },
+  });
+  if (values.help) {
+    process.stdout.write('usage: npm run bench:stream -- [--turns N] [--rate R] [--seconds S] [--workers W] [--capacity C] [--json]\n');
+    process.exit(0);
+  }
+  const int = (name: string, v: string) => {
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < 1) {
+      process.stderr.write(`bench:stream: --${name} takes a positive integer\n`);
+      process.exit(2);
+    }
+    return n;
+  };
+  return {
+    turns: int('turns', values.turns),
+    rate: int('rate', values.rate),
+    seconds: int('seconds', values.seconds),
+    workers: int('workers', values.workers),
+    capacity: int('capacity', values.capacity),
+    json: values.json,
+  };
+}
+
+type Options = ReturnType<typeof options>;
+
+interface RoundResult {
+  chunks: number;
+  expected: number;
+  latencyMs: Percentiles | undefined;
+  /** Worker → the daemon's insert of the chunk (a sample). */
+  storedMs: Percentiles | undefined;
+  daemonCpuMs: number;
+  wallMs: number;
+}
+
+/** Every actor watched, one event each at once; resolves when every turn committed. */
+async function runRound(
+  corral: Corral,
+  pool: pg.Pool,
+  d: DaemonProcess,
+  o: Options,
+  tag: string,
+  streaming: boolean,
+): Promise<RoundResult> {
+  const actors = Array.from({ length: o.turns }, (_, i) => `bench-stream/${tag}-${i}`);
+  const watches = await Promise.all(actors.map((a) => corral.watch(a)));
+  const latencies: number[] = [];
+  let chunks = 0;
+  const read = watches.map(async (w) => {
+    for await (const e of w as AsyncIterable<LiveEvent>) {
+      if (e.type === 'chunk') {
+        chunks++;
+        const t = (e.data.data as { t?: number }).t;
+        if (typeof t === 'number') latencies.push(performance.timeOrigin + performance.now() - t);
+      }
+      if (e.type === 'error') throw new Error(`watch error: ${e.data.message}`);
+      if (e.type === 'turn_committed' || e.type === 'turn_failed') break;
+    }
+  });
+  const n = o.rate * o.seconds;
+  const data = streaming ? { stream: n, streamMs: o.seconds * 1000, stamp: true } : { delayMs: o.seconds * 1000 };
+  // where a chunk waits: worker → the daemon's insert (the row's created_at), sampled while the turns stream
+  const stored: number[] = [];
+  let sampling = streaming;
+  const sampler = (async () => {
+    while (sampling) {
+      const { rows } = await pool.query<{ ms: number }>(
+        `select extract(epoch from created_at) * 1000 - (data->>'t')::float8 as ms from corral.stream_chunks
+          where data ? 't' and created_at > now() - interval '250 milliseconds'`,
+      );
+      for (const r of rows) stored.push(Number(r.ms));
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  })();
+  const cpu0 = (await daemonCpuMs(d)).daemon;
+  const t0 = performance.now();
+  await corral.sendMany(actors.map((actor) => ({ actor, data })));
+  await Promise.all(read);
+  const wallMs = performance.now() - t0;
+  const cpuMs = (await daemonCpuMs(d)).daemon - cpu0;
+  sampling = false;
+  await sampler;
+  for (const w of watches) await w.close();
+  const expected = streaming ? n * o.turns : 0;
+  progress(`${tag}: ${chunks}/${expected} chunks in ${(wallMs / 1000).toFixed(1)} s, daemon CPU ${cpuMs.toFixed(0)} ms`);
+  return {
+    chunks,
+    expected,
+    latencyMs: latencies.length ? summarise(latencies) : undefined,
+    storedMs: stored.length ? summarise(stored) : undefined,
+    daemonCpuMs: cpuMs,
+    wallMs,
+  };
+}
+
+process.exitCode = await runBench(async (cleanup) => {
+  const o = options();
+  const server = await openBenchDatabase(cleanup);
+  const db = await freshDatabase(server.url, cleanup, 'corral_stream');
+  const d = await startDaemonProcess({ url: db.url, workers: o.workers, capacity: o.capacity }, cleanup);
+  const probe = openDatabase(db.url, { max: 1 });
+  try {
+    await waitForWorkers(probe, o.workers, 120_000, d.proc);
+  } finally {
+    await probe.close();
+  }
+  const corral = await connect({ databaseUrl: db.url, env: {}, maxConnections: 8 });
+  cleanup.defer('close client', () => corral.close());
+  const pool = new pg.Pool({ connectionString: db.url, max: 1 });
+  cleanup.defer('close pool', () => pool.end());
+  await runRound(corral, pool, d, { ...o, turns: Math.min(o.turns, 20), seconds: 1 }, 'warm', true);
+  const quiet = await runRound(corral, pool, d, o, 'no-chunks', false);
+  const live = await runRound(corral, pool, d, o, 'chunks', true);
+  const cpuPerChunkUs = ((live.daemonCpuMs - quiet.daemonCpuMs) / Math.max(1, live.chunks)) * 1000;
+  const report = {
+    turns: o.turns,
+    chunksPerSecondPerTurn: o.rate,
+    seconds: o.seconds,
+    chunks: { received: live.chunks, expected: live.expected },
+    latencyMs: live.latencyMs,
+    storedMs: live.storedMs,
+    daemonCpuMs: { withoutChunks: round(quiet.daemonCpuMs, 0), withChunks: round(live.daemonCpuMs, 0) },
+    daemonCpuPerChunkUs: round(cpuPerChunkUs, 1),
+  };
+  if (o.json) {
+    process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
+    return 0;
+  }
+  const l = live.latencyMs;
+  process.stdout.write(
+    `${o.turns} turns × ${o.rate} chunks/s for ${o.seconds} s (${o.turns * o.rate} chunks/s): ${live.chunks}/${live.expected} chunks received\n` +
+      `chunk latency worker → corral.watch: p50 ${round(l?.p50 ?? NaN)} ms, p95 ${round(l?.p95 ?? NaN)} ms, p99 ${round(l?.p99 ?? NaN)} ms\n` +
+      `  of which worker → the daemon's insert (a sample): p50 ${round(live.storedMs?.p50 ?? NaN)} ms, p95 ${round(live.storedMs?.p95 ?? NaN)} ms\n` +
+      `daemon CPU: ${round(quiet.daemonCpuMs, 0)} ms without chunks, ${round(live.daemonCpuMs, 0)} ms with: ${round(cpuPerChunkUs, 1)} µs per chunk\n`,
+  );
+  return live.chunks === live.expected ? 0 : 1;
+});
