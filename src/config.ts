@@ -251,6 +251,19 @@ const SETTINGS = {
   maxTurnMs: setting({ env: 'CORRAL_MAX_TURN_MS', default: 6 * 3_600_000, rule: int(100) }),
   metricsPort: setting({ env: 'CORRAL_METRICS_PORT', rule: optional(int(0, 65_535)) }),
   metricsHost: setting({ env: 'CORRAL_METRICS_HOST', default: '127.0.0.1', rule: text({ min: 1 }) }),
+  /** The HTTP API (src/http/): served on this port when set; unset or 0, the API is off. */
+  httpPort: setting({ env: 'CORRAL_HTTP_PORT', rule: optional(int(0, 65_535)) }),
+  /** The HTTP API's address: loopback unless a TLS proxy in front of it or a trusted network allows more. */
+  httpHost: setting({ env: 'CORRAL_HTTP_HOST', default: '127.0.0.1', rule: text({ min: 1 }) }),
+  /** Most live streams (SSE) the HTTP API serves at once; more are refused `too_many_streams`. */
+  httpMaxStreams: setting({ env: 'CORRAL_HTTP_MAX_STREAMS', default: 1_000, rule: int(1, 1_000_000) }),
+  /** Most live streams of one actor at once; more are refused `too_many_streams`. */
+  httpMaxStreamsPerActor: setting({ env: 'CORRAL_HTTP_MAX_STREAMS_PER_ACTOR', default: 20, rule: int(1, 1_000_000) }),
+  /**
+   * A stream whose socket holds more than this many bytes not yet taken by its client is ended:
+   * a client that does not read is dropped, never buffered for without limit.
+   */
+  httpStreamBufferBytes: setting({ env: 'CORRAL_HTTP_STREAM_BUFFER_BYTES', default: 1024 * 1024, rule: int(4_096, 1024 ** 3) }),
   logLevel: setting({
     env: 'CORRAL_LOG_LEVEL',
     default: 'info',

@@ -27,6 +27,16 @@ export type ErrorCode =
   | 'idempotency_conflict'
   // a send refused by the actor's input policy `reject`: a turn runs or events wait
   | 'actor_busy'
+  // a name taken (an API token's: revoked ones keep theirs)
+  | 'already_exists'
+  // the HTTP API's own (src/http/errors.ts maps every code to one status): no valid bearer token,
+  // a token without the scope a route needs, too many streams open, and requests it cannot read
+  | 'unauthorized'
+  | 'forbidden'
+  | 'too_many_streams'
+  | 'invalid_json'
+  | 'unsupported_media_type'
+  | 'method_not_allowed'
   | 'dead_lettered'
   | 'cancelled'
   | 'aborted'

@@ -14,6 +14,7 @@ import { registerDlqCommands } from './commands/dlq-cli.ts';
 import { registerKeysCommands } from './commands/keys.ts';
 import { registerPolicyCommands } from './commands/policy.ts';
 import { registerRetentionCommands } from './commands/retention.ts';
+import { registerTokensCommands } from './commands/tokens.ts';
 import { intArg } from './args.ts';
 import { DEFAULT_WORKER_CAPACITY } from '../defaults.ts';
 
@@ -59,6 +60,12 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
       intArg(0, 65_535),
     )
     .option('--metrics-host <host>', 'address for the metrics server (default CORRAL_METRICS_HOST or 127.0.0.1)')
+    .option(
+      '--http-port <port>',
+      'serve the HTTP API (docs/http.md) on this port (default CORRAL_HTTP_PORT; off when unset or 0)',
+      intArg(0, 65_535),
+    )
+    .option('--http-host <host>', 'address for the HTTP API (default CORRAL_HTTP_HOST or 127.0.0.1; loopback unless behind TLS)')
     .option('--insecure', 'turn CURVE off: any process that reaches the endpoint may register as a worker (CORRAL_INSECURE=1)')
     .option('--insecure-remote', 'with --insecure, allow binding a non-loopback address (CORRAL_INSECURE_REMOTE=1)')
     .action(
@@ -68,6 +75,8 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
         endpoint?: string;
         metricsPort?: number;
         metricsHost?: string;
+        httpPort?: number;
+        httpHost?: string;
         insecure?: boolean;
         insecureRemote?: boolean;
       }) =>
@@ -80,6 +89,8 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
                 ...(o.endpoint ? { endpoint: o.endpoint } : {}),
                 ...(o.metricsPort !== undefined ? { metricsPort: o.metricsPort } : {}),
                 ...(o.metricsHost ? { metricsHost: o.metricsHost } : {}),
+                ...(o.httpPort !== undefined ? { httpPort: o.httpPort } : {}),
+                ...(o.httpHost ? { httpHost: o.httpHost } : {}),
               }),
               o,
             ),
@@ -223,6 +234,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
   registerKeysCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerRetentionCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerPolicyCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
+  registerTokensCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
 
   const db = program.command('db').description('database maintenance');
   db.command('migrate')

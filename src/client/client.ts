@@ -49,6 +49,8 @@ import type { LiveWatch, LiveWatchOptions } from './live-api.ts';
 export type * from './api.ts';
 
 const DEFAULT_CONNECTIONS = 4;
+/** The most `maxBufferedBytes` a live watch takes (its default is 4 MiB). */
+const MAX_BUFFERED_BYTES = 1024 ** 3;
 
 /** `Corral` (src/client/api.ts), made by `connect()`. */
 class CorralClient implements Corral {
@@ -192,7 +194,7 @@ class CorralClient implements Corral {
 
   async watch(actor: ActorRef, opts: LiveWatchOptions = {}): Promise<LiveWatch> {
     this.open();
-    if (opts.maxBufferedBytes !== undefined) checkedCount('maxBufferedBytes', opts.maxBufferedBytes);
+    if (opts.maxBufferedBytes !== undefined) checkedCount('maxBufferedBytes', opts.maxBufferedBytes, MAX_BUFFERED_BYTES);
     if (opts.lastEventId !== undefined && parseLiveEventId(opts.lastEventId) === undefined) {
       throw new CorralError(
         'invalid_argument',

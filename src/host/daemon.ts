@@ -2,7 +2,7 @@
  * `createDaemon`: the daemon inside the application's own process (as pg-boss runs in-process),
  * with `start()` and `stop()`. It resolves the database (`databaseUrl`, or the embedded
  * PostgreSQL under `homeDir`, started if nothing runs it), binds the metrics server when
- * `metricsPort` is set, runs local example worker processes when asked, and stops everything it
+ * `metricsPort` is set and the HTTP API when `httpPort` is, runs local example worker processes when asked, and stops everything it
  * started. `corral daemon` (src/cli/commands/daemon.ts) is a thin wrapper of it: arguments,
  * signals and printing.
  *
@@ -35,6 +35,7 @@ import { listenForObservability, observabilityChild } from '../observability/dae
 import type { ObservabilityServer } from '../observability/http.ts';
 import { createMetrics, type Metrics } from '../observability/metrics.ts';
 import { processChild, type ChildSpec } from '../supervisor/index.ts';
+import type { HostedApi } from './http-api.ts';
 import { registerDaemonInternals } from './internals.ts';
 
 export type { Config, DeadLetterMode } from '../config.ts';
@@ -90,6 +91,8 @@ export interface CorralDaemon {
   readonly serverPublicKey: string | undefined;
   /** `http://host:port` of `/metrics`, `/healthz`, `/readyz` when `metricsPort` is set; else `undefined`. */
   readonly metricsUrl: string | undefined;
+  /** `http://host:port` of the HTTP API (docs/http.md) when `httpPort` is set (and not 0) and the daemon runs; else `undefined`. */
+  readonly httpUrl: string | undefined;
   /** Settles once the daemon has stopped (rule H3). */
   readonly done: Promise<void>;
   /** Resolves once the daemon runs; rejects with why it cannot (rule H1). */
@@ -177,6 +180,7 @@ class HostedDaemon implements CorralDaemon {
   private core: Daemon | undefined;
   private database: ResolvedDatabase | undefined;
   private server: ObservabilityServer | undefined;
+  private api: HostedApi | undefined;
   private starting: Promise<void> | undefined;
   private halting: Promise<void> | undefined;
   /** `stop()` was called (the supervisor ending on its own is not a stop asked for). */
@@ -219,6 +223,10 @@ class HostedDaemon implements CorralDaemon {
     return this.server?.url;
   }
 
+  get httpUrl(): string | undefined {
+    return this.api?.url;
+  }
+
   start(): Promise<void> {
     this.starting ??= this.startOnce();
     return this.starting;
@@ -251,6 +259,13 @@ class HostedDaemon implements CorralDaemon {
       }
       await core.prepare();
       this.throwIfStopAsked();
+      if (config.httpPort) {
+        // after the migrations (the API's client needs the schema), before turns run: a port in
+        // use stops the daemon as a metrics port does
+        const { startHostedApi } = await import('./http-api.ts');
+        this.api = await startHostedApi(config, database.url, this.log);
+        this.throwIfStopAsked();
+      }
       const handle = core.startSupervisor();
       this._state = 'running';
       handle.done.then(
@@ -263,6 +278,7 @@ class HostedDaemon implements CorralDaemon {
           workers: this.options.localWorkers?.count ?? 0,
           database: database.embedded ? 'embedded' : 'DATABASE_URL',
           ...(this.server ? { metrics: `${config.metricsHost}:${this.server.port}` } : {}),
+          ...(this.api ? { http: this.api.url } : {}),
         },
         'corral daemon running',
       );
@@ -335,6 +351,8 @@ class HostedDaemon implements CorralDaemon {
 
   /** Stops what was started, each part whatever the others do. */
   private async release(drainMs: number | undefined): Promise<void> {
+    // the API first: no event is taken once the daemon is on its way out
+    await this.api?.close().catch((e: unknown) => this.log.warn({ err: toError(e) }, 'the HTTP API did not close cleanly'));
     await this.core
       ?.stop({ deadlineMs: 10_000, ...(drainMs === undefined ? {} : { drainMs }) })
       .catch((e: unknown) => this.log.warn({ err: toError(e) }, 'the daemon did not stop cleanly'));

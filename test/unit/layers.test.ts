@@ -15,7 +15,7 @@ const ROOT = join(import.meta.dirname, '../..');
  * Each layer and the layers it may import from (besides itself), lowest first. `base` holds the
  * leaf modules every layer may use. The composition root (`daemon`) wires the runtime to the
  * fabric, the queue and the supervisor; `host` runs it inside an application's process (with its
- * database, metrics server and local workers) and builds the test environment; the CLI drives the
+ * database, metrics server, HTTP API and local workers) and builds the test environment; the CLI drives the
  * host and the operator use-cases, and never reaches into the runtime itself.
  */
 const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
@@ -46,6 +46,8 @@ const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
   { name: 'ops', paths: ['src/ops/'], uses: ['base', 'config', 'db', 'queue'] },
   { name: 'runtime', paths: ['src/runtime/'], uses: ['base', 'config', 'db', 'queue', 'fabric'] },
   { name: 'client', paths: ['src/client/'], uses: ['base', 'config', 'db', 'queue', 'ops'] },
+  // the HTTP API: the client's use-cases behind bearer tokens, for applications in any language
+  { name: 'http', paths: ['src/http/'], uses: ['base', 'config', 'db', 'queue', 'ops', 'client'] },
   { name: 'daemon', paths: ['src/daemon.ts'], uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'ops', 'runtime'] },
   {
     name: 'observability',
@@ -55,7 +57,7 @@ const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
   {
     name: 'host',
     paths: ['src/host/'],
-    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'client', 'daemon', 'observability'],
+    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'client', 'http', 'daemon', 'observability'],
   },
   {
     name: 'cli',

@@ -1,0 +1,67 @@
+/**
+ * The HTTP API (src/http/) as the daemon runs it when `httpPort` is set: its own client of the
+ * daemon's database, for sends and reads, and its own small pool for tokens and event states, so
+ * that API traffic never waits for a connection the runtime's turns need. Loaded only when the
+ * API is on: Fastify is no part of a daemon's start-up otherwise.
+ */
+import type { Config } from '../config.ts';
+import { CorralError, toError } from '../errors.ts';
+import type { Logger } from '../logger.ts';
+
+export interface HostedApi {
+  /** `http://host:port`. */
+  readonly url: string;
+  /** Stops taking requests, ends the streams, closes the connections. Idempotent. */
+  close(): Promise<void>;
+}
+
+/** Connections of the API's client (sends, transcripts) and of its pool (tokens, event states). */
+const CLIENT_CONNECTIONS = 8;
+const POOL_CONNECTIONS = 4;
+
+/** Starts the API on `config.httpPort`; a port that cannot be bound is a clear `invalid_config`. */
+export async function startHostedApi(config: Config, databaseUrl: string, logger: Logger): Promise<HostedApi> {
+  const [{ startApiServer }, { connect }, { openDatabase }] = await Promise.all([
+    import('../http/server.ts'),
+    import('../client/client.ts'),
+    import('../db/client.ts'),
+  ]);
+  const log = logger.child({ component: 'http-api' });
+  const corral = await connect({
+    databaseUrl,
+    env: {},
+    queueName: config.queueName,
+    bossSchema: config.bossSchema,
+    maxEventBytes: config.maxEventBytes,
+    maxConnections: CLIENT_CONNECTIONS,
+    applicationName: 'corral-http',
+    logger: log,
+  });
+  const database = openDatabase(databaseUrl, {
+    max: POOL_CONNECTIONS,
+    applicationName: 'corral-http',
+    onError: (e) => log.warn({ err: e.message }, 'database connection error'),
+  });
+  const release = async () => {
+    await corral.close().catch((e: unknown) => log.warn({ err: toError(e) }, 'the API client did not close cleanly'));
+    await database.close();
+  };
+  const port = config.httpPort ?? 0;
+  let server: Awaited<ReturnType<typeof startApiServer>>;
+  try {
+    server = await startApiServer({ host: config.httpHost, port, corral, db: database.db, config, logger });
+  } catch (e) {
+    await release();
+    throw new CorralError('invalid_config', `the HTTP API cannot listen on ${config.httpHost}:${port}: ${toError(e).message}`, {
+      cause: e,
+    });
+  }
+  let closed: Promise<void> | undefined;
+  return {
+    url: server.url,
+    close() {
+      closed ??= server.close().finally(release);
+      return closed;
+    },
+  };
+}

@@ -1,0 +1,256 @@
+/**
+ * The HTTP API (docs/http.md): applications in any language send events, read transcripts and
+ * event states, and follow an actor's live stream, with a bearer token (src/http/auth.ts). Built
+ * on Fastify; every route is the client's own use-case (a `Corral`), so a POST and `corral.send`
+ * write the same row.
+ *
+ *  H1 Every response is JSON, but a stream's; every failure is one error shape with a stable code
+ *     (src/http/errors.ts). Unknown paths are 404 `not_found`, a known path with another method
+ *     405 `method_not_allowed` (with `Allow`), both before any token is looked at: they tell
+ *     nothing the documentation does not.
+ *  H2 Every input is checked before it is used: the token first (B1 of auth.ts), then the path's
+ *     parameters, the headers read and the body, each with its zod schema (src/http/requests.ts).
+ *  H3 A body is read only as `application/json` and only up to `maxEventBytes` bytes (413
+ *     beyond, without reading the rest), the limit of the event it carries: no request costs
+ *     more memory than an event may.
+ *  H4 Bounded in time too: a request must arrive whole within `requestTimeoutMs`; idle keep-alive
+ *     connections close after 5 s. `close()` refuses new requests (503 `shutdown`), ends the open
+ *     streams, and waits for the requests under way.
+ */
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, type HTTPMethods } from 'fastify';
+import type { AddressInfo } from 'node:net';
+import type { Corral } from '../client/api.ts';
+import type { Config } from '../config.ts';
+import { liveApiTokenNames } from '../db/api-tokens.ts';
+import type { Db } from '../db/client.ts';
+import { committedTurnOf, eventStatus } from '../db/event-status.ts';
+import { CorralError, toError } from '../errors.ts';
+import type { Logger } from '../logger.ts';
+import { tokenVerifier, type ApiTokenScope } from '../ops/api-tokens.ts';
+import { queuesOf } from '../queue/names.ts';
+import { requireScope, tokenOf } from './auth.ts';
+import { httpErrorOf } from './errors.ts';
+import { actorOf, EventBody, EventParams, parsed, SendHeaders, StreamHeaders } from './requests.ts';
+import { Streams, type LiveSource } from './streams.ts';
+import { eventJson, sendJson, transcriptJson } from './views.ts';
+
+export type { LiveSource } from './streams.ts';
+
+export interface ApiServerOptions {
+  host: string;
+  /** 0 picks a free port (see `port` on the result). */
+  port: number;
+  /** Sends events and reads transcripts. */
+  corral: Corral;
+  /** Where live streams come from; default `corral` (its `watch`). */
+  live?: LiveSource | undefined;
+  /** corral's database: tokens and event states. */
+  db: Db;
+  config: Pick<
+    Config,
+    'maxEventBytes' | 'queueName' | 'bossSchema' | 'httpMaxStreams' | 'httpMaxStreamsPerActor' | 'httpStreamBufferBytes'
+  >;
+  logger: Logger;
+  /** S2 of streams.ts: how often a quiet stream gets a comment line. Default 15,000 ms. */
+  keepAliveMs?: number;
+  /** H4: how long a request may take to arrive whole. Default 30,000 ms. */
+  requestTimeoutMs?: number;
+}
+
+export interface ApiServer {
+  readonly host: string;
+  readonly port: number;
+  /** `http://host:port`. */
+  readonly url: string;
+  /** Open live streams. */
+  readonly streams: number;
+  /** H4. Idempotent. */
+  close(): Promise<void>;
+}
+
+export const DEFAULT_KEEPALIVE_MS = 15_000;
+
+const METHODS: HTTPMethods[] = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
+
+export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer> {
+  const log = opts.logger.child({ component: 'http-api' });
+  const { config, db, corral } = opts;
+  const live = opts.live ?? corral;
+  const queues = queuesOf(config);
+  const bodyLimit = config.maxEventBytes;
+  const keepAliveMs = opts.keepAliveMs ?? DEFAULT_KEEPALIVE_MS;
+  const verifier = tokenVerifier(db, { onTouchError: (e) => log.warn({ err: toError(e) }, 'could not record a token use') });
+  const streams = new Streams(
+    {
+      maxStreams: config.httpMaxStreams,
+      maxStreamsPerActor: config.httpMaxStreamsPerActor,
+      bufferBytes: config.httpStreamBufferBytes,
+      keepAliveMs,
+    },
+    log,
+  );
+  let closing = false;
+
+  const app: FastifyInstance = Fastify({
+    logger: false,
+    bodyLimit,
+    // actor key parts are up to 128 characters: a longer one is answered 400, not a router 404
+    routerOptions: { maxParamLength: 512 },
+    requestTimeout: opts.requestTimeoutMs ?? 30_000,
+    keepAliveTimeout: 5_000,
+    return503OnClosing: false,
+    exposeHeadRoutes: false,
+  });
+
+  // H3: JSON alone; Fastify's text/plain parser would hand a route a string as an event
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('application/json', { parseAs: 'string', bodyLimit }, (_req, body, done) => {
+    if (body.length === 0) {
+      done(new CorralError('invalid_json', 'the request body is empty: the event is a JSON value (null is one)'), undefined);
+      return;
+    }
+    try {
+      done(null, JSON.parse(body as string));
+    } catch (e) {
+      done(new CorralError('invalid_json', `the request body is not JSON: ${toError(e).message}`), undefined);
+    }
+  });
+
+  app.addHook('onRequest', async () => {
+    if (closing) throw new CorralError('shutdown', 'the server is shutting down');
+  });
+  app.addHook('onSend', async (_req, reply) => {
+    reply.header('cache-control', 'no-store');
+  });
+  app.addHook('onResponse', async (req, reply) => {
+    log.debug(
+      { method: req.method, route: req.routeOptions.url ?? null, status: reply.statusCode, ms: Math.round(reply.elapsedTime) },
+      'request',
+    );
+  });
+
+  app.setErrorHandler(async (e, req, reply) => {
+    const failure = httpErrorOf(e, bodyLimit);
+    if (failure.log) {
+      const line = {
+        method: req.method,
+        route: req.routeOptions.url ?? null,
+        status: failure.status,
+        err: failure.log.cause ?? failure.log,
+      };
+      if (failure.status === 500) log.error(line, 'request failed');
+      else log.warn(line, 'request failed');
+    }
+    return reply.code(failure.status).headers(failure.headers).type('application/json; charset=utf-8').send(failure.body);
+  });
+  app.setNotFoundHandler(async (req) => {
+    throw new CorralError('not_found', `no route ${req.method} ${new URL(req.url, 'http://x').pathname} (docs/http.md lists them)`);
+  });
+
+  const auth = (scope: ApiTokenScope) => requireScope(verifier, scope);
+  /** H1: `url` answers `method`, behind the token check of `scope`; any other method is 405. */
+  const route = (
+    method: HTTPMethods,
+    url: string,
+    scope: ApiTokenScope,
+    handler: (req: FastifyRequest, reply: FastifyReply) => Promise<unknown>,
+  ) => {
+    app.route({ method, url, onRequest: auth(scope), handler });
+    app.route({
+      method: METHODS.filter((m) => m !== method),
+      url,
+      handler: async (req, reply) => {
+        void reply.header('allow', method);
+        throw new CorralError('method_not_allowed', `${req.method} is not allowed here: ${method} ${url} is`);
+      },
+    });
+  };
+
+  route('POST', '/v1/actors/:agent_uid/:session_id/events', 'send', async (req, reply) => {
+    const actor = actorOf(req.params);
+    const headers = parsed(SendHeaders, req.headers, 'invalid_argument', 'header');
+    if (!isJson(req)) throw new CorralError('unsupported_media_type', 'the body must be JSON, sent with Content-Type: application/json');
+    const data = parsed(EventBody, req.body, 'invalid_argument', 'event');
+    const idempotencyKey = headers['idempotency-key'];
+    const sent = await corral.send(actor, data, idempotencyKey === undefined ? {} : { idempotencyKey });
+    log.debug(
+      { actor: `${actor.agentUid}/${actor.sessionId}`, eventId: sent.eventId, duplicate: sent.duplicate, token: tokenOf(req).name },
+      'event sent',
+    );
+    return reply.code(202).header('location', `/v1/events/${sent.eventId}`).send(sendJson(sent));
+  });
+
+  route('GET', '/v1/actors/:agent_uid/:session_id/transcript', 'read', async (req) => {
+    const actor = actorOf(req.params);
+    return transcriptJson(actor, await corral.transcript(actor));
+  });
+
+  route('GET', '/v1/events/:id', 'read', async (req) => {
+    const id = parsed(EventParams, req.params, 'invalid_argument', 'event').id.toLowerCase();
+    const status = await eventStatus(db, queues, id);
+    if (status.state === 'unknown') {
+      throw new CorralError('not_found', `no event ${id}: never sent, or gone with the retention`, { details: { eventId: id } });
+    }
+    const turn = status.state === 'committed' ? await committedTurnOf(db, id) : undefined;
+    return eventJson(id, status, turn);
+  });
+
+  route('GET', '/v1/actors/:agent_uid/:session_id/stream', 'read', async (req, reply) => {
+    const actor = actorOf(req.params);
+    const headers = parsed(StreamHeaders, req.headers, 'invalid_argument', 'header');
+    await streams.serve(req, reply, { live, actor, lastEventId: headers['last-event-id'], token: tokenOf(req).name });
+  });
+
+  // S4 of streams.ts: one statement for all open streams' tokens
+  const recheck = setInterval(() => {
+    const names = streams.tokenNames();
+    if (names.length === 0) return;
+    liveApiTokenNames(db, names).then(
+      (live) => streams.endUnauthorized(live),
+      (e: unknown) => log.warn({ err: toError(e) }, 'could not check the tokens of open streams'),
+    );
+  }, keepAliveMs);
+  recheck.unref();
+
+  try {
+    await app.listen({ host: opts.host, port: opts.port });
+  } catch (e) {
+    clearInterval(recheck);
+    await app.close().catch(() => undefined);
+    throw e;
+  }
+  const addr = app.server.address() as AddressInfo;
+  const shownHost = addr.family === 'IPv6' ? `[${addr.address}]` : addr.address;
+  const url = `http://${shownHost}:${addr.port}`;
+  log.info({ url }, 'HTTP API listening');
+  if (!isLoopback(addr.address)) {
+    log.warn({ url }, 'the HTTP API listens beyond loopback and speaks plain HTTP: put a TLS proxy in front of it (docs/operations.md)');
+  }
+  let closed: Promise<void> | undefined;
+  return {
+    host: addr.address,
+    port: addr.port,
+    url,
+    get streams() {
+      return streams.size;
+    },
+    close() {
+      closed ??= (async () => {
+        closing = true;
+        clearInterval(recheck);
+        streams.endAll('the server closes');
+        await app.close();
+      })();
+      return closed;
+    },
+  };
+}
+
+function isJson(req: FastifyRequest): boolean {
+  const type = req.headers['content-type'];
+  return typeof type === 'string' && /^application\/json\s*(;|$)/i.test(type.trim());
+}
+
+function isLoopback(address: string): boolean {
+  return address === '::1' || /^127\./.test(address) || /^::ffff:127\./.test(address);
+}
