@@ -2,10 +2,12 @@
  * Live turns: how soon a streamed chunk reaches a watcher, and what a chunk costs the daemon (see
  * docs/benchmarks.md, "Live turns").
  *
- *   npm run bench:stream -- [--turns 200] [--rate 20] [--seconds 5] [--workers 2] [--capacity 128] [--json]
+ *   npm run bench:stream -- [--via watch|sse] [--turns 200] [--rate 20] [--seconds 5] [--workers 2] [--capacity 128] [--json]
  *
  * A daemon with W example workers runs as an OS process (`corral daemon --workers W`, as
- * deployed). Each of `turns` actors is watched by one `corral.watch` iterator in this process,
+ * deployed), with its HTTP API on. Each of `turns` actors is watched by one `corral.watch`
+ * iterator in this process (`--via watch`, the default) or one SSE client of the daemon's
+ * `GET …/stream` (`--via sse`, each its own HTTP connection),
  * then all get an event at once whose turn streams `rate` chunks per second for `seconds`
  * (`{"stream": N, "streamMs": T, "stamp": true}`: each chunk carries the time it was sent).
  * Latency of a chunk = when the watch yielded it − when the worker sent it (one host, one
@@ -19,11 +21,15 @@ import { connect, type Corral, type LiveEvent } from '../src/client/index.ts';
 import { openDatabase } from '../src/db/client.ts';
 import { progress, round, runBench, summarise, type Percentiles } from './lib/common.ts';
 import { openBenchDatabase } from './lib/database.ts';
+import { sseEvents } from '../src/cli/commands/watch-remote.ts';
+import { freePort } from '../src/net.ts';
+import { createToken } from '../src/ops/api-tokens.ts';
 import { daemonCpuMs, freshDatabase, startDaemonProcess, waitForWorkers, type DaemonProcess } from './lib/daemon-process.ts';
 
 function options() {
   const { values } = parseArgs({
     options: {
+      via: { type: 'string', default: 'watch' },
       turns: { type: 'string', default: '200' },
       rate: { type: 'string', default: '20' },
       seconds: { type: 'string', default: '5' },
@@ -34,7 +40,9 @@ function options() {
     },
   });
   if (values.help) {
-    process.stdout.write('usage: npm run bench:stream -- [--turns N] [--rate R] [--seconds S] [--workers W] [--capacity C] [--json]\n');
+    process.stdout.write(
+      'usage: npm run bench:stream -- [--via watch|sse] [--turns N] [--rate R] [--seconds S] [--workers W] [--capacity C] [--json]\n',
+    );
     process.exit(0);
   }
   const int = (name: string, v: string) => {
@@ -45,7 +53,12 @@ function options() {
     }
     return n;
   };
+  if (values.via !== 'watch' && values.via !== 'sse') {
+    process.stderr.write('bench:stream: --via takes watch or sse\n');
+    process.exit(2);
+  }
   return {
+    via: values.via,
     turns: int('turns', values.turns),
     rate: int('rate', values.rate),
     seconds: int('seconds', values.seconds),
@@ -68,6 +81,26 @@ interface RoundResult {
 }
 
 /** Every actor watched, one event each at once; resolves when every turn committed. */
+/** The HTTP API's stream of `actor` as an iterable, closed by `close()`. */
+async function sseWatch(
+  api: { url: string; token: string },
+  actor: string,
+): Promise<AsyncIterable<LiveEvent> & { close(): Promise<void> }> {
+  const ctl = new AbortController();
+  const res = await fetch(`${api.url}/v1/actors/${actor}/stream`, {
+    headers: { authorization: `Bearer ${api.token}` },
+    signal: ctl.signal,
+  });
+  if (res.status !== 200 || !res.body) throw new Error(`stream of ${actor}: HTTP ${res.status} ${await res.text()}`);
+  const events = sseEvents(res.body);
+  return {
+    [Symbol.asyncIterator]: () => events,
+    close: async () => ctl.abort(),
+  };
+}
+
+let api: { url: string; token: string } | undefined;
+
 async function runRound(
   corral: Corral,
   pool: pg.Pool,
@@ -77,7 +110,7 @@ async function runRound(
   streaming: boolean,
 ): Promise<RoundResult> {
   const actors = Array.from({ length: o.turns }, (_, i) => `bench-stream/${tag}-${i}`);
-  const watches = await Promise.all(actors.map((a) => corral.watch(a)));
+  const watches = await Promise.all(actors.map((a) => (o.via === 'sse' ? sseWatch(api!, a) : corral.watch(a))));
   const latencies: number[] = [];
   let chunks = 0;
   const read = watches.map(async (w) => {
@@ -115,6 +148,8 @@ async function runRound(
   sampling = false;
   await sampler;
   for (const w of watches) await w.close();
+  // SSE clients whose response was aborted: let their sockets close before the next round
+  if (o.via === 'sse') await new Promise((r) => setTimeout(r, 200));
   const expected = streaming ? n * o.turns : 0;
   progress(`${tag}: ${chunks}/${expected} chunks in ${(wallMs / 1000).toFixed(1)} s, daemon CPU ${cpuMs.toFixed(0)} ms`);
   return {
@@ -131,10 +166,24 @@ process.exitCode = await runBench(async (cleanup) => {
   const o = options();
   const server = await openBenchDatabase(cleanup);
   const db = await freshDatabase(server.url, cleanup, 'corral_stream');
-  const d = await startDaemonProcess({ url: db.url, workers: o.workers, capacity: o.capacity }, cleanup);
+  const httpPort = await freePort();
+  const d = await startDaemonProcess(
+    {
+      url: db.url,
+      workers: o.workers,
+      capacity: o.capacity,
+      env: {
+        CORRAL_HTTP_PORT: String(httpPort),
+        CORRAL_HTTP_MAX_STREAMS_PER_ACTOR: '4',
+        CORRAL_HTTP_MAX_STREAMS: String(2 * o.turns + 100),
+      },
+    },
+    cleanup,
+  );
   const probe = openDatabase(db.url, { max: 1 });
   try {
     await waitForWorkers(probe, o.workers, 120_000, d.proc);
+    api = { url: `http://127.0.0.1:${httpPort}`, token: (await createToken(probe.db, 'bench-stream', ['read', 'send'])).token };
   } finally {
     await probe.close();
   }
@@ -147,6 +196,7 @@ process.exitCode = await runBench(async (cleanup) => {
   const live = await runRound(corral, pool, d, o, 'chunks', true);
   const cpuPerChunkUs = ((live.daemonCpuMs - quiet.daemonCpuMs) / Math.max(1, live.chunks)) * 1000;
   const report = {
+    via: o.via,
     turns: o.turns,
     chunksPerSecondPerTurn: o.rate,
     seconds: o.seconds,
@@ -163,7 +213,7 @@ process.exitCode = await runBench(async (cleanup) => {
   const l = live.latencyMs;
   process.stdout.write(
     `${o.turns} turns × ${o.rate} chunks/s for ${o.seconds} s (${o.turns * o.rate} chunks/s): ${live.chunks}/${live.expected} chunks received\n` +
-      `chunk latency worker → corral.watch: p50 ${round(l?.p50 ?? NaN)} ms, p95 ${round(l?.p95 ?? NaN)} ms, p99 ${round(l?.p99 ?? NaN)} ms\n` +
+      `chunk latency worker → ${o.via === 'sse' ? 'SSE client' : 'corral.watch'}: p50 ${round(l?.p50 ?? NaN)} ms, p95 ${round(l?.p95 ?? NaN)} ms, p99 ${round(l?.p99 ?? NaN)} ms\n` +
       `  of which worker → the daemon's insert (a sample): p50 ${round(live.storedMs?.p50 ?? NaN)} ms, p95 ${round(live.storedMs?.p95 ?? NaN)} ms\n` +
       `daemon CPU: ${round(quiet.daemonCpuMs, 0)} ms without chunks, ${round(live.daemonCpuMs, 0)} ms with: ${round(cpuPerChunkUs, 1)} µs per chunk\n`,
   );

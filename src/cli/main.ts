@@ -176,8 +176,12 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .option('--json', 'one JSON event per line: {"id","type","data"}, types turn_started, chunk, turn_committed, turn_failed, reset, error')
     .option('--once', 'exit once a turn has ended (committed or failed)')
     .option('--last-event-id <id>', 'resume right after this event id (from an earlier --json line)')
-    .addHelpText('after', '\nExamples:\n  corral watch a/s1\n  corral watch a/s1 --json | jq -c .\n  corral watch a/s1 --once --json')
-    .action((actor: string, o: { json?: boolean; once?: boolean; lastEventId?: string }) =>
+    .option('--url <url>', "a remote daemon's HTTP API (e.g. http://host:8080) instead of the database; the token in CORRAL_TOKEN")
+    .addHelpText(
+      'after',
+      '\nExamples:\n  corral watch a/s1\n  corral watch a/s1 --json | jq -c .\n  corral watch a/s1 --once --json\n  CORRAL_TOKEN=crl_… corral watch a/s1 --url http://daemon-host:8080',
+    )
+    .action((actor: string, o: { json?: boolean; once?: boolean; lastEventId?: string; url?: string }) =>
       run(
         import('./commands/watch.ts').then((m) => {
           const stop = new AbortController();

@@ -1,8 +1,11 @@
 /**
  * Live turns on real processes (`corral daemon`, `corral worker`, `corral watch --json`, real
  * PostgreSQL and ZeroMQ):
- *  - a worker streams 50 chunks over 2 s: a `corral watch --json` process and a `corral.watch`
- *    iterator each get all 50 in order, the first well before the commit, then the committed turn;
+ *  - a worker streams 50 chunks over 2 s: an SSE client of the HTTP API, a `corral watch --json`
+ *    process and a `corral.watch` iterator each get all 50 in order, the first well before the
+ *    commit, then the committed turn;
+ *  - an SSE client that disconnects after chunk 20 and reconnects to another daemon with
+ *    `Last-Event-ID` gets 21–50 exactly once, then the commit; so does `corral watch --url` there;
  *  - the fence: a worker SIGSTOPped mid-stream loses its lease; resumed, it keeps streaming the
  *    old attempt, and none of that reaches a watcher after the `reset`; the retry's chunks do, and
  *    the daemon counts the stale ones.
@@ -10,6 +13,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { connect, type Corral, type LiveEvent } from '../../src/client/index.ts';
+import { sseEvents } from '../../src/cli/commands/watch-remote.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
@@ -19,6 +23,10 @@ let client: pg.Client;
 let corral: Corral;
 let env: Record<string, string>;
 let metricsPort: number;
+/** The HTTP APIs of the two daemons, and a token with both scopes. */
+let apiA: string;
+let apiB: string;
+let token: string;
 const procs: Proc[] = [];
 
 const start = (args: string[], name: string) => {
@@ -43,7 +51,17 @@ beforeAll(async () => {
   db = await createTestDatabase();
   metricsPort = await freePort();
   env = { ...fastRecoveryEnv(db.url, `tcp://127.0.0.1:${await freePort()}`), CORRAL_METRICS_PORT: String(metricsPort) };
-  const daemon = start(['daemon'], 'daemon');
+  const [portA, portB] = [await freePort(), await freePort()];
+  apiA = `http://127.0.0.1:${portA}`;
+  apiB = `http://127.0.0.1:${portB}`;
+  const daemon = start(['daemon', '--http-port', String(portA)], 'daemon');
+  // a second daemon of the deployment, with no worker: only its API is used
+  const other = spawnCorral(
+    ['daemon', '--http-port', String(portB)],
+    { ...env, CORRAL_ENDPOINT: `tcp://127.0.0.1:${await freePort()}`, CORRAL_METRICS_PORT: String(await freePort()) },
+    'daemon-b',
+  );
+  procs.push(other);
   client = new pg.Client({ connectionString: db.url });
   await client.connect();
   worker('lw-1');
@@ -52,7 +70,40 @@ beforeAll(async () => {
     { timeoutMs: 30_000, what: `a worker registered (log: ${daemon.logPath})` },
   );
   corral = await connect({ databaseUrl: db.url, env: {} });
-}, 60_000);
+  const tokens = start(['tokens', 'create', 'live-test', '--scope', 'read', '--scope', 'send'], 'tokens');
+  expect(await tokens.exited).toBe(0);
+  token = /crl_[A-Za-z0-9_-]{43}/.exec(tokens.log())![0];
+  for (const api of [apiA, apiB]) {
+    await waitFor(
+      async () => (await fetch(`${api}/v1/events/00000000-0000-4000-8000-000000000000`).catch(() => undefined))?.status === 401,
+      {
+        timeoutMs: 30_000,
+        what: `the HTTP API at ${api}`,
+      },
+    );
+  }
+}, 90_000);
+
+/** An SSE client of `api`'s stream of `actor`: its events as they come, until `stop` says so. */
+async function sse(api: string, actor: string, stop: (seen: LiveEvent[]) => boolean, lastEventId?: string): Promise<LiveEvent[]> {
+  const ctl = new AbortController();
+  const res = await fetch(`${api}/v1/actors/${actor}/stream`, {
+    headers: { authorization: `Bearer ${token}`, ...(lastEventId ? { 'last-event-id': lastEventId } : {}) },
+    signal: ctl.signal,
+  });
+  expect(res.status).toBe(200);
+  expect(res.headers.get('content-type')).toMatch(/^text\/event-stream/);
+  const seen: LiveEvent[] = [];
+  try {
+    for await (const e of sseEvents(res.body!)) {
+      seen.push(e);
+      if (stop(seen)) break;
+    }
+  } finally {
+    ctl.abort();
+  }
+  return seen;
+}
 
 afterAll(async () => {
   await corral?.close();
@@ -63,7 +114,7 @@ afterAll(async () => {
 });
 
 describe('live turns on real processes', () => {
-  it('a corral watch --json process and a corral.watch iterator each get all 50 chunks in order, then the commit', async () => {
+  it('an SSE client, a corral watch --json process and a corral.watch iterator each get all 50 chunks in order, then the commit', async () => {
     const cli = start(['watch', 'live/p50', '--json', '--once'], 'watch');
     const watch = await corral.watch('live/p50');
     // the CLI listens once it has printed nothing and its database backend is there: give it that moment
@@ -74,6 +125,7 @@ describe('live turns on real processes', () => {
         what: 'corral watch listening',
       },
     );
+    const overHttp = sse(apiA, 'live/p50', (x) => x.some((e) => e.type === 'turn_committed'));
     await new Promise((r) => setTimeout(r, 300));
     const sentAt = performance.now();
     await corral.send('live/p50', { text: 'go', stream: 50, streamMs: 2000 });
@@ -91,6 +143,30 @@ describe('live turns on real processes', () => {
     expect(lines.map((e) => e.type)).toEqual(['turn_started', ...Array<string>(50).fill('chunk'), 'turn_committed']);
     expect(deltas(lines)).toEqual(words(50));
     expect(lines.map((e) => e.id)).toEqual(seen.map((x) => x.e.id));
+    const http = await overHttp;
+    expect(http.map((e) => e.id)).toEqual(seen.map((x) => x.e.id));
+    expect(deltas(http)).toEqual(words(50));
+  }, 60_000);
+
+  it('an SSE client that leaves after chunk 20 and comes back to another daemon with Last-Event-ID gets 21–50 once', async () => {
+    const first = sse(apiA, 'live/resume', (x) => x.filter((e) => e.type === 'chunk').length === 20);
+    await new Promise((r) => setTimeout(r, 300));
+    await corral.send('live/resume', { stream: 50, streamMs: 2500 });
+    const before = await first;
+    const last = before.at(-1)!;
+    expect(last.type).toBe('chunk');
+    const cli = spawnCorral(
+      ['watch', 'live/resume', '--json', '--once', '--url', apiB, '--last-event-id', last.id],
+      { ...env, CORRAL_TOKEN: token },
+      'watch-url',
+    );
+    procs.push(cli);
+    const after = await sse(apiB, 'live/resume', (x) => x.some((e) => e.type === 'turn_committed'), last.id);
+    expect(after[0]!.type).toBe('chunk');
+    expect(deltas(after)).toEqual(words(50).slice(20));
+    expect(after.at(-1)!.type).toBe('turn_committed');
+    expect(await cli.exited).toBe(0);
+    expect(printed(cli).map((e) => e.id)).toEqual(after.map((e) => e.id));
   }, 60_000);
 
   it('a paused worker that lost its lease streams on after it resumes: nothing of it reaches a watcher after the reset', async () => {

@@ -4,9 +4,10 @@
  * turn's start, what its worker streams, then the committed turn or its failure. `--json` prints
  * one event per line (`{"id","type","data"}`, the events of `corral.watch` and the HTTP API).
  * Runs until Ctrl-C (or, with `--once`, until a turn ended); a reader that falls too far behind
- * gets the `error` event and exit code 1.
+ * gets the `error` event and exit code 1. `--url` reads a remote daemon's HTTP API instead
+ * (watch-remote.ts), with the token in CORRAL_TOKEN.
  */
-import { formatActorKey, parseActorKey } from '../../actor-key.ts';
+import { formatActorKey, parseActorKey, type ActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
 import { TurnListener } from '../../db/turn-listener.ts';
 import { CorralError } from '../../errors.ts';
@@ -14,11 +15,14 @@ import type { LiveEvent } from '../../ops/live-api.ts';
 import { LiveStream, parseLiveEventId } from '../../ops/live-stream.ts';
 import { queuesOf } from '../../queue/names.ts';
 import { openCommandContext } from '../context.ts';
+import { remoteLiveEvents } from './watch-remote.ts';
 
 export interface WatchCommandOptions {
   json?: boolean;
   once?: boolean;
   lastEventId?: string;
+  /** A remote daemon's HTTP API (the token from CORRAL_TOKEN) instead of the database. */
+  url?: string;
 }
 
 export interface WatchIo {
@@ -36,6 +40,7 @@ export async function runWatchCommand(config: Config, actor: string, opts: Watch
       `--last-event-id ${JSON.stringify(opts.lastEventId.slice(0, 80))} is not an event id of a stream`,
     );
   }
+  if (opts.url !== undefined) return watchRemote(key, opts, io);
   const ctx = await openCommandContext(config, { connections: 1 });
   const listener = new TurnListener({ url: ctx.database.url, applicationName: 'corral-watch', logger: ctx.logger });
   const stream = new LiveStream(
@@ -51,20 +56,56 @@ export async function runWatchCommand(config: Config, actor: string, opts: Watch
   try {
     await stream.start();
     if (!opts.json) io.err.write(`watching ${formatActorKey(key)} (Ctrl-C to stop)\n`);
-    for await (const e of stream) {
-      print(e);
-      if (e.type === 'error') {
-        io.err.write(`corral watch: ${e.data.message}\n`);
-        return 1;
-      }
-      if (opts.once && (e.type === 'turn_committed' || e.type === 'turn_failed')) break;
-    }
-    return 0;
+    return await printEvents(stream, print, opts, io);
   } finally {
     io.out.off('error', onPipeError);
     await stream.close();
     await listener.close();
     await ctx.close();
+  }
+}
+
+/** Prints `events` until the end, an `error` (exit 1), or with `--once` a turn's end. */
+async function printEvents(
+  events: AsyncIterable<LiveEvent>,
+  print: (e: LiveEvent) => void,
+  opts: WatchCommandOptions,
+  io: WatchIo,
+): Promise<number> {
+  for await (const e of events) {
+    print(e);
+    if (e.type === 'error') {
+      io.err.write(`corral watch: ${e.data.message}\n`);
+      return 1;
+    }
+    if (opts.once && (e.type === 'turn_committed' || e.type === 'turn_failed')) break;
+  }
+  return 0;
+}
+
+/** `--url`: the stream of a remote daemon's HTTP API, with the bearer token in CORRAL_TOKEN. */
+async function watchRemote(key: ActorKey, opts: WatchCommandOptions, io: WatchIo): Promise<number> {
+  const token = process.env.CORRAL_TOKEN;
+  if (!token)
+    throw new CorralError('invalid_argument', '--url needs an API token in CORRAL_TOKEN (corral tokens create NAME --scope read)');
+  const stop = new AbortController();
+  const onAbort = () => stop.abort();
+  io.signal.addEventListener('abort', onAbort, { once: true });
+  io.out.on('error', onAbort);
+  try {
+    const events = remoteLiveEvents(key, {
+      url: opts.url!,
+      token,
+      signal: stop.signal,
+      ...(opts.lastEventId !== undefined ? { lastEventId: opts.lastEventId } : {}),
+      onReconnect: (n, why) => io.err.write(`corral watch: ${why}; connecting again (${n})\n`),
+    });
+    if (!opts.json) io.err.write(`watching ${formatActorKey(key)} at ${opts.url} (Ctrl-C to stop)\n`);
+    return await printEvents(events, opts.json ? jsonPrinter(io.out) : textPrinter(io.out), opts, io);
+  } finally {
+    io.signal.removeEventListener('abort', onAbort);
+    io.out.off('error', onAbort);
+    stop.abort();
   }
 }
 
