@@ -1,5 +1,6 @@
 /**
- * The relay's bounds on a real daemon process (R3 of src/runtime/stream-relay.ts): a worker that
+ * The relay's bounds on a real daemon process (R3 of src/runtime/stream-relay.ts), with an SSE
+ * client of every flooded actor that never reads what it is sent: a worker that
  * streams without limit, 8 turns at once, ~3 GB of chunk frames in all, leaves the daemon's
  * memory bounded: its RSS grows by less than 350 MB (measured here: 270–280 MB, the same for 1 GB
  * as for 3 GB: what parsing the frames churns, not what they carry), while what it relays per attempt stops at
@@ -9,6 +10,8 @@
 import { readFileSync } from 'node:fs';
 import { afterAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
+import { openDatabase } from '../../src/db/client.ts';
+import { createToken } from '../../src/ops/api-tokens.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { descendants, fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc } from '../helpers/processes.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
@@ -52,7 +55,12 @@ describe('a worker streaming without limit', () => {
   it('leaves the daemon RSS bounded, relays at most the per-attempt bytes, and the turns commit', async () => {
     db = await createTestDatabase();
     const endpoint = `tcp://127.0.0.1:${await freePort()}`;
-    daemon = spawnCorral(['daemon'], { ...fastRecoveryEnv(db.url, endpoint), CORRAL_LEASE_MS: '30000' }, 'daemon');
+    const httpPort = await freePort();
+    daemon = spawnCorral(
+      ['daemon', '--http-port', String(httpPort)],
+      { ...fastRecoveryEnv(db.url, endpoint), CORRAL_LEASE_MS: '30000' },
+      'daemon',
+    );
     client = new pg.Client({ connectionString: db.url });
     await client.connect();
     const c = client;
@@ -75,6 +83,20 @@ describe('a worker streaming without limit', () => {
       await p.send({ type: 'turn_accepted', turn_ref: s.turn_ref });
       starts.push(s);
     }
+    // readers that never read: each SSE response is left unconsumed
+    const database = openDatabase(db.url, { max: 1 });
+    const { token } = await createToken(database.db, 'never-reads', ['read']);
+    await database.close();
+    const stalled = new AbortController();
+    const unread = await Promise.all(
+      starts.map((_, i) =>
+        fetch(`http://127.0.0.1:${httpPort}/v1/actors/flood/s${i}/stream`, {
+          headers: { authorization: `Bearer ${token}` },
+          signal: stalled.signal,
+        }),
+      ),
+    );
+    for (const r of unread) expect(r.status).toBe(200);
     const baseline = treeRss(daemon.child.pid!);
     let peak = baseline;
     const sampler = setInterval(() => (peak = Math.max(peak, treeRss(daemon!.child.pid!))), 100);
@@ -106,6 +128,7 @@ describe('a worker streaming without limit', () => {
       }
     } finally {
       clearInterval(sampler);
+      stalled.abort();
     }
     expect(peak - baseline, `RSS ${Math.round(baseline / MB)} → peak ${Math.round(peak / MB)} MB`).toBeLessThan(RSS_GROWTH_BOUND);
     // the turns still commit, and their chunks go with them
