@@ -446,7 +446,7 @@ async function main(): Promise<void> {
         const readmeWorker = background('README worker', process.execPath, ['worker.mjs'], readme, runEnv, join(tmp, 'readme-worker.log'));
         await readmeWorker.waitFor('worker my-worker-1 started');
         const client = await run(process.execPath, ['client.mjs'], { cwd: readme, env: runEnv, timeoutMs: 60_000 });
-        if (client.code !== 0 || !/started\s+committed/.test(client.stdout)) {
+        if (client.code !== 0 || !/turn_started\s+turn_committed/.test(client.stdout)) {
           fail(`the README's client example exited ${client.code}:\n${client.stdout}\n${client.stderr}`);
         }
         const readmeStopped = await readmeWorker.stop();

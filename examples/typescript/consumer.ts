@@ -49,6 +49,17 @@ import {
   type WatchEvent,
   type WatchGap,
   type WatchOptions,
+  LIVE_EVENT_TYPES,
+  type LiveAttempt,
+  type LiveChunk,
+  type LiveError,
+  type LiveEvent,
+  type LiveEventType,
+  type LiveTurnCommitted,
+  type LiveTurnFailed,
+  type LiveTurnStarted,
+  type LiveWatch,
+  type LiveWatchOptions,
   type EmittedEntry,
   type TranscriptEntry,
   type ActorStatus,
@@ -182,6 +193,40 @@ export function drizzleTarget(tx: DrizzleExecutable): SendDb {
   return tx;
 }
 
+// corral: an actor's live turns, as a person would follow them
+export async function followLive(corral: Corral, signal: AbortSignal, lastEventId?: string): Promise<string> {
+  const options: LiveWatchOptions = { signal, maxBufferedBytes: 1 << 20, ...(lastEventId ? { lastEventId } : {}) };
+  const watch: LiveWatch = await corral.watch(ref, options);
+  const known: readonly LiveEventType[] = LIVE_EVENT_TYPES;
+  let shown = '';
+  for await (const e of watch as AsyncIterable<LiveEvent>) {
+    if (!known.includes(e.type)) continue;
+    if (e.type === 'turn_started') {
+      const started: LiveTurnStarted = e.data;
+      void started.events.length;
+    } else if (e.type === 'chunk') {
+      const chunk: LiveChunk = e.data;
+      shown += String((chunk.data as { delta?: string }).delta ?? '');
+    } else if (e.type === 'reset') {
+      const attempt: LiveAttempt = e.data;
+      void attempt.attempt;
+      shown = '';
+    } else if (e.type === 'turn_failed') {
+      const failed: LiveTurnFailed = e.data;
+      void failed.reason;
+    } else if (e.type === 'error') {
+      const error: LiveError = e.data;
+      throw new Error(error.message);
+    } else {
+      const committed: LiveTurnCommitted = e.data;
+      void committed.messages;
+      break;
+    }
+  }
+  await watch.close();
+  return shown;
+}
+
 // corral: a watch of an actor's turns
 export async function watchTurns(corral: Corral, signal: AbortSignal): Promise<TurnEventKind[]> {
   const options: WatchOptions = { signal, maxBuffered: DEFAULT_MAX_BUFFERED };
@@ -231,6 +276,7 @@ const handler: TurnHandler = async (ctx: TurnContext): Promise<TurnOutcome> => {
     // every event the turn answers (more than one when the actor's policy coalesced them)
     const data: JsonValue = ctx.events.map((e) => e.data);
     const turnRef: TurnRef = ctx.turnRef;
+    ctx.stream({ delta: 'thinking… ' });
     void turnRef.actor_epoch;
     return { messages: [{ role: 'assistant', content: { text: `got ${JSON.stringify(data)}` } }], emit };
   } finally {
