@@ -21,7 +21,7 @@ export interface Api {
 
 export async function startApi(
   databaseUrl: string,
-  opts: { config?: Partial<Config>; corral?: Corral } & Partial<Pick<ApiServerOptions, 'live' | 'keepAliveMs' | 'db'>> = {},
+  opts: { config?: Partial<Config>; corral?: Corral } & Partial<Pick<ApiServerOptions, 'live' | 'keepAliveMs' | 'db' | 'logger'>> = {},
 ): Promise<Api> {
   const config = loadConfig({ databaseUrl, logLevel: 'silent', ...opts.config }, {});
   const database = openDatabase(databaseUrl, { max: 4, applicationName: 'corral-http-test' });
@@ -34,7 +34,7 @@ export async function startApi(
       corral,
       db: opts.db ?? database.db,
       config,
-      logger: testLogger,
+      logger: opts.logger ?? testLogger,
       ...(opts.live ? { live: opts.live } : {}),
       ...(opts.keepAliveMs ? { keepAliveMs: opts.keepAliveMs } : {}),
     });
