@@ -35,6 +35,7 @@ import { bearerToken, cameOverHttps, requireToken, sessionCookie, tokenOf, type 
 import { httpErrorOf } from './errors.ts';
 import { actorOf, EventBody, EventParams, parsed, SendHeaders, StreamHeaders } from './requests.ts';
 import { Streams, type LiveSource } from './streams.ts';
+import { loadUiFiles, UI_HEADERS } from './ui.ts';
 import { eventJson, sendJson, transcriptJson } from './views.ts';
 
 export type { LiveSource } from './streams.ts';
@@ -58,6 +59,8 @@ export interface ApiServerOptions {
   keepAliveMs?: number;
   /** H4: how long a request may take to arrive whole. Default 30,000 ms. */
   requestTimeoutMs?: number;
+  /** Serve the chat page at `/` (src/http/ui.ts), from `dir` (default examples/chat/); absent: `/` is 404. */
+  ui?: { dir?: string } | undefined;
 }
 
 export interface ApiServer {
@@ -92,6 +95,8 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
     },
     log,
   );
+  // U1, U2 of ui.ts: read before anything listens, so a missing folder stops the start
+  const uiFiles = opts.ui ? await loadUiFiles(opts.ui.dir) : [];
   let closing = false;
 
   const app: FastifyInstance = Fastify({
@@ -233,6 +238,13 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
     await streams.serve(req, reply, { live, actor, lastEventId: headers['last-event-id'], token: tokenOf(req).name });
   });
 
+  // the chat page: public files, served without a token (the page asks for one)
+  for (const file of uiFiles) {
+    serve(file.path, {
+      GET: { scope: null, handler: async (_req, reply) => reply.headers(UI_HEADERS).type(file.contentType).send(file.body) },
+    });
+  }
+
   // S4 of streams.ts: one statement for all open streams' tokens
   const recheck = setInterval(() => {
     const names = streams.tokenNames();
@@ -254,7 +266,7 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
   const addr = app.server.address() as AddressInfo;
   const shownHost = addr.family === 'IPv6' ? `[${addr.address}]` : addr.address;
   const url = `http://${shownHost}:${addr.port}`;
-  log.info({ url }, 'HTTP API listening');
+  log.info({ url, ...(uiFiles.length > 0 ? { page: `${url}/` } : {}) }, 'HTTP API listening');
   if (!isLoopback(addr.address)) {
     log.warn({ url }, 'the HTTP API listens beyond loopback and speaks plain HTTP: put a TLS proxy in front of it (docs/operations.md)');
   }
