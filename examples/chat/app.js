@@ -10,8 +10,8 @@
 
 const TOKEN_KEY = 'corral.chat.token';
 const ACTOR_PART = /^[A-Za-z0-9._:@-]{1,128}$/;
-/** A lost stream whose cookie lapsed is signed in again at most this often. */
-const RELOGIN_EVERY_MS = 10_000;
+/** A stream refused twice within this long is not opened again by itself (a loop, else). */
+const REFUSALS_APART_MS = 10_000;
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -43,7 +43,7 @@ const state = {
   committed: new Set(),
   /** The last send that failed, so that sending it again reuses its idempotency key. */
   lastTry: null,
-  lastLogin: 0,
+  lastRefusal: 0,
 };
 
 class ApiError extends Error {
@@ -105,7 +105,7 @@ function notice(text, kind = 'error') {
 
 function describe(e) {
   if (!(e instanceof ApiError)) return 'the server cannot be reached';
-  if (e.status === 401) return `the token is not valid (${e.message}): sign in again`;
+  if (e.status === 401) return `${e.message}: sign in again`;
   return `${e.code}: ${e.message}`;
 }
 
@@ -297,26 +297,36 @@ function closeStream() {
   state.live.clear();
 }
 
+/**
+ * The stream was refused (401 once the cookie lapsed or the token was revoked; 429; 503): sign
+ * in again, which tells a token that is no longer valid (signed out) from one that is (the
+ * stream is opened again, unless it was refused moments ago too).
+ */
 async function relogin() {
-  if (Date.now() - state.lastLogin < RELOGIN_EVERY_MS) {
-    closeStream();
-    setStatus('Disconnected: the stream was refused.');
-    notice('The stream was refused again: press Connect to try once more.');
-    return;
-  }
+  closeStream();
+  const last = state.lastRefusal;
+  state.lastRefusal = Date.now();
   try {
     await login();
-    openStream();
   } catch (e) {
     if (e instanceof ApiError && e.status === 401) signedOut(`The stream was refused: ${describe(e)}`);
-    else notice(`The stream was refused: ${describe(e)}; press Connect to try again.`);
+    else {
+      setStatus('Disconnected: the stream was refused.');
+      notice(`The stream was refused and signing in again failed (${describe(e)}): press Connect to try again.`);
+    }
+    return;
   }
+  if (state.lastRefusal - last < REFUSALS_APART_MS) {
+    setStatus('Disconnected: the stream was refused.');
+    notice('The stream was refused again (too many streams, or the server is busy): press Connect to try again.');
+    return;
+  }
+  openStream();
 }
 
 // ---- signing in and out, sending ------------------------------------------------------------
 
 async function login() {
-  state.lastLogin = Date.now();
   await api('/v1/session', { method: 'POST' });
 }
 
@@ -326,6 +336,9 @@ function signedIn(on) {
   ui.disconnect.hidden = !on;
   ui.connect.textContent = on ? 'Switch actor' : 'Connect';
   ui.message.disabled = !on;
+  ui.message.placeholder = on
+    ? 'Write a message (Enter sends, Shift+Enter: a new line)'
+    : 'Connect first, then write a message (Enter sends, Shift+Enter: a new line)';
   ui.send.disabled = !on;
 }
 
