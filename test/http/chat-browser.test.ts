@@ -43,7 +43,7 @@ declare class MutationObserver {
   observe(target: PageElement, options: { subtree: boolean; childList: boolean; characterData: boolean }): void;
 }
 
-const CHROMIUM = process.env.CORRAL_TEST_CHROMIUM ?? '/usr/bin/chromium';
+const CHROMIUM = process.env.PUPPETEER_EXECUTABLE_PATH || '/usr/bin/chromium';
 /** The reply streams over this long: a wide window to see it before the commit. */
 const STREAM_MS = 2_000;
 
@@ -59,7 +59,7 @@ beforeAll(async () => {
     throw new Error(
       `Chromium is not installed (no ${CHROMIUM}): this test drives a real browser. Install Debian's package as root: ` +
         '`apt-get update && apt-get install -y --no-install-recommends chromium` (.ci/run does it), ' +
-        'or point CORRAL_TEST_CHROMIUM at a Chromium or Chrome executable',
+        'or point PUPPETEER_EXECUTABLE_PATH at a Chromium or Chrome executable',
     );
   }
   db = await createTestDatabase();
