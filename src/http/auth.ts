@@ -78,10 +78,10 @@ export function requireToken(verifier: TokenVerifier, rule: AccessRule) {
       // B4: checked on the request's own method too, whatever the route was registered with
       const cookie = rule.cookie && req.method === 'GET' ? sessionCookieOf(req.headers.cookie) : undefined;
       if (cookie === undefined) {
-        const how = rule.cookie
-          ? 'Authorization: Bearer <token>, or the session cookie of POST /v1/session'
-          : 'Authorization: Bearer <token> (a session cookie is taken by GET routes only)';
-        throw new CorralError('unauthorized', `an API token is needed: ${how} (corral tokens create)`, { details: { tokenGiven: false } });
+        const also = rule.cookie ? ', or the session cookie of POST /v1/session' : '; a session cookie is taken by GET routes only';
+        throw new CorralError('unauthorized', `an API token is needed: Authorization: Bearer <token> (corral tokens create)${also}`, {
+          details: { tokenGiven: false },
+        });
       }
       text = cookie;
     }

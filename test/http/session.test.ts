@@ -82,7 +82,11 @@ describe('POST /v1/session and DELETE /v1/session', () => {
     const gone = await api.token('gone-login-2', ['read']);
     await revokeToken(api.database.db, 'gone-login-2');
     const cases: [string, Promise<Response>, RegExp][] = [
-      ['nothing', login(null), /^an API token is needed: Authorization: Bearer <token> \(a session cookie is taken by GET routes only\)/],
+      [
+        'nothing',
+        login(null),
+        /^an API token is needed: Authorization: Bearer <token> \(corral tokens create\); a session cookie is taken by GET routes only$/,
+      ],
       ['the cookie alone', login(null, cookie(rw)), /^an API token is needed/],
       ['unknown', login(generateToken()), /^the token is not valid \(unknown or revoked\)$/],
       ['revoked', login(gone), /^the token is not valid \(unknown or revoked\)$/],
@@ -170,7 +174,11 @@ describe('the cookie on the routes', () => {
 
   it('no cookie, an empty or unknown one, or only other cookies: 401', async () => {
     const cases: [Record<string, string>, RegExp, string][] = [
-      [{}, /^an API token is needed: Authorization: Bearer <token>, or the session cookie of POST \/v1\/session/, 'Bearer realm="corral"'],
+      [
+        {},
+        /^an API token is needed: Authorization: Bearer <token> \(corral tokens create\), or the session cookie of POST \/v1\/session$/,
+        'Bearer realm="corral"',
+      ],
       [{ cookie: 'theme=dark; corral_sessionx=1' }, /^an API token is needed/, 'Bearer realm="corral"'],
       [{ cookie: 'corral_session=' }, /^the token is not valid/, 'Bearer realm="corral", error="invalid_token"'],
       [cookie(generateToken()), /^the token is not valid/, 'Bearer realm="corral", error="invalid_token"'],
