@@ -181,6 +181,15 @@ function replyBubble(eventId) {
   return li;
 }
 
+/** The reply bubble of `eventId`, streaming (again, after a failed attempt) and empty. */
+function freshReply(eventId) {
+  const li = replyBubble(eventId);
+  li.dataset.state = 'streaming';
+  li.setAttribute('aria-busy', 'true');
+  textNode(li).textContent = '';
+  return li;
+}
+
 const handlers = {
   turn_started(data) {
     for (const e of data.events) {
@@ -194,7 +203,7 @@ const handlers = {
       data.event_id,
       data.events.map((e) => e.id),
     );
-    replyBubble(data.event_id);
+    freshReply(data.event_id);
     scrollDown();
   },
   chunk(data) {
@@ -205,9 +214,7 @@ const handlers = {
   },
   reset(data) {
     // the attempt that streamed it failed: its retry starts over
-    const li = replyBubble(data.event_id);
-    li.dataset.state = 'streaming';
-    textNode(li).textContent = '';
+    freshReply(data.event_id);
   },
   turn_committed(data) {
     const li = replyBubble(data.event_id);
@@ -243,6 +250,8 @@ const handlers = {
       }
     }
     state.turnEvents.delete(data.event_id);
+    // what the transcript holds now (a cancelled turn's message), and those marked
+    loadTranscript().catch((e) => notice(`The transcript could not be read: ${describe(e)}`));
   },
 };
 
