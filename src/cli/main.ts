@@ -66,6 +66,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
       intArg(0, 65_535),
     )
     .option('--http-host <host>', 'address for the HTTP API (default CORRAL_HTTP_HOST or 127.0.0.1; loopback unless behind TLS)')
+    .option('--http-ui', 'with --http-port, also serve the chat page at / (CORRAL_HTTP_UI=1)')
     .option('--insecure', 'turn CURVE off: any process that reaches the endpoint may register as a worker (CORRAL_INSECURE=1)')
     .option('--insecure-remote', 'with --insecure, allow binding a non-loopback address (CORRAL_INSECURE_REMOTE=1)')
     .action(
@@ -77,6 +78,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
         metricsHost?: string;
         httpPort?: number;
         httpHost?: string;
+        httpUi?: boolean;
         insecure?: boolean;
         insecureRemote?: boolean;
       }) =>
@@ -91,6 +93,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
                 ...(o.metricsHost ? { metricsHost: o.metricsHost } : {}),
                 ...(o.httpPort !== undefined ? { httpPort: o.httpPort } : {}),
                 ...(o.httpHost ? { httpHost: o.httpHost } : {}),
+                ...(o.httpUi ? { httpUi: true } : {}),
               }),
               o,
             ),

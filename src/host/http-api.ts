@@ -19,7 +19,10 @@ export interface HostedApi {
 const CLIENT_CONNECTIONS = 8;
 const POOL_CONNECTIONS = 4;
 
-/** Starts the API on `config.httpPort`; a port that cannot be bound is a clear `invalid_config`. */
+/**
+ * Starts the API on `config.httpPort`, with the chat page when `config.httpUi`; a port that
+ * cannot be bound, or a chat page that cannot be read, is a clear `invalid_config`.
+ */
 export async function startHostedApi(config: Config, databaseUrl: string, logger: Logger): Promise<HostedApi> {
   const [{ startApiServer }, { connect }, { openDatabase }] = await Promise.all([
     import('../http/server.ts'),
@@ -49,9 +52,19 @@ export async function startHostedApi(config: Config, databaseUrl: string, logger
   const port = config.httpPort ?? 0;
   let server: Awaited<ReturnType<typeof startApiServer>>;
   try {
-    server = await startApiServer({ host: config.httpHost, port, corral, db: database.db, config, logger });
+    server = await startApiServer({
+      host: config.httpHost,
+      port,
+      corral,
+      db: database.db,
+      config,
+      logger,
+      ui: config.httpUi ? {} : undefined,
+    });
   } catch (e) {
     await release();
+    // the chat page's folder missing (CORRAL_HTTP_UI) says so itself
+    if (e instanceof CorralError && e.code === 'invalid_config') throw e;
     throw new CorralError('invalid_config', `the HTTP API cannot listen on ${config.httpHost}:${port}: ${toError(e).message}`, {
       cause: e,
     });

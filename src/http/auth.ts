@@ -1,20 +1,35 @@
 /**
- * Bearer tokens on every /v1 route (src/ops/api-tokens.ts makes and verifies them).
+ * Bearer tokens on every /v1 route (src/ops/api-tokens.ts makes and verifies them), and the
+ * session cookie a browser page uses where it cannot send a header (`EventSource`).
  *
  *  B1 Authorization runs first, in the route's `onRequest` hook: before the body is read, before
  *     any parameter is looked at, so a request without a valid token learns nothing but 401 (or
  *     403 without the scope), and its body, however large, is never parsed.
- *  B2 401 `unauthorized` for no `Authorization` header, one that is not `Bearer <token>`, and a
- *     token that is unknown or revoked: one message for the last two, so a caller cannot tell
- *     which. 403 `forbidden` for a valid token without the route's scope.
- *  B3 A token is never logged, nor any `Authorization` header: only the token's name, once verified.
+ *  B2 401 `unauthorized` for no credentials, an `Authorization` header that is not
+ *     `Bearer <token>`, and a token that is unknown or revoked: one message for the last two, so
+ *     a caller cannot tell which. 403 `forbidden` for a valid token without the route's scope.
+ *  B3 A token is never logged, nor any `Authorization` or `Cookie` header: only the token's name,
+ *     once verified.
+ *  B4 The session cookie (`corral_session`, set by `POST /v1/session` from a valid bearer token)
+ *     holds the token itself and is verified exactly as the header is, on every request: a
+ *     revoked token's cookie is refused at once. It is taken on GET routes only, and only when
+ *     there is no `Authorization` header (the header wins, and a bad header is not rescued by a
+ *     cookie). A write never accepts it: a page on another site can make a browser send cookies
+ *     with a POST, never an `Authorization` header, so no send can be forged (CSRF). The cookie
+ *     itself is `HttpOnly` (no script reads it), `SameSite=Strict` (no other site's page or link
+ *     makes the browser send it), `Path=/v1`, and `Secure` when the request came over HTTPS.
  */
+import type { TLSSocket } from 'node:tls';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { CorralError } from '../errors.ts';
 import type { ApiTokenScope, TokenVerifier, VerifiedApiToken } from '../ops/api-tokens.ts';
 
 const AuthorizationHeader = z.string().regex(/^Bearer +[\x21-\x7e]+ *$/i);
+
+/** B4: the session cookie's name, and how long a browser keeps it (the token's validity is its own: until revoked). */
+export const SESSION_COOKIE = 'corral_session';
+export const SESSION_MAX_AGE_S = 8 * 60 * 60;
 
 const verified = new WeakMap<FastifyRequest, VerifiedApiToken>();
 
@@ -25,26 +40,77 @@ export function tokenOf(req: FastifyRequest): VerifiedApiToken {
   return token;
 }
 
-/** B1, B2: the `onRequest` hook of a route that needs `scope`. */
-export function requireScope(verifier: TokenVerifier, scope: ApiTokenScope) {
+/** The token text of an `Authorization: Bearer <token>` header; `undefined` for any other header. */
+export function bearerToken(header: string | undefined): string | undefined {
+  if (header === undefined || !AuthorizationHeader.safeParse(header).success) return undefined;
+  return header.replace(/^Bearer +/i, '').trimEnd();
+}
+
+/** B4: the first `corral_session` value of a `Cookie` header (the browser sends the most specific path first). */
+export function sessionCookieOf(header: string | undefined): string | undefined {
+  if (header === undefined) return undefined;
+  for (const pair of header.split(';')) {
+    const eq = pair.indexOf('=');
+    if (eq > 0 && pair.slice(0, eq).trim() === SESSION_COOKIE) return pair.slice(eq + 1).trim();
+  }
+  return undefined;
+}
+
+export interface AccessRule {
+  /** The scope the route needs; `undefined`: any valid token. */
+  scope: ApiTokenScope | undefined;
+  /** B4: whether the session cookie may stand in for the header (GET routes only). */
+  cookie: boolean;
+}
+
+/** B1, B2, B4: the `onRequest` hook of a route with `rule`. */
+export function requireToken(verifier: TokenVerifier, rule: AccessRule) {
   return async (req: FastifyRequest, _reply: FastifyReply): Promise<void> => {
     const header = req.headers.authorization;
-    if (header === undefined) {
-      throw new CorralError('unauthorized', 'an API token is needed: Authorization: Bearer <token> (corral tokens create)', {
-        details: { tokenGiven: false },
-      });
+    let text: string;
+    if (header !== undefined) {
+      const fromHeader = bearerToken(header);
+      if (fromHeader === undefined) {
+        throw new CorralError('unauthorized', 'the Authorization header must be "Bearer <token>"', { details: { tokenGiven: true } });
+      }
+      text = fromHeader;
+    } else {
+      // B4: checked on the request's own method too, whatever the route was registered with
+      const cookie = rule.cookie && req.method === 'GET' ? sessionCookieOf(req.headers.cookie) : undefined;
+      if (cookie === undefined) {
+        const also = rule.cookie ? ', or the session cookie of POST /v1/session' : '; a session cookie is taken by GET routes only';
+        throw new CorralError('unauthorized', `an API token is needed: Authorization: Bearer <token> (corral tokens create)${also}`, {
+          details: { tokenGiven: false },
+        });
+      }
+      text = cookie;
     }
-    const checked = AuthorizationHeader.safeParse(header);
-    if (!checked.success) {
-      throw new CorralError('unauthorized', 'the Authorization header must be "Bearer <token>"', { details: { tokenGiven: true } });
-    }
-    const token = await verifier.verify(checked.data.replace(/^Bearer +/i, '').trimEnd());
+    const token = await verifier.verify(text);
     if (!token) throw new CorralError('unauthorized', 'the token is not valid (unknown or revoked)', { details: { tokenGiven: true } });
-    if (!token.scopes.includes(scope)) {
-      throw new CorralError('forbidden', `the token ${token.name} has no scope ${scope} (its scopes: ${token.scopes.join(', ')})`, {
-        details: { scope },
+    if (rule.scope !== undefined && !token.scopes.includes(rule.scope)) {
+      throw new CorralError('forbidden', `the token ${token.name} has no scope ${rule.scope} (its scopes: ${token.scopes.join(', ')})`, {
+        details: { scope: rule.scope },
       });
     }
     verified.set(req, token);
   };
+}
+
+/**
+ * Whether `req` came over HTTPS: to the server itself, or to a proxy in front of it that says so
+ * (`X-Forwarded-Proto`, its first value). The header is taken on trust because all it can do is
+ * make the cookie stricter (`Secure`).
+ */
+export function cameOverHttps(req: FastifyRequest): boolean {
+  if ((req.raw.socket as Partial<TLSSocket>).encrypted === true) return true;
+  const proto = req.headers['x-forwarded-proto'];
+  const first = (Array.isArray(proto) ? proto[0] : proto)?.split(',')[0]?.trim().toLowerCase();
+  return first === 'https';
+}
+
+/** B4: the `Set-Cookie` value that gives the browser `token` (`undefined`: clears it). */
+export function sessionCookie(token: string | undefined, secure: boolean): string {
+  const value = token ?? '';
+  const maxAge = token === undefined ? 0 : SESSION_MAX_AGE_S;
+  return `${SESSION_COOKIE}=${value}; HttpOnly; SameSite=Strict; Path=/v1; Max-Age=${maxAge}${secure ? '; Secure' : ''}`;
 }

@@ -16,6 +16,9 @@
  *  H4 Bounded in time too: a request must arrive whole within `requestTimeoutMs`; idle keep-alive
  *     connections close after 5 s. `close()` refuses new requests (503 `shutdown`), ends the open
  *     streams, and waits for the requests under way.
+ *  H5 `POST /v1/session` sets the session cookie a browser page's `EventSource` needs (B4 of
+ *     auth.ts) from a valid bearer token; `DELETE /v1/session` clears it, with no token: it
+ *     reads and writes nothing but the cookie.
  */
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, type HTTPMethods } from 'fastify';
 import type { AddressInfo } from 'node:net';
@@ -28,10 +31,11 @@ import { CorralError, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { tokenVerifier, type ApiTokenScope } from '../ops/api-tokens.ts';
 import { queuesOf } from '../queue/names.ts';
-import { requireScope, tokenOf } from './auth.ts';
+import { bearerToken, cameOverHttps, requireToken, sessionCookie, tokenOf, type AccessRule } from './auth.ts';
 import { httpErrorOf } from './errors.ts';
 import { actorOf, EventBody, EventParams, parsed, SendHeaders, StreamHeaders } from './requests.ts';
 import { Streams, type LiveSource } from './streams.ts';
+import { loadUiFiles, UI_HEADERS } from './ui.ts';
 import { eventJson, sendJson, transcriptJson } from './views.ts';
 
 export type { LiveSource } from './streams.ts';
@@ -55,6 +59,8 @@ export interface ApiServerOptions {
   keepAliveMs?: number;
   /** H4: how long a request may take to arrive whole. Default 30,000 ms. */
   requestTimeoutMs?: number;
+  /** Serve the chat page at `/` (src/http/ui.ts), from `dir` (default examples/chat/); absent: `/` is 404. */
+  ui?: { dir?: string } | undefined;
 }
 
 export interface ApiServer {
@@ -89,6 +95,8 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
     },
     log,
   );
+  // U1, U2 of ui.ts: read before anything listens, so a missing folder stops the start
+  const uiFiles = opts.ui ? await loadUiFiles(opts.ui.dir) : [];
   let closing = false;
 
   const app: FastifyInstance = Fastify({
@@ -147,24 +155,53 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
     throw new CorralError('not_found', `no route ${req.method} ${new URL(req.url, 'http://x').pathname} (docs/http.md lists them)`);
   });
 
-  const auth = (scope: ApiTokenScope) => requireScope(verifier, scope);
-  /** H1: `url` answers `method`, behind the token check of `scope`; any other method is 405. */
-  const route = (
-    method: HTTPMethods,
-    url: string,
-    scope: ApiTokenScope,
-    handler: (req: FastifyRequest, reply: FastifyReply) => Promise<unknown>,
-  ) => {
-    app.route({ method, url, onRequest: auth(scope), handler });
+  type Handler = (req: FastifyRequest, reply: FastifyReply) => Promise<unknown>;
+  /**
+   * H1: `url` answers the methods of `handlers`, each behind its token check (`null`: none);
+   * any other method is 405. B4 of auth.ts: only a GET takes the session cookie.
+   */
+  const serve = (url: string, handlers: Partial<Record<HTTPMethods, { scope: ApiTokenScope | undefined | null; handler: Handler }>>) => {
+    const methods = Object.keys(handlers) as HTTPMethods[];
+    for (const method of methods) {
+      const { scope, handler } = handlers[method]!;
+      const rule: AccessRule = { scope: scope ?? undefined, cookie: method === 'GET' };
+      app.route({ method, url, ...(scope === null ? {} : { onRequest: requireToken(verifier, rule) }), handler });
+    }
+    const allowed = methods.map((m) => `${m} ${url}`).join(' and ');
     app.route({
-      method: METHODS.filter((m) => m !== method),
+      method: METHODS.filter((m) => !methods.includes(m)),
       url,
       handler: async (req, reply) => {
-        void reply.header('allow', method);
-        throw new CorralError('method_not_allowed', `${req.method} is not allowed here: ${method} ${url} is`);
+        void reply.header('allow', methods.join(', '));
+        throw new CorralError('method_not_allowed', `${req.method} is not allowed here: ${allowed} ${methods.length > 1 ? 'are' : 'is'}`);
       },
     });
   };
+  const route = (method: HTTPMethods, url: string, scope: ApiTokenScope, handler: Handler) => serve(url, { [method]: { scope, handler } });
+
+  // B4 of auth.ts: a browser page trades its token for a cookie that `EventSource` sends. Any
+  // valid token, from the header alone (a POST never takes the cookie); leaving needs none
+  serve('/v1/session', {
+    POST: {
+      scope: undefined,
+      handler: async (req, reply) => {
+        const token = bearerToken(req.headers.authorization)!;
+        log.debug({ token: tokenOf(req).name }, 'session cookie set');
+        return reply
+          .code(204)
+          .header('set-cookie', sessionCookie(token, cameOverHttps(req)))
+          .send();
+      },
+    },
+    DELETE: {
+      scope: null,
+      handler: async (req, reply) =>
+        reply
+          .code(204)
+          .header('set-cookie', sessionCookie(undefined, cameOverHttps(req)))
+          .send(),
+    },
+  });
 
   route('POST', '/v1/actors/:agent_uid/:session_id/events', 'send', async (req, reply) => {
     const actor = actorOf(req.params);
@@ -201,6 +238,13 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
     await streams.serve(req, reply, { live, actor, lastEventId: headers['last-event-id'], token: tokenOf(req).name });
   });
 
+  // the chat page: public files, served without a token (the page asks for one)
+  for (const file of uiFiles) {
+    serve(file.path, {
+      GET: { scope: null, handler: async (_req, reply) => reply.headers(UI_HEADERS).type(file.contentType).send(file.body) },
+    });
+  }
+
   // S4 of streams.ts: one statement for all open streams' tokens
   const recheck = setInterval(() => {
     const names = streams.tokenNames();
@@ -222,7 +266,7 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
   const addr = app.server.address() as AddressInfo;
   const shownHost = addr.family === 'IPv6' ? `[${addr.address}]` : addr.address;
   const url = `http://${shownHost}:${addr.port}`;
-  log.info({ url }, 'HTTP API listening');
+  log.info({ url, ...(uiFiles.length > 0 ? { page: `${url}/` } : {}) }, 'HTTP API listening');
   if (!isLoopback(addr.address)) {
     log.warn({ url }, 'the HTTP API listens beyond loopback and speaks plain HTTP: put a TLS proxy in front of it (docs/operations.md)');
   }

@@ -16,6 +16,10 @@
  * - `{"stream": N, "streamMs": T}` → streams N chunks `{ "delta": "w1 " }`, `{ "delta": "w2 " }` …
  *   (live turns: `ctx.stream`) spread over T ms (default 40 ms apart), before the rest; with
  *   `"stamp": true` each chunk also carries `t`, when it was sent (ms since the epoch, fractional)
+ * - `{"stream": true, "streamMs": T}` → streams the reply's own text, as a model would: the
+ *   `echo: …` text in about 10 pieces of whole words (`{ "delta": piece }`) spread over T ms
+ *   (default 1000), then commits that text; the deltas put together are the committed text, to
+ *   the character (`"stamp": true` as above)
  * - anything else             → `{ text: "echo: " + JSON.stringify(data) }`
  * A turn that takes several events (input policy `coalesce`) answers them all in one message:
  * `echo: ` and each event's text (or its JSON) in order, joined by ` | `; it waits the largest
@@ -49,7 +53,8 @@ export function createExampleHandler(clock: Clock = systemClock): (ctx: TurnCont
       const rec = asRecord(data);
       const delay = Math.max(0, ...ctx.events.map((e) => delayOf(asRecord(e.data))));
       if (delay > 0) await clock.sleep(Math.min(delay, MAX_DELAY_MS), ctx.signal);
-      await streamChunks(ctx, rec, clock);
+      const text = `echo: ${ctx.events.map((e) => textOf(e.data)).join(' | ')}`;
+      await streamChunks(ctx, rec, text, clock);
       ctx.signal.throwIfAborted();
       if (rec?.fail === true) {
         const err = new Error('example worker asked to fail') as Error & { code?: string; retryable?: boolean };
@@ -57,7 +62,6 @@ export function createExampleHandler(clock: Clock = systemClock): (ctx: TurnCont
         if (typeof rec.retryable === 'boolean') err.retryable = rec.retryable;
         throw err;
       }
-      const text = `echo: ${ctx.events.map((e) => textOf(e.data)).join(' | ')}`;
       const content: Record<string, JsonValue> = { text };
       if (steered !== undefined) content.steered = steered;
       const seen = ctx.context?.messages.length ?? 0;
@@ -71,17 +75,48 @@ export function createExampleHandler(clock: Clock = systemClock): (ctx: TurnCont
   };
 }
 
-/** `stream`: N chunks over `streamMs` (each `{ delta }`), as a model's tokens would come. */
-async function streamChunks(ctx: TurnContext, rec: Record<string, JsonValue> | null, clock: Clock): Promise<void> {
+/** Pieces `stream: true` cuts a reply into: enough to see it grow, few enough to read each one. */
+const REPLY_PIECES = 10;
+
+/**
+ * `stream`: a number N streams N chunks `w1 `, `w2 ` … over `streamMs`; `true` streams `reply`
+ * itself in about `REPLY_PIECES` pieces over `streamMs` (default 1 s), so a watcher sees the text
+ * it will find committed. Each chunk is `{ delta }`, as a model's tokens would come.
+ */
+async function streamChunks(ctx: TurnContext, rec: Record<string, JsonValue> | null, reply: string, clock: Clock): Promise<void> {
   const n = rec?.stream;
-  if (typeof n !== 'number' || !Number.isInteger(n) || n <= 0) return;
-  const count = Math.min(n, 100_000);
-  const total = typeof rec?.streamMs === 'number' && rec.streamMs >= 0 ? Math.min(rec.streamMs, MAX_DELAY_MS) : count * 40;
-  const stamp = rec?.stamp === true;
-  for (let i = 1; i <= count; i++) {
-    ctx.stream(stamp ? { delta: `w${i} `, t: performance.timeOrigin + performance.now() } : { delta: `w${i} ` });
-    if (i < count && total > 0) await clock.sleep(total / count, ctx.signal);
+  let deltas: string[];
+  let defaultMs: number;
+  if (n === true) {
+    deltas = piecesOf(reply, REPLY_PIECES);
+    defaultMs = 1_000;
+  } else if (typeof n === 'number' && Number.isInteger(n) && n > 0) {
+    deltas = Array.from({ length: Math.min(n, 100_000) }, (_, i) => `w${i + 1} `);
+    defaultMs = deltas.length * 40;
+  } else {
+    return;
   }
+  const count = deltas.length;
+  const total = typeof rec?.streamMs === 'number' && rec.streamMs >= 0 ? Math.min(rec.streamMs, MAX_DELAY_MS) : defaultMs;
+  const stamp = rec?.stamp === true;
+  for (const [i, delta] of deltas.entries()) {
+    ctx.stream(stamp ? { delta, t: performance.timeOrigin + performance.now() } : { delta });
+    if (i < count - 1 && total > 0) await clock.sleep(total / count, ctx.signal);
+  }
+}
+
+/**
+ * `text` in at most `max` pieces of whole words, each word with the blanks after it, as evenly
+ * as the words allow. Cut only where a blank meets a word, so joined they are `text` exactly.
+ */
+export function piecesOf(text: string, max: number): string[] {
+  const words = text.split(/(?<=\s)(?=\S)/);
+  const count = Math.min(max, words.length);
+  const pieces: string[] = [];
+  for (let i = 0; i < count; i++) {
+    pieces.push(words.slice(Math.floor((i * words.length) / count), Math.floor(((i + 1) * words.length) / count)).join(''));
+  }
+  return pieces;
 }
 
 /** An event's `delayMs`, 0 when it asks for none. */

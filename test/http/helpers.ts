@@ -21,7 +21,9 @@ export interface Api {
 
 export async function startApi(
   databaseUrl: string,
-  opts: { config?: Partial<Config>; corral?: Corral } & Partial<Pick<ApiServerOptions, 'live' | 'keepAliveMs' | 'db'>> = {},
+  opts: { config?: Partial<Config>; corral?: Corral } & Partial<
+    Pick<ApiServerOptions, 'live' | 'keepAliveMs' | 'db' | 'logger' | 'ui'>
+  > = {},
 ): Promise<Api> {
   const config = loadConfig({ databaseUrl, logLevel: 'silent', ...opts.config }, {});
   const database = openDatabase(databaseUrl, { max: 4, applicationName: 'corral-http-test' });
@@ -34,7 +36,8 @@ export async function startApi(
       corral,
       db: opts.db ?? database.db,
       config,
-      logger: testLogger,
+      logger: opts.logger ?? testLogger,
+      ...(opts.ui ? { ui: opts.ui } : {}),
       ...(opts.live ? { live: opts.live } : {}),
       ...(opts.keepAliveMs ? { keepAliveMs: opts.keepAliveMs } : {}),
     });

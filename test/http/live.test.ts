@@ -66,6 +66,24 @@ describe('the live stream over HTTP', () => {
     await waitFor(() => api.server.streams === 0, { what: 'the stream released once its client left' });
   });
 
+  it('{"stream": true} streams the reply itself: about 10 pieces of whole words that put together are the committed text', async () => {
+    const res = await api.call('/v1/actors/live/reply/stream', { token });
+    const sse = new SseReader(res);
+    await waitFor(() => api.server.streams === 1, { what: 'the stream open' });
+    const text = 'one two three four five six seven eight nine ten eleven twelve thirteen';
+    await api.call('/v1/actors/live/reply/events', { ...json({ text, stream: true, streamMs: 300 }), token });
+    const seen = await readUntil(sse, (x) => x.some((m) => m.event === 'turn_committed'));
+    const deltas = seen.filter((m) => m.event === 'chunk').map(deltaOf);
+    expect(deltas).toHaveLength(10);
+    // whole words: no piece begins with a blank, or is one
+    expect(deltas.every((d) => /^\S/.test(d))).toBe(true);
+    const committed = JSON.parse(seen.at(-1)!.data!) as { messages: { role: string; content: { text: string } }[] };
+    expect(committed.messages.find((m) => m.role === 'assistant')!.content.text).toBe(`echo: ${text}`);
+    expect(deltas.join('')).toBe(`echo: ${text}`);
+    await sse.cancel();
+    await waitFor(() => api.server.streams === 0, { what: 'the stream released' });
+  });
+
   it('Last-Event-ID in the middle of a turn resumes right after it: no gap, no duplicate', async () => {
     const first = new AbortController();
     const res = await api.call('/v1/actors/live/resume/stream', { token, signal: first.signal });

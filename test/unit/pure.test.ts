@@ -11,6 +11,7 @@ import { StopRequests } from '../../src/cli/stop-requests.ts';
 import { agentInScope, agentPatternProblem } from '../../src/agent-scope.ts';
 import { daemonHeartbeatMs } from '../../src/db/daemons.ts';
 import { daemonState, effectiveWorkerStatus } from '../../src/ops/status.ts';
+import { piecesOf } from '../../src/worker/example.ts';
 
 describe('actor keys', () => {
   it('round-trips and rejects malformed keys with invalid_actor_key', () => {
@@ -345,5 +346,19 @@ describe('agent scopes', () => {
   it('refuses patterns that no agent_uid could match', () => {
     for (const ok of ['a', 'support-*', '*', `${'x'.repeat(128)}*`]) expect(agentPatternProblem(ok)).toBeUndefined();
     for (const bad of ['', 'a/b', 'a*b', '**', 'sp ace', `${'x'.repeat(129)}`]) expect(agentPatternProblem(bad)).toMatch(/pattern/);
+  });
+});
+
+describe('the example worker’s streamed reply', () => {
+  it('cuts a text into at most N pieces of whole words that join back to it exactly', () => {
+    const text = 'echo: one  two\tthree\nfour five six seven eight nine ten eleven twelve ';
+    const pieces = piecesOf(text, 10);
+    expect(pieces).toHaveLength(10);
+    expect(pieces.join('')).toBe(text);
+    // every cut falls where a blank meets a word
+    expect(pieces.slice(1).every((p) => /^\S/.test(p))).toBe(true);
+    expect(pieces.slice(0, -1).every((p) => /\s$/.test(p))).toBe(true);
+    expect(piecesOf('echo: hi', 10)).toEqual(['echo: ', 'hi']);
+    expect(piecesOf('  lead', 10).join('')).toBe('  lead');
   });
 });
