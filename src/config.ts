@@ -239,6 +239,8 @@ const SETTINGS = {
   workerKeyFile: setting({ env: 'CORRAL_WORKER_KEY_FILE', rule: optional(text({ min: 1 })) }),
   /** The daemon's public key (Z85), overriding the one in the worker's key file. */
   serverKey: setting({ env: 'CORRAL_SERVER_KEY', rule: optional(text({ length: 40 })) }),
+  /** An HTTP API token (`corral tokens create`), for commands that reach a remote daemon's API (`corral watch --url`). */
+  apiToken: setting({ env: 'CORRAL_TOKEN', rule: optional(text({ min: 1 })) }),
   /** Most worker ids registered with one daemon at once. */
   maxWorkers: setting({ env: 'CORRAL_MAX_WORKERS', default: 256, rule: int(1, 100_000) }),
   /** Most connections to the broker at once (ZAP refuses the rest). */

@@ -40,7 +40,7 @@ export async function runWatchCommand(config: Config, actor: string, opts: Watch
       `--last-event-id ${JSON.stringify(opts.lastEventId.slice(0, 80))} is not an event id of a stream`,
     );
   }
-  if (opts.url !== undefined) return watchRemote(key, opts, io);
+  if (opts.url !== undefined) return watchRemote(key, opts, config.apiToken, io);
   const ctx = await openCommandContext(config, { connections: 1 });
   const listener = new TurnListener({ url: ctx.database.url, applicationName: 'corral-watch', logger: ctx.logger });
   const stream = new LiveStream(
@@ -84,8 +84,7 @@ async function printEvents(
 }
 
 /** `--url`: the stream of a remote daemon's HTTP API, with the bearer token in CORRAL_TOKEN. */
-async function watchRemote(key: ActorKey, opts: WatchCommandOptions, io: WatchIo): Promise<number> {
-  const token = process.env.CORRAL_TOKEN;
+async function watchRemote(key: ActorKey, opts: WatchCommandOptions, token: string | undefined, io: WatchIo): Promise<number> {
   if (!token)
     throw new CorralError('invalid_argument', '--url needs an API token in CORRAL_TOKEN (corral tokens create NAME --scope read)');
   const stop = new AbortController();
