@@ -15,6 +15,7 @@ import { registerKeysCommands } from './commands/keys.ts';
 import { registerPolicyCommands } from './commands/policy.ts';
 import { registerRetentionCommands } from './commands/retention.ts';
 import { registerTokensCommands } from './commands/tokens.ts';
+import { registerSinksCommands } from './commands/sinks.ts';
 import { intArg } from './args.ts';
 import { DEFAULT_WORKER_CAPACITY } from '../defaults.ts';
 
@@ -242,6 +243,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
   registerRetentionCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerPolicyCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerTokensCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
+  registerSinksCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
 
   const db = program.command('db').description('database maintenance');
   db.command('migrate')

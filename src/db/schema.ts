@@ -467,3 +467,31 @@ export const streamChunks = corral.table(
   },
   (t) => [primaryKey({ columns: [t.deliveryId, t.seq] }), check('stream_chunks_seq', sql`${t.seq} >= 1`)],
 );
+
+/**
+ * Webhook sinks (`corral sinks`, src/db/sinks.ts): named destinations for the messages a turn's
+ * result delivers (the outbox). `secret` is the Standard Webhooks signing secret (`whsec_` and the
+ * base64 of the key), kept as given since signing needs the key itself. A sink the receiver told
+ * gone (HTTP 410) is disabled until `corral sinks enable`.
+ */
+export const sinks = corral.table(
+  'sinks',
+  {
+    name: text('name').primaryKey(),
+    url: text('url').notNull(),
+    secret: text('secret').notNull(),
+    timeoutMs: integer('timeout_ms').notNull().default(10_000),
+    concurrency: integer('concurrency').notNull().default(4),
+    disabledAt: tz('disabled_at'),
+    disabledReason: text('disabled_reason'),
+    createdAt: tz('created_at').notNull().defaultNow(),
+    updatedAt: tz('updated_at').notNull().defaultNow(),
+  },
+  (t) => [
+    check('sinks_name', sql.raw(`name ~ '^[A-Za-z0-9._-]{1,64}$'`)),
+    check('sinks_url', sql.raw(`url ~ '^https?://' and char_length(url) <= 2048`)),
+    check('sinks_secret', sql.raw(`secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$'`)),
+    check('sinks_timeout', sql`${t.timeoutMs} between 100 and 600000`),
+    check('sinks_concurrency', sql`${t.concurrency} between 1 and 64`),
+  ],
+);

@@ -1,0 +1,59 @@
+/**
+ * Webhook sinks (`corral.sinks`, `corral sinks`): where the outbox sends what turns deliver. The
+ * rows only; names, URLs and secrets are checked in src/ops/sinks.ts and again by the table's
+ * constraints.
+ */
+import type { DbOrTx } from './client.ts';
+import { asc, eq, sql } from './orm.ts';
+import { sinks } from './schema.ts';
+
+export interface SinkRow {
+  name: string;
+  url: string;
+  secret: string;
+  timeoutMs: number;
+  concurrency: number;
+  disabledAt: Date | null;
+  disabledReason: string | null;
+  createdAt: Date;
+}
+
+export interface NewSink {
+  name: string;
+  url: string;
+  secret: string;
+  timeoutMs: number;
+  concurrency: number;
+}
+
+/** Stores a sink; undefined when one of that name exists. */
+export async function insertSink(db: DbOrTx, sink: NewSink): Promise<SinkRow | undefined> {
+  const rows = await db.insert(sinks).values(sink).onConflictDoNothing({ target: sinks.name }).returning();
+  return rows[0];
+}
+
+/** Every sink, by name. */
+export async function listSinks(db: DbOrTx): Promise<SinkRow[]> {
+  return db.select().from(sinks).orderBy(asc(sinks.name));
+}
+
+export async function sinkByName(db: DbOrTx, name: string): Promise<SinkRow | undefined> {
+  const rows = await db.select().from(sinks).where(eq(sinks.name, name));
+  return rows[0];
+}
+
+/** Deletes a sink; whether there was one. */
+export async function deleteSink(db: DbOrTx, name: string): Promise<boolean> {
+  const rows = await db.delete(sinks).where(eq(sinks.name, name)).returning({ name: sinks.name });
+  return rows.length === 1;
+}
+
+/** Disables (with why) or enables a sink; the row after, or undefined when there is none. */
+export async function setSinkDisabled(db: DbOrTx, name: string, reason: string | null): Promise<SinkRow | undefined> {
+  const rows = await db
+    .update(sinks)
+    .set({ disabledAt: reason === null ? null : sql`now()`, disabledReason: reason, updatedAt: sql`now()` })
+    .where(eq(sinks.name, name))
+    .returning();
+  return rows[0];
+}
