@@ -92,9 +92,24 @@ describe('stream relay', () => {
       await intruder.send(chunk(ref, 3));
       await worker.send(chunk(ref, 4));
       await waitFor(() => heard.seqs.length >= 2, { what: 'the first chunks stored' });
-      // the result right behind the last chunks: they are stored before the commit ends the delivery
-      for (let seq = 5; seq <= 9; seq++) await worker.send(chunk(ref, seq));
-      await worker.send({ type: 'turn_result', turn_ref: ref, messages: [{ role: 'assistant', content: 'done' }] });
+      // the result right behind the last chunks, whose insert is held up (a lock on the table):
+      // the commit waits for them, else it would end the delivery first and their insert store nothing
+      const locker = new pg.Client({ connectionString: t.db.url });
+      await locker.connect();
+      try {
+        await locker.query('begin');
+        await locker.query('lock table corral.stream_chunks in share row exclusive mode');
+        for (let seq = 5; seq <= 9; seq++) await worker.send(chunk(ref, seq));
+        await worker.send({ type: 'turn_result', turn_ref: ref, messages: [{ role: 'assistant', content: 'done' }] });
+        await new Promise((r) => setTimeout(r, 700));
+        expect(
+          worker.inbox.some((m) => m.type === 'turn_committed'),
+          'committed before its chunks were stored',
+        ).toBe(false);
+        await locker.query('commit');
+      } finally {
+        await locker.end();
+      }
       await worker.next('turn_committed', (m) => (m.turn_ref as Ref).delivery_id === ref.delivery_id);
       await waitFor(() => heard.seqs.length >= 7, { what: 'every chunk stored', timeoutMs: 5_000 }).catch(() => undefined);
       expect(heard.seqs).toEqual([1, 4, 5, 6, 7, 8, 9]);
