@@ -34,7 +34,6 @@ import {
 } from '../db/stream-chunks.ts';
 import type { TurnListener, TurnSubscription } from '../db/turn-listener.ts';
 import { turnChannelOf } from '../db/turn-events.ts';
-import { errorMessage } from '../errors.ts';
 import type { LiveAttempt, LiveEvent, LiveTurnFailed, LiveWatch, LiveWatchOptions } from './live-api.ts';
 
 export const DEFAULT_MAX_BUFFERED_BYTES = 4 * 1024 * 1024;
@@ -191,10 +190,9 @@ export class LiveStream implements LiveWatch {
         this.held = [];
         for (const n of held) if (!this.applyChunk(n.deliveryId, n.seq, n.data)) this.syncAgain = true;
       } while (this.syncAgain && !this.ended);
-    } catch (e) {
+    } catch {
       // a database away for a moment: the next wake-up or poll looks again
       this.syncAgain = false;
-      void errorMessage(e);
     } finally {
       this.syncing = false;
       this.schedulePoll();

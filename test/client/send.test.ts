@@ -12,9 +12,9 @@ import { sql } from 'drizzle-orm';
 import { drizzle } from 'drizzle-orm/node-postgres';
 // eslint-disable-next-line @typescript-eslint/no-restricted-imports
 import { pgTable, text } from 'drizzle-orm/pg-core';
-import { CorralError } from '../../src/client/index.ts';
 import { startClientSetup, jobsOf, replies, type ClientSetup } from './helpers.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { errorCodeOf } from '../helpers/capture.ts';
 
 let s: ClientSetup;
 
@@ -26,15 +26,7 @@ afterAll(async () => {
   await s?.stop();
 });
 
-const code = async (p: Promise<unknown>): Promise<string | undefined> => {
-  try {
-    await p;
-    return undefined;
-  } catch (e) {
-    expect(e).toBeInstanceOf(CorralError);
-    return (e as CorralError).code;
-  }
-};
+const code = errorCodeOf;
 
 describe('send inside the caller’s transaction', () => {
   it('a node-postgres transaction rolled back enqueues nothing; committed, waitForTurn returns the reply', async () => {

@@ -5,7 +5,6 @@
  * a revoked token's cookie is refused at once and its open stream ends; nothing of a token is
  * logged.
  */
-import { Writable } from 'node:stream';
 import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -16,14 +15,7 @@ import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { answer, failure, json, startApi, type Api } from './helpers.ts';
 import { SseReader } from './sse.ts';
-
-class Capture extends Writable {
-  text = '';
-  override _write(chunk: Buffer, _enc: BufferEncoding, cb: () => void): void {
-    this.text += chunk.toString('utf8');
-    cb();
-  }
-}
+import { Capture } from '../helpers/capture.ts';
 
 const KEEPALIVE_MS = 200;
 let tdb: TestDatabase;

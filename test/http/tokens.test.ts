@@ -4,27 +4,18 @@
  * stdout holds, exit codes, `--help`), and the verifier: hash lookups, revocation, `last_used_at`
  * written at most once a minute.
  */
-import { Writable } from 'node:stream';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runTokensCreate, runTokensList, runTokensRevoke } from '../../src/cli/commands/tokens.ts';
 import { loadConfig, type Config } from '../../src/config.ts';
 import { listApiTokens } from '../../src/db/api-tokens.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
-import { CorralError } from '../../src/errors.ts';
 import { createToken, hashToken, parseScopes, revokeToken, TOKEN_TEXT, tokenVerifier } from '../../src/ops/api-tokens.ts';
 import { CORRAL, corral, run } from '../cli/helpers.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { captureIo, errorCodeOf } from '../helpers/capture.ts';
 
-class Capture extends Writable {
-  text = '';
-  override _write(chunk: Buffer, _enc: BufferEncoding, cb: () => void): void {
-    this.text += chunk.toString('utf8');
-    cb();
-  }
-}
-
-const io = () => ({ out: new Capture(), err: new Capture() });
+const io = captureIo;
 
 let tdb: TestDatabase;
 let database: Database;
@@ -45,15 +36,7 @@ afterAll(async () => {
   await tdb?.drop();
 });
 
-const codeOf = async (p: Promise<unknown>): Promise<string | undefined> => {
-  try {
-    await p;
-    return undefined;
-  } catch (e) {
-    expect(e).toBeInstanceOf(CorralError);
-    return (e as CorralError).code;
-  }
-};
+const codeOf = errorCodeOf;
 
 describe('corral tokens (command functions)', () => {
   it('create prints the token alone on stdout, stores only its hash; list shows no secret; revoke marks it', async () => {

@@ -6,7 +6,6 @@
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Writable } from 'node:stream';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runSinksAdd, runSinksEnable, runSinksList, runSinksRemove, runSinksShow } from '../../src/cli/commands/sinks.ts';
@@ -16,15 +15,9 @@ import { setSinkDisabled } from '../../src/db/sinks.ts';
 import { CorralError } from '../../src/errors.ts';
 import { generateSecret, secretKey, signWebhook, verifyWebhook } from '../../src/ops/webhook-signature.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { captureIo, errorCodeOf } from '../helpers/capture.ts';
 
-class Capture extends Writable {
-  text = '';
-  override _write(chunk: Buffer, _enc: BufferEncoding, cb: () => void): void {
-    this.text += chunk.toString('utf8');
-    cb();
-  }
-}
-const io = () => ({ out: new Capture(), err: new Capture() });
+const io = captureIo;
 
 let tdb: TestDatabase;
 let database: Database;
@@ -45,15 +38,7 @@ afterAll(async () => {
   await tdb?.drop();
 });
 
-const codeOf = async (p: Promise<unknown>): Promise<string | undefined> => {
-  try {
-    await p;
-    return undefined;
-  } catch (e) {
-    expect(e).toBeInstanceOf(CorralError);
-    return (e as CorralError).code;
-  }
-};
+const codeOf = errorCodeOf;
 
 describe('Standard Webhooks signatures', () => {
   // the example of the specification (standardwebhooks.com, "Verifying webhooks")
