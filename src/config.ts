@@ -171,6 +171,11 @@ const SETTINGS = {
   retryLimit: setting({ env: 'CORRAL_RETRY_LIMIT', default: 5, rule: int(0, 1000) }),
   retryDelaySeconds: setting({ env: 'CORRAL_RETRY_DELAY_S', default: 5, rule: int(1, 3600) }),
   retryDelayMaxSeconds: setting({ env: 'CORRAL_RETRY_DELAY_MAX_S', default: 120, rule: int(1, 86_400) }),
+  /**
+   * Retries of an outbox message after its first attempt (src/runtime/outbox-sender.ts), with the
+   * events' delays (CORRAL_RETRY_DELAY_S, _DELAY_MAX_S); then it is dead-lettered.
+   */
+  outboxRetryLimit: setting({ env: 'CORRAL_OUTBOX_RETRY_LIMIT', default: 8, rule: int(0, 1000) }),
   /** Backstop: pg-boss expires an active job that no daemon settled for this long. */
   jobExpireSeconds: setting({ env: 'CORRAL_JOB_EXPIRE_S', default: 86_400, rule: int(5, 7 * 86_400) }),
   /**

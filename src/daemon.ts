@@ -35,6 +35,7 @@ import { cancelTurn, steerTurn } from './ops/turn-control.ts';
 import { Watchdog } from './runtime/watchdog.ts';
 import { JobKeeper } from './runtime/job-keeper.ts';
 import { Periodic } from './runtime/periodic.ts';
+import { OutboxSender } from './runtime/outbox-sender.ts';
 import { HeapTrim, memoryReducingGc } from './runtime/heap-trim.ts';
 import { sweepRetention, type SweepResult } from './queue/retention.ts';
 import type { RuntimeMetrics } from './runtime/metrics.ts';
@@ -80,6 +81,8 @@ export class Daemon {
   readonly jobKeeper: JobKeeper;
   /** Deletes completed actor events past `completedRetentionSeconds` (every minute). */
   readonly retention: Periodic<SweepResult>;
+  /** Sends what committed turns deliver to their sinks (the outbox). */
+  readonly outbox: OutboxSender;
   readonly heapTrim: HeapTrim;
   private readonly heapTrimLoop: Periodic<boolean>;
   /** The daemon's own row in `corral.daemons`, touched every quarter of the stale timeout. */
@@ -199,6 +202,19 @@ export class Daemon {
         }),
       { clock, log: this.log, intervalMs: RETENTION_INTERVAL_MS, what: 'retention sweep', firstPass: 'now' },
     );
+    this.outbox = new OutboxSender({
+      db: this.database.db,
+      listen: (channel, onPayload, onReconnect) => {
+        const db = this.boss.getDb();
+        if (typeof db.listen !== 'function') return Promise.reject(new Error('pg-boss offers no LISTEN'));
+        return db.listen(channel, onPayload, onReconnect);
+      },
+      clock,
+      logger,
+      ownerId: this.ownerId,
+      retry: { limit: config.outboxRetryLimit, delayS: config.retryDelaySeconds, maxS: config.retryDelayMaxSeconds },
+      ...(deps.metrics ? { metrics: deps.metrics } : {}),
+    });
     this.heapTrim = new HeapTrim({
       clock,
       logger,
@@ -337,6 +353,7 @@ export class Daemon {
     sup.register(loop('recovery', (s) => this.recovery.run(s)));
     sup.register(loop('job-keeper', (s) => this.jobKeeper.run(s)));
     sup.register(loop('retention', (s) => this.retention.run(s)));
+    sup.register(loop('outbox', (s) => this.outbox.run(s)));
     sup.register(loop('heap-trim', (s) => this.heapTrimLoop.run(s)));
     sup.register(loop('daemon-heartbeat', (s) => this.heartbeat.run(s)));
     for (const child of this.deps.extraChildren?.(this.broker.endpoint) ?? []) sup.register(child);

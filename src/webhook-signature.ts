@@ -12,7 +12,7 @@
  *     retry of one message.
  */
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
-import { CorralError } from '../errors.ts';
+import { CorralError } from './errors.ts';
 
 export const SECRET_PREFIX = 'whsec_';
 const SECRET_TEXT = /^whsec_[A-Za-z0-9+/]+={0,2}$/;

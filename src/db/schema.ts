@@ -495,3 +495,61 @@ export const sinks = corral.table(
     check('sinks_concurrency', sql`${t.concurrency} between 1 and 64`),
   ],
 );
+
+/** States of an outbox message: waiting to be sent (or being sent), received, given up on, dropped by an operator. */
+export const OUTBOX_STATES = ['pending', 'delivered', 'dead', 'discarded'] as const;
+export type OutboxState = (typeof OUTBOX_STATES)[number];
+
+/**
+ * The outbox (src/db/outbox.ts): the messages committed turns deliver to sinks, written in the
+ * transaction that commits the turn and sent by the daemons' delivery loop
+ * (src/runtime/outbox-sender.ts). `id` orders them in commit order: per actor and sink, a message
+ * is sent only when none before it is pending. `body` is the request body exactly as sent (its
+ * signature covers those bytes). A pending message being sent carries its sender's claim
+ * (`claimed_by`, `claimed_until`); `attempts` counts the claims and fences the sender's answer.
+ */
+export const outbox = corral.table(
+  'outbox',
+  {
+    id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
+    /** Removing a sink removes its messages (`corral sinks remove` refuses while some are pending, unless forced). */
+    sink: text('sink')
+      .notNull()
+      .references(() => sinks.name, { onDelete: 'cascade' }),
+    webhookId: text('webhook_id').notNull(),
+    agentUid: text('agent_uid').notNull(),
+    sessionId: text('session_id').notNull(),
+    turnId: uuid('turn_id').notNull(),
+    eventId: uuid('event_id').notNull(),
+    /** Its place in the result's `deliver` (0-based). */
+    position: integer('position').notNull(),
+    body: text('body').notNull(),
+    state: text('state', { enum: OUTBOX_STATES }).notNull().default('pending'),
+    attempts: integer('attempts').notNull().default(0),
+    nextAttemptAt: tz('next_attempt_at').notNull().defaultNow(),
+    claimedBy: text('claimed_by'),
+    claimedUntil: tz('claimed_until'),
+    /** The last answer: an HTTP status, or null for a timeout or connection error (`last_error` says which). */
+    lastStatus: integer('last_status'),
+    lastError: text('last_error'),
+    createdAt: tz('created_at').notNull().defaultNow(),
+    deliveredAt: tz('delivered_at'),
+    updatedAt: tz('updated_at').notNull().defaultNow(),
+  },
+  (t) => [
+    uniqueIndex('outbox_webhook_id').on(t.sink, t.webhookId),
+    // the claim: due messages, and the one before each per actor and sink
+    index('outbox_due')
+      .on(t.nextAttemptAt, t.id)
+      .where(sql`state = 'pending'`),
+    index('outbox_actor_sink')
+      .on(t.agentUid, t.sessionId, t.sink, t.id)
+      .where(sql`state = 'pending'`),
+    index('outbox_turn').on(t.turnId),
+    // operators' lists and retention: by state and age
+    index('outbox_state').on(t.state, t.id),
+    check('outbox_state', inList('state', OUTBOX_STATES)),
+    check('outbox_webhook_id', sql.raw(`char_length(webhook_id) between 1 and 256 and webhook_id ~ '^[\\x21-\\x7e]+$'`)),
+    check('outbox_position', sql`${t.position} >= 0`),
+  ],
+);

@@ -4,7 +4,7 @@
  * constraints.
  */
 import type { DbOrTx } from './client.ts';
-import { asc, eq, sql } from './orm.ts';
+import { asc, eq, inArray, sql } from './orm.ts';
 import { sinks } from './schema.ts';
 
 export interface SinkRow {
@@ -56,4 +56,14 @@ export async function setSinkDisabled(db: DbOrTx, name: string, reason: string |
     .where(eq(sinks.name, name))
     .returning();
   return rows[0];
+}
+
+/** Which of `names` are sinks (enabled or not). */
+export async function existingSinkNames(db: DbOrTx, names: readonly string[]): Promise<Set<string>> {
+  if (names.length === 0) return new Set();
+  const rows = await db
+    .select({ name: sinks.name })
+    .from(sinks)
+    .where(inArray(sinks.name, [...names]));
+  return new Set(rows.map((r) => r.name));
 }

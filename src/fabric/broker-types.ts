@@ -24,7 +24,15 @@ export type BrokerEvent =
   | { kind: 'turn_progress'; workerId: string; turnRef: TurnRef; note?: string }
   /** `bytes`: the frame's size, which the relay bounds (src/runtime/stream-relay.ts). */
   | { kind: 'turn_chunk'; workerId: string; turnRef: TurnRef; seq: number; data: unknown; bytes: number }
-  | { kind: 'turn_result'; workerId: string; turnRef: TurnRef; messages: ResultMessage[]; output?: unknown; emit?: unknown[] }
+  | {
+      kind: 'turn_result';
+      workerId: string;
+      turnRef: TurnRef;
+      messages: ResultMessage[];
+      output?: unknown;
+      emit?: unknown[];
+      deliver?: unknown[];
+    }
   | { kind: 'turn_error'; workerId: string; turnRef: TurnRef; error: TurnErrorBody }
   | { kind: 'invalid'; routingId: string; reason: string }
   /** A worker RPC request (served off the broker loop, src/runtime/rpc.ts). */

@@ -442,6 +442,7 @@ export class Broker {
           messages: msg.messages,
           ...(msg.output === undefined ? {} : { output: msg.output }),
           ...(msg.emit === undefined ? {} : { emit: msg.emit }),
+          ...(msg.deliver === undefined ? {} : { deliver: msg.deliver }),
         });
         return;
       case 'turn_error':

@@ -16,8 +16,22 @@
  */
 import { z } from 'zod';
 import { FENCE_REASONS } from '../errors.ts';
-import { MAX_JSON_DEPTH, pruneDeepJson, unstorableReason } from '../json-safety.ts';
+import { MAX_JSON_DEPTH, pruneDeepJson } from '../json-safety.ts';
 import { MAX_BATCH_EVENTS } from '../defaults.ts';
+import { isJsonValue, jsonValueSchema } from './json-value.ts';
+
+export { isJsonValue, type JsonValue } from './json-value.ts';
+export {
+  MAX_EMITS,
+  MAX_EMIT_DELAY_MS,
+  MAX_DELIVERIES,
+  DELIVER_KEY_PATTERN,
+  emitSchema,
+  deliverSchema,
+  resultValuesProblem,
+  type Emit,
+  type Deliver,
+} from './effects.ts';
 
 export const PROTOCOL_VERSION = 1;
 export { DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PROGRESS_INTERVAL_MS } from '../defaults.ts';
@@ -48,20 +62,23 @@ export function isValidWorkerId(id: string): boolean {
   return WORKER_ID_PATTERN.test(id);
 }
 
-/** Most effects (`emit` entries) one `turn_result` may carry. */
-export const MAX_EMITS = 32;
-/** Longest delay of an emitted event (`delay_ms`): 30 days. */
-export const MAX_EMIT_DELAY_MS = 30 * 86_400_000;
-
 /**
  * Reasons the daemon gives in `turn_rejected`: every fence reason, `unstorable` (a result
  * PostgreSQL cannot store, or nested deeper than MAX_JSON_DEPTH), `emit_limit` (a result's `emit`
  * breaks the limits: too many entries, an entry too large, an unknown actor key or delay),
- * `emit_denied` (an emit to an agent outside the worker key's scope) and `commit_failed` (the
+ * `emit_denied` (an emit to an agent outside the worker key's scope), `deliver_limit` (a result's
+ * `deliver` breaks the limits: too many entries, a body too large, a bad key, an unknown sink) and `commit_failed` (the
  * daemon could not write the final message; the attempt is failed). The list may grow; receivers
  * must accept others.
  */
-export const TURN_REJECTED_REASONS = [...FENCE_REASONS, 'unstorable', 'emit_limit', 'emit_denied', 'commit_failed'] as const;
+export const TURN_REJECTED_REASONS = [
+  ...FENCE_REASONS,
+  'unstorable',
+  'emit_limit',
+  'emit_denied',
+  'deliver_limit',
+  'commit_failed',
+] as const;
 
 /** Codes of the protocol-level `error` message. */
 export const PROTOCOL_ERROR_CODES = [
@@ -77,38 +94,9 @@ export type ProtocolErrorCode = (typeof PROTOCOL_ERROR_CODES)[number];
 const v = z.literal(PROTOCOL_VERSION);
 const workerId = z.string().regex(WORKER_ID_PATTERN, 'worker id must be 1..64 chars of [A-Za-z0-9._:-]');
 const isoTime = z.iso.datetime({ offset: true });
-/**
- * Any JSON value. A plain check instead of zod's recursive `z.json()` union: it runs on every
- * message content and context entry, where the union cost more than the rest of the message.
- */
-const json = z.custom<JsonValue>((value) => isJsonValue(value), { message: 'expected a JSON value' });
+const json = jsonValueSchema;
 /** Same alphabet and length as src/actor-key.ts: a longer or stranger part can match no actor. */
 const actorPart = z.string().regex(/^[A-Za-z0-9._:@-]{1,128}$/, 'expected 1-128 characters of A-Z a-z 0-9 . _ : @ -');
-
-/** Any JSON value (what `JSON.parse` can return). */
-export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
-
-/** True when `value` is a JSON value: null, a string, a boolean, a finite number, or arrays and plain objects of those. */
-export function isJsonValue(value: unknown): value is JsonValue {
-  const stack: unknown[] = [value];
-  while (stack.length > 0) {
-    const v = stack.pop();
-    if (v === null || typeof v === 'string' || typeof v === 'boolean') continue;
-    if (typeof v === 'number') {
-      if (!Number.isFinite(v)) return false;
-      continue;
-    }
-    if (Array.isArray(v)) {
-      for (const item of v) stack.push(item);
-      continue;
-    }
-    if (typeof v !== 'object') return false;
-    const proto = Object.getPrototypeOf(v) as unknown;
-    if (proto !== Object.prototype && proto !== null) return false;
-    for (const key in v) stack.push((v as Record<string, unknown>)[key]);
-  }
-  return true;
-}
 
 /**
  * The fence of one delivery. The daemon mints it; the worker echoes it verbatim on every
@@ -187,19 +175,6 @@ export const turnChunkSchema = z.object({
 export const resultMessageSchema = z.object({ role: z.enum(['assistant', 'tool']), content: json });
 export type ResultMessage = z.infer<typeof resultMessageSchema>;
 
-/**
- * One durable effect of a turn: an event for `actor` (`agent/session`; the turn's own actor too,
- * e.g. a timer with `delay_ms`), enqueued in the transaction that commits the turn. The daemon
- * checks the actor key, the size of `data` (CORRAL_MAX_EVENT_BYTES) and the delay; a result
- * breaking them is rejected `emit_limit`.
- */
-export const emitSchema = z.object({
-  actor: z.string().min(1).max(300),
-  data: json,
-  delay_ms: z.int().min(0).max(MAX_EMIT_DELAY_MS).optional(),
-});
-export type Emit = z.infer<typeof emitSchema>;
-
 export const turnResultSchema = z.object({
   v,
   type: z.literal('turn_result'),
@@ -208,37 +183,12 @@ export const turnResultSchema = z.object({
   output: json.optional(),
   /** Events to enqueue exactly once with the commit (at most MAX_EMITS; more is `emit_limit`). */
   emit: z.array(z.unknown()).optional(),
+  /** Messages to send to sinks once the turn commits (at most MAX_DELIVERIES; more is `deliver_limit`). */
+  deliver: z.array(z.unknown()).optional(),
 });
 
-/**
- * Why a result's stored values (each message's `content`, the `output`, and with `emit`, each
- * entry's `data`) cannot be stored: nested deeper than MAX_JSON_DEPTH or holding what jsonb
- * cannot keep (src/json-safety.ts). Names the field and the path of the first offender; null
- * when every value can be stored. Each value is walked once.
- */
-export function resultValuesProblem(result: {
-  messages: readonly { content?: unknown }[];
-  output?: unknown;
-  emit?: readonly unknown[] | undefined;
-}): { field: 'messages' | 'output' | 'emit'; why: string } | null {
-  for (let i = 0; i < result.messages.length; i++) {
-    const why = unstorableReason(result.messages[i]?.content ?? null, `$.messages[${i}].content`);
-    if (why) return { field: 'messages', why };
-  }
-  if (result.output !== undefined) {
-    const why = unstorableReason(result.output, '$.output');
-    if (why) return { field: 'output', why };
-  }
-  for (let i = 0; i < (result.emit?.length ?? 0); i++) {
-    const e = result.emit![i];
-    const why = unstorableReason(e !== null && typeof e === 'object' ? (e as { data?: unknown }).data : null, `$.emit[${i}].data`);
-    if (why) return { field: 'emit', why };
-  }
-  return null;
-}
-
 /** What a handler contributes to a `turn_result`: its `turn_ref` is the worker's own copy of the daemon's, checked on arrival. */
-export const turnResultBodySchema = turnResultSchema.pick({ messages: true, output: true, emit: true });
+export const turnResultBodySchema = turnResultSchema.pick({ messages: true, output: true, emit: true, deliver: true });
 
 export const turnErrorBodySchema = z.object({
   code: z.string().min(1).max(128),

@@ -124,6 +124,31 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     labelNames: ['budget'] as const,
     registers,
   });
+  const outboxDelivered = new Counter({
+    name: 'corral_outbox_delivered_total',
+    help: 'Outbox messages their sink received (a 2xx answer), by sink',
+    labelNames: ['sink'] as const,
+    registers,
+  });
+  const outboxRetried = new Counter({
+    name: 'corral_outbox_retries_total',
+    help: 'Outbox attempts that failed and will be retried (429, 5xx, a timeout, a connection error), by sink',
+    labelNames: ['sink'] as const,
+    registers,
+  });
+  const outboxDead = new Counter({
+    name: 'corral_outbox_dead_letters_total',
+    help: 'Outbox messages dead-lettered (410, another 4xx, or out of retries), by sink',
+    labelNames: ['sink'] as const,
+    registers,
+  });
+  const outboxLatency = new Histogram({
+    name: 'corral_outbox_delivery_latency_seconds',
+    help: "Time from a turn's commit to its sink receiving the message, by sink",
+    labelNames: ['sink'] as const,
+    buckets: LATENCY_BUCKETS,
+    registers,
+  });
   const dispatchLatency = new Histogram({
     name: 'corral_dispatch_latency_seconds',
     help: 'Time from an event being enqueued to its turn being sent to a worker',
@@ -287,6 +312,12 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     interrupted: () => interrupted.inc(),
     rpcRefused: (budget) => rpcRefused.inc({ budget }),
     streamChunk: (outcome) => streamChunks.inc({ outcome }),
+    outboxDelivered: (sink, seconds) => {
+      outboxDelivered.inc({ sink });
+      if (Number.isFinite(seconds) && seconds >= 0) outboxLatency.observe({ sink }, seconds);
+    },
+    outboxRetried: (sink) => outboxRetried.inc({ sink }),
+    outboxDeadLettered: (sink) => outboxDead.inc({ sink }),
     dispatchLatency: (s) => {
       if (Number.isFinite(s) && s >= 0) dispatchLatency.observe(s);
     },

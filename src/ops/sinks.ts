@@ -1,6 +1,6 @@
 /**
  * Webhook sinks, the operator's use-cases (`corral sinks add | list | remove | enable`): a sink is
- * a name, an http(s) URL, a Standard Webhooks secret (src/ops/webhook-signature.ts; made when not
+ * a name, an http(s) URL, a Standard Webhooks secret (src/webhook-signature.ts; made when not
  * given), a timeout and how many messages it takes at once. A secret is shown when the sink is
  * added (the receiver needs it to check signatures) and by `corral sinks show --secret`; a list
  * never shows it.
@@ -9,7 +9,7 @@ import type { DbOrTx } from '../db/client.ts';
 import { deleteSink, insertSink, listSinks, setSinkDisabled, sinkByName, type SinkRow } from '../db/sinks.ts';
 import { CorralError } from '../errors.ts';
 import { parseDurationMs } from './duration.ts';
-import { generateSecret, secretKey } from './webhook-signature.ts';
+import { generateSecret, secretKey } from '../webhook-signature.ts';
 
 export const SINK_NAME = /^[A-Za-z0-9._-]{1,64}$/;
 export const DEFAULT_SINK_TIMEOUT_MS = 10_000;

@@ -20,6 +20,12 @@ export interface RuntimeMetrics {
   streamChunk?(outcome: string): void;
   /** A worker RPC answered `busy`: over the worker's requests at once, or per second. */
   rpcRefused?(reason: 'concurrency' | 'rate'): void;
+  /** An outbox message reached its sink, `seconds` after its turn committed (src/runtime/outbox-sender.ts). */
+  outboxDelivered?(sink: string, seconds: number): void;
+  /** An outbox attempt failed and will be retried. */
+  outboxRetried?(sink: string): void;
+  /** An outbox message was dead-lettered. */
+  outboxDeadLettered?(sink: string): void;
 }
 
 export const noopMetrics: RuntimeMetrics = {

@@ -33,7 +33,8 @@ import { GroupWriter } from './group-writer.ts';
 import type { RuntimeParts } from './transport.ts';
 import type { ReplyOutcome, ReplyRequest } from './turn-commit.ts';
 import type { FailOutcome } from './attempt-failure.ts';
-import { checkEmits } from '../queue/effects.ts';
+import { checkEmits, type EmitRequest } from '../queue/effects.ts';
+import { checkDeliveries, type DeliverRequest, type SinkNames } from './outbox.ts';
 
 /** turn_error codes meaning "the worker did not run this turn": it goes elsewhere, no retry is spent. */
 const HANDED_BACK = new Set(['over_capacity', 'worker_stopping']);
@@ -47,6 +48,8 @@ export interface ReplyPipelineOptions extends RuntimeParts {
   maxEventBytes: number;
   /** The stream relay's R7: the chunks of a delivery received before its result, once written (undefined: nothing to wait for). */
   chunksWritten?: (deliveryId: string) => Promise<void> | undefined;
+  /** Which sinks a result's `deliver` names that do not exist (X1 of outbox.ts). */
+  sinks: SinkNames;
 }
 
 export class ReplyPipeline {
@@ -111,6 +114,29 @@ export class ReplyPipeline {
       this.refuse(e.workerId, e.turnRef, `emit to agent ${outside.key.agentUid}: outside this worker key's scope`, 'emit_denied');
       return;
     }
+    // outbox hook: the same for a result's `deliver` (X1 of outbox.ts); the sinks must exist
+    const outbound = checkDeliveries(e.deliver, this.opts.maxEventBytes);
+    if (!outbound.ok) {
+      this.refuse(e.workerId, e.turnRef, outbound.detail, 'deliver_limit');
+      return;
+    }
+    if (outbound.deliveries.length === 0) {
+      this.commitResult(e, effects.emits, []);
+      return;
+    }
+    const names = outbound.deliveries.map((d) => d.sink);
+    this.opts.background.track(
+      (async () => {
+        const missing = await this.opts.retry(() => this.opts.sinks.missing(names), { workerId: e.workerId, op: 'sinks' });
+        if (missing.length > 0) this.refuse(e.workerId, e.turnRef, `deliver to ${missing.join(', ')}: no such sink`, 'deliver_limit');
+        else this.commitResult(e, effects.emits, outbound.deliveries);
+      })(),
+      { ...fenceFields(fromWire(e.turnRef)), workerId: e.workerId, op: 'sinks' },
+    );
+  }
+
+  /** A result that passed every check that needs no fence: committed on its actor's controller. */
+  private commitResult(e: ResultEvent, emits: readonly EmitRequest[], deliver: readonly DeliverRequest[]): void {
     // invariant 5: the pipeline settles the turn from here on, so its slot may go to the next one
     this.opts.dispatcher.workerFinished(e.workerId, fromWire(e.turnRef), true);
     this.dropAccept(e.turnRef.delivery_id);
@@ -125,7 +151,8 @@ export class ReplyPipeline {
           workerId: e.workerId,
           messages: e.messages,
           ...(e.output === undefined ? {} : { output: e.output }),
-          ...(effects.emits.length > 0 ? { emit: effects.emits } : {}),
+          ...(emits.length > 0 ? { emit: [...emits] } : {}),
+          ...(deliver.length > 0 ? { deliver: [...deliver] } : {}),
         });
       } catch (err) {
         // the fence is answered by `judged`; a lost database is retried there
@@ -217,7 +244,12 @@ export class ReplyPipeline {
    * frees the worker's slot, then it is answered `turn_rejected{reason}` (invariants 4, 5). A
    * fence that does not hold is answered with its own reason instead.
    */
-  private refuse(workerId: string, ref: WireTurnRef, why: string, reason: 'unstorable' | 'emit_limit' | 'emit_denied'): void {
+  private refuse(
+    workerId: string,
+    ref: WireTurnRef,
+    why: string,
+    reason: 'unstorable' | 'emit_limit' | 'emit_denied' | 'deliver_limit',
+  ): void {
     this.opts.metrics.rejected(reason);
     this.log.warn({ ...fenceFields(fromWire(ref)), workerId, reason, why: why.slice(0, 200) }, 'result refused');
     // invariant 5: the slot stays taken until the attempt has failed

@@ -24,6 +24,8 @@ import { sql } from '../db/orm.ts';
 import { DELIVERY_LIVE } from '../db/schema.ts';
 import { FenceRejected, type FenceReason } from '../errors.ts';
 import { enqueueEffects, type EmitRequest, type TurnEffects } from '../queue/effects.ts';
+import { insertOutboxMany, type NewOutboxMessage } from '../db/outbox.ts';
+import { outboxRowsOf, type DeliverRequest } from './outbox.ts';
 import type { AttemptFailures, FailOutcome } from './attempt-failure.ts';
 import type { ContextCache } from './context-cache.ts';
 
@@ -42,6 +44,8 @@ export interface CommitRequest {
   output?: unknown;
   /** Durable effects, checked already (src/queue/effects.ts): enqueued with the commit. */
   emit?: EmitRequest[];
+  /** Outbound messages, checked already (src/runtime/outbox.ts): written with the commit (O1). */
+  deliver?: DeliverRequest[];
 }
 
 /** One worker reply in a group transaction: a result, an accept or a progress report. */
@@ -142,6 +146,7 @@ export class TurnCommits {
       const progress: { index: number; activationUid: string }[] = [];
       const committed = new Set<string>();
       const effects: TurnEffects[] = [];
+      const outbound: NewOutboxMessage[] = [];
       for (const r of requests) {
         const found = rows.get(r.fence.deliveryId) ?? NO_FENCE_ROWS;
         let reason = checkFence(r.fence, found, r.workerId);
@@ -185,6 +190,7 @@ export class TurnCommits {
               ...(lateSteer ? { lateSteerAfter: r.fence.revision } : {}),
             });
           }
+          if (r.deliver?.length) outbound.push(...outboxRowsOf(r.fence, r.deliver));
           outcomes.push({ outcome: 'committed' });
         }
       }
@@ -203,6 +209,8 @@ export class TurnCommits {
       if (missing.length > 0) throw new BatchNotSettled(missing.map((c) => c.deliveryId));
       // effects hook: emitted events enqueued in this transaction (none for most turns)
       if (effects.length > 0) await enqueueEffects(tx, this.deps.boss, this.deps.jobs.queue, effects, this.deps.maxEventBytes);
+      // outbox hook: the messages of the turns committed here, fenced with them (none for most turns)
+      if (outbound.length > 0) await insertOutboxMany(tx, outbound);
       if (completions.length > 0) {
         const res = (await this.deps.boss.complete(this.deps.jobs.queue, completions, null, { db: fromDrizzle(tx, sql) })) as {
           affected?: number;

@@ -27,7 +27,7 @@ import { createWorker as createSdkWorker } from './sdk.ts';
 import type { TurnHandler } from './turn.ts';
 import type { StopOptions, Worker } from './types.ts';
 
-export type { Emit, HandlerError, HistoryPage, SteerListener, TurnContext, TurnHandler, TurnOutcome } from './turn.ts';
+export type { Emit, Deliver, HandlerError, HistoryPage, SteerListener, TurnContext, TurnHandler, TurnOutcome } from './turn.ts';
 export type { StopOptions, Worker } from './types.ts';
 export type { WorkerKeyFile } from '../fabric/keys.ts';
 export type { JsonValue, TranscriptMessage, TurnContextWire, TurnRef } from '../fabric/protocol.ts';

@@ -9,6 +9,9 @@
  * - `{"failCode": "x", "retryable": false}` with fail → chooses the error's code and flag
  * - `{"emit": {"actor": "a/b", "data": …, "delay_ms"?: N}}` (or an array of them) → emitted with
  *   the commit (durable effects: enqueued exactly once with the turn)
+ * - `{"deliver": {"sink": "s", "body"?: …, "key"?: "k"}}` (or an array of them) → sent to sink `s`
+ *   once the turn commits (the outbox); without `body`, the body is `{ "text": <the reply text>,
+ *   "actor": "agent/session", "event_id": … }`
  * - `{"remindInMs": N}`      → a timer: emits `{ "reminder": <text or true> }` to this same actor,
  *   N ms after the commit
  * - `{"history": true}`      → reads the whole conversation back through `history.read` (worker
@@ -33,7 +36,7 @@ import { systemClock } from '../clock.ts';
 import type { Logger } from '../logger.ts';
 import type { JsonValue, TurnResult, WorkerMessage } from '../fabric/protocol.ts';
 import type { WorkerCredentials } from './credentials.ts';
-import { createWorker, type Emit, type TurnContext, type TurnOutcome, type Worker, type WorkerHooks } from './sdk.ts';
+import { createWorker, type Deliver, type Emit, type TurnContext, type TurnOutcome, type Worker, type WorkerHooks } from './sdk.ts';
 
 const MAX_DELAY_MS = 24 * 60 * 60 * 1000;
 
@@ -68,7 +71,12 @@ export function createExampleHandler(clock: Clock = systemClock): (ctx: TurnCont
       if (seen > 0) content.seen = seen;
       if (rec?.history === true) content.history_total = await readWholeHistory(ctx);
       const emit = effectsOf(rec, ctx);
-      return { messages: [{ role: 'assistant', content }], ...(emit.length > 0 ? { emit } : {}) };
+      const deliver = deliveriesOf(rec, ctx, text);
+      return {
+        messages: [{ role: 'assistant', content }],
+        ...(emit.length > 0 ? { emit } : {}),
+        ...(deliver.length > 0 ? { deliver } : {}),
+      };
     } finally {
       unsubscribe();
     }
@@ -148,6 +156,19 @@ function effectsOf(rec: Record<string, JsonValue> | null, ctx: TurnContext): Emi
     out.push({ actor: self, data: { reminder: typeof rec.text === 'string' ? rec.text : true }, delay_ms: remind });
   }
   return out;
+}
+
+/** The outbound messages an example event asks for (`deliver`). */
+function deliveriesOf(rec: Record<string, JsonValue> | null, ctx: TurnContext, text: string): Deliver[] {
+  if (!rec || rec.deliver === undefined) return [];
+  const wanted = Array.isArray(rec.deliver) ? rec.deliver : [rec.deliver];
+  const actor = `${ctx.turnRef.agent_uid}/${ctx.turnRef.session_id}`;
+  return wanted.flatMap((d) => {
+    const r = asRecord(d);
+    if (!r || typeof r.sink !== 'string') return [];
+    const body = r.body === undefined ? { text, actor, event_id: ctx.turnRef.event_id } : r.body;
+    return [{ sink: r.sink, body, ...(typeof r.key === 'string' ? { key: r.key } : {}) }];
+  });
 }
 
 /** Pages back through the whole conversation with `history.read`; returns how many messages it read. */

@@ -5,6 +5,7 @@
  */
 export { createWorker, DEFAULT_START_TIMEOUT_MS, type CreateWorkerOptions } from './create.ts';
 export type {
+  Deliver,
   Emit,
   HandlerError,
   HistoryPage,

@@ -50,7 +50,7 @@ import { registrationRefusal, watchHandshakes, type RefusalListener } from './re
 import { applySendHooks, type WorkerHooks } from './hooks.ts';
 import type { StopOptions, Worker } from './types.ts';
 
-export type { TurnContext, TurnHandler, TurnOutcome, SteerListener, HandlerError, HistoryPage, Emit } from './turn.ts';
+export type { TurnContext, TurnHandler, TurnOutcome, SteerListener, HandlerError, HistoryPage, Emit, Deliver } from './turn.ts';
 
 export type { WorkerHooks } from './hooks.ts';
 export type { StopOptions, Worker } from './types.ts';

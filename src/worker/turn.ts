@@ -99,12 +99,25 @@ export interface Emit {
   delay_ms?: number;
 }
 
+/**
+ * A message to send once the turn commits (the outbox): `body` is POSTed as JSON to the sink
+ * named `sink`, signed, with `key` (or one derived from the turn) as its `webhook-id`.
+ */
+export interface Deliver {
+  sink: string;
+  body: unknown;
+  /** The message's `webhook-id` (the receiver's idempotency key): unique per sink. */
+  key?: string;
+}
+
 /** What a handler resolves with; validated against the protocol before sending. */
 export interface TurnOutcome {
   messages: Array<{ role: 'assistant' | 'tool'; content: unknown }>;
   output?: unknown;
   /** Durable effects: events enqueued in the commit transaction (at most 32). */
   emit?: Emit[];
+  /** Outbound messages written with the commit, sent after it (at most 16). */
+  deliver?: Deliver[];
 }
 
 export type TurnHandler = (ctx: TurnContext) => Promise<TurnOutcome>;
@@ -278,6 +291,7 @@ export class RunningTurn {
     };
     if (outcome?.output !== undefined) candidate.output = outcome.output;
     if (outcome?.emit !== undefined && outcome.emit.length > 0) candidate.emit = outcome.emit;
+    if (outcome?.deliver !== undefined && outcome.deliver.length > 0) candidate.deliver = outcome.deliver;
     const checked = turnResultBodySchema.safeParse(candidate);
     if (!checked.success) {
       return {
@@ -288,7 +302,7 @@ export class RunningTurn {
     // stack): the attempt fails here, retried per the daemon's policy, as after its refusal.
     const unstorable = resultValuesProblem(checked.data);
     if (unstorable) {
-      const code = unstorable.field === 'emit' ? 'emit_limit' : 'unstorable_result';
+      const code = unstorable.field === 'emit' ? 'emit_limit' : unstorable.field === 'deliver' ? 'deliver_limit' : 'unstorable_result';
       this.log.error({ code }, unstorable.why);
       return {
         msg: {

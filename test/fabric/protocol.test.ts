@@ -310,11 +310,18 @@ describe('nesting depth of worker frames', () => {
 });
 
 describe('turn_rejected reasons', () => {
-  it('are the fence reasons plus unstorable, emit_limit, emit_denied and commit_failed, and docs/protocol.md lists exactly them', async () => {
+  it('are the fence reasons plus unstorable, emit_limit, emit_denied, deliver_limit and commit_failed, and docs/protocol.md lists exactly them', async () => {
     const { readFile } = await import('node:fs/promises');
     const { FENCE_REASONS } = await import('../../src/errors.ts');
     const { TURN_REJECTED_REASONS } = await import('../../src/fabric/protocol.ts');
-    expect([...TURN_REJECTED_REASONS]).toEqual([...FENCE_REASONS, 'unstorable', 'emit_limit', 'emit_denied', 'commit_failed']);
+    expect([...TURN_REJECTED_REASONS]).toEqual([
+      ...FENCE_REASONS,
+      'unstorable',
+      'emit_limit',
+      'emit_denied',
+      'deliver_limit',
+      'commit_failed',
+    ]);
     const doc = await readFile(new URL('../../docs/protocol.md', import.meta.url), 'utf8');
     const table = doc.slice(doc.indexOf('| reason | meaning | what the worker should do |'));
     const rows = table.split('\n').slice(2);

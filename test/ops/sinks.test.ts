@@ -13,7 +13,7 @@ import { loadConfig, type Config } from '../../src/config.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { setSinkDisabled } from '../../src/db/sinks.ts';
 import { CorralError } from '../../src/errors.ts';
-import { generateSecret, secretKey, signWebhook, verifyWebhook } from '../../src/ops/webhook-signature.ts';
+import { generateSecret, secretKey, signWebhook, verifyWebhook } from '../../src/webhook-signature.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { captureIo, errorCodeOf } from '../helpers/capture.ts';
 

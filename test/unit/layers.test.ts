@@ -27,6 +27,7 @@ const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
       'src/actor-key.ts',
       'src/backoff.ts',
       'src/json-safety.ts',
+      'src/webhook-signature.ts',
       'src/uuid.ts',
       'src/serial-queue.ts',
       'src/net.ts',
