@@ -28,4 +28,5 @@ CREATE UNIQUE INDEX "outbox_webhook_id" ON "corral"."outbox" USING btree ("sink"
 CREATE INDEX "outbox_due" ON "corral"."outbox" USING btree ("next_attempt_at","id") WHERE state = 'pending';--> statement-breakpoint
 CREATE INDEX "outbox_actor_sink" ON "corral"."outbox" USING btree ("agent_uid","session_id","sink","id") WHERE state = 'pending';--> statement-breakpoint
 CREATE INDEX "outbox_turn" ON "corral"."outbox" USING btree ("turn_id");--> statement-breakpoint
-CREATE INDEX "outbox_state" ON "corral"."outbox" USING btree ("state","id");
+CREATE INDEX "outbox_state" ON "corral"."outbox" USING btree ("state","id");--> statement-breakpoint
+CREATE INDEX "outbox_finished" ON "corral"."outbox" USING btree ("updated_at") WHERE state in ('delivered', 'discarded');

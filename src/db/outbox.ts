@@ -15,7 +15,7 @@
  */
 import type { DbOrTx } from './client.ts';
 import { sql } from './orm.ts';
-import type { OutboxState } from './schema.ts';
+import { ageCutoff, type OutboxState } from './schema.ts';
 
 /** Notified (with no payload) by a commit that wrote messages: the senders claim at once. */
 export const OUTBOX_CHANNEL = 'corral_outbox';
@@ -328,15 +328,19 @@ export async function discardOutbox(db: DbOrTx, filter: OutboxFilter, limit: num
   return rows.rows.map((r) => Number(r.id)).sort((a, b) => a - b);
 }
 
-/** Deletes up to `limit` delivered or discarded messages older than `olderThanS` seconds; how many. */
+/**
+ * Deletes up to `limit` delivered or discarded messages done with more than `olderThanS` seconds
+ * ago (through `outbox_finished`); how many. A key a sink had is then free again.
+ */
 export async function pruneOutbox(db: DbOrTx, olderThanS: number, limit: number): Promise<number> {
-  const rows = await db.execute<{ n: string }>(sql`
+  const res = await db.execute(sql`
     with gone as (
-      delete from corral.outbox o
-       where o.id in (select id from corral.outbox
-                       where state in ('delivered', 'discarded') and updated_at < now() - make_interval(secs => ${olderThanS})
-                       order by id limit ${limit})
-      returning 1)
-    select count(*) as n from gone`);
-  return Number(rows.rows[0]?.n ?? 0);
+      select o.id from corral.outbox o
+       where o.state in ('delivered', 'discarded') and o.updated_at < ${ageCutoff(olderThanS)}
+       order by o.updated_at
+       limit ${limit}
+         for update of o skip locked
+    )
+    delete from corral.outbox o using gone where o.id = gone.id`);
+  return res.rowCount ?? 0;
 }

@@ -546,8 +546,12 @@ export const outbox = corral.table(
       .on(t.agentUid, t.sessionId, t.sink, t.id)
       .where(sql`state = 'pending'`),
     index('outbox_turn').on(t.turnId),
-    // operators' lists and retention: by state and age
+    // operators' lists, by state
     index('outbox_state').on(t.state, t.id),
+    // retention: the messages done with, by age (src/queue/retention.ts)
+    index('outbox_finished')
+      .on(t.updatedAt)
+      .where(sql`state in ('delivered', 'discarded')`),
     check('outbox_state', inList('state', OUTBOX_STATES)),
     check('outbox_webhook_id', sql.raw(`char_length(webhook_id) between 1 and 256 and webhook_id ~ '^[\\x21-\\x7e]+$'`)),
     check('outbox_position', sql`${t.position} >= 0`),

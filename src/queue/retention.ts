@@ -10,7 +10,9 @@
  *     jobs, and in dead-letter mode `block` a failed head must never vanish. Candidates come from
  *     src/db/boss-jobs.ts (pg-boss's index on `completed_on`), deletes go through pg-boss's API;
  *  4. the idempotency keys older than the retention whose event's job is gone
- *     (src/db/idempotency.ts), so a key lives at least as long as its event's job.
+ *     (src/db/idempotency.ts), so a key lives at least as long as its event's job;
+ *  5. the outbox messages delivered or discarded longer ago than `CORRAL_COMPLETED_RETENTION_S`
+ *     (src/db/outbox.ts): kept as long as a completed event, never while pending or dead.
  *
  * Each step drains what is due, a batch per statement, until a batch comes back short (`drain`):
  * deletes keep up with any commit rate instead of a fixed number per pass. Between batches it
@@ -27,6 +29,7 @@ import { completedJobsOlderThan, holdBossMaintenance } from '../db/boss-jobs.ts'
 import type { DbOrTx } from '../db/client.ts';
 import { pruneIdempotencyKeys } from '../db/idempotency.ts';
 import { pruneStreamChunks } from '../db/stream-chunks.ts';
+import { pruneOutbox } from '../db/outbox.ts';
 import { pruneActivations, pruneDeliveries } from '../db/runtime-pruning.ts';
 import { markTranscriptChecked, pruneAgentTranscripts, transcriptRetentionDue } from '../db/transcript-retention.ts';
 import { queuesOf } from './names.ts';
@@ -66,6 +69,8 @@ export interface SweepResult {
   transcriptRows: number;
   jobs: number;
   idempotencyKeys: number;
+  /** Outbox messages delivered or discarded longer ago than the retention. */
+  outboxMessages: number;
   /** Live turns' chunks whose delivery ended (S3 of src/db/stream-chunks.ts): the daemon that ran it was gone before it deleted them. */
   streamChunks: number;
 }
@@ -113,6 +118,7 @@ export async function sweepRetention(opts: RetentionOptions): Promise<SweepResul
     transcriptRows: await step(() => pruneTranscriptRows(opts)),
     jobs: await step(() => sweepCompletedJobs(opts)),
     idempotencyKeys: await step(() => sweepIdempotencyKeys(opts)),
+    outboxMessages: await step(() => sweepOutbox(opts)),
     streamChunks: await step(() => pruneStreamChunks(opts.db)),
   };
   if (failures.length === 1) throw failures[0];
@@ -128,6 +134,12 @@ export async function sweepCompletedJobs(opts: RetentionOptions): Promise<number
     if (ids.length > 0) await opts.boss.deleteJob(opts.queueName, ids);
     return ids.length;
   }, opts);
+}
+
+/** Deletes the outbox messages delivered or discarded longer ago than the retention. Returns how many. */
+export async function sweepOutbox(opts: Pick<RetentionOptions, 'db' | 'retentionSeconds'> & SweepPace): Promise<number> {
+  if (opts.retentionSeconds <= 0) return 0;
+  return drain((limit) => pruneOutbox(opts.db, opts.retentionSeconds, limit), opts);
 }
 
 /** Deletes idempotency keys older than the retention whose event's job is gone. Returns how many. */

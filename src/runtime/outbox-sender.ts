@@ -62,7 +62,8 @@ export function parseRetryAfter(value: string | null, nowMs: number): number | n
   if (value === null) return null;
   const text = value.trim();
   if (/^\d{1,10}$/.test(text)) return Number(text) * 1000;
-  const at = Date.parse(text);
+  // an HTTP date names its day and month (Date.parse alone would read "-5" as a year)
+  const at = /^[A-Za-z]{3}, /.test(text) ? Date.parse(text) : Number.NaN;
   return Number.isNaN(at) ? null : Math.max(0, at - nowMs);
 }
 

@@ -13,6 +13,7 @@ import { openDatabase, type Database } from '../../src/db/client.ts';
 import { unacceptedDeliveriesOf } from '../../src/db/deliveries.ts';
 import { completedJobsOlderThan } from '../../src/db/boss-jobs.ts';
 import { pruneIdempotencyKeys } from '../../src/db/idempotency.ts';
+import { claimOutbox, nextOutboxDueMs, pruneOutbox } from '../../src/db/outbox.ts';
 import { pruneActivations, pruneDeliveries } from '../../src/db/runtime-pruning.ts';
 import { orphanedStartedTurns } from '../../src/db/transcript.ts';
 import { pruneTranscripts } from '../../src/db/transcript-retention.ts';
@@ -22,7 +23,17 @@ import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { planNodes, statementsOf, type Captured, type PlanNode } from '../helpers/plans.ts';
 
 const HISTORY = 200_000;
-const BIG_TABLES = new Set(['activations', 'turns', 'deliveries', 'job', 'job_common', 'idempotency_keys', 'conversations', 'messages']);
+const BIG_TABLES = new Set([
+  'activations',
+  'turns',
+  'deliveries',
+  'job',
+  'job_common',
+  'idempotency_keys',
+  'conversations',
+  'messages',
+  'outbox',
+]);
 
 let tdb: TestDatabase;
 let database: Database;
@@ -90,6 +101,16 @@ beforeAll(async () => {
     insert into corral.idempotency_keys (agent_uid, session_id, key, event_id, data_sha256, created_at)
       select 'history', 's' || g, 'k', gen_random_uuid(), repeat('0', 64), now() - interval '1 day'
         from generate_series(1, ${HISTORY}) g;
+    -- an outbox that delivered a message for each of them (an hour ago), and a few pending
+    insert into corral.sinks (name, url, secret) values ('hooks', 'http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw');
+    insert into corral.outbox (sink, webhook_id, agent_uid, session_id, turn_id, event_id, position, body, state, attempts, delivered_at, updated_at, created_at)
+      select 'hooks', 'm' || g, 'history', 's' || g, gen_random_uuid(), gen_random_uuid(), 0, '{}', 'delivered', 1,
+             now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour'
+        from generate_series(1, ${HISTORY}) g;
+    insert into corral.outbox (sink, webhook_id, agent_uid, session_id, turn_id, event_id, position, body, next_attempt_at)
+      select 'hooks', 'p' || g, 'live', 's' || (g % 3), gen_random_uuid(), gen_random_uuid(), 0, '{}', now() + interval '1 minute'
+        from generate_series(1, 10) g;
+    analyze corral.outbox;
     analyze pgboss.job_common;
     analyze corral.idempotency_keys;
     analyze corral.activations;
@@ -135,6 +156,13 @@ describe('periodic statements on a history of 200,000 finished turns, right afte
 
   it("transcript retention finds nothing due (every turn younger than its agent's window) without reading the tables", async () => {
     await expectNoSequentialScans('pruneTranscripts', () => pruneTranscripts(database.db));
+  });
+
+  it('the outbox claims, finds its next due message and prunes (nothing due) without reading what it delivered', async () => {
+    await expectNoSequentialScans('claimOutbox', () => claimOutbox(database.db, { owner: 'd', limit: 64, free: {}, graceMs: 5000 }));
+    await expectNoSequentialScans('nextOutboxDueMs', () => nextOutboxDueMs(database.db));
+    await expectNoSequentialScans('pruneOutbox', () => pruneOutbox(database.db, DEFAULTS.completedRetentionSeconds, 1000));
+    expect(await claimOutbox(database.db, { owner: 'd', limit: 64, free: {}, graceMs: 5000 }), 'none is due yet').toEqual([]);
   });
 
   it('recovery finds orphaned started turns without reading the history', async () => {

@@ -69,6 +69,7 @@ describe('idempotency key retention', () => {
       transcriptRows: 0,
       jobs: 2,
       idempotencyKeys: 1,
+      outboxMessages: 0,
       streamChunks: 0,
     });
     expect(await keys()).toEqual(['dead', 'waiting', 'young']);
