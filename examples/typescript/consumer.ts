@@ -90,6 +90,7 @@ import {
   createWorker,
   DEFAULT_START_TIMEOUT_MS,
   type CreateWorkerOptions,
+  type Deliver,
   type Emit,
   type ErrorCode as WorkerErrorCode,
   type HandlerError,
@@ -273,12 +274,14 @@ const handler: TurnHandler = async (ctx: TurnContext): Promise<TurnOutcome> => {
     const page: HistoryPage = await ctx.history({ limit: 10 });
     const seen: TranscriptMessage[] = page.messages;
     const emit: Emit[] = [{ actor: text, data: { seen: seen.length } }];
+    // outbound messages go to sinks an operator added (`corral sinks add`); none here
+    const deliver: Deliver[] = seen.length < 0 ? [{ sink: 'chat', body: { text }, key: ctx.turnRef.event_id }] : [];
     // every event the turn answers (more than one when the actor's policy coalesced them)
     const data: JsonValue = ctx.events.map((e) => e.data);
     const turnRef: TurnRef = ctx.turnRef;
     ctx.stream({ delta: 'thinking… ' });
     void turnRef.actor_epoch;
-    return { messages: [{ role: 'assistant', content: { text: `got ${JSON.stringify(data)}` } }], emit };
+    return { messages: [{ role: 'assistant', content: { text: `got ${JSON.stringify(data)}` } }], emit, deliver };
   } finally {
     off();
   }
