@@ -10,6 +10,7 @@ CREATE TABLE "corral"."outbox" (
 	"body" text NOT NULL,
 	"state" text DEFAULT 'pending' NOT NULL,
 	"attempts" integer DEFAULT 0 NOT NULL,
+	"attempts_before_replay" integer DEFAULT 0 NOT NULL,
 	"next_attempt_at" timestamp with time zone DEFAULT now() NOT NULL,
 	"claimed_by" text,
 	"claimed_until" timestamp with time zone,
@@ -25,7 +26,8 @@ CREATE TABLE "corral"."outbox" (
 --> statement-breakpoint
 ALTER TABLE "corral"."outbox" ADD CONSTRAINT "outbox_sink_sinks_name_fk" FOREIGN KEY ("sink") REFERENCES "corral"."sinks"("name") ON DELETE cascade ON UPDATE no action;--> statement-breakpoint
 CREATE UNIQUE INDEX "outbox_webhook_id" ON "corral"."outbox" USING btree ("sink","webhook_id");--> statement-breakpoint
-CREATE INDEX "outbox_due" ON "corral"."outbox" USING btree ("next_attempt_at","id") WHERE state = 'pending';--> statement-breakpoint
+CREATE INDEX "outbox_due" ON "corral"."outbox" USING btree ("sink","next_attempt_at","id") WHERE state = 'pending';--> statement-breakpoint
+CREATE INDEX "outbox_claimed" ON "corral"."outbox" USING btree ("claimed_until") WHERE claimed_until is not null and state = 'pending';--> statement-breakpoint
 CREATE INDEX "outbox_actor_sink" ON "corral"."outbox" USING btree ("agent_uid","session_id","sink","id") WHERE state = 'pending';--> statement-breakpoint
 CREATE INDEX "outbox_turn" ON "corral"."outbox" USING btree ("turn_id");--> statement-breakpoint
 CREATE INDEX "outbox_state" ON "corral"."outbox" USING btree ("state","id");--> statement-breakpoint

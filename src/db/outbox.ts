@@ -4,10 +4,11 @@
  *  O1 Written only by the commit transaction of the turn (`insertOutboxMany`), so a message exists
  *     exactly when its turn committed: a result that fails the fence writes none. A key a sink
  *     already has (`(sink, webhook_id)` is unique) is the same message: it is not written twice.
- *  O2 A claim (`claimOutbox`) takes due, pending messages of enabled sinks, at most one per actor
- *     and sink and only when no message before it (lower `id`) for that actor and sink is pending:
- *     per actor and sink, messages go out in commit order, one at a time. It locks with SKIP
- *     LOCKED and stamps `claimed_until`, so no two senders hold a message at once.
+ *  O2 A claim (`claimOutbox`) takes due, pending messages of enabled sinks, sink by sink (a
+ *     disabled sink's backlog is never read), at most one per actor and sink and only when no
+ *     message before it (lower `id`) for that actor and sink is pending: per actor and sink,
+ *     messages go out in commit order, one at a time. It locks with SKIP LOCKED and stamps
+ *     `claimed_until`, so no two senders hold a message at once.
  *  O3 A claim counts in `attempts`; a sender's answer (`settleOutbox`) applies only while the
  *     message is pending with that count, so a sender whose claim lapsed changes nothing.
  *  O4 A receiver's 410 dead-letters the message and disables the sink in one transaction: the
@@ -68,8 +69,10 @@ export interface ClaimedMessage {
   sessionId: string;
   eventId: string;
   body: string;
-  /** This claim's number (O3). */
+  /** This claim's number (O3): the fence of the sender's answer. */
   attempts: number;
+  /** This attempt's number since the message was written or last replayed (the retry limit's count). */
+  attempt: number;
   url: string;
   secret: string;
   timeoutMs: number;
@@ -94,36 +97,36 @@ export async function claimOutbox(
     event_id: string;
     body: string;
     attempts: number;
+    attempts_before_replay: number;
     url: string;
     secret: string;
     timeout_ms: number;
     concurrency: number;
   }>(sql`
-    with heads as (
-      select o.id, o.sink, row_number() over (partition by o.sink order by o.next_attempt_at, o.id) as rank,
-             coalesce((${JSON.stringify(opts.free)}::jsonb ->> o.sink)::int, s.concurrency) as room
-        from corral.outbox o
-        join corral.sinks s on s.name = o.sink and s.disabled_at is null
-       where o.state = 'pending' and o.next_attempt_at <= now()
-         and (o.claimed_until is null or o.claimed_until < now())
-         and not exists (
-           select 1 from corral.outbox p
-            where p.agent_uid = o.agent_uid and p.session_id = o.session_id and p.sink = o.sink
-              and p.state = 'pending' and p.id < o.id)
-       order by o.next_attempt_at, o.id
-       limit ${opts.limit * 4}
-    ), picked as (
-      select o.id from corral.outbox o
-       where o.id in (select h.id from heads h where h.rank <= h.room order by h.id limit ${opts.limit})
-         and o.state = 'pending' and (o.claimed_until is null or o.claimed_until < now())
-       for update skip locked
+    with picked as (
+      select c.id
+        from corral.sinks s
+        cross join lateral (
+          select o.id from corral.outbox o
+           where o.sink = s.name and o.state = 'pending' and o.next_attempt_at <= now()
+             and (o.claimed_until is null or o.claimed_until < now())
+             and not exists (
+               select 1 from corral.outbox p
+                where p.agent_uid = o.agent_uid and p.session_id = o.session_id and p.sink = o.sink
+                  and p.state = 'pending' and p.id < o.id)
+           order by o.next_attempt_at, o.id
+           limit greatest(0, coalesce((${JSON.stringify(opts.free)}::jsonb ->> s.name)::int, s.concurrency))
+             for update of o skip locked
+        ) c
+       where s.disabled_at is null
+       limit ${opts.limit}
     )
     update corral.outbox o
        set attempts = o.attempts + 1, claimed_by = ${opts.owner},
            claimed_until = now() + make_interval(secs => (s.timeout_ms + ${opts.graceMs}) / 1000.0), updated_at = now()
       from picked, corral.sinks s
      where o.id = picked.id and s.name = o.sink
-    returning o.id, o.sink, o.webhook_id, o.agent_uid, o.session_id, o.event_id, o.body, o.attempts,
+    returning o.id, o.sink, o.webhook_id, o.agent_uid, o.session_id, o.event_id, o.body, o.attempts, o.attempts_before_replay,
               s.url, s.secret, s.timeout_ms, s.concurrency`);
   return rows.rows
     .map((r) => ({
@@ -135,6 +138,7 @@ export async function claimOutbox(
       eventId: r.event_id,
       body: r.body,
       attempts: r.attempts,
+      attempt: r.attempts - r.attempts_before_replay,
       url: r.url,
       secret: r.secret,
       timeoutMs: r.timeout_ms,
@@ -179,12 +183,21 @@ export async function settleOutbox(
   return row ? { applied: true, sinceCommitS: row.since } : { applied: false };
 }
 
-/** Milliseconds until the next pending message of an enabled sink is due (0: now), or null when none is. */
+/**
+ * Milliseconds until something may become claimable without a wake-up: the next retry that is
+ * due (of an enabled sink) or the next claim that lapses; null when there is neither. (A message
+ * waiting behind one being sent becomes claimable when that send ends, and its sender claims it.)
+ */
 export async function nextOutboxDueMs(db: DbOrTx): Promise<number | null> {
   const rows = await db.execute<{ ms: number | null }>(sql`
-    select greatest(0, ceil(extract(epoch from min(greatest(o.next_attempt_at, coalesce(o.claimed_until, o.next_attempt_at))) - now()) * 1000))::float8 as ms
-      from corral.outbox o join corral.sinks s on s.name = o.sink and s.disabled_at is null
-     where o.state = 'pending'`);
+    select greatest(0, ceil(extract(epoch from least(
+             (select min(n.at) from corral.sinks s cross join lateral (
+                select o.next_attempt_at as at from corral.outbox o
+                 where o.sink = s.name and o.state = 'pending' and o.next_attempt_at > now()
+                 order by o.next_attempt_at limit 1) n
+               where s.disabled_at is null),
+             (select min(o.claimed_until) from corral.outbox o where o.claimed_until is not null and o.state = 'pending')
+           ) - now()) * 1000))::float8 as ms`);
   return rows.rows[0]?.ms ?? null;
 }
 
@@ -201,6 +214,8 @@ export interface OutboxRow {
   body: string;
   state: OutboxState;
   attempts: number;
+  /** `attempts` at the last replay (0 if never replayed). */
+  attemptsBeforeReplay: number;
   nextAttemptAt: Date;
   claimedBy: string | null;
   claimedUntil: Date | null;
@@ -222,6 +237,7 @@ type RawOutboxRow = {
   body: string;
   state: OutboxState;
   attempts: number;
+  attempts_before_replay: number;
   next_attempt_at: Date | string;
   claimed_by: string | null;
   claimed_until: Date | string | null;
@@ -244,6 +260,7 @@ const fromRaw = (r: RawOutboxRow): OutboxRow => ({
   body: r.body,
   state: r.state,
   attempts: r.attempts,
+  attemptsBeforeReplay: r.attempts_before_replay,
   nextAttemptAt: date(r.next_attempt_at),
   claimedBy: r.claimed_by,
   claimedUntil: r.claimed_until === null ? null : date(r.claimed_until),
@@ -301,11 +318,11 @@ export async function outboxCounts(db: DbOrTx, sink?: string): Promise<Record<Ou
 
 /**
  * Sends again the dead or discarded messages matching `filter` (at most `limit`): pending, due
- * now, with their attempts reset and their `webhook-id` kept. Returns their ids.
+ * now, with a new set of retries and their `webhook-id` kept. Returns their ids.
  */
 export async function replayOutbox(db: DbOrTx, filter: OutboxFilter, limit: number): Promise<number[]> {
   const rows = await db.execute<{ id: string }>(sql`
-    update corral.outbox o set state = 'pending', attempts = 0, next_attempt_at = now(), claimed_by = null, claimed_until = null,
+    update corral.outbox o set state = 'pending', attempts_before_replay = o.attempts, next_attempt_at = now(), claimed_by = null, claimed_until = null,
            updated_at = now()
      where o.id in (select o.id from corral.outbox o where ${whereOf({ ...filter, states: ['dead', 'discarded'] })}
                      order by o.id limit ${limit} for update)

@@ -506,7 +506,8 @@ export type OutboxState = (typeof OUTBOX_STATES)[number];
  * (src/runtime/outbox-sender.ts). `id` orders them in commit order: per actor and sink, a message
  * is sent only when none before it is pending. `body` is the request body exactly as sent (its
  * signature covers those bytes). A pending message being sent carries its sender's claim
- * (`claimed_by`, `claimed_until`); `attempts` counts the claims and fences the sender's answer.
+ * (`claimed_by`, `claimed_until`); `attempts` counts the claims (never reset, so it fences the
+ * sender's answer across replays).
  */
 export const outbox = corral.table(
   'outbox',
@@ -526,6 +527,8 @@ export const outbox = corral.table(
     body: text('body').notNull(),
     state: text('state', { enum: OUTBOX_STATES }).notNull().default('pending'),
     attempts: integer('attempts').notNull().default(0),
+    /** `attempts` when an operator last replayed it: the retry limit counts the attempts after it. */
+    attemptsBeforeReplay: integer('attempts_before_replay').notNull().default(0),
     nextAttemptAt: tz('next_attempt_at').notNull().defaultNow(),
     claimedBy: text('claimed_by'),
     claimedUntil: tz('claimed_until'),
@@ -538,10 +541,14 @@ export const outbox = corral.table(
   },
   (t) => [
     uniqueIndex('outbox_webhook_id').on(t.sink, t.webhookId),
-    // the claim: due messages, and the one before each per actor and sink
+    // the claim: each sink's due messages, and the one before each per actor and sink
     index('outbox_due')
-      .on(t.nextAttemptAt, t.id)
+      .on(t.sink, t.nextAttemptAt, t.id)
       .where(sql`state = 'pending'`),
+    // the claims held now (in flight, or lapsed with their sender)
+    index('outbox_claimed')
+      .on(t.claimedUntil)
+      .where(sql`claimed_until is not null and state = 'pending'`),
     index('outbox_actor_sink')
       .on(t.agentUid, t.sessionId, t.sink, t.id)
       .where(sql`state = 'pending'`),

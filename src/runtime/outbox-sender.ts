@@ -149,6 +149,9 @@ export class OutboxSender {
     this.log = opts.logger.child({ component: 'outbox' });
   }
 
+  /** Claim passes so far (diagnostics and tests: an idle or blocked outbox makes few). */
+  passes = 0;
+
   /** Requests in flight now (diagnostics and tests). */
   get sending(): number {
     return this.inFlight;
@@ -182,6 +185,7 @@ export class OutboxSender {
         this.woken = false;
         let waitMs: number;
         try {
+          this.passes++;
           const room = (this.opts.maxInFlight ?? 256) - this.inFlight;
           const claimed = room > 0 ? await this.claim(room) : 0;
           if (this.failures > 0) this.log.info({ after: this.failures }, 'outbox reachable again');
@@ -255,7 +259,7 @@ export class OutboxSender {
     const outcome: OutboxSettlement =
       this.stop.signal.aborted && result.status === null
         ? { kind: 'retry', status: result.status, error: 'the sending daemon stopped', delayMs: 0 }
-        : decideOutbox(result, m.attempts, this.opts.retry, { sink: m.sink, nowMs });
+        : decideOutbox(result, m.attempt, this.opts.retry, { sink: m.sink, nowMs });
     const settled = await settleOutbox(this.opts.db, m, outcome);
     const fields = { ...this.fields(m), status: result.status };
     if (!settled.applied) {

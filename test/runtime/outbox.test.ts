@@ -188,6 +188,14 @@ describe('outbox', () => {
     const row = (await rowsOf('hang-slow'))[0]!;
     expect(row.state).toBe('pending');
     expect(row.last_error).toBe('no answer within 300 ms');
+    // a message waiting behind the one in flight does not make the loop spin
+    const next = await start('hang-slow', { n: 2 });
+    await w.send(result(next, [{ sink: 'slow', body: 'next', key: 'slow-2' }]));
+    await w.next('turn_committed');
+    const before = t.daemon.outbox.passes;
+    await sleep(1_500);
+    expect(t.daemon.outbox.passes - before).toBeLessThan(30);
+    expect(at('/slow').some((r) => r.id === 'slow-2')).toBe(false);
     rx.respond = () => ({ status: 200 });
   });
 
