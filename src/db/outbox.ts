@@ -361,3 +361,20 @@ export async function pruneOutbox(db: DbOrTx, olderThanS: number, limit: number)
     delete from corral.outbox o using gone where o.id = gone.id`);
   return res.rowCount ?? 0;
 }
+
+/** What `corral status` and the metrics show of the outbox: messages waiting, dead, and the oldest waiting one's age. */
+export interface OutboxBacklog {
+  pending: number;
+  dead: number;
+  oldestPendingSeconds: number | null;
+}
+
+/** OutboxBacklog, through the pending and state indexes (delivered history is not read). */
+export async function outboxBacklog(db: DbOrTx): Promise<OutboxBacklog> {
+  const rows = await db.execute<{ pending: string; dead: string; oldest: number | null }>(sql`
+    select (select count(*) from corral.outbox where state = 'pending') as pending,
+           (select count(*) from corral.outbox where state = 'dead') as dead,
+           (select extract(epoch from now() - min(created_at))::float8 from corral.outbox where state = 'pending') as oldest`);
+  const r = rows.rows[0]!;
+  return { pending: Number(r.pending), dead: Number(r.dead), oldestPendingSeconds: r.oldest };
+}

@@ -21,6 +21,7 @@ import type { ContextCacheStats } from '../runtime/context-cache.ts';
 import { queueDepth, type QueueDepth } from '../db/boss-jobs.ts';
 import { blockedActorCount, liveActivationCount, workerCounts } from '../db/status-counts.ts';
 import type { Queues } from '../db/boss-jobs.ts';
+import { outboxBacklog, type OutboxBacklog } from '../db/outbox.ts';
 
 /** The daemon's metrics: every hook of `RuntimeMetrics`, the latency histograms included. */
 export type CorralRuntimeMetrics = Required<RuntimeMetrics>;
@@ -32,6 +33,8 @@ export interface MetricsSnapshot {
   blockedActors: number;
   workers: Record<WorkerStatus, number>;
   oldestWaitingSeconds: number | null;
+  /** The outbox's messages waiting and dead (src/db/outbox.ts); absent from sources that do not read it. */
+  outbox?: OutboxBacklog;
 }
 
 export type SnapshotSource = () => Promise<MetricsSnapshot>;
@@ -225,6 +228,19 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
   gauge('corral_oldest_waiting_event_age_seconds', 'Age of the oldest queued event (0 when none waits)', [], (g, s) =>
     g.set(s.oldestWaitingSeconds ?? 0),
   );
+  gauge(
+    'corral_outbox_messages',
+    'Outbox messages waiting to be sent (pending) or given up on (dead), read from the database',
+    ['state'] as const,
+    (g, s) => {
+      if (!s.outbox) return;
+      g.set({ state: 'pending' }, s.outbox.pending);
+      g.set({ state: 'dead' }, s.outbox.dead);
+    },
+  );
+  gauge('corral_outbox_oldest_pending_age_seconds', 'Age of the oldest outbox message not yet delivered (0 when none waits)', [], (g, s) =>
+    g.set(s.outbox?.oldestPendingSeconds ?? 0),
+  );
   new Gauge({
     name: 'corral_metrics_database_up',
     help: '1 when this scrape read the database, 0 when it failed (or no database is bound)',
@@ -344,11 +360,12 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
 /** Scrape-time gauges from corral's database. */
 export function databaseSource(db: DbOrTx, q: Queues): SnapshotSource {
   return async () => {
-    const [queue, liveActivations, blockedActors, workers] = await Promise.all([
+    const [queue, liveActivations, blockedActors, workers, outbox] = await Promise.all([
       queueDepth(db, q),
       liveActivationCount(db),
       blockedActorCount(db),
       workerCounts(db),
+      outboxBacklog(db),
     ]);
     return {
       queue,
@@ -356,6 +373,7 @@ export function databaseSource(db: DbOrTx, q: Queues): SnapshotSource {
       blockedActors,
       workers,
       oldestWaitingSeconds: queue.oldestWaitingSeconds,
+      outbox,
     };
   };
 }

@@ -3,6 +3,7 @@
  * gauges): read-only, from the database alone, so it works from any host and whether or not a
  * daemon runs.
  */
+import { outboxBacklog, type OutboxBacklog } from '../db/outbox.ts';
 import { formatActorKey, type ActorKey } from '../actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
 import type { WorkerStatus } from '../db/schema.ts';
@@ -61,6 +62,8 @@ export interface SystemStatus {
   workers: WorkerView[];
   /** Seconds the oldest waiting event has waited (null: none waiting). */
   oldestWaitingSeconds: number | null;
+  /** Outbox messages waiting and dead. */
+  outbox: OutboxBacklog;
   at: Date;
 }
 
@@ -82,13 +85,14 @@ const ageSeconds = (nowMs: number, at: Date) => Math.max(0, (nowMs - at.getTime(
  * (each daemon records its own stale timeout, which judges its workers).
  */
 export async function systemStatus(db: DbOrTx, q: Queues, opts: { defaultStaleMs: number }): Promise<SystemStatus> {
-  const [depth, live, blocked, rows, daemonRows, now] = await Promise.all([
+  const [depth, live, blocked, rows, daemonRows, now, outbox] = await Promise.all([
     queueDepth(db, q),
     liveActivationCount(db),
     blockedActorCount(db),
     listWorkers(db),
     listDaemons(db),
     serverTime(db),
+    outboxBacklog(db),
   ]);
   const nowMs = (toDate(now) ?? new Date()).getTime();
   const staleMsOf = new Map(daemonRows.map((d) => [d.daemonId, d.staleMs]));
@@ -123,6 +127,7 @@ export async function systemStatus(db: DbOrTx, q: Queues, opts: { defaultStaleMs
       heartbeatAgeSeconds: ageSeconds(nowMs, w.lastHeartbeatAt),
     })),
     oldestWaitingSeconds: depth.oldestWaitingSeconds,
+    outbox,
     at: new Date(nowMs),
   };
 }

@@ -19,6 +19,8 @@ import { testLogger } from '../helpers/daemon.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { deadLetterCount } from '../ops/helpers.ts';
+import { WebhookReceiver } from '../helpers/webhook-receiver.ts';
+import { addSink } from '../../src/ops/sinks.ts';
 
 /** The value of one sample in Prometheus text (`name{labels} value`), or undefined. */
 function sample(text: string, name: string, labels = ''): number | undefined {
@@ -52,6 +54,7 @@ describe('metrics and observability endpoints', () => {
       watchdogIntervalMs: 100_000,
       recoveryIntervalMs: 100_000,
       retryLimit: 0,
+      retryDelaySeconds: 1,
       metricsPort: 0,
       insecure: true,
     });
@@ -135,6 +138,33 @@ describe('metrics and observability endpoints', () => {
     const text = await scrape();
     expect(sample(text, 'corral_turns_interrupted_total')).toBe(1);
     expect(sample(text, 'corral_events_coalesced_total')).toBe(1);
+  });
+
+  it('counts outbox deliveries, retries and dead letters by sink, with the commit → receipt latency', async () => {
+    const rx = new WebhookReceiver();
+    await rx.start();
+    try {
+      rx.respond = (r, n) => (r.path === '/gone' ? { status: 410 } : n === 1 ? { status: 503 } : { status: 200 });
+      await addSink(daemon.database.db, { name: 'm-ok', url: rx.url('/ok') });
+      await addSink(daemon.database.db, { name: 'm-gone', url: rx.url('/gone') });
+      await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('metrics', 'outbox-2'), {
+        text: 'y',
+        deliver: [{ sink: 'm-ok' }, { sink: 'm-gone' }],
+      });
+      await waitFor(async () => ((await scrape()).includes('corral_outbox_delivered_total{sink="m-ok"} 1') ? true : undefined), {
+        what: 'delivered',
+        timeoutMs: 15_000,
+      });
+      const text = await scrape();
+      expect(sample(text, 'corral_outbox_retries_total', 'sink="m-ok"')).toBe(1);
+      expect(sample(text, 'corral_outbox_dead_letters_total', 'sink="m-gone"')).toBe(1);
+      expect(sample(text, 'corral_outbox_delivery_latency_seconds_count', 'sink="m-ok"')).toBe(1);
+      expect(sample(text, 'corral_outbox_delivery_latency_seconds_sum', 'sink="m-ok"')).toBeGreaterThanOrEqual(0.5);
+      expect(sample(text, 'corral_outbox_messages', 'state="dead"')).toBe(1);
+      expect(sample(text, 'corral_outbox_messages', 'state="pending"')).toBe(0);
+    } finally {
+      await rx.stop();
+    }
   });
 
   it('answers /healthz and /readyz, and 404 elsewhere', async () => {

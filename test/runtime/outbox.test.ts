@@ -13,6 +13,8 @@ import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';
 import { WebhookReceiver } from '../helpers/webhook-receiver.ts';
+import { corral } from '../cli/helpers.ts';
+import { createMetrics, databaseSource } from '../../src/observability/metrics.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; session_id: string; activation_uid: string };
 
@@ -123,6 +125,14 @@ describe('outbox', () => {
     await w.next('turn_committed');
     await sleep(1_000);
     expect(at('/gone').map((r) => r.id)).toEqual(['gone-1']);
+    // operators see it: `corral status` and the scrape-time gauges
+    const status = await corral(['status'], t.db.url);
+    expect(status.stdout).toMatch(/^outbox: 1 pending \(oldest \S+\), 1 dead \(see `corral outbox list --state dead`\)$/m);
+    const metrics = createMetrics({ defaultMetrics: false });
+    metrics.setSource(databaseSource(db(), t.daemon.queues));
+    const text = await metrics.registry.metrics();
+    expect(text).toContain('corral_outbox_messages{state="pending"} 1');
+    expect(text).toContain('corral_outbox_messages{state="dead"} 1');
     await enableSink(db(), 'gone');
     t.daemon.outbox.wake();
     await waitFor(() => (at('/gone').some((r) => r.id === 'gone-2') ? true : undefined), { timeoutMs: 10_000 });

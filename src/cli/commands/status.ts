@@ -73,6 +73,10 @@ export async function runStatusCommand(config: Config, opts: { json?: boolean },
     );
     out.write(`live activations: ${s.liveActivations}\n`);
     out.write(`blocked actors: ${s.blockedActors}${s.blockedActors > 0 ? ' (see `corral dlq list`)' : ''}\n`);
+    const ob = s.outbox;
+    out.write(
+      `outbox: ${ob.pending} pending${ob.pending > 0 ? ` (oldest ${fmtAge(ob.oldestPendingSeconds)})` : ''}, ${ob.dead} dead${ob.dead > 0 ? ' (see `corral outbox list --state dead`)' : ''}\n`,
+    );
     if (s.workers.length === 0) {
       out.write('workers: none registered\n');
     } else {
