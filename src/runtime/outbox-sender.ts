@@ -25,6 +25,7 @@ import { backoffDelayMs } from '../backoff.ts';
 import { errorMessage } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { signWebhook } from '../webhook-signature.ts';
+import { databaseRetry, type DatabaseRetry } from './db-retry.ts';
 import type { RuntimeMetrics } from './metrics.ts';
 
 /** The retry bounds of events (CORRAL_RETRY_DELAY_S, _DELAY_MAX_S) and the outbox's own limit. */
@@ -144,9 +145,12 @@ export class OutboxSender {
   private failures = 0;
   private readonly stop = new AbortController();
 
+  private readonly retry: DatabaseRetry;
+
   constructor(opts: OutboxSenderOptions) {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'outbox' });
+    this.retry = databaseRetry({ clock: opts.clock, log: this.log, stopping: () => this.stop.signal.aborted });
   }
 
   /** Claim passes so far (diagnostics and tests: an idle or blocked outbox makes few). */
@@ -260,7 +264,8 @@ export class OutboxSender {
       this.stop.signal.aborted && result.status === null
         ? { kind: 'retry', status: result.status, error: 'the sending daemon stopped', delayMs: 0 }
         : decideOutbox(result, m.attempt, this.opts.retry, { sink: m.sink, nowMs });
-    const settled = await settleOutbox(this.opts.db, m, outcome);
+    // the answer is worth keeping through a database blip: without it the message is sent again
+    const settled = await this.retry(() => settleOutbox(this.opts.db, m, outcome), this.fields(m));
     const fields = { ...this.fields(m), status: result.status };
     if (!settled.applied) {
       this.log.warn(fields, 'outbox claim lapsed before the answer; the message is another sender’s now');
