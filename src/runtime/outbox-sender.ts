@@ -131,6 +131,9 @@ export interface OutboxSenderOptions {
   maxInFlight?: number;
 }
 
+/** Most messages one claim takes. */
+const CLAIM_BATCH = 64;
+
 /** How long a claim outlives its request's timeout (S3 bounds the request; the claim must outlast it). */
 const CLAIM_GRACE_MS = 5_000;
 
@@ -191,10 +194,12 @@ export class OutboxSender {
         try {
           this.passes++;
           const room = (this.opts.maxInFlight ?? 256) - this.inFlight;
-          const claimed = room > 0 ? await this.claim(room) : 0;
+          const asked = Math.min(room, CLAIM_BATCH);
+          const claimed = asked > 0 ? await this.claim(asked) : 0;
           if (this.failures > 0) this.log.info({ after: this.failures }, 'outbox reachable again');
           this.failures = 0;
-          if (claimed > 0 && claimed >= room) continue;
+          // a full batch: more may be claimable now
+          if (claimed > 0 && claimed >= asked) continue;
           const due = room > 0 ? await nextOutboxDueMs(this.opts.db) : null;
           waitMs = Math.min(this.opts.pollMs ?? 5_000, due ?? Infinity);
         } catch (e) {
@@ -226,7 +231,7 @@ export class OutboxSender {
   private async claim(room: number): Promise<number> {
     const free: Record<string, number> = {};
     for (const [sink, n] of this.bySink) free[sink] = Math.max(0, (this.concurrencyOf.get(sink) ?? 0) - n);
-    const claimed = await claimOutbox(this.opts.db, { owner: this.opts.ownerId, limit: Math.min(room, 64), free, graceMs: CLAIM_GRACE_MS });
+    const claimed = await claimOutbox(this.opts.db, { owner: this.opts.ownerId, limit: room, free, graceMs: CLAIM_GRACE_MS });
     for (const m of claimed) this.start(m);
     return claimed.length;
   }
