@@ -179,13 +179,22 @@ export async function settleOutbox(
   return row ? { applied: true, sinceCommitS: row.since } : { applied: false };
 }
 
-/** Milliseconds until the next pending message of an enabled sink is due (0: now), or null when none is. */
+/**
+ * Milliseconds until the next pending message of an enabled sink is due (0: now), or null when none
+ * is. A message behind an earlier pending one of its actor and sink is not counted (O2: it can go
+ * only once that one is settled, and settling it wakes its sender).
+ */
 export async function nextOutboxDueMs(db: DbOrTx): Promise<number | null> {
   const rows = await db.execute<{ ms: number | null }>(sql`
-    select greatest(0, ceil(extract(epoch from min(greatest(o.next_attempt_at, coalesce(o.claimed_until, o.next_attempt_at))) - now()) * 1000))::float8 as ms
+    select ceil(extract(epoch from min(greatest(o.next_attempt_at, coalesce(o.claimed_until, o.next_attempt_at))) - now()) * 1000)::float8 as ms
       from corral.outbox o join corral.sinks s on s.name = o.sink and s.disabled_at is null
-     where o.state = 'pending'`);
-  return rows.rows[0]?.ms ?? null;
+     where o.state = 'pending'
+       and not exists (
+         select 1 from corral.outbox p
+          where p.agent_uid = o.agent_uid and p.session_id = o.session_id and p.sink = o.sink
+            and p.state = 'pending' and p.id < o.id)`);
+  const ms = rows.rows[0]?.ms;
+  return ms === null || ms === undefined ? null : Math.max(0, ms);
 }
 
 /** An outbox row as operators see it. */
