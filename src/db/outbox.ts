@@ -180,6 +180,8 @@ export async function settleOutbox(
     )
     select since from settled`);
   const row = rows.rows[0];
+  // handed back to be sent at once (its sender stops): the other senders take it now
+  if (row && outcome.kind === 'retry' && outcome.delayMs === 0) await db.execute(sql`select pg_notify(${OUTBOX_CHANNEL}, '')`);
   return row ? { applied: true, sinceCommitS: row.since } : { applied: false };
 }
 
@@ -190,15 +192,17 @@ export async function settleOutbox(
  */
 export async function nextOutboxDueMs(db: DbOrTx): Promise<number | null> {
   const rows = await db.execute<{ ms: number | null }>(sql`
-    select greatest(0, ceil(extract(epoch from least(
+    select ceil(extract(epoch from least(
              (select min(n.at) from corral.sinks s cross join lateral (
                 select o.next_attempt_at as at from corral.outbox o
                  where o.sink = s.name and o.state = 'pending' and o.next_attempt_at > now()
                  order by o.next_attempt_at limit 1) n
                where s.disabled_at is null),
              (select min(o.claimed_until) from corral.outbox o where o.claimed_until is not null and o.state = 'pending')
-           ) - now()) * 1000))::float8 as ms`);
-  return rows.rows[0]?.ms ?? null;
+           ) - now()) * 1000)::float8 as ms`);
+  // least() and greatest() skip a NULL: with neither, the answer is null ("nothing due"), never 0
+  const ms = rows.rows[0]?.ms;
+  return ms === null || ms === undefined ? null : Math.max(0, ms);
 }
 
 /** An outbox row as operators see it. */

@@ -1,7 +1,8 @@
 /**
  * A real HTTP receiver for outbox tests: records every request (the Standard Webhooks headers, the
  * body as received, when), answers each as `respond` says (a status, a delay, or never), and
- * de-duplicates by `webhook-id` as a receiver must.
+ * de-duplicates by `webhook-id` as a receiver must. It also notes every `webhook-id` that ever
+ * had two requests open at once (two senders holding one message).
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -14,6 +15,8 @@ export interface ReceivedWebhook {
   signature: string;
   body: string;
   at: number;
+  /** When it stopped being open: answered, or its connection closed (unset while open). */
+  doneAt?: number;
 }
 
 /** What to answer: a status (and headers), after `delayMs`; `hang` never answers (the socket stays open). */
@@ -28,6 +31,10 @@ export class WebhookReceiver {
   /** Requests being handled now, most at once so far. */
   open = 0;
   mostOpen = 0;
+  /** Requests open now per `webhook-id`: from their arrival until the answer ends or the connection closes. */
+  private readonly openById = new Map<string, number>();
+  /** Each `webhook-id` that had a second request arrive while one was open (once per overlap). */
+  readonly overlapping: string[] = [];
 
   async start(): Promise<string> {
     this.server = createServer((req, res) => void this.handle(req, res));
@@ -41,17 +48,27 @@ export class WebhookReceiver {
   }
 
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const id = String(req.headers['webhook-id'] ?? '');
+    const openNow = (this.openById.get(id) ?? 0) + 1;
+    this.openById.set(id, openNow);
+    if (openNow > 1) this.overlapping.push(id);
+    res.once('close', () => {
+      const left = (this.openById.get(id) ?? 1) - 1;
+      if (left > 0) this.openById.set(id, left);
+      else this.openById.delete(id);
+    });
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
     const got: ReceivedWebhook = {
       path: req.url ?? '/',
-      id: String(req.headers['webhook-id'] ?? ''),
+      id,
       timestamp: String(req.headers['webhook-timestamp'] ?? ''),
       signature: String(req.headers['webhook-signature'] ?? ''),
       body: Buffer.concat(chunks).toString('utf8'),
       at: Date.now(),
     };
     this.received.push(got);
+    res.once('close', () => (got.doneAt ??= Date.now()));
     const n = this.received.filter((r) => r.id === got.id).length;
     const answer = this.respond(got, n);
     if (answer === 'hang') {
@@ -63,6 +80,7 @@ export class WebhookReceiver {
     this.mostOpen = Math.max(this.mostOpen, this.open);
     if (answer.delayMs) await new Promise((r) => setTimeout(r, answer.delayMs));
     this.open--;
+    got.doneAt = Date.now();
     res.writeHead(answer.status, { 'content-type': 'text/plain', ...answer.headers });
     res.end(answer.status < 300 ? 'ok' : `status ${answer.status}`);
   }

@@ -69,6 +69,12 @@ describe('outbox', () => {
 
   const at = (path: string) => rx.received.filter((r) => r.path === path);
 
+  it('an idle outbox sleeps: a claim pass now and then, not a loop', async () => {
+    const before = t.daemon.outbox.passes;
+    await sleep(1_500);
+    expect(t.daemon.outbox.passes - before).toBeLessThan(5);
+  });
+
   it('a result with two deliveries: both arrive, signed, in order, once', async () => {
     const s = await start('two');
     const deliver = [
