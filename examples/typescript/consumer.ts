@@ -106,6 +106,7 @@ import {
   createWorker,
   DEFAULT_START_TIMEOUT_MS,
   type CreateWorkerOptions,
+  type Deliver,
   type Emit,
   type ErrorCode as WorkerErrorCode,
   type HandlerError,
@@ -305,6 +306,7 @@ export async function runDaemon(logger?: Logger): Promise<void> {
 }
 
 // corral/worker: a handler and its worker
+const turnRefKey = (r: TurnRef): string => r.event_id;
 const onSteer: SteerListener = (input: WorkerJsonValue) => void input;
 const handler: TurnHandler = async (ctx: TurnContext): Promise<TurnOutcome> => {
   const off = ctx.onSteer(onSteer);
@@ -312,12 +314,14 @@ const handler: TurnHandler = async (ctx: TurnContext): Promise<TurnOutcome> => {
     const page: HistoryPage = await ctx.history({ limit: 10 });
     const seen: TranscriptMessage[] = page.messages;
     const emit: Emit[] = [{ actor: text, data: { seen: seen.length } }];
+    // a message for a webhook sink, sent once the turn commits (docs/protocol.md §17)
+    const deliver: Deliver[] = [{ sink: 'crm', body: { seen: seen.length }, key: `seen-${turnRefKey(ctx.turnRef)}` }];
     // every event the turn answers (more than one when the actor's policy coalesced them)
     const data: JsonValue = ctx.events.map((e) => e.data);
     const turnRef: TurnRef = ctx.turnRef;
     ctx.stream({ delta: 'thinking… ' });
     void turnRef.actor_epoch;
-    return { messages: [{ role: 'assistant', content: { text: `got ${JSON.stringify(data)}` } }], emit };
+    return { messages: [{ role: 'assistant', content: { text: `got ${JSON.stringify(data)}` } }], emit, deliver };
   } finally {
     off();
   }
