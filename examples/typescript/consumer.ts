@@ -72,6 +72,22 @@ import {
   type DrizzleExecutable,
   type MessageRole,
   type TurnStatus,
+  OUTBOX_STATES,
+  type OutboxApi,
+  type OutboxState,
+  type OutboxQuery,
+  type OutboxListOptions,
+  type OutboxPage,
+  type OutboxMessage,
+  type OutboxMessageDetail,
+  type OutboxTarget,
+  type OutboxActionResult,
+  type TurnDelivery,
+  type SinkInput,
+  type SinksApi,
+  type SinkView,
+  type SinkSummary,
+  type SinkRemoval,
   type CorralDaemon,
   type DaemonOptions,
   type DaemonState,
@@ -192,6 +208,29 @@ export async function sendAndWait(pgClient: PgQueryable): Promise<CommittedTurn>
 export const adapter: SqlAdapter = { executeSql: async () => ({ rows: [] }) };
 export function drizzleTarget(tx: DrizzleExecutable): SendDb {
   return tx;
+}
+
+// corral: webhook sinks, and the outbox of what turns delivered to them
+export async function manageOutbox(corral: Corral): Promise<TurnDelivery[]> {
+  const sinks: SinksApi = corral.sinks;
+  const input: SinkInput = { name: 'crm', url: 'https://crm.example.com/hooks', timeout: '5s', concurrency: 8 };
+  const added: SinkView & { secret: string } = await sinks.add(input);
+  const listed: SinkSummary[] = await sinks.list();
+  const enabled: SinkView = await sinks.enable(added.name);
+  const outbox: OutboxApi = corral.outbox;
+  const dead: OutboxState = OUTBOX_STATES.includes('dead') ? 'dead' : 'pending';
+  const query: OutboxQuery = { states: [dead], sink: added.name };
+  const options: OutboxListOptions = { ...query, limit: 100 };
+  const page: OutboxPage = await outbox.list(options);
+  const messages: OutboxMessage[] = page.messages;
+  const first: OutboxMessageDetail | undefined = messages[0] ? await outbox.show(messages[0].id) : undefined;
+  const target: OutboxTarget = { ...query, all: true };
+  const replayed: OutboxActionResult = await outbox.replay(target);
+  const discarded: OutboxActionResult = await outbox.discard({ ids: replayed.done });
+  const removed: SinkRemoval = await sinks.remove(added.name, { force: true });
+  void [listed.map((s) => s.pending), enabled, first?.body, discarded.skipped, removed.messagesRemoved, page.next];
+  const status = await corral.actor(ref);
+  return status.recentTurns.flatMap((t) => t.delivered);
 }
 
 // corral: an actor's live turns, as a person would follow them

@@ -16,6 +16,7 @@ import { registerPolicyCommands } from './commands/policy.ts';
 import { registerRetentionCommands } from './commands/retention.ts';
 import { registerTokensCommands } from './commands/tokens.ts';
 import { registerSinksCommands } from './commands/sinks.ts';
+import { registerOutboxCommands } from './commands/outbox.ts';
 import { intArg } from './args.ts';
 import { DEFAULT_WORKER_CAPACITY } from '../defaults.ts';
 
@@ -244,6 +245,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
   registerPolicyCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerTokensCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerSinksCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
+  registerOutboxCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
 
   const db = program.command('db').description('database maintenance');
   db.command('migrate')

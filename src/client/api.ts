@@ -8,6 +8,14 @@ import type { ActorKey } from '../actor-key.ts';
 import type { Logger } from '../logger.ts';
 import type {
   ActorStatus,
+  OutboxActionResult,
+  OutboxListOptions,
+  OutboxMessageDetail,
+  OutboxPage,
+  OutboxTarget,
+  SinkRemoval,
+  SinkSummary,
+  SinkView,
   InputPolicy,
   InputPolicyOptions,
   CommittedTurnView,
@@ -169,6 +177,44 @@ export interface InputPolicySet {
   previous: InputPolicy | null;
 }
 
+/** A webhook sink to add (`corral sinks add`). */
+export interface SinkInput {
+  /** 1-64 characters of A-Z a-z 0-9 . _ - */
+  name: string;
+  /** Where messages are POSTed: http or https, no user or password in it. */
+  url: string;
+  /** A Standard Webhooks secret (`whsec_` and base64); one is made when absent. */
+  secret?: string;
+  /** The longest wait for an answer: a duration (`'5s'`) or milliseconds, 100 ms to 10 min (default 10 s). */
+  timeout?: string | number;
+  /** Messages sent to it at once, 1 to 64 (default 4). */
+  concurrency?: number;
+}
+
+/** `corral.sinks`: the webhook sinks turns deliver to (what `corral sinks` does). */
+export interface SinksApi {
+  /** Adds a sink; resolves to it with its secret (hand that to the receiver). `already_exists` for a taken name. */
+  add(input: SinkInput): Promise<SinkView & { secret: string }>;
+  /** Every sink, by name, with its pending and dead messages counted; never a secret. */
+  list(): Promise<SinkSummary[]>;
+  /** Removes a sink and its messages; `invalid_argument` while some are pending unless `force`, `not_found` when there is none. */
+  remove(name: string, opts?: { force?: boolean }): Promise<SinkRemoval>;
+  /** Enables a sink again after its receiver answered 410 Gone. */
+  enable(name: string): Promise<SinkView>;
+}
+
+/** `corral.outbox`: the messages turns delivered (what `corral outbox` does). */
+export interface OutboxApi {
+  /** A page of messages, newest first; pass its `next` as `before` for the next one. */
+  list(opts?: OutboxListOptions): Promise<OutboxPage>;
+  /** One message with its body as sent; `not_found` when there is none. */
+  show(id: number): Promise<OutboxMessageDetail>;
+  /** Sends dead or discarded messages again, with their webhook-id: by `ids`, or every one a query matches with `all: true`. */
+  replay(target: OutboxTarget): Promise<OutboxActionResult>;
+  /** Gives up on pending or dead messages (a replay can take them back): by `ids`, or with `all: true`. */
+  discard(target: OutboxTarget): Promise<OutboxActionResult>;
+}
+
 /**
  * A connection to corral's database: `const corral = await connect()`. Every method is safe to
  * call concurrently; `close()` ends it.
@@ -182,8 +228,12 @@ export interface Corral {
   sendMany(events: readonly EventInput[], opts?: Pick<SendOptions, 'db'>): Promise<SendResult[]>;
   /** The committed transcript of `actor`: its turns in order, each with its messages. */
   transcript(actor: ActorRef): Promise<TranscriptEntry[]>;
-  /** What `corral actor` shows: activation, pending events, latest turns, dead letters. */
+  /** What `corral actor` shows: activation, pending events, latest turns (with what each delivered), dead letters. */
   actor(actor: ActorRef, opts?: ActorOptions): Promise<ActorStatus>;
+  /** The webhook sinks: add, list, remove, enable. */
+  readonly sinks: SinksApi;
+  /** The outbox: list, show, replay, discard. */
+  readonly outbox: OutboxApi;
   /**
    * Sets what an event sent while the actor is busy does, for an agent (every session) or one actor
    * (which wins over its agent's): `queue`; `coalesce` (a turn takes every event waiting, in order,

@@ -19,6 +19,8 @@ import { unstorableReason } from '../json-safety.ts';
 import { silentLogger, type Logger } from '../logger.ts';
 import { batchOptionsFrom, clearPolicy, parsePolicy, parsePolicyTarget, setPolicy, type InputPolicy } from '../ops/input-policies.ts';
 import { actorStatus, type ActorStatus } from '../ops/status.ts';
+import { actOnOutbox, listOutboxMessages, showOutboxMessage } from '../ops/outbox.ts';
+import { addSink, enableSink, listSinkViews, removeSink } from '../ops/sinks.ts';
 import type { InputPolicyOptions } from '../db/views.ts';
 import { cancelTurn, steerTurn } from '../ops/turn-control.ts';
 import { toJsonPayload } from '../queue/event-job.ts';
@@ -33,7 +35,10 @@ import type {
   Corral,
   EventInput,
   InputPolicySet,
+  OutboxApi,
   PolicyTargetRef,
+  SinkInput,
+  SinksApi,
   SendOptions,
   SendResult,
   SteerResult,
@@ -67,6 +72,8 @@ class CorralClient implements Corral {
   private readonly waits = new Set<(e: CorralError) => void>();
   private calls = 0;
   private closing: Promise<void> | undefined;
+  readonly sinks: SinksApi;
+  readonly outbox: OutboxApi;
 
   /** Use `connect()`. */
   constructor(config: Config, database: Database, opts: { logger: Logger; applicationName: string; lingerMs: number }) {
@@ -77,6 +84,25 @@ class CorralClient implements Corral {
     this.applicationName = opts.applicationName;
     this.lingerMs = opts.lingerMs;
     database.pool.on('acquire', () => this.calls++);
+    const db = () => {
+      this.open();
+      return this.database.db;
+    };
+    this.sinks = {
+      add: async (input: SinkInput) => {
+        if (input === null || typeof input !== 'object') throw new CorralError('invalid_argument', 'sinks.add takes { name, url, … }');
+        return addSink(db(), input);
+      },
+      list: async () => listSinkViews(db()),
+      remove: async (name, opts = {}) => removeSink(db(), String(name), { force: opts.force === true }),
+      enable: async (name) => enableSink(db(), String(name)),
+    };
+    this.outbox = {
+      list: async (opts = {}) => listOutboxMessages(db(), opts),
+      show: async (id) => showOutboxMessage(db(), id),
+      replay: async (target) => actOnOutbox(db(), 'replay', target),
+      discard: async (target) => actOnOutbox(db(), 'discard', target),
+    };
   }
 
   /** The database URL in use (the embedded server's when no `databaseUrl` was given). */

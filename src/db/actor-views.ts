@@ -50,6 +50,7 @@ export async function latestActivation(db: DbOrTx, key: ActorKey): Promise<Activ
 }
 
 const turnColumns = {
+  turnId: turns.id,
   eventId: turns.eventId,
   attempt: turns.attempt,
   status: turns.status,

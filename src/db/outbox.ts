@@ -320,33 +320,45 @@ export async function outboxCounts(db: DbOrTx, sink?: string): Promise<Record<Ou
   return counts;
 }
 
+/** How many messages of each sink wait and how many are dead (sinks with neither are absent): one scan of the state index. */
+export async function outboxCountsBySink(db: DbOrTx): Promise<Map<string, { pending: number; dead: number }>> {
+  const rows = await db.execute<{ sink: string; pending: string; dead: string }>(sql`
+    select o.sink, count(*) filter (where o.state = 'pending') as pending, count(*) filter (where o.state = 'dead') as dead
+      from corral.outbox o where o.state in ('pending', 'dead') group by o.sink`);
+  return new Map(rows.rows.map((r) => [r.sink, { pending: Number(r.pending), dead: Number(r.dead) }]));
+}
+
 /**
- * Sends again the dead or discarded messages matching `filter` (at most `limit`): pending, due
- * now, with a new set of retries and their `webhook-id` kept. Returns their ids.
+ * Sends again the dead or discarded messages matching `filter` (at most `limit`; of its states,
+ * only those two count): pending, due now, with a new set of retries (their attempts keep counting, see O3) and
+ * their `webhook-id` kept.
+ * Returns them (id and sink).
  */
-export async function replayOutbox(db: DbOrTx, filter: OutboxFilter, limit: number): Promise<number[]> {
-  const rows = await db.execute<{ id: string }>(sql`
+export async function replayOutbox(db: DbOrTx, filter: OutboxFilter, limit: number): Promise<{ id: number; sink: string }[]> {
+  const states = (filter.states ?? ['dead', 'discarded']).filter((s) => s === 'dead' || s === 'discarded');
+  if (states.length === 0) return [];
+  const rows = await db.execute<{ id: string; sink: string }>(sql`
     update corral.outbox o set state = 'pending', attempts_before_replay = o.attempts, next_attempt_at = now(), claimed_by = null, claimed_until = null,
            updated_at = now()
-     where o.id in (select o.id from corral.outbox o where ${whereOf({ ...filter, states: ['dead', 'discarded'] })}
+     where o.id in (select o.id from corral.outbox o where ${whereOf({ ...filter, states })}
                      order by o.id limit ${limit} for update)
-    returning o.id`);
+    returning o.id, o.sink`);
   if (rows.rows.length > 0) await db.execute(sql`select pg_notify(${OUTBOX_CHANNEL}, '')`);
-  return rows.rows.map((r) => Number(r.id)).sort((a, b) => a - b);
+  return rows.rows.map((r) => ({ id: Number(r.id), sink: r.sink })).sort((a, b) => a.id - b.id);
 }
 
 /**
  * Gives up on the pending or dead messages matching `filter` (at most `limit`): discarded, never
- * sent (again). A message being sent now may still arrive. Returns their ids.
+ * sent (again). A message being sent now may still arrive. Returns them (id and sink).
  */
-export async function discardOutbox(db: DbOrTx, filter: OutboxFilter, limit: number): Promise<number[]> {
-  const rows = await db.execute<{ id: string }>(sql`
+export async function discardOutbox(db: DbOrTx, filter: OutboxFilter, limit: number): Promise<{ id: number; sink: string }[]> {
+  const rows = await db.execute<{ id: string; sink: string }>(sql`
     update corral.outbox o set state = 'discarded', claimed_by = null, claimed_until = null, updated_at = now()
      where o.id in (select o.id from corral.outbox o where ${whereOf({ ...filter, states: filter.states ?? ['pending', 'dead'] })}
                      and o.state in ('pending', 'dead')
                      order by o.id limit ${limit} for update)
-    returning o.id`);
-  return rows.rows.map((r) => Number(r.id)).sort((a, b) => a - b);
+    returning o.id, o.sink`);
+  return rows.rows.map((r) => ({ id: Number(r.id), sink: r.sink })).sort((a, b) => a.id - b.id);
 }
 
 /**

@@ -44,6 +44,7 @@ import {
   TURN_STATUSES,
   MESSAGE_ROLES,
   MAX_IDEMPOTENCY_KEY_LENGTH,
+  OUTBOX_STATES,
 } from './views.ts';
 import { ACTOR_PART } from '../actor-key.ts';
 
@@ -496,9 +497,7 @@ export const sinks = corral.table(
   ],
 );
 
-/** States of an outbox message: waiting to be sent (or being sent), received, given up on, dropped by an operator. */
-export const OUTBOX_STATES = ['pending', 'delivered', 'dead', 'discarded'] as const;
-export type OutboxState = (typeof OUTBOX_STATES)[number];
+export { OUTBOX_STATES, type OutboxState } from './views.ts';
 
 /**
  * The outbox (src/db/outbox.ts): the messages committed turns deliver to sinks, written in the

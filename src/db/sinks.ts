@@ -3,7 +3,7 @@
  * rows only; names, URLs and secrets are checked in src/ops/sinks.ts and again by the table's
  * constraints.
  */
-import type { DbOrTx } from './client.ts';
+import type { Db, DbOrTx } from './client.ts';
 import { asc, eq, inArray, sql } from './orm.ts';
 import { sinks } from './schema.ts';
 
@@ -42,12 +42,6 @@ export async function sinkByName(db: DbOrTx, name: string): Promise<SinkRow | un
   return rows[0];
 }
 
-/** Deletes a sink; whether there was one. */
-export async function deleteSink(db: DbOrTx, name: string): Promise<boolean> {
-  const rows = await db.delete(sinks).where(eq(sinks.name, name)).returning({ name: sinks.name });
-  return rows.length === 1;
-}
-
 /** Disables (with why) or enables a sink; the row after, or undefined when there is none. */
 export async function setSinkDisabled(db: DbOrTx, name: string, reason: string | null): Promise<SinkRow | undefined> {
   const rows = await db
@@ -66,4 +60,28 @@ export async function existingSinkNames(db: DbOrTx, names: readonly string[]): P
     .from(sinks)
     .where(inArray(sinks.name, [...names]));
   return new Set(rows.map((r) => r.name));
+}
+
+/**
+ * Deletes a sink unless messages of it are pending (or `force`): its messages go with it (the
+ * foreign key cascades). The sink's row is locked first, so no commit adds a message to it between
+ * the count and the delete (a commit's insert takes a key-share lock on the row). Undefined when
+ * there is no such sink.
+ */
+export async function deleteSinkUnlessPending(
+  db: Db,
+  name: string,
+  force: boolean,
+): Promise<{ deleted: boolean; pending: number; messages: number } | undefined> {
+  return db.transaction(async (tx) => {
+    const found = await tx.execute(sql`select 1 from corral.sinks where name = ${name} for update`);
+    if (found.rows.length === 0) return undefined;
+    const counts = await tx.execute<{ pending: string; messages: string }>(sql`
+      select count(*) filter (where state = 'pending') as pending, count(*) as messages from corral.outbox where sink = ${name}`);
+    const pending = Number(counts.rows[0]?.pending ?? 0);
+    const messages = Number(counts.rows[0]?.messages ?? 0);
+    if (pending > 0 && !force) return { deleted: false, pending, messages };
+    await tx.execute(sql`delete from corral.sinks where name = ${name}`);
+    return { deleted: true, pending, messages };
+  });
 }

@@ -138,6 +138,7 @@ export interface ActivationView {
 }
 
 export interface TurnView {
+  turnId: string;
   eventId: string;
   attempt: number;
   status: TurnStatus;
@@ -208,6 +209,112 @@ export interface ActorStatus {
   inputPolicy: { policy: InputPolicy; options: InputPolicyOptions; from: 'actor' | 'agent' | 'default' };
   activation: ActivationView | null;
   pendingEvents: PendingJob[];
-  recentTurns: TurnView[];
+  /** Each with what it delivered (its outbox messages, in order) and how their delivery stands. */
+  recentTurns: (TurnView & { delivered: TurnDelivery[] })[];
   deadLetters: DeadLetter[];
+}
+
+/** States of an outbox message: waiting to be sent (or being sent), received, given up on, dropped by an operator. */
+export const OUTBOX_STATES = ['pending', 'delivered', 'dead', 'discarded'] as const;
+export type OutboxState = (typeof OUTBOX_STATES)[number];
+
+/** A webhook sink as shown: everything but its secret. */
+export interface SinkView {
+  name: string;
+  url: string;
+  timeoutMs: number;
+  concurrency: number;
+  /** Set when its receiver answered 410 Gone (its messages wait until `corral sinks enable`). */
+  disabledAt: string | null;
+  disabledReason: string | null;
+  createdAt: string;
+}
+
+/** A sink in a list, with how many of its messages wait and how many are dead. */
+export interface SinkSummary extends SinkView {
+  pending: number;
+  dead: number;
+}
+
+/** What removing a sink did: the messages it still had went with it. */
+export interface SinkRemoval {
+  name: string;
+  /** Its messages still pending when it went (0 unless forced). */
+  pendingDropped: number;
+  /** All its messages, of every state, removed with it. */
+  messagesRemoved: number;
+}
+
+/** What one turn delivered: one message and how its delivery stands. */
+export interface TurnDelivery {
+  id: number;
+  sink: string;
+  webhookId: string;
+  state: OutboxState;
+  /** Attempts made (claims, the one in flight included). */
+  attempts: number;
+  /** The last answer's HTTP status; null before any, or for a timeout or connection error. */
+  lastStatus: number | null;
+  lastError: string | null;
+  /** When a pending message is tried next. */
+  nextAttemptAt: string;
+  deliveredAt: string | null;
+}
+
+/** An outbox message as operators see it (`corral outbox list`); `show` adds the body. */
+export interface OutboxMessage extends TurnDelivery {
+  /** `agent_uid/session_id` of the actor whose turn delivered it. */
+  actor: string;
+  turnId: string;
+  eventId: string;
+  /** Its place in the result's `deliver` (0-based). */
+  position: number;
+  /** The sender holding it now, and until when (a pending message being sent). */
+  claimedBy: string | null;
+  claimedUntil: string | null;
+  createdAt: string;
+}
+
+/** One message with its body, exactly as POSTed. */
+export interface OutboxMessageDetail extends OutboxMessage {
+  body: string;
+}
+
+/** Which outbox messages: every filter given holds. */
+export interface OutboxQuery {
+  /** Any of these states (default: any state). */
+  states?: readonly OutboxState[];
+  sink?: string;
+  /** One actor: `agent_uid/session_id` or `{ agentUid, sessionId }`. */
+  actor?: string | ActorKey;
+  /** Every session of one agent. */
+  agent?: string;
+}
+
+export interface OutboxListOptions extends OutboxQuery {
+  /** At most this many, newest first (default 50, at most 1,000). */
+  limit?: number;
+  /** Only messages with a lower id: the `next` of the page before. */
+  before?: number;
+}
+
+export interface OutboxPage {
+  messages: OutboxMessage[];
+  /** The `before` of the next page; null when this one is the last. */
+  next: number | null;
+}
+
+/** Which messages a replay or discard takes: these ids, or (`all: true`) every one the query matches. */
+export type OutboxTarget = { ids: readonly number[] } | (OutboxQuery & { all: true });
+
+export interface OutboxActionResult {
+  action: 'replay' | 'discard';
+  /** The messages replayed (pending again) or discarded. */
+  done: number[];
+  /** Named messages left as they were: in a state the action does not take. */
+  skipped: { id: number; state: OutboxState }[];
+  /** Named messages that do not exist. */
+  notFound: number[];
+  /** Disabled sinks of replayed messages: those wait until `corral sinks enable`. */
+  disabledSinks: string[];
 }

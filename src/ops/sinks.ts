@@ -5,8 +5,10 @@
  * added (the receiver needs it to check signatures) and by `corral sinks show --secret`; a list
  * never shows it.
  */
-import type { DbOrTx } from '../db/client.ts';
-import { deleteSink, insertSink, listSinks, setSinkDisabled, sinkByName, type SinkRow } from '../db/sinks.ts';
+import type { Db, DbOrTx } from '../db/client.ts';
+import { outboxCountsBySink } from '../db/outbox.ts';
+import { deleteSinkUnlessPending, insertSink, listSinks, setSinkDisabled, sinkByName, type SinkRow } from '../db/sinks.ts';
+import type { SinkRemoval, SinkSummary, SinkView } from '../db/views.ts';
 import { CorralError } from '../errors.ts';
 import { parseDurationMs } from './duration.ts';
 import { generateSecret, secretKey } from '../webhook-signature.ts';
@@ -15,16 +17,7 @@ export const SINK_NAME = /^[A-Za-z0-9._-]{1,64}$/;
 export const DEFAULT_SINK_TIMEOUT_MS = 10_000;
 export const DEFAULT_SINK_CONCURRENCY = 4;
 
-/** A sink as shown: everything but its secret. */
-export interface SinkView {
-  name: string;
-  url: string;
-  timeoutMs: number;
-  concurrency: number;
-  disabledAt: string | null;
-  disabledReason: string | null;
-  createdAt: string;
-}
+export type { SinkRemoval, SinkSummary, SinkView } from '../db/views.ts';
 
 const view = (r: SinkRow): SinkView => ({
   name: r.name,
@@ -66,7 +59,8 @@ export interface AddSinkInput {
   url: string;
   /** A Standard Webhooks secret; one is made when absent. */
   secret?: string | undefined;
-  timeout?: string | undefined;
+  /** A duration (`10s`, `500ms`) or milliseconds; default 10 s. */
+  timeout?: string | number | undefined;
   concurrency?: number | undefined;
 }
 
@@ -76,8 +70,14 @@ export async function addSink(db: DbOrTx, input: AddSinkInput): Promise<SinkView
   const url = parseSinkUrl(input.url);
   const secret = input.secret?.trim() ?? generateSecret();
   secretKey(secret);
-  const timeoutMs = input.timeout === undefined ? DEFAULT_SINK_TIMEOUT_MS : parseDurationMs(input.timeout, '--timeout');
-  if (timeoutMs < 100 || timeoutMs > 600_000) throw new CorralError('invalid_argument', '--timeout is 100ms to 10m');
+  const timeoutMs =
+    input.timeout === undefined
+      ? DEFAULT_SINK_TIMEOUT_MS
+      : typeof input.timeout === 'number'
+        ? input.timeout
+        : parseDurationMs(String(input.timeout), '--timeout');
+  if (!Number.isInteger(timeoutMs) || timeoutMs < 100 || timeoutMs > 600_000)
+    throw new CorralError('invalid_argument', '--timeout is 100ms to 10m');
   const concurrency = input.concurrency ?? DEFAULT_SINK_CONCURRENCY;
   if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 64)
     throw new CorralError('invalid_argument', '--concurrency is 1 to 64');
@@ -86,8 +86,10 @@ export async function addSink(db: DbOrTx, input: AddSinkInput): Promise<SinkView
   return { ...view(row), secret };
 }
 
-export async function listSinkViews(db: DbOrTx): Promise<SinkView[]> {
-  return (await listSinks(db)).map(view);
+/** Every sink, by name, with its pending and dead messages counted (two statements, whatever the number of sinks). */
+export async function listSinkViews(db: DbOrTx): Promise<SinkSummary[]> {
+  const [rows, counts] = await Promise.all([listSinks(db), outboxCountsBySink(db)]);
+  return rows.map((r) => ({ ...view(r), pending: counts.get(r.name)?.pending ?? 0, dead: counts.get(r.name)?.dead ?? 0 }));
 }
 
 /** One sink, with its secret only when asked for. `not_found` when there is none. */
@@ -97,8 +99,22 @@ export async function showSink(db: DbOrTx, name: string, opts: { secret?: boolea
   return opts.secret ? { ...view(row), secret: row.secret } : view(row);
 }
 
-export async function removeSink(db: DbOrTx, name: string): Promise<void> {
-  if (!(await deleteSink(db, parseSinkName(name)))) throw new CorralError('not_found', `no sink named ${name}`);
+/**
+ * Removes a sink and every message of it. Refused (`invalid_argument`, as a bulk action without
+ * its confirmation is) while messages of it are pending, unless `force`: those would never be sent.
+ */
+export async function removeSink(db: Db, name: string, opts: { force?: boolean } = {}): Promise<SinkRemoval> {
+  const done = await deleteSinkUnlessPending(db, parseSinkName(name), opts.force === true);
+  if (!done) throw new CorralError('not_found', `no sink named ${name}`);
+  if (!done.deleted) {
+    throw new CorralError(
+      'invalid_argument',
+      `sink ${name} has ${done.pending} pending message${done.pending === 1 ? '' : 's'}: removing it would drop them unsent; ` +
+        `wait for them, discard them (corral outbox discard --sink ${name} --all), or remove it with --force`,
+      { details: { pending: done.pending } },
+    );
+  }
+  return { name, pendingDropped: done.pending, messagesRemoved: done.messages };
 }
 
 /** Enables a sink again (after its receiver said 410 Gone); returns it. */

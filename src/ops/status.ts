@@ -15,6 +15,7 @@ import { actorRow, latestActivation, recentTurnsOf } from '../db/actor-views.ts'
 import { effectiveInputPolicy } from '../db/input-policies.ts';
 import { blockedActorCount, liveActivationCount, serverTime } from '../db/status-counts.ts';
 import type { ActorStatus } from '../db/views.ts';
+import { deliveriesOfTurns } from './outbox.ts';
 
 export type { ActorStatus } from '../db/views.ts';
 
@@ -147,6 +148,10 @@ export async function actorStatus(
     findDeadLetters(db, q, { actor: key }, { limit: opts.deadLetters ?? 100 }),
     effectiveInputPolicy(db, key.agentUid, key.sessionId),
   ]);
+  const delivered = await deliveriesOfTurns(
+    db,
+    recent.map((t) => t.turnId),
+  );
   return {
     actor: formatActorKey(key),
     known: row !== undefined || pending.length > 0 || dead.length > 0,
@@ -155,7 +160,7 @@ export async function actorStatus(
     inputPolicy,
     activation: activation ?? null,
     pendingEvents: pending,
-    recentTurns: recent,
+    recentTurns: recent.map((t) => ({ ...t, delivered: delivered.get(t.turnId) ?? [] })),
     deadLetters: dead,
   };
 }

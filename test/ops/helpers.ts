@@ -1,4 +1,6 @@
-/** Dead letters made by the real runtime: a test daemon with retryLimit 0 and the example worker. */
+/** Dead letters made by the real runtime (a test daemon with retryLimit 0 and the example worker); outbox messages written by SQL. */
+import { randomUUID } from 'node:crypto';
+import type pg from 'pg';
 import { sql } from '../../src/db/orm.ts';
 import type { ActorKey } from '../../src/actor-key.ts';
 import type { Config } from '../../src/config.ts';
@@ -60,4 +62,44 @@ export async function makeDeadLetters(db: TestDatabase, events: { key: ActorKey;
   } finally {
     await r.stop();
   }
+}
+
+/** An outbox message as a commit would have written it, in any state (for operators' views). */
+export interface OutboxRowInput {
+  sink: string;
+  actor?: string;
+  state: 'pending' | 'delivered' | 'dead' | 'discarded';
+  attempts?: number;
+  lastStatus?: number | null;
+  lastError?: string | null;
+  key?: string;
+  body?: string;
+  claimedBy?: string;
+}
+
+/** Writes one message by SQL, due in an hour (no sender takes it meanwhile); its id. */
+export async function insertOutboxMessage(raw: pg.Client, r: OutboxRowInput): Promise<number> {
+  const [agent, session] = (r.actor ?? 'ops-a/s1').split('/');
+  const res = await raw.query<{ id: string }>(
+    `insert into corral.outbox (sink, webhook_id, agent_uid, session_id, turn_id, event_id, position, body, state, attempts,
+                                last_status, last_error, claimed_by, claimed_until, delivered_at, next_attempt_at)
+     values ($1, $2, $3, $4, $5, $6, 0, $7, $8, $9, $10, $11, $12, case when $12::text is null then null else now() + interval '30 seconds' end,
+             case when $8 = 'delivered' then now() end, now() + interval '1 hour')
+     returning id`,
+    [
+      r.sink,
+      r.key ?? `msg_${randomUUID()}`,
+      agent,
+      session,
+      randomUUID(),
+      randomUUID(),
+      r.body ?? JSON.stringify({ hello: r.sink }),
+      r.state,
+      r.attempts ?? (r.state === 'pending' ? 0 : 1),
+      r.lastStatus ?? null,
+      r.lastError ?? null,
+      r.claimedBy ?? null,
+    ],
+  );
+  return Number(res.rows[0]!.id);
 }

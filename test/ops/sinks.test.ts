@@ -88,7 +88,7 @@ describe('corral sinks (command functions)', () => {
     expect(JSON.parse(listed.out.text).sinks).toMatchObject([{ name: 'crm', url: 'https://crm.example.com/hooks', timeoutMs: 5000 }]);
     const table = io();
     await runSinksList(config, {}, table);
-    expect(table.out.text).toMatch(/crm\s+https:\/\/crm\.example\.com\/hooks\s+5000 ms\s+8\s+enabled/);
+    expect(table.out.text).toMatch(/crm\s+https:\/\/crm\.example\.com\/hooks\s+5000 ms\s+8\s+0\s+0\s+enabled/);
 
     const shown = io();
     await runSinksShow(config, 'crm', {}, shown);
@@ -132,10 +132,10 @@ describe('corral sinks (command functions)', () => {
       disabled_at: null,
       disabled_reason: null,
     });
-    await runSinksRemove(config, 'gone', io());
+    await runSinksRemove(config, 'gone', {}, io());
     expect((await raw.query(`select 1 from corral.sinks where name = 'gone'`)).rowCount).toBe(0);
     for (const p of [
-      () => runSinksRemove(config, 'gone', io()),
+      () => runSinksRemove(config, 'gone', {}, io()),
       () => runSinksEnable(config, 'gone', io()),
       () => runSinksShow(config, 'gone', {}, io()),
     ]) {

@@ -65,12 +65,14 @@ export async function runSinksList(config: Config, flags: { json?: boolean }, io
   const { renderTable } = await import('./status.ts');
   io.out.write(
     renderTable(
-      ['NAME', 'URL', 'TIMEOUT', 'AT ONCE', 'STATE'],
+      ['NAME', 'URL', 'TIMEOUT', 'AT ONCE', 'PENDING', 'DEAD', 'STATE'],
       list.map((s) => [
         s.name,
         s.url,
         `${s.timeoutMs} ms`,
         String(s.concurrency),
+        String(s.pending),
+        String(s.dead),
         s.disabledAt ? `disabled: ${s.disabledReason ?? ''}` : 'enabled',
       ]),
       120,
@@ -90,10 +92,11 @@ export async function runSinksShow(config: Config, name: string, flags: { secret
   return 0;
 }
 
-export async function runSinksRemove(config: Config, name: string, io: Io): Promise<number> {
+export async function runSinksRemove(config: Config, name: string, flags: { force?: boolean }, io: Io): Promise<number> {
   const ops = await import('../../ops/sinks.ts');
-  await withDatabase(config, (db) => ops.removeSink(db, name));
-  io.out.write(`sink ${name} removed\n`);
+  const r = await withDatabase(config, (db) => ops.removeSink(db, name, { force: flags.force ?? false }));
+  const dropped = r.pendingDropped > 0 ? ` (${r.pendingDropped} pending message${r.pendingDropped === 1 ? '' : 's'} dropped unsent)` : '';
+  io.out.write(`sink ${name} removed${dropped}\n`);
   return 0;
 }
 
@@ -121,7 +124,7 @@ export function registerSinksCommands(program: Command, config: ConfigFn, run: R
     );
   cmd
     .command('list')
-    .description('list the sinks: name, URL, timeout, concurrency, enabled or why disabled; never a secret')
+    .description('list the sinks: name, URL, timeout, concurrency, pending and dead messages, enabled or why disabled; never a secret')
     .option('--json', 'JSON output')
     .action((o: { json?: boolean }) => run(runSinksList(config(), o, io)));
   cmd
@@ -133,9 +136,10 @@ export function registerSinksCommands(program: Command, config: ConfigFn, run: R
     .action((name: string, o: { secret?: boolean; json?: boolean }) => run(runSinksShow(config(), name, o, io)));
   cmd
     .command('remove')
-    .description('remove a sink')
+    .description('remove a sink and its messages; refused while some are pending, unless --force')
     .argument('<name>', 'the sink')
-    .action((name: string) => run(runSinksRemove(config(), name, io)));
+    .option('--force', 'remove it even with messages pending: they are dropped, never sent')
+    .action((name: string, o: { force?: boolean }) => run(runSinksRemove(config(), name, o, io)));
   cmd
     .command('enable')
     .description('enable a sink again (a receiver answering 410 Gone disables it)')

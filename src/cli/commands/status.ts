@@ -8,6 +8,7 @@ import type { Config } from '../../config.ts';
 import { CorralError } from '../../errors.ts';
 import { errorLine } from '../../ops/dead-letters.ts';
 import { optionsText } from '../../ops/input-policies.ts';
+import { describeDelivery, type TurnDelivery } from '../../ops/outbox.ts';
 import { describeActivation } from '../../ops/actor-state.ts';
 import { actorStatus, systemStatus, type SystemStatus } from '../../ops/status.ts';
 import { queuesOf } from '../../queue/names.ts';
@@ -161,7 +162,7 @@ export async function runActorCommand(config: Config, actor: string, opts: { jso
     if (s.recentTurns.length > 0) {
       out.write(
         renderTable(
-          ['EVENT', 'ATTEMPT', 'STATUS', 'EPOCH', 'REV', 'WORKER', 'STARTED', 'EMITTED', 'ERROR'],
+          ['EVENT', 'ATTEMPT', 'STATUS', 'EPOCH', 'REV', 'WORKER', 'STARTED', 'EMITTED', 'DELIVERED', 'ERROR'],
           s.recentTurns.map((t) => [
             t.eventId,
             String(t.attempt),
@@ -171,10 +172,15 @@ export async function runActorCommand(config: Config, actor: string, opts: { jso
             t.workerId ?? '-',
             fmtTime(t.startedAt),
             emittedLine(t.emitted),
+            deliveredLine(t.delivered),
             t.error ? errorLine(t.error) : '',
           ]),
         ),
       );
+      // the table has a count per turn; each message's state gets a line of its own
+      for (const t of s.recentTurns) {
+        for (const d of t.delivered) out.write(`  ${t.eventId} delivered → ${d.sink} (${d.webhookId}): ${describeDelivery(d)}\n`);
+      }
     }
     out.write(`dead letters: ${s.deadLetters.length}\n`);
     if (s.deadLetters.length > 0) {
@@ -189,6 +195,14 @@ export async function runActorCommand(config: Config, actor: string, opts: { jso
   } finally {
     await ctx.close();
   }
+}
+
+/** `2 → crm, slack` for a turn's outbox messages (and how many are not delivered), `-` for none. */
+function deliveredLine(delivered: readonly TurnDelivery[]): string {
+  if (delivered.length === 0) return '-';
+  const open = delivered.filter((d) => d.state !== 'delivered').length;
+  const text = `${delivered.length} → ${[...new Set(delivered.map((d) => d.sink))].join(', ')}${open ? ` (${open} not delivered)` : ''}`;
+  return text.length > 60 ? `${text.slice(0, 59)}…` : text;
 }
 
 /** `2 → a/b, c/d` for a turn's emitted events, `-` for none. */

@@ -1,10 +1,11 @@
 /**
  * `corral transcript <agent_uid>/<session_id> [--json]`: print the transcript: committed turns,
- * and cancelled ones (marked, with the event's user message).
+ * and cancelled ones (marked, with the event's user message); under each turn what it emitted and
+ * what it delivered to sinks, with how each delivery stands now.
  */
 import { formatActorKey, parseActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
-import { readTranscript } from '../../db/transcript.ts';
+import { describeDelivery, transcriptWithDeliveries } from '../../ops/outbox.ts';
 import { openCommandContext } from '../context.ts';
 
 function contentText(content: unknown): string {
@@ -24,7 +25,7 @@ export async function runTranscriptCommand(
   const key = parseActorKey(actor);
   const ctx = await openCommandContext(config, { connections: 1 });
   try {
-    const turns = await readTranscript(ctx.database.db, key);
+    const turns = await transcriptWithDeliveries(ctx.database.db, key);
     if (opts.json) {
       out.write(`${JSON.stringify({ actor: formatActorKey(key), turns }, null, 2)}\n`);
       return 0;
@@ -47,6 +48,7 @@ export async function runTranscriptCommand(
         const delay = e.delay_ms ? ` after ${e.delay_ms} ms` : '';
         out.write(`       ${what} → ${e.actor}${delay}: ${contentText(e.data)} (event ${e.event_id})\n`);
       }
+      for (const d of t.delivered) out.write(`       delivered → ${d.sink} (${d.webhookId}): ${describeDelivery(d)}\n`);
     }
     return 0;
   } finally {
