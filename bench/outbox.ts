@@ -2,7 +2,7 @@
  * The outbox: how fast committed turns' messages reach a webhook receiver, and what delivering
  * costs the turn path (see docs/benchmarks.md, "Outbox").
  *
- *   npm run bench:outbox -- [--turns 2000] [--actors 200] [--sinks 1] [--concurrency 4] [--several 4] [--workers 2] [--capacity 128] [--json]
+ *   npm run bench:outbox -- [--turns 2000] [--actors 200] [--sinks 1] [--concurrency 4] [--several 4] [--workers 2] [--capacity 128] [--statements] [--json]
  *
  * A daemon with W example workers runs as an OS process (`corral daemon --workers W`, as
  * deployed); `sinks` sinks (`concurrency` each) point at an HTTP receiver (node:http) in this
@@ -22,11 +22,13 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
+import pg from 'pg';
 import { actorKey } from '../src/actor-key.ts';
 import { openDatabase } from '../src/db/client.ts';
 import { addSink } from '../src/ops/sinks.ts';
 import { verifyWebhook } from '../src/webhook-signature.ts';
 import { progress, round, roundDeep, runBench, summarise, until, type Cleanup, type Percentiles } from './lib/common.ts';
+import { StatementTracker } from './lib/activity.ts';
 import { openBenchDatabase } from './lib/database.ts';
 import {
   daemonCpuMs,
@@ -48,13 +50,14 @@ function options() {
       several: { type: 'string', default: '4' },
       workers: { type: 'string', default: '2' },
       capacity: { type: 'string', default: '128' },
+      statements: { type: 'boolean', default: false },
       json: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
   });
   if (values.help) {
     process.stdout.write(
-      'usage: npm run bench:outbox -- [--turns N] [--actors A] [--sinks S] [--concurrency C] [--several K] [--workers W] [--capacity C] [--json]\n' +
+      'usage: npm run bench:outbox -- [--turns N] [--actors A] [--sinks S] [--concurrency C] [--several K] [--workers W] [--capacity C] [--statements] [--json]\n' +
         '  --turns        events per round (default 2000)\n' +
         '  --actors       actors the events go to, round-robin (default 200)\n' +
         '  --sinks        sinks, each actor delivers to one (default 1)\n' +
@@ -62,6 +65,7 @@ function options() {
         '  --several      messages per turn in the `several` round (default 4, at most 16)\n' +
         '  --workers      example worker processes of the daemon (default 2)\n' +
         '  --capacity     turns at once per worker (default 128)\n' +
+        "  --statements   the delivering rounds' costliest statements per message (pg_stat_statements, embedded database only)\n" +
         '  --json         the report as JSON on stdout\n',
     );
     process.exit(0);
@@ -82,6 +86,7 @@ function options() {
     several: int('several', values.several, 16),
     workers: int('workers', values.workers),
     capacity: int('capacity', values.capacity),
+    statements: values.statements,
     json: values.json,
   };
 }
@@ -158,6 +163,8 @@ interface Setup {
   daemon: DaemonProcess;
   rx: Receiver;
   sinks: { name: string; secret: string }[];
+  /** pg_stat_statements over the delivering rounds (--statements). */
+  statements?: StatementTracker;
 }
 
 const sinkName = (i: number) => `bench-${i}`;
@@ -180,6 +187,8 @@ async function runRound(s: Setup, kind: Kind, tag: string, opts: { turns?: numbe
   const pool = s.bench.db.pool;
   await pool.query('analyze pgboss.job');
   const before = s.rx.requests.length;
+  const tracked = expected > 0 && tag !== 'warm' ? s.statements : undefined;
+  await tracked?.begin();
   const cpu0 = (await daemonCpuMs(s.daemon)).daemon;
   const t0 = Date.now();
   const ids = await s.bench.enqueue(events);
@@ -201,6 +210,7 @@ async function runRound(s: Setup, kind: Kind, tag: string, opts: { turns?: numbe
     `${tag}: ${expected} messages received`,
   );
   const cpuMs = (await daemonCpuMs(s.daemon)).daemon - cpu0;
+  await tracked?.end();
   const { rows: last } = await pool.query<{ ms: number }>(
     'select extract(epoch from max(finished_at)) * 1000 as ms from corral.turns where event_id = any($1::uuid[])',
     [ids],
@@ -302,7 +312,7 @@ async function checkDeliveries(
 
 process.exitCode = await runBench(async (cleanup: Cleanup) => {
   const o = options();
-  const server = await openBenchDatabase(cleanup);
+  const server = await openBenchDatabase(cleanup, { statements: o.statements });
   const db = await freshDatabase(server.url, cleanup, 'corral_outbox');
   const rx = new Receiver();
   await rx.start();
@@ -322,6 +332,13 @@ process.exitCode = await runBench(async (cleanup: Cleanup) => {
   }
   const bench = await openBenchClient(db.url, cleanup);
   const s: Setup = { o, bench, daemon, rx, sinks };
+  if (o.statements && server.source === 'embedded') {
+    const admin = new pg.Client({ connectionString: db.url });
+    await admin.connect();
+    cleanup.defer('close statements client', () => admin.end());
+    await admin.query('create extension if not exists pg_stat_statements');
+    s.statements = new StatementTracker(admin);
+  } else if (o.statements) progress('--statements needs the embedded database; ignored');
   // warm: every actor activated, a conversation, the workers' and the sender's connections open
   await runRound(s, 'one', 'warm', { turns: Math.max(o.actors, Math.min(o.turns, 2 * o.actors)) });
   const none1 = await runRound(s, 'none', 'none-1');
@@ -357,8 +374,11 @@ process.exitCode = await runBench(async (cleanup: Cleanup) => {
     one: delivering(one, none1, none2),
     several: { perTurn: o.several, ...delivering(several, none2, none3) },
   };
+  const statements = s.statements?.summary(one.messages + several.messages, 10);
   if (o.json) {
-    process.stdout.write(`${JSON.stringify(roundDeep(report), null, 2)}\n`);
+    process.stdout.write(
+      `${JSON.stringify(roundDeep({ ...report, ...(statements ? { statementsPerMessage: statements } : {}) }), null, 2)}\n`,
+    );
     return 0;
   }
   const line = (name: string, d: typeof report.one) =>
@@ -375,5 +395,10 @@ process.exitCode = await runBench(async (cleanup: Cleanup) => {
       line(`${o.several} messages per turn`, report.several) +
       'every message arrived exactly once after de-duplication, signed, in commit order per actor and sink\n',
   );
+  if (statements) {
+    process.stdout.write('statements of the delivering rounds, per message (calls, server ms; the turns’ own included):\n');
+    for (const r of statements)
+      process.stdout.write(`  ${round(r.callsPerTurn, 2)} × ${round(r.meanMs, 3)} ms = ${round(r.msPerTurn, 3)} ms  ${r.query}\n`);
+  }
   return 0;
 });
