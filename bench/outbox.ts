@@ -2,7 +2,7 @@
  * The outbox: how fast committed turns' messages reach a webhook receiver, and what delivering
  * costs the turn path (see docs/benchmarks.md, "Outbox").
  *
- *   npm run bench:outbox -- [--turns 2000] [--actors 200] [--sinks 1] [--concurrency 4] [--several 4] [--workers 2] [--capacity 128] [--statements] [--json]
+ *   npm run bench:outbox -- [--turns 2000] [--actors 200] [--sinks 1] [--concurrency 4] [--several 4] [--workers 2] [--capacity 128] [--delay 0] [--statements] [--json]
  *
  * A daemon with W example workers runs as an OS process (`corral daemon --workers W`, as
  * deployed); `sinks` sinks (`concurrency` each) point at an HTTP receiver (node:http) in this
@@ -50,6 +50,7 @@ function options() {
       several: { type: 'string', default: '4' },
       workers: { type: 'string', default: '2' },
       capacity: { type: 'string', default: '128' },
+      delay: { type: 'string', default: '0' },
       statements: { type: 'boolean', default: false },
       json: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
@@ -57,7 +58,7 @@ function options() {
   });
   if (values.help) {
     process.stdout.write(
-      'usage: npm run bench:outbox -- [--turns N] [--actors A] [--sinks S] [--concurrency C] [--several K] [--workers W] [--capacity C] [--statements] [--json]\n' +
+      'usage: npm run bench:outbox -- [--turns N] [--actors A] [--sinks S] [--concurrency C] [--several K] [--workers W] [--capacity C] [--delay MS] [--statements] [--json]\n' +
         '  --turns        events per round (default 2000)\n' +
         '  --actors       actors the events go to, round-robin (default 200)\n' +
         '  --sinks        sinks, each actor delivers to one (default 1)\n' +
@@ -65,15 +66,16 @@ function options() {
         '  --several      messages per turn in the `several` round (default 4, at most 16)\n' +
         '  --workers      example worker processes of the daemon (default 2)\n' +
         '  --capacity     turns at once per worker (default 128)\n' +
+        '  --delay        the receiver answers each request after MS ms (default 0: at once)\n' +
         "  --statements   the delivering rounds' costliest statements per message (pg_stat_statements, embedded database only)\n" +
         '  --json         the report as JSON on stdout\n',
     );
     process.exit(0);
   }
-  const int = (name: string, v: string, max = Number.MAX_SAFE_INTEGER) => {
+  const int = (name: string, v: string, max = Number.MAX_SAFE_INTEGER, min = 1) => {
     const n = Number(v);
-    if (!Number.isInteger(n) || n < 1 || n > max) {
-      process.stderr.write(`bench:outbox: --${name} takes an integer from 1 to ${max}\n`);
+    if (!Number.isInteger(n) || n < min || n > max) {
+      process.stderr.write(`bench:outbox: --${name} takes an integer from ${min} to ${max}\n`);
       process.exit(2);
     }
     return n;
@@ -86,6 +88,7 @@ function options() {
     several: int('several', values.several, 16),
     workers: int('workers', values.workers),
     capacity: int('capacity', values.capacity),
+    delay: int('delay', values.delay, 9_000, 0),
     statements: values.statements,
     json: values.json,
   };
@@ -103,10 +106,16 @@ interface Request {
   at: number;
 }
 
-/** A receiver that answers 200 at once and keeps every request (checked after the round, not while it runs). */
+/** A receiver that answers 200 (after `delayMs`) and keeps every request (checked after the round, not while it runs). */
 class Receiver {
   readonly requests: Request[] = [];
   private server: Server | undefined;
+
+  private readonly delayMs: number;
+
+  constructor(delayMs: number) {
+    this.delayMs = delayMs;
+  }
 
   async start(): Promise<void> {
     this.server = createServer((req, res) => {
@@ -122,7 +131,9 @@ class Receiver {
           body: Buffer.concat(chunks).toString('utf8'),
           at: Date.now(),
         });
-        res.writeHead(200, { 'content-type': 'text/plain' }).end('ok');
+        const answer = () => res.writeHead(200, { 'content-type': 'text/plain' }).end('ok');
+        if (this.delayMs > 0) setTimeout(answer, this.delayMs);
+        else answer();
       });
     });
     this.server.keepAliveTimeout = 60_000;
@@ -314,7 +325,7 @@ process.exitCode = await runBench(async (cleanup: Cleanup) => {
   const o = options();
   const server = await openBenchDatabase(cleanup, { statements: o.statements });
   const db = await freshDatabase(server.url, cleanup, 'corral_outbox');
-  const rx = new Receiver();
+  const rx = new Receiver(o.delay);
   await rx.start();
   cleanup.defer('stop the receiver', () => rx.stop());
   const daemon = await startDaemonProcess({ url: db.url, workers: o.workers, capacity: o.capacity }, cleanup);
@@ -367,6 +378,7 @@ process.exitCode = await runBench(async (cleanup: Cleanup) => {
     sinks: o.sinks,
     concurrency: o.concurrency,
     workers: o.workers,
+    receiverDelayMs: o.delay,
     baseline: {
       turnsPerS: [none1.turnsPerS, none2.turnsPerS, none3.turnsPerS],
       daemonCpuPerTurnMs: baselineCpu,
@@ -389,7 +401,8 @@ process.exitCode = await runBench(async (cleanup: Cleanup) => {
     `${round(d.ratioEndToEnd, 3)} (to the last receipt); daemon CPU ${round(d.daemonCpuPerTurnMs, 2)} ms per turn, ` +
     `${round(d.daemonCpuPerMessageMs, 3)} ms per message over the baseline\n`;
   process.stdout.write(
-    `${o.turns} turns per round over ${o.actors} actors, ${o.sinks} sink(s) of concurrency ${o.concurrency}, ${o.workers} workers\n` +
+    `${o.turns} turns per round over ${o.actors} actors, ${o.sinks} sink(s) of concurrency ${o.concurrency}, ${o.workers} workers` +
+      `${o.delay > 0 ? `, the receiver answering after ${o.delay} ms` : ''}\n` +
       `without deliver: ${report.baseline.turnsPerS.map((x) => round(x, 0)).join(', ')} turns/s; daemon CPU ${round(baselineCpu, 2)} ms per turn\n` +
       line('one message per turn', report.one) +
       line(`${o.several} messages per turn`, report.several) +
