@@ -220,6 +220,18 @@ async function runRound(s: Setup, kind: Kind, tag: string, opts: { turns?: numbe
     deadline,
     `${tag}: ${expected} messages received`,
   );
+  // the receiver records a request when it arrives, the sender settles it once answered
+  await until(
+    async () => {
+      const { rows } = await pool.query<{ n: number }>(
+        "select count(*)::int as n from corral.outbox where event_id = any($1::uuid[]) and state = 'pending'",
+        [ids],
+      );
+      return rows[0]!.n === 0;
+    },
+    deadline,
+    `${tag}: every message settled`,
+  );
   const cpuMs = (await daemonCpuMs(s.daemon)).daemon - cpu0;
   await tracked?.end();
   const { rows: last } = await pool.query<{ ms: number }>(
