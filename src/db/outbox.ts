@@ -179,12 +179,18 @@ export async function settleOutbox(
   return row ? { applied: true, sinceCommitS: row.since } : { applied: false };
 }
 
-/** Milliseconds until the next pending message of an enabled sink is due (0: now), or null when none is. */
+/**
+ * Milliseconds until the next pending message of an enabled sink becomes due (its retry time, or
+ * the end of its claim), or null when none will. Messages due now are left out: the caller has
+ * just claimed what it could of them, and those it could not take wait for its own sends to end.
+ */
 export async function nextOutboxDueMs(db: DbOrTx): Promise<number | null> {
   const rows = await db.execute<{ ms: number | null }>(sql`
-    select greatest(0, ceil(extract(epoch from min(greatest(o.next_attempt_at, coalesce(o.claimed_until, o.next_attempt_at))) - now()) * 1000))::float8 as ms
-      from corral.outbox o join corral.sinks s on s.name = o.sink and s.disabled_at is null
-     where o.state = 'pending'`);
+    select greatest(1, ceil(extract(epoch from min(d.at) - now()) * 1000))::float8 as ms
+      from (select greatest(o.next_attempt_at, coalesce(o.claimed_until, o.next_attempt_at)) as at
+              from corral.outbox o join corral.sinks s on s.name = o.sink and s.disabled_at is null
+             where o.state = 'pending') d
+     where d.at > now()`);
   return rows.rows[0]?.ms ?? null;
 }
 

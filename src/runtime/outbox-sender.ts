@@ -15,6 +15,8 @@
  *     only its own sink's slots while the others keep delivering.
  *  S4 The loop claims when a commit notifies `corral_outbox`, when a send ends (the next message of
  *     that actor may now go), and otherwise when the next retry is due (at least every `pollMs`).
+ *     A message due now that a claim left (its sink's slots or its actor's previous message are
+ *     taken) does not make it claim again at once: what frees it wakes the loop.
  *  S5 On stop, requests in flight are aborted and their messages handed back (due at once), so
  *     another daemon sends them without waiting for the claim to lapse.
  */
@@ -131,6 +133,8 @@ export interface OutboxSenderOptions {
 
 /** How long a claim outlives its request's timeout (S3 bounds the request; the claim must outlast it). */
 const CLAIM_GRACE_MS = 5_000;
+/** Most messages one claim takes. */
+const CLAIM_BATCH = 64;
 
 export class OutboxSender {
   private readonly opts: OutboxSenderOptions;
@@ -182,10 +186,15 @@ export class OutboxSender {
         let waitMs: number;
         try {
           const room = (this.opts.maxInFlight ?? 256) - this.inFlight;
-          const claimed = room > 0 ? await this.claim(room) : 0;
+          const limit = Math.min(room, CLAIM_BATCH);
+          const claimed = limit > 0 ? await this.claim(limit) : 0;
           if (this.failures > 0) this.log.info({ after: this.failures }, 'outbox reachable again');
           this.failures = 0;
-          if (claimed > 0 && claimed >= room) continue;
+          // a full batch: there may be more to claim now
+          if (claimed > 0 && claimed >= limit) continue;
+          // What is due now and was not claimed waits for a send of this loop to end (its sink's
+          // slot, its actor's turn: the end wakes the loop) or for another sender; claiming again
+          // at once would find the same. So: until a wake, or the next message due later.
           const due = room > 0 ? await nextOutboxDueMs(this.opts.db) : null;
           waitMs = Math.min(this.opts.pollMs ?? 5_000, due ?? Infinity);
         } catch (e) {
@@ -214,10 +223,10 @@ export class OutboxSender {
   }
 
   /** Claims what may go now (O2) and starts sending it; how many it claimed. */
-  private async claim(room: number): Promise<number> {
+  private async claim(limit: number): Promise<number> {
     const free: Record<string, number> = {};
     for (const [sink, n] of this.bySink) free[sink] = Math.max(0, (this.concurrencyOf.get(sink) ?? 0) - n);
-    const claimed = await claimOutbox(this.opts.db, { owner: this.opts.ownerId, limit: Math.min(room, 64), free, graceMs: CLAIM_GRACE_MS });
+    const claimed = await claimOutbox(this.opts.db, { owner: this.opts.ownerId, limit, free, graceMs: CLAIM_GRACE_MS });
     for (const m of claimed) this.start(m);
     return claimed.length;
   }
