@@ -185,13 +185,15 @@ export async function settleOutbox(
  * just claimed what it could of them, and those it could not take wait for its own sends to end.
  */
 export async function nextOutboxDueMs(db: DbOrTx): Promise<number | null> {
+  // null when no message: greatest() skips nulls, so it may not clamp here
   const rows = await db.execute<{ ms: number | null }>(sql`
-    select greatest(1, ceil(extract(epoch from min(d.at) - now()) * 1000))::float8 as ms
+    select ceil(extract(epoch from min(d.at) - now()) * 1000)::float8 as ms
       from (select greatest(o.next_attempt_at, coalesce(o.claimed_until, o.next_attempt_at)) as at
               from corral.outbox o join corral.sinks s on s.name = o.sink and s.disabled_at is null
              where o.state = 'pending') d
      where d.at > now()`);
-  return rows.rows[0]?.ms ?? null;
+  const ms = rows.rows[0]?.ms ?? null;
+  return ms === null ? null : Math.max(1, ms);
 }
 
 /** An outbox row as operators see it. */
