@@ -214,24 +214,24 @@ async function runRound(s: Setup, kind: Kind, tag: string, opts: { turns?: numbe
     },
     deadline,
     `${tag}: ${ids.length} turns committed`,
+    250, // the times come from the database: a slower poll only ends the wait later, and costs the server less
   );
+  const pending = async () => {
+    const { rows } = await pool.query<{ n: number }>(
+      "select count(*)::int as n from corral.outbox where event_id = any($1::uuid[]) and state = 'pending'",
+      [ids],
+    );
+    return rows[0]!.n;
+  };
+  // every message received, or (once a second) none left to send: the check below says what is missing
+  let polls = 0;
   await until(
-    () => new Set(s.rx.requests.slice(before).map((r) => r.id)).size >= expected,
+    async () => new Set(s.rx.requests.slice(before).map((r) => r.id)).size >= expected || (++polls % 20 === 0 && (await pending()) === 0),
     deadline,
     `${tag}: ${expected} messages received`,
   );
   // the receiver records a request when it arrives, the sender settles it once answered
-  await until(
-    async () => {
-      const { rows } = await pool.query<{ n: number }>(
-        "select count(*)::int as n from corral.outbox where event_id = any($1::uuid[]) and state = 'pending'",
-        [ids],
-      );
-      return rows[0]!.n === 0;
-    },
-    deadline,
-    `${tag}: every message settled`,
-  );
+  await until(async () => (await pending()) === 0, deadline, `${tag}: every message settled`, 250);
   const cpuMs = (await daemonCpuMs(s.daemon)).daemon - cpu0;
   await tracked?.end();
   const { rows: last } = await pool.query<{ ms: number }>(
