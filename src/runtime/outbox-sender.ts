@@ -133,6 +133,8 @@ export interface OutboxSenderOptions {
 
 /** Most messages one claim takes. */
 const CLAIM_BATCH = 64;
+/** Longest a busy loop sleeps without a send ending (a retry of another sink may fall due). */
+const BUSY_RECHECK_MS = 1_000;
 
 /** How long a claim outlives its request's timeout (S3 bounds the request; the claim must outlast it). */
 const CLAIM_GRACE_MS = 5_000;
@@ -200,7 +202,9 @@ export class OutboxSender {
           this.failures = 0;
           // a full batch: more may be claimable now
           if (claimed > 0 && claimed >= asked) continue;
-          const due = room > 0 ? await nextOutboxDueMs(this.opts.db) : null;
+          // while sends are in flight, each one's end wakes the loop: a retry falling due meanwhile
+          // waits at most BUSY_RECHECK_MS, and the next-due query is not run once per message
+          const due = this.inFlight > 0 ? BUSY_RECHECK_MS : room > 0 ? await nextOutboxDueMs(this.opts.db) : null;
           waitMs = Math.min(this.opts.pollMs ?? 5_000, due ?? Infinity);
         } catch (e) {
           this.failures++;
