@@ -21,7 +21,7 @@
 import type { Clock } from '../clock.ts';
 import type { Db } from '../db/client.ts';
 import { OUTBOX_CHANNEL, claimOutbox, nextOutboxDueMs, settleOutbox, type ClaimedMessage, type OutboxSettlement } from '../db/outbox.ts';
-import { backoffDelayMs } from '../backoff.ts';
+import { backoffDelayMs, retryWindowSeconds } from '../backoff.ts';
 import { errorMessage } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { signWebhook } from '../webhook-signature.ts';
@@ -53,9 +53,8 @@ export function outboxRetryDelayMs(
   const minMs = policy.delayS * 1000;
   const maxMs = Math.max(minMs, policy.maxS * 1000);
   if (retryAfterMs !== null) return Math.min(maxMs, Math.max(minMs, retryAfterMs));
-  const low = Math.min(maxMs, minMs * 2 ** Math.min(n - 1, 30));
-  const high = Math.min(maxMs, minMs * 2 ** Math.min(n, 30));
-  return Math.round(low + (high - low) * random());
+  const window = retryWindowSeconds(n, policy.delayS, Math.max(policy.delayS, policy.maxS));
+  return Math.round((window.min + (window.max - window.min) * random()) * 1000);
 }
 
 /** A `Retry-After` header in milliseconds from `nowMs` (seconds or an HTTP date); null when absent or unreadable. */
@@ -160,11 +159,6 @@ export class OutboxSender {
 
   /** Claim passes so far (diagnostics and tests: an idle or blocked outbox makes few). */
   passes = 0;
-
-  /** Requests in flight now (diagnostics and tests). */
-  get sending(): number {
-    return this.inFlight;
-  }
 
   /** S4: claim again now. */
   wake(): void {

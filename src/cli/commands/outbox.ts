@@ -196,7 +196,7 @@ Examples:
 
 const AFTER_ACT = {
   replay: `
-A replayed message is pending again, due at once, its attempts reset and its webhook-id kept (a
+A replayed message is pending again, due at once, with a new set of retries and its webhook-id kept (a
 receiver that had it already drops it again). A disabled sink's messages wait for corral sinks enable.
 
 Examples:
