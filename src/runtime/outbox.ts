@@ -3,8 +3,8 @@
  * key? }]`), checked before any transaction and written by the transaction that commits the turn
  * (src/db/outbox.ts, O1). The delivery loop (outbox-sender.ts) sends it afterwards.
  *
- *  X1 A result whose `deliver` breaks the limits (count, body size, key, a key twice for one sink,
- *     a sink that does not exist) is refused `deliver_limit` before any transaction: nothing of it
+ *  X1 A result whose `deliver` breaks the limits (count, body size or depth, key, a key twice for
+ *     one sink, a sink that does not exist) is refused `deliver_limit` before any transaction: nothing of it
  *     is written and its attempt fails, as for `emit_limit`.
  *  X2 Each message's `webhook-id` is its `key`, or derived from the event and its place in the
  *     result: the same on every attempt of the turn, and different for every other turn.
@@ -13,6 +13,7 @@
 import type { Db } from '../db/client.ts';
 import type { NewOutboxMessage } from '../db/outbox.ts';
 import { existingSinkNames } from '../db/sinks.ts';
+import { unstorableReason } from '../json-safety.ts';
 import { MAX_DELIVERIES, deliverSchema } from '../fabric/protocol.ts';
 import type { Fence } from './fence.ts';
 
@@ -39,6 +40,9 @@ export function checkDeliveries(
       const issue = parsed.error.issues[0];
       return { ok: false, detail: `deliver[${i}]: ${issue?.path.join('.') ?? ''} ${issue?.message ?? 'invalid'}` };
     }
+    // the shape limits of every stored value (docs/protocol.md §4): a frame cut too deep lands here
+    const unstorable = unstorableReason(parsed.data.body ?? null, `$.deliver[${i}].body`);
+    if (unstorable) return { ok: false, detail: unstorable };
     const body = JSON.stringify(parsed.data.body ?? null);
     const bytes = Buffer.byteLength(body);
     if (bytes > maxBodyBytes) return { ok: false, detail: `deliver[${i}].body: ${bytes} bytes; at most ${maxBodyBytes}` };

@@ -175,6 +175,8 @@ describe('outbox', () => {
       ],
       [[{ sink: 'main', body: 1, key: 'has space' }], /deliver\[0\]: key/],
       [[{ sink: 'main', body: 'x'.repeat(300 * 1024) }], /bytes; at most/],
+      // a body nested deeper than the wire allows: the frame is cut, the cut value refused
+      [[{ sink: 'main', body: JSON.parse('['.repeat(150) + ']'.repeat(150)) as unknown }], /deliver\[0\]\.body/],
     ];
     for (const [i, [deliver, why]] of cases.entries()) {
       const s = await start(`limits-${i}`);

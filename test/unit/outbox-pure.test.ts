@@ -98,6 +98,14 @@ describe("a result's deliver", () => {
     expect(refuse([{ sink: 'a', body: 1, key: 'x'.repeat(257) }])).toMatch(/^deliver\[0\]: key/);
     expect(refuse([{ sink: 'a', body: 1, key: 'é' }])).toMatch(/^deliver\[0\]: key/);
     expect(refuse([{ sink: 'a', body: 'x'.repeat(2000) }])).toMatch(/deliver\[0\]\.body: 2002 bytes; at most 1024/);
+    let deep: unknown = 1;
+    for (let d = 0; d < 101; d++) deep = [deep];
+    expect(
+      refuse([
+        { sink: 'a', body: 1 },
+        { sink: 'a', body: deep },
+      ]),
+    ).toMatch(/^\$\.deliver\[1\]\.body/);
     expect(
       refuse([
         { sink: 'a', body: 1, key: 'k' },
