@@ -2,7 +2,7 @@
  * Live turns: how soon a streamed chunk reaches a watcher, and what a chunk costs the daemon (see
  * docs/benchmarks.md, "Live turns").
  *
- *   npm run bench:stream -- [--via watch|sse] [--turns 200] [--rate 20] [--seconds 5] [--workers 2] [--capacity 128] [--json]
+ *   npm run bench:stream -- [--via watch|sse] [--turns 200] [--rate 20] [--seconds 5] [--workers 2] [--capacity 128] [--flood] [--json]
  *
  * A daemon with W example workers runs as an OS process (`corral daemon --workers W`, as
  * deployed), with its HTTP API on. Each of `turns` actors is watched by one `corral.watch`
@@ -13,6 +13,11 @@
  * Latency of a chunk = when the watch yielded it − when the worker sent it (one host, one
  * clock). The same turns with no chunks (`delayMs` instead), run first, are the baseline: the
  * daemon's CPU per chunk is (CPU with chunks − CPU without) ÷ chunks.
+ *
+ * `--flood`: the streaming round runs once more while another turn streams 32 KiB chunks as fast
+ * as its worker can for 10 s (the example worker's `flood`), and the two rounds' latencies are
+ * compared: the flooding turn's stream budget (CORRAL_STREAM_TURN_BYTES) stops it at the worker,
+ * so the other turns' chunks should not wait behind megabytes the daemon would only drop.
  */
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
@@ -35,13 +40,14 @@ function options() {
       seconds: { type: 'string', default: '5' },
       workers: { type: 'string', default: '2' },
       capacity: { type: 'string', default: '128' },
+      flood: { type: 'boolean', default: false },
       json: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
   });
   if (values.help) {
     process.stdout.write(
-      'usage: npm run bench:stream -- [--via watch|sse] [--turns N] [--rate R] [--seconds S] [--workers W] [--capacity C] [--json]\n',
+      'usage: npm run bench:stream -- [--via watch|sse] [--turns N] [--rate R] [--seconds S] [--workers W] [--capacity C] [--flood] [--json]\n',
     );
     process.exit(0);
   }
@@ -64,6 +70,7 @@ function options() {
     seconds: int('seconds', values.seconds),
     workers: int('workers', values.workers),
     capacity: int('capacity', values.capacity),
+    flood: values.flood,
     json: values.json,
   };
 }
@@ -194,6 +201,7 @@ process.exitCode = await runBench(async (cleanup) => {
   await runRound(corral, pool, d, { ...o, turns: Math.min(o.turns, 20), seconds: 1 }, 'warm', true);
   const quiet = await runRound(corral, pool, d, o, 'no-chunks', false);
   const live = await runRound(corral, pool, d, o, 'chunks', true);
+  const flooded = o.flood ? await floodRound(corral, pool, d, o) : undefined;
   const cpuPerChunkUs = ((live.daemonCpuMs - quiet.daemonCpuMs) / Math.max(1, live.chunks)) * 1000;
   const report = {
     via: o.via,
@@ -205,6 +213,15 @@ process.exitCode = await runBench(async (cleanup) => {
     storedMs: live.storedMs,
     daemonCpuMs: { withoutChunks: round(quiet.daemonCpuMs, 0), withChunks: round(live.daemonCpuMs, 0) },
     daemonCpuPerChunkUs: round(cpuPerChunkUs, 1),
+    ...(flooded
+      ? {
+          flood: {
+            latencyMs: flooded.round.latencyMs,
+            p95Ratio: round((flooded.round.latencyMs?.p95 ?? NaN) / (live.latencyMs?.p95 ?? NaN), 2),
+            floodingTurn: flooded.flood,
+          },
+        }
+      : {}),
   };
   if (o.json) {
     process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
@@ -217,5 +234,30 @@ process.exitCode = await runBench(async (cleanup) => {
       `  of which worker → the daemon's insert (a sample): p50 ${round(live.storedMs?.p50 ?? NaN)} ms, p95 ${round(live.storedMs?.p95 ?? NaN)} ms\n` +
       `daemon CPU: ${round(quiet.daemonCpuMs, 0)} ms without chunks, ${round(live.daemonCpuMs, 0)} ms with: ${round(cpuPerChunkUs, 1)} µs per chunk\n`,
   );
-  return live.chunks === live.expected ? 0 : 1;
+  if (flooded) {
+    const f = flooded.round.latencyMs;
+    process.stdout.write(
+      `with a turn flooding 32 KiB chunks beside them: ${flooded.round.chunks}/${flooded.round.expected} chunks received, ` +
+        `p50 ${round(f?.p50 ?? NaN)} ms, p95 ${round(f?.p95 ?? NaN)} ms (p95 ${report.flood?.p95Ratio}× the round without it)\n` +
+        `  the flooding turn: ${JSON.stringify(flooded.flood)}\n`,
+    );
+  }
+  const complete = live.chunks === live.expected && (!flooded || flooded.round.chunks === flooded.round.expected);
+  return complete ? 0 : 1;
 });
+
+/**
+ * `--flood`: the streaming round again, started while another turn floods its stream (32 KiB
+ * chunks, as fast as its worker sends, for 10 s); resolves with that round and what the flooding
+ * turn says it streamed before its budget stopped it.
+ */
+async function floodRound(corral: Corral, pool: pg.Pool, d: DaemonProcess, o: Options): Promise<{ round: RoundResult; flood: unknown }> {
+  const actor = 'bench-stream/flood';
+  const [sent] = await corral.sendMany([{ actor, data: { flood: { chunkBytes: 32 * 1024, ms: 10_000 } } }]);
+  // the flood is under way before the measured turns start
+  await new Promise((r) => setTimeout(r, 300));
+  const measured = await runRound(corral, pool, d, o, 'chunks-beside-a-flood', true);
+  const turn = await corral.waitForTurn(sent!.eventId, { timeoutMs: 60_000 });
+  const content = turn.messages.find((m) => m.role === 'assistant')?.content as { flood?: unknown } | undefined;
+  return { round: measured, flood: content?.flood };
+}

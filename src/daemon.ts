@@ -155,6 +155,7 @@ export class Daemon {
         staleMs: config.workerStaleMs,
         retry: { limit: config.retryLimit, delay_s: config.retryDelaySeconds, delay_max_s: config.retryDelayMaxSeconds, backoff: true },
         streamChunkBytes: config.streamChunkBytes,
+        streamTurnBytes: config.streamTurnBytes,
       },
       ...(security ? security.brokerOptions() : {}),
       onEvent: (e) => this.runtime.handleBrokerEvent(e),

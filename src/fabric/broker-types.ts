@@ -144,7 +144,7 @@ export interface BrokerOptions {
   /** How long a peer may take to finish the ZMTP/CURVE handshake. Default 5000. */
   handshakeIntervalMs?: number;
   /** Told to workers in `worker_welcome` (lease, stale timeout, retry policy), so a worker can check its timings fit. */
-  welcome?: { leaseMs: number; staleMs: number; retry: RetryPolicy; streamChunkBytes?: number };
+  welcome?: { leaseMs: number; staleMs: number; retry: RetryPolicy; streamChunkBytes?: number; streamTurnBytes?: number };
   /** Receives every valid message (and every refusal as `invalid`). Called synchronously. */
   onEvent: (e: BrokerEvent) => void;
 }

@@ -468,6 +468,7 @@ export class Broker {
             stale_ms: this.opts.welcome.staleMs,
             retry: this.opts.welcome.retry,
             ...(this.opts.welcome.streamChunkBytes === undefined ? {} : { stream_chunk_bytes: this.opts.welcome.streamChunkBytes }),
+            ...(this.opts.welcome.streamTurnBytes === undefined ? {} : { stream_turn_bytes: this.opts.welcome.streamTurnBytes }),
           }
         : {}),
     };

@@ -274,6 +274,8 @@ export const workerWelcomeSchema = z.object({
   retry: retryPolicySchema.optional(),
   /** The largest `turn_chunk` frame the daemon relays (CORRAL_STREAM_CHUNK_BYTES); absent from older daemons. */
   stream_chunk_bytes: z.int().min(1).optional(),
+  /** The most `turn_chunk` frame bytes relayed per attempt (CORRAL_STREAM_TURN_BYTES); absent from older daemons. */
+  stream_turn_bytes: z.int().min(1).optional(),
 });
 
 /**
@@ -358,6 +360,21 @@ export const turnCancelSchema = z.object({
   reason: z.string(),
 });
 
+/** Why a turn's stream was closed (`turn_stream_closed.reason`); receivers must tolerate new reasons. */
+export const STREAM_CLOSED_REASONS = ['turn_limit'] as const;
+
+/**
+ * The daemon relays no more chunks of this attempt (its stream budget, `limit_bytes`, is spent):
+ * sent once per attempt, when the first chunk over it is dropped. The turn itself runs on.
+ */
+export const turnStreamClosedSchema = z.object({
+  v,
+  type: z.literal('turn_stream_closed'),
+  turn_ref: turnRefSchema,
+  reason: z.string().min(1).max(64),
+  limit_bytes: z.int().min(1),
+});
+
 export const turnCommittedSchema = z.object({ v, type: z.literal('turn_committed'), turn_ref: turnRefSchema });
 
 export const turnRejectedSchema = z.object({
@@ -407,6 +424,7 @@ export const daemonMessageSchema = z.discriminatedUnion('type', [
   turnStartSchema,
   turnSteerSchema,
   turnCancelSchema,
+  turnStreamClosedSchema,
   turnCommittedSchema,
   turnRejectedSchema,
   turnFailedSchema,
@@ -419,6 +437,7 @@ export type WorkerChallenge = z.infer<typeof workerChallengeSchema>;
 export type TurnStart = z.infer<typeof turnStartSchema>;
 export type TurnSteer = z.infer<typeof turnSteerSchema>;
 export type TurnCancel = z.infer<typeof turnCancelSchema>;
+export type TurnStreamClosed = z.infer<typeof turnStreamClosedSchema>;
 export type TurnCommitted = z.infer<typeof turnCommittedSchema>;
 export type TurnRejected = z.infer<typeof turnRejectedSchema>;
 export type TurnFailed = z.infer<typeof turnFailedSchema>;

@@ -26,9 +26,11 @@ import type { Db } from '../db/client.ts';
 import type { Queues } from '../db/boss-jobs.ts';
 import type { ControlMessage } from '../db/control.ts';
 import type { BrokerEvent } from '../fabric/broker.ts';
+import { PROTOCOL_VERSION } from '../fabric/protocol.ts';
 import type { Logger } from '../logger.ts';
 import { BackgroundWork } from './background.ts';
 import { databaseRetry } from './db-retry.ts';
+import { fenceFields, fromWire, type WireTurnRef } from './fence.ts';
 import { ActorDirectory } from './directory.ts';
 import { Dispatcher } from './dispatcher.ts';
 import { noopMetrics, type RuntimeMetrics } from './metrics.ts';
@@ -96,6 +98,7 @@ export class Runtime {
   /** Live turns: the chunks workers stream. */
   readonly stream: StreamRelay;
   private readonly background: BackgroundWork;
+  private readonly transport: Transport;
   private readonly log: Logger;
   private readonly metrics: RuntimeMetrics;
   private stopping = false;
@@ -104,6 +107,7 @@ export class Runtime {
     this.log = opts.logger.child({ component: 'runtime' });
     this.metrics = opts.metrics ?? noopMetrics;
     this.background = new BackgroundWork(this.log);
+    this.transport = opts.transport;
     const retry = databaseRetry({ clock: opts.clock, log: this.log, stopping: () => this.stopping });
     const { config, db, boss } = opts;
     const jobs = { schema: opts.queues.schema, queue: opts.queues.events };
@@ -180,6 +184,7 @@ export class Runtime {
       db: opts.db,
       turnOf: (eventId) => this.dispatcher.turnOf(eventId),
       progress: (workerId, ref) => this.replies.progress(workerId, ref),
+      closed: (workerId, ref, limitBytes) => this.closeStream(workerId, ref, limitBytes),
       clock: opts.clock,
       logger: opts.logger,
       chunkBytes: config.streamChunkBytes,
@@ -189,6 +194,20 @@ export class Runtime {
       progressEveryMs: config.progressIntervalMs,
       counted: (outcome) => this.metrics.streamChunk?.(outcome),
     });
+  }
+
+  /** R8 of the stream relay: the worker hears once that its attempt's stream budget is spent. */
+  private closeStream(workerId: string, ref: WireTurnRef, limitBytes: number): void {
+    const fields = { ...fenceFields(fromWire(ref)), workerId, limitBytes };
+    this.log.warn(fields, 'stream budget spent; later chunks of the attempt are dropped');
+    const told = this.transport.send(workerId, {
+      v: PROTOCOL_VERSION,
+      type: 'turn_stream_closed',
+      turn_ref: ref,
+      reason: 'turn_limit',
+      limit_bytes: limitBytes,
+    });
+    this.background.track(told, fields);
   }
 
   /** Called synchronously from the broker's receive loop: schedules, never awaits. */

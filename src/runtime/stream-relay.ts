@@ -11,6 +11,9 @@
  *  R3 Bounded: a chunk frame above `chunkBytes`, chunks past `turnBytes` for one attempt, and
  *     chunks that would take the bytes waiting to be written past `backlogBytes` are dropped and
  *     counted. So a worker streaming without limit costs the daemon at most `backlogBytes`.
+ *  R8 The first chunk of an attempt dropped for `turnBytes` closes its stream: the worker is told
+ *     once (`turn_stream_closed`), so that it stops sending what could only be dropped, and every
+ *     later chunk of the attempt is dropped unjudged.
  *  R4 A relayed chunk counts as progress: at most every `progressEveryMs` per attempt it extends
  *     the lease as a `turn_progress` would.
  *  R5 Inserts run in LANES lanes, each one at a time; an attempt's chunks always take the same lane,
@@ -50,6 +53,8 @@ export interface StreamRelayOptions {
   turnOf(eventId: string): InFlightTurn | undefined;
   /** R4: the lease extension of a `turn_progress`. */
   progress(workerId: string, ref: WireTurnRef): void;
+  /** R8: tells the worker that the attempt's stream is closed (its budget, `limitBytes`, is spent). */
+  closed(workerId: string, ref: WireTurnRef, limitBytes: number): void;
   clock: Clock;
   logger: Logger;
   chunkBytes: number;
@@ -82,6 +87,8 @@ interface Streaming {
   bytes: number;
   channel: string;
   lastProgressMs: number;
+  /** R8: its budget is spent and its worker told. */
+  closed: boolean;
   /** R5: the lane its chunks take. */
   lane: Lane;
   /** R7: its chunks not written yet, and who waits for them. */
@@ -127,24 +134,17 @@ export class StreamRelay {
     if (this.stopped || !holdsLiveTurn(turn, e.workerId, ref)) return this.count('stale');
     if (e.bytes > this.opts.chunkBytes) return this.count('too_large');
     let s = this.streaming.get(ref.delivery_id);
+    if (s?.closed) return this.count('turn_limit');
     if (s && e.seq <= s.seq) return this.count('out_of_order');
-    if ((s?.bytes ?? 0) + e.bytes > this.opts.turnBytes) return this.count('turn_limit');
+    if ((s?.bytes ?? 0) + e.bytes > this.opts.turnBytes) {
+      s ??= this.track(ref);
+      s.closed = true;
+      this.opts.closed(e.workerId, ref, this.opts.turnBytes);
+      return this.count('turn_limit');
+    }
     if (this.pendingBytes + e.bytes > this.opts.backlogBytes) return this.count('backlog');
     if (unstorableReason(e.data) !== null) return this.count('unstorable');
-    if (!s) {
-      s = {
-        eventId: ref.event_id,
-        seq: 0,
-        bytes: 0,
-        channel: streamChannelOf(`${ref.agent_uid}/${ref.session_id}`),
-        lastProgressMs: 0,
-        lane: this.lanes[this.nextLane++ % LANES]!,
-        unwritten: 0,
-        waiters: [],
-      };
-      this.streaming.set(ref.delivery_id, s);
-      this.sweepTimer ??= this.opts.clock.setInterval(() => this.sweep(), SWEEP_MS);
-    }
+    s ??= this.track(ref);
     s.seq = e.seq;
     s.bytes += e.bytes;
     s.unwritten++;
@@ -167,6 +167,24 @@ export class StreamRelay {
       this.opts.progress(e.workerId, ref);
     }
     s.lane.writing ??= this.write(s.lane);
+  }
+
+  /** Starts following an attempt's stream (forgotten by the sweep once the attempt ended, R6). */
+  private track(ref: WireTurnRef): Streaming {
+    const s: Streaming = {
+      eventId: ref.event_id,
+      seq: 0,
+      bytes: 0,
+      channel: streamChannelOf(`${ref.agent_uid}/${ref.session_id}`),
+      lastProgressMs: 0,
+      closed: false,
+      lane: this.lanes[this.nextLane++ % LANES]!,
+      unwritten: 0,
+      waiters: [],
+    };
+    this.streaming.set(ref.delivery_id, s);
+    this.sweepTimer ??= this.opts.clock.setInterval(() => this.sweep(), SWEEP_MS);
+    return s;
   }
 
   /** R5: writes what is pending in `lane`, a group at a time, until nothing is. */

@@ -23,6 +23,10 @@
  *   `echo: …` text in about 10 pieces of whole words (`{ "delta": piece }`) spread over T ms
  *   (default 1000), then commits that text; the deltas put together are the committed text, to
  *   the character (`"stamp": true` as above)
+ * - `{"flood": {"chunkBytes": B, "ms": T}}` → streams chunks of B bytes (default 32768) as fast as
+ *   it can for T ms (default 10000), or until `ctx.stream` returns false (the attempt's stream
+ *   budget is spent), and replies with `flood: { chunks, bytes, stopped }` (`stopped`: the budget
+ *   ended it); a worker that streams without bound, for the stream budget's tests and benchmark
  * - anything else             → `{ text: "echo: " + JSON.stringify(data) }`
  * A turn that takes several events (input policy `coalesce`) answers them all in one message:
  * `echo: ` and each event's text (or its JSON) in order, joined by ` | `; it waits the largest
@@ -58,6 +62,7 @@ export function createExampleHandler(clock: Clock = systemClock): (ctx: TurnCont
       if (delay > 0) await clock.sleep(Math.min(delay, MAX_DELAY_MS), ctx.signal);
       const text = `echo: ${ctx.events.map((e) => textOf(e.data)).join(' | ')}`;
       await streamChunks(ctx, rec, text, clock);
+      const flooded = await flood(ctx, rec, clock);
       ctx.signal.throwIfAborted();
       if (rec?.fail === true) {
         const err = new Error('example worker asked to fail') as Error & { code?: string; retryable?: boolean };
@@ -70,6 +75,7 @@ export function createExampleHandler(clock: Clock = systemClock): (ctx: TurnCont
       const seen = ctx.context?.messages.length ?? 0;
       if (seen > 0) content.seen = seen;
       if (rec?.history === true) content.history_total = await readWholeHistory(ctx);
+      if (flooded) content.flood = flooded;
       const emit = effectsOf(rec, ctx);
       const deliver = deliveriesOf(rec, ctx, text);
       return {
@@ -111,6 +117,28 @@ async function streamChunks(ctx: TurnContext, rec: Record<string, JsonValue> | n
     ctx.stream(stamp ? { delta, t: performance.timeOrigin + performance.now() } : { delta });
     if (i < count - 1 && total > 0) await clock.sleep(total / count, ctx.signal);
   }
+}
+
+/** `flood`: what it streamed, and whether the stream budget ended it. */
+async function flood(
+  ctx: TurnContext,
+  rec: Record<string, JsonValue> | null,
+  clock: Clock,
+): Promise<{ chunks: number; bytes: number; stopped: boolean } | undefined> {
+  const spec = rec?.flood === true ? {} : asRecord(rec?.flood ?? null);
+  if (!spec) return undefined;
+  const size = typeof spec.chunkBytes === 'number' && spec.chunkBytes >= 1 ? Math.min(Math.floor(spec.chunkBytes), 1 << 20) : 32 * 1024;
+  const ms = typeof spec.ms === 'number' && spec.ms >= 0 ? Math.min(spec.ms, MAX_DELAY_MS) : 10_000;
+  const delta = 'x'.repeat(size);
+  const end = clock.nowMs() + ms;
+  let chunks = 0;
+  while (clock.nowMs() < end && !ctx.signal.aborted) {
+    if (!ctx.stream({ delta })) return { chunks, bytes: chunks * size, stopped: true };
+    chunks++;
+    // let the socket's queue drain between chunks: a worker's memory stays flat
+    await new Promise<void>((resolve) => setImmediate(resolve));
+  }
+  return { chunks, bytes: chunks * size, stopped: false };
 }
 
 /**

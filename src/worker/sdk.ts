@@ -122,6 +122,8 @@ class WorkerRuntime implements Worker {
   private progressMs: number;
   /** The largest turn_chunk frame the daemon relays (its welcome says; the default until then). */
   private streamChunkBytes = DEFAULT_STREAM_CHUNK_BYTES;
+  /** The daemon's stream budget per attempt; undefined from a daemon older than the field. */
+  private streamTurnBytes: number | undefined;
   private registered = false;
   private readySentAtMs: number | null = null;
   private heartbeatQueued = false;
@@ -324,6 +326,7 @@ class WorkerRuntime implements Worker {
           this.log.warn({ progressMs: msg.progress_interval_ms, leaseMs: msg.lease_ms }, 'progress interval is more than half the lease');
         }
         if (msg.stream_chunk_bytes !== undefined) this.streamChunkBytes = msg.stream_chunk_bytes;
+        this.streamTurnBytes = msg.stream_turn_bytes;
         return this.onWelcome(msg.heartbeat_interval_ms, msg.progress_interval_ms, msg.capacity);
       case 'worker_challenge':
         return this.onChallenge(msg.worker_id, msg.nonce);
@@ -335,6 +338,9 @@ class WorkerRuntime implements Worker {
         else this.log.debug({ deliveryId: msg.turn_ref.delivery_id }, 'steer for a turn not running here');
         return;
       }
+      case 'turn_stream_closed':
+        this.turns.get(msg.turn_ref.delivery_id)?.closeStream(msg.reason, msg.limit_bytes);
+        return;
       case 'turn_cancel': {
         const turn = this.turns.get(msg.turn_ref.delivery_id);
         if (turn) turn.cancel(msg.reason);
@@ -431,6 +437,7 @@ class WorkerRuntime implements Worker {
       maxMessageBytes: this.maxMessageBytes,
       progressIntervalMs: () => this.progressMs,
       streamChunkBytes: () => Math.min(this.streamChunkBytes, this.maxMessageBytes),
+      streamTurnBytes: () => this.streamTurnBytes,
       send: (m, frame) => this.sendFinalOrProgress(m, frame),
       rpc: (turnRef, method, params) => this.callRpc(turnRef, method, params),
       finished: (t) => void this.turns.delete(t.deliveryId),

@@ -67,8 +67,10 @@ export interface TurnContext {
    * Streams `data` (any JSON value, e.g. `{ delta: 'Hel' }`) to whoever watches the actor
    * (`corral watch`, `corral.watch`, the HTTP API), in order, as a `turn_chunk` (docs/protocol.md
    * §5.2). Fire and forget: the daemon shows it only while this attempt is the live one, and it
-   * counts as progress. Returns false when nothing was sent: the turn is over, or the chunk is
-   * larger than the daemon relays (`stream_chunk_bytes`, 64 KiB by default).
+   * counts as progress. Returns false when nothing was sent: the turn is over, the chunk is
+   * larger than the daemon relays (`stream_chunk_bytes`, 64 KiB by default), or the attempt's
+   * stream budget is spent (`stream_turn_bytes`, 8 MiB by default, or the daemon's
+   * `turn_stream_closed`): from then on every call returns false, and the SDK logs it once.
    */
   stream(data: unknown): boolean;
   /**
@@ -138,6 +140,8 @@ export interface TurnDeps {
   maxMessageBytes: number;
   /** The largest turn_chunk frame the daemon relays. */
   streamChunkBytes(): number;
+  /** The most turn_chunk frame bytes the daemon relays per attempt (undefined: a daemon that does not say). */
+  streamTurnBytes(): number | undefined;
   /** A worker RPC on the worker's connection. */
   rpc(turnRef: TurnRef, method: string, params: unknown): Promise<unknown>;
   /** Called once, just before the final message is queued (invariant 4). */
@@ -162,6 +166,10 @@ export class RunningTurn {
   private stopping = false;
   /** The last turn_chunk's seq. */
   private chunkSeq = 0;
+  /** The turn_chunk frame bytes sent for this attempt. */
+  private streamedBytes = 0;
+  /** The stream budget is spent (counted here, or told by the daemon): no chunk is sent any more. */
+  private streamClosed = false;
   private settled = false;
 
   constructor(start: TurnStart, deps: TurnDeps) {
@@ -207,6 +215,16 @@ export class RunningTurn {
     this.silenced = true;
     this.log.info({ reason }, 'turn cancelled');
     this.controller.abort(abortError(`turn cancelled: ${reason}`, 'cancelled'));
+  }
+
+  /** The daemon relays no more of this attempt's chunks (`turn_stream_closed`): stop sending them. */
+  closeStream(reason: string, limitBytes: number): void {
+    if (this.streamClosed) return;
+    this.streamClosed = true;
+    this.log.warn(
+      { reason, limitBytes, sentBytes: this.streamedBytes },
+      'the daemon closed the turn’s stream; ctx.stream sends nothing more',
+    );
   }
 
   /** Abort because the worker is stopping; the handler's failure is reported as retryable. */
@@ -350,7 +368,7 @@ export class RunningTurn {
   }
 
   private sendChunk(data: unknown): boolean {
-    if (this.settled || this.silenced) return false;
+    if (this.settled || this.silenced || this.streamClosed) return false;
     const msg = {
       v: PROTOCOL_VERSION,
       type: 'turn_chunk',
@@ -370,6 +388,19 @@ export class RunningTurn {
       this.log.warn({ bytes, limit: this.deps.streamChunkBytes() }, 'stream chunk too large; not sent');
       return false;
     }
+    // counted as the daemon counts them (the frame's UTF-8 bytes): the chunk that would pass the
+    // budget is never sent, where the daemon could only drop it
+    const frameBytes = Buffer.byteLength(frame, 'utf8');
+    const budget = this.deps.streamTurnBytes();
+    if (budget !== undefined && this.streamedBytes + frameBytes > budget) {
+      this.streamClosed = true;
+      this.log.warn(
+        { limitBytes: budget, sentBytes: this.streamedBytes },
+        'the turn’s stream budget is spent; ctx.stream sends nothing more',
+      );
+      return false;
+    }
+    this.streamedBytes += frameBytes;
     this.chunkSeq++;
     this.deps.send(msg, frame);
     return true;

@@ -177,7 +177,10 @@ describe('daemon messages', () => {
       lease_ms: 60000,
       stale_ms: 10000,
       retry: { limit: 5, delay_s: 5, delay_max_s: 120, backoff: true },
+      stream_chunk_bytes: 65536,
+      stream_turn_bytes: 8388608,
     },
+    { v: 1, type: 'turn_stream_closed', turn_ref: ref, reason: 'turn_limit', limit_bytes: 8388608 },
     {
       ...makeTurnStart({ text: 'hi' }, ref),
       context: {
@@ -215,6 +218,14 @@ describe('daemon messages', () => {
     const start = makeTurnStart({}, ref);
     expect(parseDaemonMessage(buf({ ...start, lease_expires_at: '2026-01-01T00:00:00.000+02:00' })).ok).toBe(true);
     expect(parseDaemonMessage(buf({ ...start, lease_expires_at: '2026-01-01T00:00:00' })).ok).toBe(false);
+  });
+
+  it('refuses a turn_stream_closed without its budget, with a budget below 1, or a reason over 64 characters', () => {
+    const closed = { v: 1, type: 'turn_stream_closed', turn_ref: ref, reason: 'turn_limit', limit_bytes: 1024 };
+    expect(parseDaemonMessage(buf(closed)).ok).toBe(true);
+    for (const limit_bytes of [undefined, 0, 1.5, '1024']) expect(parseDaemonMessage(buf({ ...closed, limit_bytes })).ok).toBe(false);
+    for (const reason of ['', 'r'.repeat(65), undefined]) expect(parseDaemonMessage(buf({ ...closed, reason })).ok).toBe(false);
+    expect(parseDaemonMessage(buf({ ...closed, turn_ref: undefined })).ok).toBe(false);
   });
 
   it("refuses a welcome's capacity outside 1..1024", () => {

@@ -1,3 +1,4 @@
+import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
 import { StaticTokenAuthenticator } from '../../src/fabric/auth.ts';
 import { Broker, type BrokerEvent, type BrokerOptions } from '../../src/fabric/broker.ts';
@@ -7,6 +8,7 @@ import { createExampleHandler, runExampleWorker } from '../../src/worker/example
 import { createWorker, type TurnHandler, type Worker, type WorkerOptions } from '../../src/worker/sdk.ts';
 import { makeTurnRef, makeTurnStart, waitFor } from '../fabric/helpers.ts';
 import { startCurveBroker } from '../security/curve-broker.ts';
+import { Capture } from '../helpers/capture.ts';
 
 const cleanups: Array<() => unknown> = [];
 afterEach(async () => {
@@ -493,6 +495,49 @@ describe('worker SDK end to end', () => {
     const [result] = await waitFor(() => h.of('turn_result', ref.delivery_id).length && h.of('turn_result', ref.delivery_id), 'result');
     expect(seen).toEqual(['late']);
     expect(result?.messages[0]?.content).toEqual({ revision: 5 });
+  });
+
+  describe('the stream budget (CORRAL_STREAM_TURN_BYTES)', () => {
+    const BUDGET = 256 * 1024;
+    const welcome = { leaseMs: 60_000, staleMs: 10_000, retry: { limit: 1, delay_s: 5, delay_max_s: 120, backoff: true } };
+    const floodOf = (r: Extract<BrokerEvent, { kind: 'turn_result' }>) =>
+      (r.messages[0]!.content as { flood: { chunks: number; stopped: boolean } }).flood;
+    const warnings = (lines: string, what: string) => lines.split('\n').filter((l) => l.includes(what)).length;
+
+    it('the welcome’s budget: the SDK sends chunk frames up to it, never past it, then ctx.stream returns false and says so once', async () => {
+      const h = await startBroker(undefined, [], { welcome: { ...welcome, streamTurnBytes: BUDGET } });
+      const log = new Capture();
+      await startWorker(h, { logger: pino({ level: 'warn' }, log) });
+      const ref = await dispatch(h, { flood: { chunkBytes: 32 * 1024, ms: 10_000 } });
+      const [result] = await waitFor(() => h.of('turn_result', ref.delivery_id).length && h.of('turn_result', ref.delivery_id), 'result');
+      const chunks = h.of('turn_chunk', ref.delivery_id);
+      const sent = chunks.reduce((n, c) => n + c.bytes, 0);
+      expect(sent).toBeLessThanOrEqual(BUDGET);
+      // it stopped at the chunk that would have passed the budget, not earlier
+      expect(sent + chunks[0]!.bytes).toBeGreaterThan(BUDGET);
+      expect(floodOf(result!)).toEqual({ chunks: chunks.length, bytes: chunks.length * 32 * 1024, stopped: true });
+      expect(warnings(log.text, 'stream budget is spent')).toBe(1);
+    });
+
+    it('a daemon’s turn_stream_closed: ctx.stream returns false from then on for that turn only, logged once', async () => {
+      // a daemon that states no budget in its welcome: only its message stops the stream
+      const h = await startBroker();
+      const log = new Capture();
+      await startWorker(h, { logger: pino({ level: 'warn' }, log), capacity: 2 });
+      const ref = await dispatch(h, { flood: { chunkBytes: 1024, ms: 10_000 } });
+      await waitFor(() => h.of('turn_chunk', ref.delivery_id).length >= 10, 'the flood');
+      const closed = { v: 1, type: 'turn_stream_closed', turn_ref: ref, reason: 'turn_limit', limit_bytes: 10_000 } as const;
+      expect(await h.broker.send('w-sdk', closed)).toEqual({ ok: true });
+      expect(await h.broker.send('w-sdk', closed)).toEqual({ ok: true });
+      const [result] = await waitFor(() => h.of('turn_result', ref.delivery_id).length && h.of('turn_result', ref.delivery_id), 'result');
+      // the sends are FIFO: no chunk came after the result
+      expect(floodOf(result!)).toMatchObject({ chunks: h.of('turn_chunk', ref.delivery_id).length, stopped: true });
+      expect(warnings(log.text, 'closed the turn’s stream')).toBe(1);
+      // another turn of the same worker still streams
+      const other = await dispatch(h, { stream: 3 });
+      await waitFor(() => h.of('turn_result', other.delivery_id).length, 'the other result');
+      expect(h.of('turn_chunk', other.delivery_id)).toHaveLength(3);
+    });
   });
 
   it('ignores unknown daemon message types and keeps working', async () => {
