@@ -135,6 +135,11 @@ const SETTINGS = {
    * user cannot reach them in place (a checkout or CORRAL_HOME under a closed folder).
    */
   embeddedRootDir: setting({ env: 'CORRAL_EMBEDDED_ROOT', default: DEFAULT_EMBEDDED_ROOT, rule: text({ min: 1 }) }),
+  /**
+   * How long a command waits for the database's set-up when it finds it under way (a daemon
+   * migrating on its first start, src/db/setup-lock.ts) before it gives up.
+   */
+  setupWaitMs: setting({ env: 'CORRAL_SETUP_WAIT_MS', default: 60_000, rule: int(0, 3_600_000) }),
   /** The broker's ROUTER endpoint. */
   endpoint: setting({
     env: 'CORRAL_ENDPOINT',

@@ -11,7 +11,6 @@ import type { PgBoss } from 'pg-boss';
 import { systemClock, type Clock } from './clock.ts';
 import type { Config } from './config.ts';
 import { openDatabase, type Database } from './db/client.ts';
-import { migrateDatabase } from './db/migrate.ts';
 import { markOwnerWorkersGone } from './db/workers.ts';
 import { stopIdleActivationsOf } from './db/activations.ts';
 import { daemonHeartbeatMs, markDaemonStopped, recordDaemonHeartbeat } from './db/daemons.ts';
@@ -23,7 +22,7 @@ import { Broker } from './fabric/broker.ts';
 import { FabricSecurity } from './fabric/security.ts';
 import type { TimerHandle } from './clock.ts';
 import type { Logger } from './logger.ts';
-import { createBoss, ensureQueues, queuesOf, type Queues } from './queue/boss.ts';
+import { createBoss, queuesOf, setUpDatabase, type Queues } from './queue/boss.ts';
 import { QueueConsumer } from './queue/consumer.ts';
 import type { ActorEventJobData } from './queue/events.ts';
 import { keyHeadFetch, queueTable, type KeyHeadFetch } from './db/boss-fetch.ts';
@@ -280,9 +279,7 @@ export class Daemon {
   async prepare(): Promise<void> {
     if (this._state !== 'idle') throw new CorralError('internal', `prepare() called on a daemon that is ${this._state}`);
     this._state = 'starting';
-    if (!this.deps.skipMigrations) await migrateDatabase(this.deps.databaseUrl);
-    await this.boss.start();
-    await ensureQueues(this.boss, this.config);
+    await setUpDatabase(this.deps.databaseUrl, this.boss, this.config, { migrations: !this.deps.skipMigrations });
     // a batch's events share a turn_start's room for one event (B1 of src/db/batches.ts)
     const batchBytes = Math.floor(this.config.maxMessageBytes / 2);
     this.fetchHeads = keyHeadFetch(this.database.pool, this.queues, await queueTable(this.database.pool, this.queues), batchBytes);

@@ -50,6 +50,7 @@ export async function openCommandContext(config: Config, opts: ContextOptions = 
     max: opts.connections ?? 4,
     applicationName: 'corral-cli',
     needsSchema: opts.needsSchema ?? true,
+    onSetupWait: (message) => process.stderr.write(`corral: ${message}\n`),
   });
   const { url } = database;
   let boss: PgBoss | undefined;

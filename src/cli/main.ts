@@ -160,7 +160,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     .action((actor: string, json: string | undefined, o: { file?: string }) =>
       run(
         import('./commands/send.ts').then((m) =>
-          m.runSendCommand(config(), actor, { json, file: o.file }, { out: process.stdout, stdin: process.stdin }),
+          m.runSendCommand(config(), actor, { json, file: o.file }, { out: process.stdout, err: process.stderr, stdin: process.stdin }),
         ),
       ),
     );

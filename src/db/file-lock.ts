@@ -44,7 +44,8 @@ function errnoOf(e: unknown): string | undefined {
   return (e as NodeJS.ErrnoException | undefined)?.code;
 }
 
-function pidAlive(pid: number): boolean {
+/** Whether process `pid` runs on this host (one we may not signal counts as running). */
+export function pidAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
     return true;

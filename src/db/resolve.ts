@@ -10,7 +10,7 @@ import { maskUrl } from '../config.ts';
 import { CorralError, isConnectionError, isDatabaseUnavailable, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 
-export type DatabaseConfig = Pick<Config, 'databaseUrl' | 'homeDir' | 'embeddedRootDir'>;
+export type DatabaseConfig = Pick<Config, 'databaseUrl' | 'homeDir' | 'embeddedRootDir'> & Partial<Pick<Config, 'setupWaitMs'>>;
 
 export interface ResolvedDatabase {
   url: string;

@@ -21,12 +21,14 @@
  *    first). It is pre-marked as handled: dropping it never crashes the process.
  */
 import { createHash } from 'node:crypto';
+import { existsSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { systemClock, type Clock } from '../clock.ts';
 import { DEFAULTS, ENV_NAMES, loadConfig, type Config } from '../config.ts';
 import { Daemon } from '../daemon.ts';
 import { resolveDatabase, stopEmbeddedIfStartedHere, type ResolvedDatabase } from '../db/resolve.ts';
+import { markDaemonStarting } from '../db/setup-lock.ts';
 import { DEFAULT_WORKER_CAPACITY, STOP_WITH_PARENT_ENV } from '../defaults.ts';
 import { CorralError, toError } from '../errors.ts';
 import { ensureLocalWorkerKey, keyPaths } from '../fabric/keys.ts';
@@ -236,6 +238,8 @@ class HostedDaemon implements CorralDaemon {
     if (this._state !== 'idle') throw new CorralError('shutdown', 'the daemon was stopped before it started');
     this._state = 'starting';
     const { config } = this;
+    // U2 of src/db/setup-lock.ts: commands of this home wait for the set-up instead of refusing it
+    const unmark = config.databaseUrl && !existsSync(config.homeDir) ? () => undefined : markDaemonStarting(config.homeDir);
     try {
       const database = (this.database = await resolveDatabase(config, this.log));
       this.throwIfStopAsked();
@@ -258,6 +262,7 @@ class HostedDaemon implements CorralDaemon {
         this.server = await listenForObservability(core, { host: config.metricsHost, port: config.metricsPort, metrics, logger: this.log });
       }
       await core.prepare();
+      unmark();
       this.throwIfStopAsked();
       if (config.httpPort) {
         // after the migrations (the API's client needs the schema), before turns run: a port in
@@ -283,6 +288,7 @@ class HostedDaemon implements CorralDaemon {
         'corral daemon running',
       );
     } catch (e) {
+      unmark();
       // H1: nothing may keep running: a daemon that cannot start holds no connection or port
       await this.release(undefined);
       this._state = 'stopped';

@@ -17,6 +17,7 @@ import type { Queues } from '../db/boss-jobs.ts';
 import { tuneBossJobTables } from '../db/boss-tuning.ts';
 import { installSendEvent } from '../db/send-event.ts';
 import { installClaimFunction } from '../db/boss-fetch.ts';
+import { applyMigrations, withSetupLock } from '../db/migrate.ts';
 import { queuesOf } from './names.ts';
 
 export const TEN_YEARS_S = 10 * 365 * 24 * 3600;
@@ -116,6 +117,26 @@ export async function ensureQueues(
     await installClaimFunction(boss.getDb(), names);
   }
   return names;
+}
+
+/**
+ * The whole set-up of a database, under its set-up lock (U1 of src/db/setup-lock.ts): corral's
+ * migrations (unless `migrations` is false), pg-boss's (it migrates on start), the queues and the
+ * SQL functions. `boss` is started here and left running. So a command that finds corral's schema
+ * missing, or `corral.send_events` not made yet, sees from the lock that a set-up is under way.
+ */
+export async function setUpDatabase(
+  url: string,
+  boss: PgBoss,
+  config: QueueConfig,
+  opts: { migrations?: boolean; updateExisting?: boolean; installFunctions?: boolean } = {},
+): Promise<Queues> {
+  const { migrations = true, ...queueOpts } = opts;
+  return withSetupLock(url, async (client) => {
+    if (migrations) await applyMigrations(client);
+    await boss.start();
+    return ensureQueues(boss, config, queueOpts);
+  });
 }
 
 /** Creates the queue, or updates its options (a policy cannot change after creation). */

@@ -5,9 +5,11 @@
  * daemon`) stops the daemon and its workers.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { chmod } from 'node:fs/promises';
+import { hostname } from 'node:os';
 import { join } from 'node:path';
+import pg from 'pg';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { CORRAL, ROOT, freshHomes, run } from './helpers.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
@@ -20,9 +22,11 @@ import {
   postmastersOf,
   safeKill,
   spawnCorral,
+  trackChild,
   type Proc,
 } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { SETUP_LOCK_KEY } from '../../src/db/setup-lock.ts';
 
 const homes = freshHomes('corral-first-run-');
 const freshHome = () => homes.make();
@@ -45,33 +49,106 @@ afterEach(async () => {
 afterAll(() => homes.removeAll());
 
 describe('a fresh CORRAL_HOME', () => {
-  it('serves five commands and a daemon started together from one embedded server', async () => {
+  it('five sends fired 0.2 s apart while `npm start` sets a fresh home up all wait for it and commit', async () => {
     const home = await freshHome();
     const env = embeddedEnv(home, await freePort());
-    const daemon = spawnCorral(['daemon', '--workers', '1'], env, 'daemon');
-    const sends: Proc[] = Array.from({ length: 5 }, (_, i) => spawnCorral(['send', `race-${i}/s`, '{"text":"x"}'], env, `send-${i}`));
-    const codes = await Promise.all(sends.map((s) => s.exited));
-    // Each reached the one server: it enqueued, or it came before the daemon had applied corral's
-    // migrations and said so (a send sets up nothing in a database without corral's schema).
-    const refused = sends.flatMap((s, i) => (codes[i] === 0 ? [] : [i]));
-    for (const i of refused) {
-      expect([codes[i], sends[i]!.log()]).toEqual([1, expect.stringContaining('the database has no corral schema yet')]);
-    }
-    await waitFor(() => daemon.log().includes('corral daemon running'), { timeoutMs: 90_000, what: 'the daemon to run' });
-    expect(postmastersOf(home)).toBe(1);
-    for (const i of refused) {
-      const again = await run([CORRAL, 'send', `race-${i}/s`, '{"text":"x"}'], env);
-      expect(again.code, again.stderr).toBe(0);
-    }
-    for (let i = 0; i < 5; i++) {
-      await waitFor(async () => (await run([CORRAL, 'transcript', `race-${i}/s`], env)).stdout.includes('echo: x'), {
-        timeoutMs: 60_000,
-        intervalMs: 300,
-        what: `the turn of race-${i}/s`,
+    const started = spawn('npm', ['start'], {
+      cwd: ROOT,
+      env: { ...process.env, ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+      detached: true,
+    });
+    trackChild(started);
+    let log = '';
+    started.stdout!.setEncoding('utf8').on('data', (d: string) => (log += d));
+    started.stderr!.setEncoding('utf8').on('data', (d: string) => (log += d));
+    try {
+      const sends: Proc[] = [];
+      for (let i = 0; i < 5; i++) {
+        await new Promise((r) => setTimeout(r, 200));
+        sends.push(spawnCorral(['send', `race-${i}/s`, '{"text":"x"}'], env, `send-${i}`));
+      }
+      const codes = await Promise.all(sends.map((s) => s.exited));
+      expect(codes, sends.map((s) => s.log()).join('\n')).toEqual([0, 0, 0, 0, 0]);
+      // each said once what it waited for, when it had to wait (the first ones did: initdb alone takes seconds)
+      const waited = sends.filter((s) => s.log().includes('waiting for'));
+      expect(waited.length).toBeGreaterThan(0);
+      for (const s of waited) expect(s.log().split('waiting for').length - 1).toBe(1);
+      expect(waited[0]!.log()).toMatch(
+        /corral: waiting for the (daemon starting in .* \(pid \d+\)|set-up of the database under way \(.*\)) to finish \(up to 60 s\)/,
+      );
+      await waitFor(() => log.includes('corral daemon running'), { timeoutMs: 90_000, what: `the daemon to run:\n${log}` });
+      expect(postmastersOf(home)).toBe(1);
+      for (let i = 0; i < 5; i++) {
+        await waitFor(async () => (await run([CORRAL, 'transcript', `race-${i}/s`], env)).stdout.includes('echo: x'), {
+          timeoutMs: 60_000,
+          intervalMs: 300,
+          what: `the turn of race-${i}/s`,
+        });
+      }
+      // the daemon is set up: no mark of it starting is left behind
+      expect(readdirSync(join(home, 'starting'))).toEqual([]);
+    } finally {
+      process.kill(-started.pid!, 'SIGTERM');
+      await waitFor(() => started.exitCode !== null, { timeoutMs: 30_000, what: 'npm start to exit' }).catch(() => {
+        for (const pid of descendants(started.pid!)) safeKill(pid, 'SIGKILL');
       });
     }
-    daemon.child.kill('SIGTERM');
-    expect(await daemon.exited).toBe(0);
+  }, 240_000);
+
+  it('a send with no daemon at all fails fast with the schema message, and waits for nothing', async () => {
+    const home = await freshHome();
+    const env = embeddedEnv(home, await freePort());
+    // the embedded server started, no corral schema in it, nobody setting it up
+    const first = await run([CORRAL, 'send', 'nobody/s', '{"text":"x"}'], env, { timeoutMs: 90_000 });
+    expect([first.code, first.stderr]).toEqual([1, expect.stringContaining('the database has no corral schema yet')]);
+    const startedAt = Date.now();
+    const again = await run([CORRAL, 'send', 'nobody/s', '{"text":"x"}'], env);
+    expect([again.code, again.stderr]).toEqual([1, expect.stringContaining('the database has no corral schema yet')]);
+    expect(again.stderr).not.toContain('waiting for');
+    expect(Date.now() - startedAt).toBeLessThan(5_000);
+    // nor does a mark left by a daemon killed while it started
+    mkdirSync(join(home, 'starting'), { recursive: true });
+    writeFileSync(
+      join(home, 'starting', '999999'),
+      JSON.stringify({ pid: 2 ** 22 + 1, host: hostname(), since: new Date().toISOString() }),
+    );
+    const stale = await run([CORRAL, 'status'], env);
+    expect([stale.code, stale.stderr]).toEqual([1, expect.stringContaining('the database has no corral schema yet')]);
+    expect(stale.stderr).not.toContain('waiting for');
+  }, 180_000);
+
+  it('a command on a database whose set-up lock another session holds waits for it, and gives up with a clear error', async () => {
+    const db = await testDatabase();
+    const env = { DATABASE_URL: db.url, CORRAL_HOME: await freshHome() };
+    // an empty database, as a daemon finds it before its migrations ran
+    const admin = new pg.Client({ connectionString: db.url });
+    await admin.connect();
+    try {
+      await admin.query('drop schema corral cascade; drop schema drizzle cascade');
+      await admin.query('select pg_advisory_lock($1)', [SETUP_LOCK_KEY]);
+      const send = spawnCorral(['send', 'locked/s', '{"text":"x"}'], env, 'send');
+      await waitFor(() => send.log().includes('waiting for'), { timeoutMs: 30_000, what: `the send to wait:\n${send.log()}` });
+      expect(send.log()).toMatch(/waiting for the set-up of the database under way \(.*backend pid \d+\)/);
+      // the set-up goes on: a `db migrate` queued behind this session takes the lock as it is released
+      const migrate = spawnCorral(['db', 'migrate'], env, 'migrate');
+      await waitFor(
+        async () => (await admin.query(`select 1 from pg_locks where locktype = 'advisory' and not granted`)).rowCount === 1,
+        { timeoutMs: 30_000, what: 'db migrate to wait for the lock' },
+      );
+      await admin.query('select pg_advisory_unlock($1)', [SETUP_LOCK_KEY]);
+      expect(await migrate.exited, migrate.log()).toBe(0);
+      expect(await send.exited, send.log()).toBe(0);
+      expect(send.log().split('waiting for').length - 1).toBe(1);
+      // a set-up that never ends: the wait is bounded
+      await admin.query('drop schema corral cascade');
+      await admin.query('select pg_advisory_lock($1)', [SETUP_LOCK_KEY]);
+      const bounded = await run([CORRAL, 'status'], { ...env, CORRAL_SETUP_WAIT_MS: '1500' });
+      expect(bounded.code).toBe(1);
+      expect(bounded.stderr).toMatch(/the database is still being set up after \d+ s/);
+    } finally {
+      await admin.end();
+    }
   }, 180_000);
 
   it('a command that finds the recorded server stopped starts it', async () => {

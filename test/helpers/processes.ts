@@ -6,7 +6,7 @@
  * file (test/helpers/leak-check.ts) sees one still running.
  */
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
-import { createWriteStream, mkdtempSync, readFileSync } from 'node:fs';
+import { createWriteStream, existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 
@@ -55,7 +55,9 @@ export function spawnCorral(args: string[], env: Record<string, string>, name = 
   child.stderr!.pipe(out);
   trackChild(child);
   const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
-  return { child, logPath, log: () => readFileSync(logPath, 'utf8'), exited };
+  // the file is made by the stream, a moment after the spawn: until then the log is empty
+  const log = () => (existsSync(logPath) ? readFileSync(logPath, 'utf8') : '');
+  return { child, logPath, log, exited };
 }
 
 /** Pids of `ppid`'s children whose command line contains `match`. */

@@ -1,20 +1,17 @@
 /** `corral db migrate | stop`: apply migrations; stop the embedded PostgreSQL. */
 import type { Config } from '../../config.ts';
-import { migrateDatabase } from '../../db/migrate.ts';
 import { stopEmbeddedPostgres } from '../../db/embedded.ts';
-import { createBoss, ensureQueues } from '../../queue/boss.ts';
+import { createBoss, setUpDatabase } from '../../queue/boss.ts';
 import { commandLogger, resolveDatabase } from '../context.ts';
 
 export async function runMigrateCommand(config: Config, out: NodeJS.WritableStream): Promise<number> {
   const logger = commandLogger(config);
   const { url } = await resolveDatabase(config, logger);
-  await migrateDatabase(url);
   // pg-boss migrates its own schema on start; the queues (kept as a daemon set them, if one did)
   // carry the SQL enqueue, corral.send_event.
   const boss = createBoss(url, config);
-  await boss.start();
   try {
-    await ensureQueues(boss, config, { updateExisting: false, installFunctions: true });
+    await setUpDatabase(url, boss, config, { updateExisting: false, installFunctions: true });
   } finally {
     await boss.stop({ graceful: false, close: true });
   }

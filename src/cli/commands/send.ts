@@ -12,6 +12,7 @@ import pg from 'pg';
 import { parseActorKey } from '../../actor-key.ts';
 import type { Config } from '../../config.ts';
 import { requireCorralSchema } from '../../db/health.ts';
+import { waitForSetup } from '../../db/setup-lock.ts';
 import { CorralError, toError } from '../../errors.ts';
 import { sendOneEvent } from '../../db/send-one.ts';
 import { directSend } from '../../queue/direct-send.ts';
@@ -22,6 +23,8 @@ import { readJsonInput, type JsonSource } from '../event-input.ts';
 
 export interface SendIo {
   out: NodeJS.WritableStream;
+  /** Where the command says what it waits for. */
+  err: NodeJS.WritableStream;
   stdin: NodeJS.ReadableStream;
 }
 
@@ -49,6 +52,12 @@ export async function runSendCommand(config: Config, actor: string, source: Json
   let sent: boolean;
   let id: string | undefined;
   try {
+    // a daemon still setting the database up (the first `npm start`) is waited for, not refused
+    await waitForSetup(client, {
+      homeDir: config.homeDir,
+      timeoutMs: config.setupWaitMs,
+      onWait: (message) => io.err.write(`corral: ${message}\n`),
+    });
     // before anything is written: a database that is not corral's gets nothing, not even pg-boss
     await requireCorralSchema(client);
     id = await sendOneEvent(client, key.agentUid, key.sessionId, event);
