@@ -251,6 +251,7 @@ export class Daemon {
     this.recovery = new Recovery({
       db: this.database.db,
       failures: this.runtime.failures,
+      jobs: { schema: this.queues.schema, queue: this.queues.events },
       clock,
       logger,
       intervalMs: config.recoveryIntervalMs,

@@ -9,7 +9,8 @@
  *     `cancelled`, `not_found` (no such event: not sent, its transaction not committed yet, or
  *     gone with the retention), `timeout`, `aborted`, `closed`.
  *  T4 At the deadline the event is read once more before `timeout`: an outcome that no
- *     notification announced (a job pg-boss failed by itself) is still reported as itself.
+ *     notification announced yet (a job pg-boss failed by itself, before a daemon's recovery
+ *     settled it and said so) is still reported as itself.
  */
 import { formatActorKey, parseActorKey } from '../actor-key.ts';
 import type { Db } from '../db/client.ts';

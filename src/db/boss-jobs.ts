@@ -350,6 +350,53 @@ export async function makeQueuedLastAttempt(tx: DbOrTx, schema: string, queue: s
   return (res.rowCount ?? 0) > 0;
 }
 
+/** Whether job `j`'s actor is blocked by it (dead-letter mode `block`): looked up by the actor's key, its primary key. */
+const BLOCKED_BY_IT = sql`exists (select 1 from corral.actors a
+   where a.agent_uid = split_part(j.${c.singleton_key}, '/', 1) and a.session_id = split_part(j.${c.singleton_key}, '/', 2)
+     and a.blocked_by_event_id = j.${c.id})`;
+
+/** A failed job of the actor queue that corral did not settle (see `unsettledFailedJobs`). */
+export interface UnsettledFailedJob {
+  id: string;
+  actor: ActorKey;
+  retryCount: number;
+}
+
+/**
+ * Failed jobs of the actor queue that corral never settled: pg-boss failed them by itself (its
+ * heartbeat or expiry supervision, after the daemon that held them died) and dead-lettered them.
+ * Corral's own failures leave none (in dead-letter mode `continue` the failed original is deleted
+ * with the failure; in `block` the actor is blocked by it). Reads the live states' index only.
+ */
+export async function unsettledFailedJobs(db: DbOrTx, schema: string, queue: string, limit: number): Promise<UnsettledFailedJob[]> {
+  const res = await db.execute<{ id: string; singleton_key: string | null; retry_count: number }>(sql`
+    select ${bossSql.columns(['id', 'singleton_key', 'retry_count'])} from ${job(schema)} j
+     where ${c.name} = ${queue} and ${c.state} in ${LIVE} and ${c.state} = ${st.failed}
+       and not ${BLOCKED_BY_IT}
+     limit ${limit}`);
+  return res.rows.flatMap((r) => {
+    const actor = actorOfSingletonKey(r.singleton_key);
+    return actor ? [{ id: r.id, actor, retryCount: Number(r.retry_count) }] : [];
+  });
+}
+
+/** Locks failed job `id` of `queue` while corral has not settled it (`unsettledFailedJobs`); false when it has, or another holds it. */
+export async function lockUnsettledFailedJob(tx: DbOrTx, schema: string, queue: string, id: string): Promise<boolean> {
+  const res = await tx.execute(sql`
+    select 1 from ${job(schema)} j
+     where ${c.name} = ${queue} and ${c.id} = ${id} and ${c.state} = ${st.failed}
+       and not ${BLOCKED_BY_IT}
+     for update of j skip locked`);
+  return (res.rowCount ?? 0) > 0;
+}
+
+/** The actor of a job's singleton key (`agent_uid/session_id`), or undefined for a key of another shape. */
+function actorOfSingletonKey(key: string | null): ActorKey | undefined {
+  const parts = key?.split('/') ?? [];
+  if (parts.length !== 2 || !parts[0] || !parts[1]) return undefined;
+  return { agentUid: parts[0], sessionId: parts[1] };
+}
+
 /**
  * S12: stamps pg-boss's maintenance claim on `queues` (now, by pg-boss's clock), so its daily walk
  * of every job does not run on them: corral's retention sweep maintains them.

@@ -25,13 +25,13 @@ import * as activations from '../db/activations.ts';
 import type { ActivationRow } from '../db/activations.ts';
 import * as deliveries from '../db/deliveries.ts';
 import * as transcript from '../db/transcript.ts';
-import { setBlockedBy } from '../db/actors.ts';
-import { makeQueuedLastAttempt, requeueActiveJob } from '../db/boss-jobs.ts';
+import { lastEpochOf, setBlockedBy } from '../db/actors.ts';
+import { lockUnsettledFailedJob, makeQueuedLastAttempt, requeueActiveJob, type UnsettledFailedJob } from '../db/boss-jobs.ts';
 import { JOB_STATE } from '../db/boss-internals.ts';
 import { notifyTurnEvents } from '../db/turn-events.ts';
 import { sql } from '../db/orm.ts';
 
-export type FailureKind = 'turn_error' | 'lease_expired' | 'worker_lost' | 'superseded' | 'recovered' | 'turn_timeout';
+export type FailureKind = 'turn_error' | 'lease_expired' | 'worker_lost' | 'superseded' | 'recovered' | 'turn_timeout' | 'queue_expired';
 
 export interface FailOutcome {
   /** The job went to the dead-letter queue (its retries are exhausted). */
@@ -117,6 +117,35 @@ export class AttemptFailures {
         'recovered',
       );
       return { deadLettered, jobFailed: true };
+    });
+  }
+
+  /**
+   * Recovery: a job pg-boss failed and dead-lettered by itself (its heartbeat or expiry supervision,
+   * after the daemon that held it died), which corral never settled. Settled as corral settles its
+   * own dead letters, in one transaction: the attempt corral may still run for it ends (so its
+   * worker's result cannot commit), the failed original leaves the actor queue (or blocks the
+   * actor, in dead-letter mode `block`), and watchers hear `dead_lettered`. False when it was
+   * settled meanwhile (another daemon's recovery, an operator's replay).
+   */
+  async adoptDeadLetter(failed: UnsettledFailedJob): Promise<boolean> {
+    const { jobs } = this.deps;
+    return inTransaction(this.deps.db, async (tx) => {
+      if (!(await lockUnsettledFailedJob(tx, jobs.schema, jobs.queue, failed.id))) return false;
+      const error = { code: 'queue_expired', message: 'the queue failed the job by itself (its holder went silent) and dead-lettered it' };
+      const live = await activations.lockLiveActivation(tx, failed.actor);
+      const running = live?.currentEventId === failed.id ? live : undefined;
+      if (running) await this.failActivationInTx(tx, running, 'queue_expired', error, false);
+      const epoch = running?.actorEpoch ?? (await lastEpochOf(tx, failed.actor));
+      await this.settleFailedJob(
+        tx,
+        failed.actor,
+        { eventId: failed.id, epoch, attempt: failed.retryCount + 1 },
+        async () => [],
+        error,
+        'queue_expired',
+      );
+      return true;
     });
   }
 

@@ -4,7 +4,10 @@
  *  - fails in-flight activations whose lease expired (their owner died; the watchdog's rule),
  *  - repairs turns left `started` whose delivery is no longer live or is gone: the turn is failed
  *    and, if its job attempt is still active, the attempt is failed so the event is retried
- *    under a new epoch.
+ *    under a new epoch,
+ *  - settles the dead letters pg-boss made by itself (a job whose holder went silent, failed by
+ *    its own supervision with no retry left), as corral settles its own: the actor moves on (or
+ *    is blocked, in dead-letter mode `block`) and watchers hear `dead_lettered`.
  * Stale workers are the watchdog's (src/runtime/watchdog.ts), not recovery's.
  */
 import type { Clock } from '../clock.ts';
@@ -12,12 +15,16 @@ import type { Logger } from '../logger.ts';
 import type { Db } from '../db/client.ts';
 import * as transcript from '../db/transcript.ts';
 import * as activations from '../db/activations.ts';
+import { unsettledFailedJobs } from '../db/boss-jobs.ts';
+import type { JobTable } from '../db/fence.ts';
 import type { AttemptFailures } from './attempt-failure.ts';
 import { Periodic } from './periodic.ts';
 
 export interface RecoveryOptions {
   db: Db;
-  failures: Pick<AttemptFailures, 'expire' | 'repairOrphanTurn'>;
+  failures: Pick<AttemptFailures, 'expire' | 'repairOrphanTurn' | 'adoptDeadLetter'>;
+  /** Where the events' jobs are. */
+  jobs: JobTable;
   clock: Clock;
   logger: Logger;
   intervalMs: number;
@@ -27,6 +34,8 @@ export interface RecoveryReport {
   expiredActivations: number;
   repairedTurns: number;
   retriedEvents: number;
+  /** Dead letters pg-boss made by itself, settled here. */
+  adoptedDeadLetters: number;
 }
 
 export class Recovery {
@@ -56,7 +65,7 @@ export class Recovery {
   }
 
   private async pass(): Promise<RecoveryReport> {
-    const report: RecoveryReport = { expiredActivations: 0, repairedTurns: 0, retriedEvents: 0 };
+    const report: RecoveryReport = { expiredActivations: 0, repairedTurns: 0, retriedEvents: 0, adoptedDeadLetters: 0 };
     for (const a of await activations.listExpiredInFlight(this.opts.db, 1000)) {
       if (await this.opts.failures.expire(a.activationUid)) report.expiredActivations++;
     }
@@ -66,7 +75,17 @@ export class Recovery {
       report.repairedTurns++;
       if (outcome.jobFailed) report.retriedEvents++;
     }
-    if (report.expiredActivations + report.repairedTurns > 0) this.log.info(report, 'recovery repaired runtime state');
+    const { jobs } = this.opts;
+    for (const failed of await unsettledFailedJobs(this.opts.db, jobs.schema, jobs.queue, 1000)) {
+      if (!(await this.opts.failures.adoptDeadLetter(failed))) continue;
+      report.adoptedDeadLetters++;
+      this.log.warn(
+        { actor: `${failed.actor.agentUid}/${failed.actor.sessionId}`, eventId: failed.id, attempt: failed.retryCount + 1 },
+        'the queue dead-lettered an event by itself; settled it as a dead letter',
+      );
+    }
+    if (report.expiredActivations + report.repairedTurns + report.adoptedDeadLetters > 0)
+      this.log.info(report, 'recovery repaired runtime state');
     return report;
   }
 }

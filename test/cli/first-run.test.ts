@@ -132,10 +132,10 @@ describe('a fresh CORRAL_HOME', () => {
       expect(send.log()).toMatch(/waiting for the set-up of the database under way \(.*backend pid \d+\)/);
       // the set-up goes on: a `db migrate` queued behind this session takes the lock as it is released
       const migrate = spawnCorral(['db', 'migrate'], env, 'migrate');
-      await waitFor(
-        async () => (await admin.query(`select 1 from pg_locks where locktype = 'advisory' and not granted`)).rowCount === 1,
-        { timeoutMs: 30_000, what: 'db migrate to wait for the lock' },
-      );
+      await waitFor(async () => (await admin.query(`select 1 from pg_locks where locktype = 'advisory' and not granted`)).rowCount === 1, {
+        timeoutMs: 30_000,
+        what: 'db migrate to wait for the lock',
+      });
       await admin.query('select pg_advisory_unlock($1)', [SETUP_LOCK_KEY]);
       expect(await migrate.exited, migrate.log()).toBe(0);
       expect(await send.exited, send.log()).toBe(0);

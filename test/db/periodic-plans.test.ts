@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { listExpiredInFlight, stopIdleActivations } from '../../src/db/activations.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { unacceptedDeliveriesOf } from '../../src/db/deliveries.ts';
-import { completedJobsOlderThan } from '../../src/db/boss-jobs.ts';
+import { completedJobsOlderThan, unsettledFailedJobs } from '../../src/db/boss-jobs.ts';
 import { pruneIdempotencyKeys } from '../../src/db/idempotency.ts';
 import { claimOutbox, nextOutboxDueMs, pruneOutbox } from '../../src/db/outbox.ts';
 import { pruneActivations, pruneDeliveries } from '../../src/db/runtime-pruning.ts';
@@ -167,6 +167,11 @@ describe('periodic statements on a history of 200,000 finished turns, right afte
 
   it('recovery finds orphaned started turns without reading the history', async () => {
     await expectNoSequentialScans('orphanedStartedTurns', () => orphanedStartedTurns(database.db, 1000));
+  });
+
+  it('recovery finds the dead letters pg-boss made by itself without reading the history', async () => {
+    await expectNoSequentialScans('unsettledFailedJobs', () => unsettledFailedJobs(database.db, 'pgboss', 'actor-events', 1000));
+    expect(await unsettledFailedJobs(database.db, 'pgboss', 'actor-events', 1000), 'none in a history of completed jobs').toEqual([]);
   });
 
   // last: it adds live rows the other statements would see
