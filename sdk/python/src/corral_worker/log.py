@@ -28,7 +28,9 @@ class FieldsAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
         given = kwargs.get("extra") or {}
         merged = {**self.fields, **given}
-        kwargs["extra"] = {**merged, "corral": merged}
+        # a field named like a LogRecord attribute (message, msg, args, ...) would make logging
+        # raise: such fields stay in record.corral only
+        kwargs["extra"] = {**{k: v for k, v in merged.items() if k not in _STANDARD}, "corral": merged}
         return msg, kwargs
 
 
