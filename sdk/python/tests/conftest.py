@@ -44,7 +44,9 @@ def wait_for(check: Callable[[], Optional[T]], timeout: float, what: str, interv
         except (AssertionError, subprocess.CalledProcessError, ValueError, KeyError) as e:
             last_error = e
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}" + (f" (last: {last_error})" if last_error else ""))
+            raise AssertionError(
+                f"timed out after {timeout:g} s waiting for {what}" + (f" (last: {last_error})" if last_error else "")
+            )
         time.sleep(interval)
 
 
@@ -76,8 +78,18 @@ class Corral:
         self.env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("CORRAL_")}
         self.env.update({"CORRAL_HOME": str(home), "CORRAL_LOG_LEVEL": "info", **(env or {})})
 
-    def run(self, *args: str, check: bool = True, timeout: float = 60, input: Optional[str] = None) -> "subprocess.CompletedProcess[str]":
-        p = subprocess.run([self.node, str(CORRAL_JS), *args], env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout, input=input)
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 60, input: Optional[str] = None
+    ) -> "subprocess.CompletedProcess[str]":
+        p = subprocess.run(
+            [self.node, str(CORRAL_JS), *args],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+        )
         if check and p.returncode != 0:
             raise AssertionError(f"corral {' '.join(args)} exited {p.returncode}: {p.stderr.strip()[:2000]}")
         return p
@@ -107,7 +119,9 @@ class Corral:
 
     def reply(self, actor: str, event_id: str, timeout: float = 30) -> dict[str, Any]:
         """The assistant content of ``event_id``'s committed turn (waits for it)."""
-        turn = wait_for(lambda: self.turn_of(actor, event_id), timeout, f"the turn of {event_id} to commit on {actor}", interval=0.3)
+        turn = wait_for(
+            lambda: self.turn_of(actor, event_id), timeout, f"the turn of {event_id} to commit on {actor}", interval=0.3
+        )
         content: dict[str, Any] = [m for m in turn["messages"] if m["role"] == "assistant"][-1]["content"]
         return content
 
@@ -170,7 +184,9 @@ class Daemon:
 class WorkerProcess:
     """``python -m corral_worker ... agents:handle``: the console script, a real process."""
 
-    def __init__(self, home: Path, key_file: Path, endpoint: str, *extra: str, name: str = "worker", handler: str = "agents:handle") -> None:
+    def __init__(
+        self, home: Path, key_file: Path, endpoint: str, *extra: str, name: str = "worker", handler: str = "agents:handle"
+    ) -> None:
         self.log_path = home / f"{name}.log"
         self.marks = home / "marks"
         self.marks.mkdir(exist_ok=True)
@@ -178,7 +194,19 @@ class WorkerProcess:
         env["PYTHONPATH"] = os.pathsep.join([str(SDK_SRC), str(TESTS)])
         env["CORRAL_PY_TEST_MARKS"] = str(self.marks)
         log = open(self.log_path, "ab")
-        self.args = [sys.executable, "-m", "corral_worker", "--key-file", str(key_file), "--endpoint", endpoint, "--log-level", "debug", *extra, handler]
+        self.args = [
+            sys.executable,
+            "-m",
+            "corral_worker",
+            "--key-file",
+            str(key_file),
+            "--endpoint",
+            endpoint,
+            "--log-level",
+            "debug",
+            *extra,
+            handler,
+        ]
         self.proc = subprocess.Popen(self.args, env=env, cwd=TESTS, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 

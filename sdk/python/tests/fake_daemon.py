@@ -72,7 +72,14 @@ class FakeDaemon:
     async def welcome(self, **extra: Any) -> dict[str, Any]:
         ready = await self.recv("worker_ready")
         await self.send(
-            {"v": 1, "type": "worker_welcome", "worker_id": ready["worker_id"], "heartbeat_interval_ms": 2000, "progress_interval_ms": 10000, **extra}
+            {
+                "v": 1,
+                "type": "worker_welcome",
+                "worker_id": ready["worker_id"],
+                "heartbeat_interval_ms": 2000,
+                "progress_interval_ms": 10000,
+                **extra,
+            }
         )
         return ready
 

@@ -27,7 +27,9 @@ KEY = {
 def run(*args: str, cwd: Path = TESTS) -> "subprocess.CompletedProcess[str]":
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env["PYTHONPATH"] = os.pathsep.join([str(SDK_SRC), str(TESTS)])
-    return subprocess.run([sys.executable, "-m", "corral_worker", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "corral_worker", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=30
+    )
 
 
 @pytest.fixture()

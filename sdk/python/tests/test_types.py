@@ -19,9 +19,22 @@ def test_mypy_strict_is_clean() -> None:
     probe = subprocess.run([sys.executable, "-m", "mypy", "--version"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.fail(f"mypy is not installed for {sys.executable}: apt-get install mypy (Debian) or pip install mypy")
-    targets = [str(SDK_SRC / "corral_worker"), str(TESTS / "agents.py"), *map(str, sorted((REPO / "examples" / "python").glob("*.py")))]
+    targets = [
+        str(SDK_SRC / "corral_worker"),
+        str(TESTS / "agents.py"),
+        *map(str, sorted((REPO / "examples" / "python").glob("*.py"))),
+    ]
     p = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--config-file", str(SDK_ROOT / "pyproject.toml"), "--no-incremental", *targets],
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--config-file",
+            str(SDK_ROOT / "pyproject.toml"),
+            "--no-incremental",
+            *targets,
+        ],
         capture_output=True,
         text=True,
         cwd=SDK_ROOT,

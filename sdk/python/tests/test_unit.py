@@ -23,7 +23,7 @@ from corral_worker.protocol import (
     WorkerWelcome,
     parse_daemon_message,
 )
-from corral_worker.worker import backoff_delay_s
+from corral_worker._handshake import backoff_delay_s
 from fake_daemon import FakeDaemon, turn_ref, turn_start
 
 T = TypeVar("T")
@@ -39,7 +39,10 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 def test_the_key_proof_matches_the_protocol_test_vector() -> None:
     shared = curve_shared_secret("D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%cs", "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7")
     assert shared.hex() == "535e8ec77a336a164c2484095d83b7e5f902a695c27482af6e07e09e31611b1c"
-    assert registration_proof(shared, "gpu-box-1", "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8") == "Nx176iIb1F4YfY5UyNc0-1M4wkQrLT8h2Mw9TbhCtWM"
+    assert (
+        registration_proof(shared, "gpu-box-1", "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8")
+        == "Nx176iIb1F4YfY5UyNc0-1M4wkQrLT8h2Mw9TbhCtWM"
+    )
 
 
 # ---- validation of daemon messages ----------------------------------------------------------------
@@ -51,14 +54,26 @@ def frame(msg: Any) -> bytes:
 
 def test_a_welcome_with_the_new_optional_fields_parses() -> None:
     m = parse_daemon_message(
-        frame({"v": 1, "type": "worker_welcome", "worker_id": "w", "heartbeat_interval_ms": 2000, "progress_interval_ms": 10000, "stream_turn_bytes": 100, "x": 1})
+        frame(
+            {
+                "v": 1,
+                "type": "worker_welcome",
+                "worker_id": "w",
+                "heartbeat_interval_ms": 2000,
+                "progress_interval_ms": 10000,
+                "stream_turn_bytes": 100,
+                "x": 1,
+            }
+        )
     )
     assert isinstance(m, WorkerWelcome) and m.stream_turn_bytes == 100 and m.stream_chunk_bytes is None and m.capacity is None
 
 
 def test_turn_stream_closed_parses() -> None:
     ref = turn_ref()
-    m = parse_daemon_message(frame({"v": 1, "type": "turn_stream_closed", "turn_ref": ref, "reason": "turn_limit", "limit_bytes": 8388608}))
+    m = parse_daemon_message(
+        frame({"v": 1, "type": "turn_stream_closed", "turn_ref": ref, "reason": "turn_limit", "limit_bytes": 8388608})
+    )
     assert isinstance(m, TurnStreamClosed) and m.turn_ref == ref and m.limit_bytes == 8388608
 
 
@@ -92,8 +107,19 @@ WELCOME = {"v": 1, "type": "worker_welcome", "worker_id": "w", "heartbeat_interv
         (frame({"v": 1, "type": "turn_committed", "turn_ref": {**turn_ref(), "pad": "x" * 3000}}), "2048"),
         (frame({**turn_start(turn_ref(), 1), "attempt": 0}), "attempt"),
         (frame({**turn_start(turn_ref(), 1), "lease_expires_at": "tomorrow"}), "lease_expires_at"),
-        (frame({**turn_start(turn_ref(), 1), "events": [{"id": "e", "data": 1, "enqueued_at": "2026-01-01T00:00:00Z"}]}), "events"),
-        (frame({**turn_start(turn_ref(), 1), "context": {"conversation_id": "x", "messages": [], "has_more": False, "current_seq": 1}}), "conversation_id"),
+        (
+            frame({**turn_start(turn_ref(), 1), "events": [{"id": "e", "data": 1, "enqueued_at": "2026-01-01T00:00:00Z"}]}),
+            "events",
+        ),
+        (
+            frame(
+                {
+                    **turn_start(turn_ref(), 1),
+                    "context": {"conversation_id": "x", "messages": [], "has_more": False, "current_seq": 1},
+                }
+            ),
+            "conversation_id",
+        ),
         (frame({"v": 1, "type": "turn_steer", "turn_ref": turn_ref()}), "input"),
         (frame({"v": 1, "type": "turn_stream_closed", "turn_ref": turn_ref()}), "reason"),
         (frame({"v": 1, "type": "rpc_response", "id": "", "result": 1}), "id"),
@@ -147,7 +173,9 @@ def test_log_fields_named_like_record_attributes_do_not_break_logging(caplog: py
 
 
 @asynccontextmanager
-async def worker_with(handler: Callable[[TurnContext], Coroutine[Any, Any, TurnOutcome]], *, capacity: int = 1, **welcome: Any) -> AsyncIterator[tuple[Worker, FakeDaemon]]:
+async def worker_with(
+    handler: Callable[[TurnContext], Coroutine[Any, Any, TurnOutcome]], *, capacity: int = 1, **welcome: Any
+) -> AsyncIterator[tuple[Worker, FakeDaemon]]:
     daemon = FakeDaemon()
     worker = Worker(handler, endpoint=daemon.endpoint, insecure=True, worker_id="fake-1", capacity=capacity, start_timeout_s=5)
     started = asyncio.ensure_future(worker.start())
@@ -219,7 +247,9 @@ def test_turn_stream_closed_stops_the_turns_stream(caplog: pytest.LogCaptureFixt
             await daemon.recv("turn_chunk")
             # for the first turn only; a closing for an unknown delivery changes nothing
             await daemon.send({"v": 1, "type": "turn_stream_closed", "turn_ref": ref, "reason": "turn_limit", "limit_bytes": 10})
-            await daemon.send({"v": 1, "type": "turn_stream_closed", "turn_ref": turn_ref(), "reason": "turn_limit", "limit_bytes": 10})
+            await daemon.send(
+                {"v": 1, "type": "turn_stream_closed", "turn_ref": turn_ref(), "reason": "turn_limit", "limit_bytes": 10}
+            )
             for r in (ref, other):
                 await daemon.send({"v": 1, "type": "turn_steer", "turn_ref": {**r, "revision": 1}, "input": "go"})
             results = {}

@@ -84,14 +84,43 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("handler", metavar="module:handler", help="the handler to run, e.g. agent:handle (the current folder is importable)")
-    p.add_argument("--key-file", metavar="FILE", help="the key file from `corral keys add-worker ID --out FILE` (default CORRAL_WORKER_KEY_FILE)")
+    p.add_argument(
+        "handler", metavar="module:handler", help="the handler to run, e.g. agent:handle (the current folder is importable)"
+    )
+    p.add_argument(
+        "--key-file",
+        metavar="FILE",
+        help="the key file from `corral keys add-worker ID --out FILE` (default CORRAL_WORKER_KEY_FILE)",
+    )
     p.add_argument("--endpoint", metavar="URL", help=f"the daemon's endpoint (default CORRAL_ENDPOINT or {DEFAULT_ENDPOINT})")
-    p.add_argument("--capacity", type=_positive_int, default=DEFAULT_CAPACITY, metavar="N", help=f"turns run at once, 1..1024 (default {DEFAULT_CAPACITY})")
-    p.add_argument("--id", dest="worker_id", metavar="ID", help="the worker id: with a key file it may only repeat the file's; required with --insecure")
+    p.add_argument(
+        "--capacity",
+        type=_positive_int,
+        default=DEFAULT_CAPACITY,
+        metavar="N",
+        help=f"turns run at once, 1..1024 (default {DEFAULT_CAPACITY})",
+    )
+    p.add_argument(
+        "--id",
+        dest="worker_id",
+        metavar="ID",
+        help="the worker id: with a key file it may only repeat the file's; required with --insecure",
+    )
     p.add_argument("--insecure", action="store_true", help="no CURVE and no key: only for a daemon started with --insecure")
-    p.add_argument("--drain-timeout", type=_seconds, default=10.0, metavar="S", help="on SIGINT/SIGTERM, how long running turns may finish (default 10)")
-    p.add_argument("--start-timeout", type=_seconds, default=30.0, metavar="S", help="how long to wait for the daemon's welcome, 0 = forever (default 30)")
+    p.add_argument(
+        "--drain-timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="on SIGINT/SIGTERM, how long running turns may finish (default 10)",
+    )
+    p.add_argument(
+        "--start-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="how long to wait for the daemon's welcome, 0 = forever (default 30)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--log-format", default="json", choices=["json", "text"], help="JSON lines (default) or text, on stderr")
     p.add_argument("--version", action="version", version=f"corral-worker {__version__}")
@@ -144,7 +173,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.insecure and args.key_file:
         return _fail(EXIT_USAGE, "--insecure uses no key: give --insecure or --key-file, not both")
     if not args.insecure and key_file is None:
-        return _fail(EXIT_USAGE, "no key file: give --key-file FILE (from `corral keys add-worker ID --out FILE`) or set CORRAL_WORKER_KEY_FILE")
+        return _fail(
+            EXIT_USAGE,
+            "no key file: give --key-file FILE (from `corral keys add-worker ID --out FILE`) or set CORRAL_WORKER_KEY_FILE",
+        )
     try:
         handler = load_handler(args.handler)
     except HandlerImportError as e:
@@ -180,4 +212,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
-

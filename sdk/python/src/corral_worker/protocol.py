@@ -428,7 +428,9 @@ def parse_daemon_message(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTE
         return TurnRejected(turn_ref=_ref(f), reason=f.str_("reason", min_len=1), detail=f.opt_str("detail"))
     if t == "turn_failed":
         handed_back = f.bool_("handed_back") if f.has("handed_back") else False
-        return TurnFailed(turn_ref=_ref(f), retry=f.bool_("retry"), dead_lettered=f.bool_("dead_lettered"), handed_back=handed_back)
+        return TurnFailed(
+            turn_ref=_ref(f), retry=f.bool_("retry"), dead_lettered=f.bool_("dead_lettered"), handed_back=handed_back
+        )
     if t == "turn_stream_closed":
         return TurnStreamClosed(turn_ref=_ref(f), reason=f.str_("reason", min_len=1), limit_bytes=f.opt_int("limit_bytes", 0))
     if t == "rpc_response":

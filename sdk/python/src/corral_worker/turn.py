@@ -100,24 +100,33 @@ class TurnHost(Protocol):
     """What a turn needs from its worker (the narrow interface; the worker implements it)."""
 
     @property
-    def handler(self) -> Handler: ...
+    def handler(self) -> Handler:
+        ...
 
     @property
-    def max_message_bytes(self) -> int: ...
+    def max_message_bytes(self) -> int:
+        ...
 
-    def progress_interval_s(self) -> float: ...
+    def progress_interval_s(self) -> float:
+        ...
 
-    def stream_chunk_bytes(self) -> int: ...
+    def stream_chunk_bytes(self) -> int:
+        ...
 
-    def stream_turn_bytes(self) -> Optional[int]: ...
+    def stream_turn_bytes(self) -> Optional[int]:
+        ...
 
-    def send(self, frame: bytes, kind: str) -> None: ...
+    def send(self, frame: bytes, kind: str) -> None:
+        ...
 
-    def send_final(self, delivery_id: str, frame: bytes) -> None: ...
+    def send_final(self, delivery_id: str, frame: bytes) -> None:
+        ...
 
-    def call_rpc(self, ref: TurnRef, method: str, params: JsonValue) -> Awaitable[JsonValue]: ...
+    def call_rpc(self, ref: TurnRef, method: str, params: JsonValue) -> Awaitable[JsonValue]:
+        ...
 
-    def finished(self, turn: "RunningTurn") -> None: ...
+    def finished(self, turn: "RunningTurn") -> None:
+        ...
 
 
 class CancelSignal:
@@ -234,7 +243,9 @@ class TurnContext:
             raise RpcError("rpc params must be a JSON value", code="invalid_params")
         return await self._turn.host.call_rpc(self._turn.ref, method, params)
 
-    async def read_history(self, before_seq: Optional[int] = None, limit: Optional[int] = None, max_bytes: Optional[int] = None) -> HistoryPage:
+    async def read_history(
+        self, before_seq: Optional[int] = None, limit: Optional[int] = None, max_bytes: Optional[int] = None
+    ) -> HistoryPage:
         """One page of ``history.read``: messages with ``seq < before_seq`` (the newest without it),
         oldest first; ``has_more`` says older ones exist (ask again with ``messages[0]["seq"]``)."""
         params: JsonObject = {}
@@ -370,7 +381,9 @@ class RunningTurn:
         self.stream_bytes = 0
         self.stream_closed: Optional[str] = None
         self._handler_task: Optional[asyncio.Task[Mapping[str, Any]]] = None
-        self.done: asyncio.Task[None] = asyncio.get_running_loop().create_task(self._run(), name=f"corral-turn-{self.delivery_id}")
+        self.done: asyncio.Task[None] = asyncio.get_running_loop().create_task(
+            self._run(), name=f"corral-turn-{self.delivery_id}"
+        )
 
     # ---- from the daemon ------------------------------------------------------------------
 
@@ -509,7 +522,9 @@ class RunningTurn:
     def _result_frame(self, outcome: object) -> bytes:
         """The turn_result for ``outcome`` (checked as the daemon would), or raises :class:`_Refused`."""
         if not isinstance(outcome, Mapping):
-            raise _Refused("invalid_result", f"handler outcome is not a mapping with messages (got {type(outcome).__name__})", False)
+            raise _Refused(
+                "invalid_result", f"handler outcome is not a mapping with messages (got {type(outcome).__name__})", False
+            )
         messages = outcome.get("messages")
         if not isinstance(messages, (list, tuple)):
             raise _Refused("invalid_result", "handler outcome has no messages list", False)

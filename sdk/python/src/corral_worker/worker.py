@@ -23,9 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import re
-import secrets
 import signal
 import time
 import uuid
@@ -36,6 +34,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from . import __version__
+from ._handshake import MONITORED_EVENTS, HandshakeWatch, backoff_delay_s, fresh_routing_id
 from ._json import JsonObject, JsonValue, encode, is_json
 from .errors import ConfigError, CorralWorkerError, RefusedError, RpcError, StartTimeoutError
 from .keys import KeySource, WorkerKey, parse_worker_key, read_worker_key
@@ -70,27 +69,11 @@ from .turn import Handler, RunningTurn
 SDK_NAME = f"corral-python/{__version__}"
 MAX_UNSETTLED = 1000
 MAX_BACKLOG = 1000
-KEY_REFUSALS = 3
-SERVER_KEY_FAILURES = 5
-SERVER_KEY_WINDOW_S = 2.0
 BAD_FRAME_LOGS_PER_S = 10
 
 State = Literal["idle", "starting", "running", "draining", "stopped"]
 _DROPPABLE = frozenset({"worker_heartbeat", "turn_progress", "turn_chunk"})
 _PASSING_REFUSAL = re.compile(r"try again later|nonce", re.IGNORECASE)
-
-
-def backoff_delay_s(attempt: int, base_s: float = 0.1, max_s: float = 5.0, rand: float | None = None) -> float:
-    """Equal jitter: uniform in [c/2, c], c = min(max, base * 2^(attempt-1))."""
-    n = max(1, attempt)
-    ceiling = min(max_s, base_s * float(1 << min(n - 1, 30)))
-    r = random.random() if rand is None else rand
-    return ceiling / 2 + ceiling / 2 * r
-
-
-def _fresh_routing_id() -> bytes:
-    # 128 random bits as hex, never starting with the zero byte libzmq reserves
-    return b"c" + secrets.token_hex(16).encode("ascii")
 
 
 class Worker:
@@ -183,11 +166,7 @@ class Worker:
         self._handshakes = 0
         self._reconnects = 0
         self._reconnect_handle: Optional[asyncio.TimerHandle] = None
-        self._key_refusals = 0
-        self._no_detail = 0
-        self._no_detail_since = 0.0
-        self._handshake_logged = False
-        self._server_key_reported = False
+        self._handshake = HandshakeWatch(self.log, self.worker_id, self.endpoint)
         self._bad_frames_window = (0.0, 0)
         self._unknown_types: set[str] = set()
         self._welcomed: Optional[asyncio.Future[None]] = None
@@ -248,9 +227,17 @@ class Worker:
         self._stopped = asyncio.Event()
         self._outbox = asyncio.Queue()
         self._open_socket()
-        for coro, name in ((self._reader(), "reader"), (self._writer(), "writer"), (self._monitor_loop(), "monitor"), (self._heartbeat_loop(), "heartbeat")):
+        for coro, name in (
+            (self._reader(), "reader"),
+            (self._writer(), "writer"),
+            (self._monitor_loop(), "monitor"),
+            (self._heartbeat_loop(), "heartbeat"),
+        ):
             self._tasks.append(loop.create_task(coro, name=f"corral-worker-{name}"))
-        self.log.info("worker starting", extra={"endpoint": self.endpoint, "capacity": self.requested_capacity, "curve": self.key is not None})
+        self.log.info(
+            "worker starting",
+            extra={"endpoint": self.endpoint, "capacity": self.requested_capacity, "curve": self.key is not None},
+        )
         self._send_ready(force=True)
         try:
             if self.start_timeout_s is None:
@@ -367,7 +354,9 @@ class Worker:
         self.registered = False
         self.connected = False
         if self._welcomed is not None and not self._welcomed.done():
-            self._welcomed.set_exception(CorralWorkerError(f"worker {self.worker_id} was stopped before it started", code="shutdown"))
+            self._welcomed.set_exception(
+                CorralWorkerError(f"worker {self.worker_id} was stopped before it started", code="shutdown")
+            )
             self._welcomed.exception()  # mark retrieved
         if self._stopped is not None:
             self._stopped.set()
@@ -377,7 +366,7 @@ class Worker:
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTING_ID, _fresh_routing_id())
+        sock.setsockopt(zmq.ROUTING_ID, fresh_routing_id())
         # a frame above twice the limit drops the connection (libzmq); one above it is skipped here
         sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_message_bytes)
         # ZMTP pings turn a dead daemon host (half-open TCP) into a reconnect
@@ -389,14 +378,7 @@ class Worker:
             sock.curve_secretkey = self.key.secret_key.encode("ascii")
             sock.curve_publickey = self.key.public_key.encode("ascii")
             sock.curve_serverkey = self.key.server_key.encode("ascii")
-        events = (
-            zmq.EVENT_HANDSHAKE_SUCCEEDED
-            | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-            | zmq.EVENT_DISCONNECTED
-        )
-        self._monitor = sock.get_monitor_socket(events)
+        self._monitor = sock.get_monitor_socket(MONITORED_EVENTS)
         sock.connect(self.endpoint)
         self._sock = sock
 
@@ -419,7 +401,7 @@ class Worker:
         except zmq.ZMQError:
             pass  # already disconnected
         try:
-            sock.setsockopt(zmq.ROUTING_ID, _fresh_routing_id())
+            sock.setsockopt(zmq.ROUTING_ID, fresh_routing_id())
             sock.connect(self.endpoint)
             self.registered = False
             self._send_ready(force=True)
@@ -451,10 +433,7 @@ class Worker:
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.connected = True
             self._reconnects = 0
-            self._key_refusals = 0
-            self._no_detail = 0
-            self._handshake_logged = False
-            self._server_key_reported = False
+            self._handshake.succeeded()
             self._handshakes += 1
             if self._handshakes > 1:
                 self.log.info("reconnected to daemon; registering again")
@@ -465,49 +444,12 @@ class Worker:
             self.connected = False
             self.registered = False
             self._schedule_reconnect()
-        elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            self._key_refusals += 1
-            self.log.error(
-                "the daemon refused this worker's key (not on its allow-list, or at its connection limit per key or in all?)",
-                extra={"status": value, "refusals": self._key_refusals},
-            )
-            if self._key_refusals == KEY_REFUSALS:
-                self._refused(
-                    RefusedError(
-                        f"the daemon at {self.endpoint} refused the key of worker {self.worker_id}: it is not on the daemon's "
-                        "allow-list (unknown, or revoked), or the key is at its connection limit",
-                        code="key_refused",
-                    )
-                )
-            self._schedule_reconnect()
-        elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-            self._no_detail = 0
-            if not self._handshake_logged:
-                self.log.error("handshake failed: the daemon and this worker disagree on CURVE (one of them insecure?)")
-            self._handshake_logged = True
-            self._refused(
-                RefusedError(
-                    f"the daemon at {self.endpoint} and worker {self.worker_id} disagree on CURVE: one of them runs without it (--insecure)",
-                    code="curve_mismatch",
-                )
-            )
-            self._schedule_reconnect()
-        elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-            if not self._handshake_logged:
-                self.log.error("handshake failed without detail (the daemon's public key, server_key, wrong?); retrying")
-            self._handshake_logged = True
-            now = time.monotonic()
-            if self._no_detail == 0:
-                self._no_detail_since = now
-            self._no_detail += 1
-            if not self._server_key_reported and self._no_detail >= SERVER_KEY_FAILURES and now - self._no_detail_since >= SERVER_KEY_WINDOW_S:
-                self._server_key_reported = True
-                message = (
-                    f"the CURVE handshake of worker {self.worker_id} with {self.endpoint} failed {self._no_detail} times in a row "
-                    "without detail: the daemon's public key (server_key) is not the key of the daemon there"
-                )
-                self.log.error(message)
-                self._refused(RefusedError(message, code="server_key_mismatch"))
+        else:
+            refusal = self._handshake.failed(event, value)
+            if refusal is not None:
+                self._refused(refusal)
+            if event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                self._schedule_reconnect()  # libzmq does not retry these itself
 
     def _refused(self, err: RefusedError) -> None:
         """A refusal before the first welcome fails the start; afterwards it is only logged
@@ -556,7 +498,9 @@ class Worker:
             # a newer daemon may send types this SDK does not know: skip them (protocol section 12)
             first = e.message_type not in self._unknown_types
             self._unknown_types.add(e.message_type[:80])
-            (self.log.warning if first else self.log.debug)("ignoring daemon message of unknown type", extra={"type": e.message_type[:80]})
+            (self.log.warning if first else self.log.debug)(
+                "ignoring daemon message of unknown type", extra={"type": e.message_type[:80]}
+            )
             return
         except ProtocolViolation as e:
             self._bad_frame(str(e))
@@ -583,12 +527,19 @@ class Worker:
             self.unsettled.pop(msg.turn_ref["delivery_id"], None)
         elif isinstance(msg, TurnCommitted):
             self.unsettled.pop(msg.turn_ref["delivery_id"], None)
-            self.log.debug("turn committed", extra={"delivery_id": msg.turn_ref["delivery_id"], "revision": msg.turn_ref["revision"]})
+            self.log.debug(
+                "turn committed", extra={"delivery_id": msg.turn_ref["delivery_id"], "revision": msg.turn_ref["revision"]}
+            )
         elif isinstance(msg, TurnFailed):
             self.unsettled.pop(msg.turn_ref["delivery_id"], None)
             self.log.debug(
                 "turn failed",
-                extra={"delivery_id": msg.turn_ref["delivery_id"], "retry": msg.retry, "dead_lettered": msg.dead_lettered, "handed_back": msg.handed_back},
+                extra={
+                    "delivery_id": msg.turn_ref["delivery_id"],
+                    "retry": msg.retry,
+                    "dead_lettered": msg.dead_lettered,
+                    "handed_back": msg.handed_back,
+                },
             )
         elif isinstance(msg, TurnRejected):
             self._on_rejected(msg)
@@ -612,10 +563,16 @@ class Worker:
             return
         if msg.lease_ms is not None and msg.progress_interval_ms * 2 > msg.lease_ms:
             # one lost progress message would then cost the lease: say so, the daemon's config is off
-            self.log.warning("progress interval is more than half the lease", extra={"progress_ms": msg.progress_interval_ms, "lease_ms": msg.lease_ms})
+            self.log.warning(
+                "progress interval is more than half the lease",
+                extra={"progress_ms": msg.progress_interval_ms, "lease_ms": msg.lease_ms},
+            )
         effective = min(self.requested_capacity, msg.capacity if msg.capacity is not None else self.requested_capacity)
         if effective < self.requested_capacity and effective != self.effective_capacity:
-            self.log.warning("the daemon registered a lower capacity (allow-list cap)", extra={"requested": self.requested_capacity, "registered": effective})
+            self.log.warning(
+                "the daemon registered a lower capacity (allow-list cap)",
+                extra={"requested": self.requested_capacity, "registered": effective},
+            )
         was_registered = self.registered
         self.effective_capacity = effective
         self.registered = True
@@ -626,7 +583,12 @@ class Worker:
         self._stream_turn_bytes = msg.stream_turn_bytes
         self.log.info(
             "registered with daemon",
-            extra={"heartbeat_ms": msg.heartbeat_interval_ms, "progress_ms": msg.progress_interval_ms, "capacity": effective, "was_registered": was_registered},
+            extra={
+                "heartbeat_ms": msg.heartbeat_interval_ms,
+                "progress_ms": msg.progress_interval_ms,
+                "capacity": effective,
+                "was_registered": was_registered,
+            },
         )
         if self._welcomed is not None and not self._welcomed.done():
             self._welcomed.set_result(None)
@@ -635,7 +597,11 @@ class Worker:
             self._enqueue(frame, "final")
 
     def _on_challenge(self, msg: WorkerChallenge) -> None:
-        if msg.worker_id != self.worker_id or msg.nonce == self._answered_nonce or self.state not in ("starting", "running", "draining"):
+        if (
+            msg.worker_id != self.worker_id
+            or msg.nonce == self._answered_nonce
+            or self.state not in ("starting", "running", "draining")
+        ):
             return
         if self.key is None:
             self.log.error("the daemon asks for a key proof, but this worker has no key file (it runs insecure)")
@@ -682,7 +648,10 @@ class Worker:
     def _on_rejected(self, msg: TurnRejected) -> None:
         did = msg.turn_ref["delivery_id"]
         self.unsettled.pop(did, None)
-        self.log.info("turn rejected by daemon", extra={"delivery_id": did, "revision": msg.turn_ref["revision"], "reason": msg.reason, "detail": msg.detail})
+        self.log.info(
+            "turn rejected by daemon",
+            extra={"delivery_id": did, "revision": msg.turn_ref["revision"], "reason": msg.reason, "detail": msg.detail},
+        )
         turn = self.turns.get(did)
         # stale_revision while running: a steer is on its way. Any other rejection of the current
         # ref means the daemon will never take this turn's result
@@ -697,13 +666,20 @@ class Worker:
             return
         if msg.code == "rate_limited":
             # without a registration, the heartbeat tick asks again once per interval
-            self.log.warning("the daemon refused a registration for now: too many of this key", extra={"message": msg.message[:200]})
+            self.log.warning(
+                "the daemon refused a registration for now: too many of this key", extra={"message": msg.message[:200]}
+            )
             return
         if msg.code in ("unauthorized", "identity_mismatch"):
             self.registered = False
         self.log.error("daemon reported a protocol error", extra={"code": msg.code, "message": msg.message[:500]})
         if msg.code in ("unauthorized", "identity_mismatch") and not _PASSING_REFUSAL.search(msg.message):
-            self._refused(RefusedError(f"the daemon at {self.endpoint} refused to register worker {self.worker_id}: {msg.message[:500]}", code="registration_refused"))
+            self._refused(
+                RefusedError(
+                    f"the daemon at {self.endpoint} refused to register worker {self.worker_id}: {msg.message[:500]}",
+                    code="registration_refused",
+                )
+            )
 
     # ---- what turns call (TurnHost) ----------------------------------------------------------
 
@@ -741,7 +717,10 @@ class Worker:
         fut: asyncio.Future[JsonValue] = asyncio.get_running_loop().create_future()
         self._rpc[rid] = fut
         try:
-            self._send_msg({"v": PROTOCOL_VERSION, "type": "rpc_request", "id": rid, "method": method, "params": params, "turn_ref": ref}, "rpc_request")
+            self._send_msg(
+                {"v": PROTOCOL_VERSION, "type": "rpc_request", "id": rid, "method": method, "params": params, "turn_ref": ref},
+                "rpc_request",
+            )
             return await asyncio.wait_for(fut, self.rpc_timeout_s)
         except asyncio.TimeoutError:
             raise RpcError(f"no rpc_response within {self.rpc_timeout_s:g} s", code="timeout") from None
@@ -784,7 +763,15 @@ class Worker:
                 if self._heartbeat_queued:
                     continue  # the last one has not left yet (daemon unreachable): don't pile them up
                 self._heartbeat_queued = True
-                self._send_msg({"v": PROTOCOL_VERSION, "type": "worker_heartbeat", "worker_id": self.worker_id, "in_flight": len(self.turns)}, "worker_heartbeat")
+                self._send_msg(
+                    {
+                        "v": PROTOCOL_VERSION,
+                        "type": "worker_heartbeat",
+                        "worker_id": self.worker_id,
+                        "in_flight": len(self.turns),
+                    },
+                    "worker_heartbeat",
+                )
             except Exception:  # noqa: BLE001
                 self.log.exception("heartbeat tick failed")
 
@@ -823,4 +810,3 @@ class Worker:
             finally:
                 if kind == "worker_heartbeat":
                     self._heartbeat_queued = False
-
