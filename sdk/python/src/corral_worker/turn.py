@@ -380,7 +380,9 @@ class RunningTurn:
         self.seq = 0
         self.stream_bytes = 0
         self.stream_closed: Optional[str] = None
-        self._handler_task: Optional[asyncio.Task[Mapping[str, Any]]] = None
+        self._started = False
+        self._progress: Optional[asyncio.TimerHandle] = None
+        # one task per turn, running the handler itself: a cancel cancels it (invariant 2)
         self.done: asyncio.Task[None] = asyncio.get_running_loop().create_task(
             self._run(), name=f"corral-turn-{self.delivery_id}"
         )
@@ -403,8 +405,8 @@ class RunningTurn:
         self.silenced = True
         self.log.info("turn cancelled", extra={"reason": reason})
         self.signal._set(reason)
-        if self._handler_task is not None:
-            self._handler_task.cancel(f"turn cancelled: {reason}")
+        if self._started:  # not yet started: _run sees `silenced` and never calls the handler
+            self.done.cancel(f"turn cancelled: {reason}")
 
     def abort_for_stop(self) -> None:
         """The worker is stopping: abort; reported ``worker_stopping`` (a hand-back)."""
@@ -412,8 +414,8 @@ class RunningTurn:
             return
         self.stopping = True
         self.signal._set("worker_stopping")
-        if self._handler_task is not None:
-            self._handler_task.cancel("worker stopping")
+        if self._started:
+            self.done.cancel("worker stopping")
 
     def stream_closed_by_daemon(self, reason: str, limit_bytes: Optional[int]) -> None:
         self._close_stream(f"the daemon closed the stream ({reason}, limit {limit_bytes} bytes)")
@@ -465,22 +467,25 @@ class RunningTurn:
 
     # ---- the turn's life ----------------------------------------------------------------------
 
-    async def _progress_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.host.progress_interval_s())
-            self.send_progress()
+    def _schedule_progress(self) -> None:
+        self._progress = asyncio.get_running_loop().call_later(self.host.progress_interval_s(), self._progress_tick)
 
-    async def _call_handler(self) -> Mapping[str, Any]:
-        return await self.host.handler(TurnContext(self))
+    def _progress_tick(self) -> None:
+        # a timer, not a task: a turn costs one task (the handler's)
+        if self.settled or self.silenced:
+            return
+        self.send_progress()
+        self._schedule_progress()
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        progress = loop.create_task(self._progress_loop())
-        self._handler_task = loop.create_task(self._call_handler())
+        self._started = True
         frame: Optional[bytes] = None
         try:
             try:
-                outcome = await self._handler_task
+                if self.silenced or self.stopping:
+                    raise asyncio.CancelledError()  # cancelled before its first step
+                self._schedule_progress()
+                outcome = await self.host.handler(TurnContext(self))
                 frame = self._result_frame(outcome)
             except _Refused as r:
                 self.log.error(r.message, extra={"code": r.code})
@@ -493,7 +498,8 @@ class RunningTurn:
             except Exception as e:  # noqa: BLE001 - a handler's failure becomes its turn_error
                 frame = self._exception_frame(e)
         finally:
-            progress.cancel()
+            if self._progress is not None:
+                self._progress.cancel()
             self.settled = True
             self.inbox._close()
             self.host.finished(self)
