@@ -15,7 +15,21 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import REPO, CORRAL_JS, Stack, WorkerProcess, wait_for
+from conftest import CORRAL_JS, FAST_DAEMON_ENV, REPO, Stack, WorkerProcess, wait_for
+
+
+# small stream limits, for the stream budget (chunks at most 4 KiB, 8 KiB of them per attempt)
+STREAM_BUDGET_ENV = {"CORRAL_STREAM_CHUNK_BYTES": "4096", "CORRAL_STREAM_TURN_BYTES": "8192"}
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    s = Stack({**FAST_DAEMON_ENV, **STREAM_BUDGET_ENV})
+    try:
+        s.daemon.start()
+        yield s
+    finally:
+        s.close()
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +90,20 @@ def test_streaming_is_seen_by_a_watcher(stack: Stack, worker: WorkerProcess) -> 
     assert events[-1]["type"] == "turn_committed"
     reply = stack.corral.reply(a, event)
     assert reply["stream_sent"] == [True] * 5
+
+
+def test_stream_stops_at_the_daemons_stream_budget(stack: Stack, worker: WorkerProcess) -> None:
+    # the module's daemon relays at most 8192 bytes of chunk frames per attempt (STREAM_BUDGET_ENV)
+    welcomes = [json.loads(line) for line in worker.log().splitlines() if '"msg": "registered with daemon"' in line]
+    if not welcomes or welcomes[-1].get("stream_turn_bytes") is None:
+        pytest.skip("this daemon's worker_welcome has no stream_turn_bytes yet (the SDK side is tested in test_unit.py)")
+    assert welcomes[-1]["stream_turn_bytes"] == 8192
+    a = actor("budget")
+    event = stack.corral.send(a, {"text": "b", "stream": 60, "stream_ms": 0})
+    sent = stack.corral.reply(a, event)["stream_sent"]
+    k = sent.index(False)
+    assert 0 < k < 60 and sent == [True] * k + [False] * (60 - k), sent
+    assert worker.log().count("stream budget spent") == 1
 
 
 def test_steering_reaches_the_handler(stack: Stack, worker: WorkerProcess) -> None:

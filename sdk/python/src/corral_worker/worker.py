@@ -588,6 +588,8 @@ class Worker:
                 "progress_ms": msg.progress_interval_ms,
                 "capacity": effective,
                 "was_registered": was_registered,
+                "stream_chunk_bytes": self._stream_chunk_bytes,
+                "stream_turn_bytes": self._stream_turn_bytes,
             },
         )
         if self._welcomed is not None and not self._welcomed.done():
