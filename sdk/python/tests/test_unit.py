@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Callable, Coroutine, TypeVar
 
 import pytest
 
-from corral_worker import NonRetryableError, TurnContext, TurnOutcome, Worker
+from corral_worker import NonRetryableError, StartTimeoutError, TurnContext, TurnOutcome, Worker
 from corral_worker._json import encode, unstorable_reason
 from corral_worker.keys import curve_shared_secret, registration_proof
 from corral_worker.log import sdk_logger
@@ -421,5 +421,41 @@ def test_ctx_emit_and_deliver_check_their_arguments() -> None:
             assert len(result["messages"][0]["content"]) == 5
             assert result["emit"] == [{"actor": "a/b", "data": {"n": 1}, "delay_ms": 5}]
             assert result["deliver"] == [{"sink": "s", "body": {"n": 2}, "key": "k1"}]
+
+    run(scenario())
+
+
+def test_a_stop_before_the_welcome_ends_serve_quietly() -> None:
+    async def handler(ctx: TurnContext) -> TurnOutcome:
+        return {"messages": []}
+
+    async def scenario() -> None:
+        daemon = FakeDaemon()  # it never welcomes
+        worker = Worker(handler, endpoint=daemon.endpoint, insecure=True, worker_id="fake-3", start_timeout_s=None)
+        try:
+            serving = asyncio.ensure_future(worker.serve(handle_signals=False))
+            await daemon.recv("worker_ready")
+            await worker.stop()
+            await asyncio.wait_for(serving, 5)  # returns, does not raise
+            assert worker.state == "stopped"
+        finally:
+            daemon.close()
+
+    run(scenario())
+
+
+def test_start_times_out_without_a_welcome() -> None:
+    async def handler(ctx: TurnContext) -> TurnOutcome:
+        return {"messages": []}
+
+    async def scenario() -> None:
+        daemon = FakeDaemon()
+        worker = Worker(handler, endpoint=daemon.endpoint, insecure=True, worker_id="fake-4", start_timeout_s=0.3)
+        try:
+            with pytest.raises(StartTimeoutError, match="no welcome from the daemon"):
+                await worker.start()
+            assert worker.state == "stopped"
+        finally:
+            daemon.close()
 
     run(scenario())

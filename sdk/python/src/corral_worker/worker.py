@@ -208,7 +208,12 @@ class Worker:
                 except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover - not the main thread, Windows
                     pass
         try:
-            await self.start()
+            try:
+                await self.start()
+            except CorralWorkerError as err:
+                if err.code == "shutdown":  # stopped (a signal, say) before the daemon's welcome
+                    return
+                raise
             assert self._stopped is not None
             await self._stopped.wait()
         finally:
@@ -252,7 +257,9 @@ class Worker:
             await self._close()
             raise err from None
         except CorralWorkerError as err:
-            self.log.error(f"worker did not start: {err}", extra={"code": err.code})
+            (self.log.info if err.code == "shutdown" else self.log.error)(
+                f"worker did not start: {err}", extra={"code": err.code}
+            )
             await self._close()
             raise
         except asyncio.CancelledError:
