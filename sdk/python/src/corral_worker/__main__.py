@@ -1,0 +1,5 @@
+"""``python -m corral_worker``: the console script."""
+
+from .cli import main
+
+raise SystemExit(main())
