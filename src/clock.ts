@@ -76,6 +76,25 @@ export const systemClock: Clock = {
   },
 };
 
+/**
+ * Waits for `work` for at most `ms` of `clock`'s time: true when it settled (resolved or
+ * rejected) within it, false when the time ran out first. Never rejects; the timer is cancelled
+ * when the work settles, so it cannot hold the process open. For the steps of a stop, each of
+ * which must end whatever the database or a peer does.
+ */
+export async function settlesWithin(clock: Clock, ms: number, work: Promise<unknown>): Promise<boolean> {
+  const timer = new AbortController();
+  const settled = work.then(
+    () => true,
+    () => true,
+  );
+  try {
+    return await Promise.race([settled, clock.sleep(ms, timer.signal).then(() => false)]);
+  } finally {
+    timer.abort();
+  }
+}
+
 interface ManualTimer {
   id: number;
   at: number;

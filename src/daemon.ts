@@ -8,7 +8,7 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { PgBoss } from 'pg-boss';
-import { systemClock, type Clock } from './clock.ts';
+import { settlesWithin, systemClock, type Clock } from './clock.ts';
 import type { Config } from './config.ts';
 import { openDatabase, type Database } from './db/client.ts';
 import { markOwnerWorkersGone } from './db/workers.ts';
@@ -17,7 +17,7 @@ import { daemonHeartbeatMs, markDaemonStopped, recordDaemonHeartbeat } from './d
 import { CONTROL_CHANNEL, parseControl } from './db/control.ts';
 import type { Fence } from './db/fence.ts';
 import type { ActorKey } from './actor-key.ts';
-import { CorralError, toError } from './errors.ts';
+import { CorralError, errorMessage, toError } from './errors.ts';
 import { Broker } from './fabric/broker.ts';
 import { FabricSecurity } from './fabric/security.ts';
 import type { TimerHandle } from './clock.ts';
@@ -45,6 +45,8 @@ const RETENTION_INTERVAL_MS = 60_000;
 /** How often the daemon checks whether it is idle enough to trim its heap (see src/runtime/heap-trim.ts). */
 const HEAP_TRIM_CHECK_MS = 2_000;
 const INSECURE_WARNING_INTERVAL_MS = 3_600_000;
+/** The most each step of a stop after the drain may take (the supervisor's deadline comes on top of its own). */
+const STOP_STEP_MS = 3_000;
 
 export interface DaemonDeps {
   config: Config;
@@ -424,24 +426,41 @@ export class Daemon {
     return this.stopping;
   }
 
+  /**
+   * Every step after the drain is bounded (STOP_STEP_MS, the supervisor by its deadline): a stop
+   * ends whatever the database, a peer or a child does, and says which step it gave up on. What
+   * a step left undone is what a crash leaves: the leases and the next daemon's recovery see to it.
+   */
   private async stopOnce(opts: { deadlineMs?: number; drainMs?: number }): Promise<ShutdownResult | undefined> {
     if (this._state === 'stopped') return undefined;
     this._state = 'stopping';
     await this.drain(opts.drainMs ?? this.config.drainMs);
     this.runtime.stop();
-    const result = await this.handle?.shutdown({ deadlineMs: opts.deadlineMs ?? 10_000 });
+    const deadlineMs = opts.deadlineMs ?? 10_000;
+    let result: ShutdownResult | undefined;
+    await this.stopStep('the supervisor', deadlineMs + STOP_STEP_MS, async () => {
+      result = await this.handle?.shutdown({ deadlineMs });
+    });
     this.abort.abort();
-    await this.runtime.drain();
-    await this.controlListener?.close().catch(() => undefined);
+    await this.stopStep('the runtime’s last operations', STOP_STEP_MS, () => this.runtime.drain());
+    await this.stopStep('the control listener', STOP_STEP_MS, async () => this.controlListener?.close());
     this.security?.stop();
     this.insecureWarning?.cancel();
-    await this.broker.stop().catch(() => undefined);
-    await markOwnerWorkersGone(this.database.db, this.ownerId).catch(() => undefined);
-    await stopIdleActivationsOf(this.database.db, this.ownerId).catch(() => undefined);
-    await markDaemonStopped(this.database.db, this.ownerId).catch(() => undefined);
-    await this.boss.stop({ graceful: false, close: true, timeout: 5_000 }).catch(() => undefined);
-    await this.database.close().catch(() => undefined);
+    await this.stopStep('the broker', STOP_STEP_MS, () => this.broker.stop());
+    await this.stopStep('marking its workers gone', STOP_STEP_MS, () => markOwnerWorkersGone(this.database.db, this.ownerId));
+    await this.stopStep('stopping its idle activations', STOP_STEP_MS, () => stopIdleActivationsOf(this.database.db, this.ownerId));
+    await this.stopStep('marking the daemon stopped', STOP_STEP_MS, () => markDaemonStopped(this.database.db, this.ownerId));
+    await this.stopStep('pg-boss', STOP_STEP_MS, () => this.boss.stop({ graceful: false, close: true, timeout: STOP_STEP_MS / 2 }));
+    await this.stopStep('the database pool', STOP_STEP_MS, () => this.database.close());
     this._state = 'stopped';
     return result;
+  }
+
+  /** One step of the stop: its failure is logged, and it is given up on (logged) after `ms`. */
+  private async stopStep(what: string, ms: number, step: () => Promise<unknown>): Promise<void> {
+    const work = step().catch((e: unknown) => this.log.debug({ step: what, err: errorMessage(e).slice(0, 300) }, 'a stop step failed'));
+    if (!(await settlesWithin(this.clock, ms, work))) {
+      this.log.warn({ step: what, waitedMs: ms }, 'a stop step did not end in time; going on without it');
+    }
   }
 }

@@ -288,5 +288,17 @@ export async function main(argv: string[]): Promise<number> {
   }
 }
 
+/**
+ * Once a command is done, the process exits when nothing is left to run; should something still
+ * hold it open (a socket, a timer, a child that will not end), it exits after EXIT_GRACE_MS anyway,
+ * naming what was left, instead of hanging: a stopped daemon must not outlive its stop.
+ */
+const EXIT_GRACE_MS = 2_000;
+
 const code = await main(process.argv);
 process.exitCode = code;
+setTimeout(() => {
+  const left = process.getActiveResourcesInfo().filter((r) => r !== 'Timeout' && r !== 'TTYWrap');
+  process.stderr.write(`corral: exiting ${EXIT_GRACE_MS} ms after the command ended, with ${left.join(', ') || 'nothing'} still open\n`);
+  process.exit(code);
+}, EXIT_GRACE_MS).unref();

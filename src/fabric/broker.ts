@@ -32,7 +32,7 @@
  *    broker consumes both, so neither is ever taken for a peer's message.
  */
 import { Context, Router } from 'zeromq';
-import { systemClock, type Clock } from '../clock.ts';
+import { settlesWithin, systemClock, type Clock } from '../clock.ts';
 import { CorralError, toError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { randomBytes } from 'node:crypto';
@@ -337,9 +337,7 @@ export class Broker {
     await this.queue.idle();
     if (socket) {
       socket.close();
-      const timeout = new AbortController();
-      await Promise.race([this.listenerClosed, this.clock.sleep(1000, timeout.signal).catch(() => undefined)]);
-      timeout.abort();
+      await settlesWithin(this.clock, 1000, this.listenerClosed);
     }
     await this.loopDone;
     this.book.stop();

@@ -24,7 +24,7 @@ import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { fileURLToPath } from 'node:url';
-import { systemClock, type Clock } from '../clock.ts';
+import { settlesWithin, systemClock, type Clock } from '../clock.ts';
 import { DEFAULTS, ENV_NAMES, loadConfig, type Config } from '../config.ts';
 import { Daemon } from '../daemon.ts';
 import { resolveDatabase, stopEmbeddedIfStartedHere, type ResolvedDatabase } from '../db/resolve.ts';
@@ -45,6 +45,10 @@ export { CorralError, type ErrorCode } from '../errors.ts';
 export type { Logger } from '../logger.ts';
 
 const CORRAL_BIN = fileURLToPath(new URL('../../bin/corral.js', import.meta.url));
+/** The most the HTTP API or the metrics server may take to close. */
+const RELEASE_STEP_MS = 3_000;
+/** The most stopping the embedded PostgreSQL may take (a fast shutdown, a checkpoint included). */
+const EMBEDDED_STOP_MS = 15_000;
 
 /** Local example worker processes, supervised by the daemon (`corral daemon --workers N`). */
 export interface LocalWorkersOptions {
@@ -355,14 +359,25 @@ class HostedDaemon implements CorralDaemon {
     void this.halt({}).then(() => this.settleDone(e ?? new CorralError('internal', 'the daemon supervisor ended')));
   }
 
-  /** Stops what was started, each part whatever the others do. */
+  /**
+   * Stops what was started, each part whatever the others do, and each within a bound (the
+   * daemon's own steps are bounded inside it): an HTTP client that keeps a stream open, a metrics
+   * scrape or a server that will not stop cannot hold the stop, it is logged and gone past.
+   */
   private async release(drainMs: number | undefined): Promise<void> {
     // the API first: no event is taken once the daemon is on its way out
-    await this.api?.close().catch((e: unknown) => this.log.warn({ err: toError(e) }, 'the HTTP API did not close cleanly'));
+    await this.releaseStep('the HTTP API', RELEASE_STEP_MS, this.api?.close());
     await this.core
       ?.stop({ deadlineMs: 10_000, ...(drainMs === undefined ? {} : { drainMs }) })
       .catch((e: unknown) => this.log.warn({ err: toError(e) }, 'the daemon did not stop cleanly'));
-    await this.server?.close();
-    await stopEmbeddedIfStartedHere(this.database?.embedded, this.log);
+    await this.releaseStep('the metrics server', RELEASE_STEP_MS, this.server?.close());
+    await this.releaseStep('the embedded PostgreSQL', EMBEDDED_STOP_MS, stopEmbeddedIfStartedHere(this.database?.embedded, this.log));
+  }
+
+  private async releaseStep(what: string, ms: number, step: Promise<unknown> | undefined): Promise<void> {
+    if (!step) return;
+    const work = step.catch((e: unknown) => this.log.warn({ step: what, err: toError(e) }, `${what} did not close cleanly`));
+    if (!(await settlesWithin(this.clock, ms, work)))
+      this.log.warn({ step: what, waitedMs: ms }, `${what} did not close in time; going on`);
   }
 }

@@ -24,7 +24,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { backoffDelayMs } from '../backoff.ts';
 import { Dealer } from 'zeromq';
-import { systemClock, type Clock, type TimerHandle } from '../clock.ts';
+import { settlesWithin, systemClock, type Clock, type TimerHandle } from '../clock.ts';
 import { CorralError, toError } from '../errors.ts';
 import { silentLogger, type Logger } from '../logger.ts';
 import type { WorkerAuth } from '../fabric/auth.ts';
@@ -283,11 +283,9 @@ class WorkerRuntime implements Worker {
     await this.within(Promise.allSettled([...this.turns.values()].map((t) => t.done)), ms);
   }
 
-  /** Wait for `p`, at most `ms`; the timer is cancelled so it cannot hold the process open. */
+  /** Wait for `p`, at most `ms`. */
   private async within(p: Promise<unknown>, ms: number): Promise<void> {
-    const timer = new AbortController();
-    await Promise.race([p, this.clock.sleep(ms, timer.signal).catch(() => undefined)]);
-    timer.abort();
+    await settlesWithin(this.clock, ms, p);
   }
 
   // ---- receive path --------------------------------------------------------------------

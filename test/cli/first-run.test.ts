@@ -24,6 +24,7 @@ import {
   spawnCorral,
   trackChild,
   type Proc,
+  exitOf,
 } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { SETUP_LOCK_KEY } from '../../src/db/setup-lock.ts';
@@ -137,8 +138,8 @@ describe('a fresh CORRAL_HOME', () => {
         what: 'db migrate to wait for the lock',
       });
       await admin.query('select pg_advisory_unlock($1)', [SETUP_LOCK_KEY]);
-      expect(await migrate.exited, migrate.log()).toBe(0);
-      expect(await send.exited, send.log()).toBe(0);
+      expect(await exitOf(migrate), migrate.log()).toBe(0);
+      expect(await exitOf(send), send.log()).toBe(0);
       expect(send.log().split('waiting for').length - 1).toBe(1);
       // a set-up that never ends: the wait is bounded
       await admin.query('drop schema corral cascade');
@@ -177,7 +178,7 @@ describe('a fresh CORRAL_HOME', () => {
     );
     expect(holder).toBe(first.child.pid);
     first.child.kill('SIGKILL');
-    await first.exited;
+    await exitOf(first);
 
     // The bound: a holder whose pid is gone is replaced at once; one that cannot be checked (other
     // host, reused pid) after 10 s of silence. initdb and the start itself come on top.

@@ -12,6 +12,7 @@ import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { CORRAL, ROOT, freshHomes, json, run } from './helpers.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import {
+  commandOf,
   descendants,
   freePort,
   isAlive,
@@ -21,6 +22,7 @@ import {
   spawnCorral,
   trackChild,
   type Proc,
+  exitOf,
 } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
@@ -49,6 +51,8 @@ interface Launched {
   launcher: ChildProcess;
   log: () => string;
   exited: Promise<{ code: number | null; atMs: number }>;
+  /** How it exited, once it has. */
+  exit: () => { code: number | null; atMs: number } | undefined;
 }
 
 /** Starts `command` as a terminal would: the leader of a process group of its own. */
@@ -59,8 +63,11 @@ function launch(command: string, args: string[], env: Record<string, string>): L
   groups.push(launcher.pid!);
   launcher.stdout!.setEncoding('utf8').on('data', (d: string) => (log += d));
   launcher.stderr!.setEncoding('utf8').on('data', (d: string) => (log += d));
-  const exited = new Promise<{ code: number | null; atMs: number }>((r) => launcher.once('exit', (code) => r({ code, atMs: Date.now() })));
-  return { launcher, log: () => log, exited };
+  let exit: { code: number | null; atMs: number } | undefined;
+  const exited = new Promise<{ code: number | null; atMs: number }>((r) =>
+    launcher.once('exit', (code) => r((exit = { code, atMs: Date.now() }))),
+  );
+  return { launcher, log: () => log, exited, exit: () => exit };
 }
 
 const count = (text: string, what: string) => text.split(what).length - 1;
@@ -96,7 +103,12 @@ async function expectGracefulGroupStop(
   const tree = descendants(launcher.pid!);
   const signalledAt = Date.now();
   process.kill(-launcher.pid!, opts.signal);
-  const { code, atMs } = await started.exited;
+  // bounded: a launcher that never exits fails here, with its log, not at the test's timeout
+  const { code, atMs } = await waitFor(started.exit, {
+    timeoutMs: DRAIN_MS + 5_000,
+    intervalMs: 50,
+    what: () => `the launcher to exit:\n${log()}`,
+  });
   if (!opts.launcherExitsAtOnce) {
     expect(code, log()).toBe(0);
     expect(atMs - signalledAt).toBeLessThan(DRAIN_MS + 2_000);
@@ -104,7 +116,7 @@ async function expectGracefulGroupStop(
   await waitFor(() => tree.every((pid) => !isAlive(pid)), {
     timeoutMs: DRAIN_MS + 2_000 - (Date.now() - signalledAt),
     intervalMs: 100,
-    what: `every process of the launcher to exit:\n${log()}`,
+    what: () => `every process of the launcher to exit (left: ${tree.filter(isAlive).map(commandOf).join('; ')}):\n${log()}`,
   });
   expect(log()).toMatch(/"corral daemon stopped"/);
   expect(postmastersOf(env.CORRAL_HOME!)).toBe(0);
@@ -147,7 +159,7 @@ describe('a daemon that cannot start', () => {
 
   async function expectQuickFailure(daemon: Proc, message: RegExp): Promise<void> {
     const startedAt = Date.now();
-    const code = await daemon.exited;
+    const code = await exitOf(daemon);
     expect(Date.now() - startedAt).toBeLessThan(5_000);
     expect(code).not.toBe(0);
     expect(daemon.log()).toMatch(message);
@@ -175,7 +187,7 @@ describe('a daemon that cannot start', () => {
     const status = json<{ daemons: { daemonId: string; alive: boolean }[] }>(await run([CORRAL, 'status', '--json'], env));
     expect(status.daemons.filter((d) => d.alive)).toHaveLength(1);
     first.child.kill('SIGTERM');
-    expect(await first.exited).toBe(0);
+    expect(await exitOf(first)).toBe(0);
   }, 120_000);
 });
 
@@ -230,7 +242,7 @@ describe('liveness in `corral status`', () => {
     expect((await run([CORRAL, 'send', 'warm/s', '{"text":"x"}'], env)).code).toBe(0);
     await waitFor(() => daemon.log().includes('"turn committed"'), { timeoutMs: 30_000, what: 'the turn' });
     daemon.child.kill('SIGTERM');
-    expect(await daemon.exited).toBe(0);
+    expect(await exitOf(daemon)).toBe(0);
     const s = json<{ daemons: { state: string }[]; workers: { status: string }[]; liveActivations: number }>(
       await run([CORRAL, 'status', '--json'], env),
     );

@@ -21,6 +21,25 @@ export interface Proc {
   exited: Promise<number | null>;
 }
 
+/**
+ * `proc`'s exit code, waited for at most `timeoutMs`: a process that does not exit fails the test
+ * there, with the end of its log, instead of at the test's own timeout.
+ */
+export async function exitOf(proc: Proc, timeoutMs = 60_000): Promise<number | null> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(
+      () => reject(new Error(`pid ${proc.child.pid} did not exit within ${timeoutMs} ms; its log ends:\n${proc.log().slice(-3000)}`)),
+      timeoutMs,
+    );
+  });
+  try {
+    return await Promise.race([proc.exited, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 const spawned = new Set<ChildProcess>();
 let exitHookInstalled = false;
 
@@ -86,6 +105,15 @@ export function descendants(pid: number): number[] {
   };
   walk(pid);
   return out;
+}
+
+/** A process's command line (`pid: cmd args…`), for messages; `pid: gone` once it exited. */
+export function commandOf(pid: number): string {
+  try {
+    return `${pid}: ${readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').join(' ').trim().slice(0, 160)}`;
+  } catch {
+    return `${pid}: gone`;
+  }
 }
 
 /** Whether a process with this pid exists. */

@@ -1,7 +1,11 @@
-/** Polls `check` until it returns a truthy value or the deadline passes. */
+/**
+ * Polls `check` until it returns a truthy value or the deadline passes. `what` names the condition
+ * in the timeout's message; a function is called then (say, to show a process's log as it is at
+ * the deadline, not as it was when the wait began).
+ */
 export async function waitFor<T>(
   check: () => Promise<T | undefined | null | false> | T | undefined | null | false,
-  opts: { timeoutMs?: number; intervalMs?: number; what?: string } = {},
+  opts: { timeoutMs?: number; intervalMs?: number; what?: string | (() => string) } = {},
 ): Promise<T> {
   const deadline = Date.now() + (opts.timeoutMs ?? 20_000);
   let last: unknown;
@@ -13,7 +17,8 @@ export async function waitFor<T>(
       last = e;
     }
     if (Date.now() > deadline) {
-      throw new Error(`timed out waiting for ${opts.what ?? 'condition'}${last ? `: ${String(last)}` : ''}`);
+      const what = typeof opts.what === 'function' ? opts.what() : opts.what;
+      throw new Error(`timed out waiting for ${what ?? 'condition'}${last ? `: ${String(last)}` : ''}`);
     }
     await new Promise((r) => setTimeout(r, opts.intervalMs ?? 25));
   }

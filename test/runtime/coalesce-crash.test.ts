@@ -8,7 +8,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
-import { fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc } from '../helpers/processes.ts';
+import { fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc, exitOf } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 describe('a coalesced batch through kill -9 of its worker and of the daemon', () => {
@@ -75,7 +75,7 @@ describe('a coalesced batch through kill -9 of its worker and of the daemon', ()
     // 1. the worker dies mid-batch: the turn goes to the other worker (not accepted yet: the same
     // attempt, redirected) or its attempt fails and is retried; either way with the same batch
     w.child.kill('SIGKILL');
-    await w.exited;
+    await exitOf(w);
     const [m5] = await send({ text: 'm5' });
     w = worker(2);
     const again = await waitFor(
@@ -89,7 +89,7 @@ describe('a coalesced batch through kill -9 of its worker and of the daemon', ()
 
     // 2. the daemon dies while the batch runs again; a new one (and the worker, which reconnects) finish
     daemon.child.kill('SIGKILL');
-    await daemon.exited;
+    await exitOf(daemon);
     daemon = start(['daemon'], 'daemon2');
     await waitFor(async () => (await jobState(m5!)) === 'completed', { timeoutMs: 60_000, what: `m5 committed (log: ${daemon.logPath})` });
 

@@ -6,7 +6,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
-import { childPids, freePort, killAll, spawnCorral, type Proc, stopGracefully } from '../helpers/processes.ts';
+import { childPids, freePort, killAll, spawnCorral, type Proc, stopGracefully, exitOf } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 describe('corral daemon --workers 3', () => {
@@ -53,7 +53,7 @@ describe('corral daemon --workers 3', () => {
     }
 
     const send = spawnCorral(['send', 'crash/one', '{"delayMs": 4000, "text": "slow"}'], env, 'send');
-    expect(await send.exited).toBe(0);
+    expect(await exitOf(send)).toBe(0);
     const eventId = send.log().trim().split('\n').at(-1)!;
     const accepted = await waitFor(
       async () =>

@@ -6,7 +6,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
-import { fastRecoveryEnv, freePort, killAll, spawnCorral, type Proc, stopGracefully } from '../helpers/processes.ts';
+import { fastRecoveryEnv, freePort, killAll, spawnCorral, type Proc, stopGracefully, exitOf } from '../helpers/processes.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
 
@@ -88,7 +88,7 @@ describe('durable effects survive kill -9 of the daemon between result and commi
     // hold the source event's job row: the commit then blocks in pg-boss's complete, after the
     // turn's rows and the emitted event were written inside its transaction
     const send = spawnCorral(['send', 'crash/src', '{"text":"go"}'], env, 'send');
-    expect(await send.exited).toBe(0);
+    expect(await exitOf(send)).toBe(0);
     const eventId = send.log().trim().split('\n').at(-1)!;
     blocker = new pg.Client({ connectionString: db.url });
     await blocker.connect();
@@ -110,7 +110,7 @@ describe('durable effects survive kill -9 of the daemon between result and commi
       { timeoutMs: 20_000, what: `the commit waiting on the job row (log: ${daemon.logPath})` },
     );
     daemon.child.kill('SIGKILL');
-    await daemon.exited;
+    await exitOf(daemon);
     await blocker.query('rollback');
     // nothing of the open transaction stands: no turn, no emitted event
     const dstJobs = `select count(*)::int as n from pgboss.job where singleton_key = 'crash/dst'`;

@@ -15,7 +15,7 @@ import pg from 'pg';
 import { connect, type Corral, type LiveEvent } from '../../src/client/index.ts';
 import { sseEvents } from '../../src/cli/commands/watch-remote.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
-import { fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc } from '../helpers/processes.ts';
+import { fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc, exitOf } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 let db: TestDatabase;
@@ -71,7 +71,7 @@ beforeAll(async () => {
   );
   corral = await connect({ databaseUrl: db.url, env: {} });
   const tokens = start(['tokens', 'create', 'live-test', '--scope', 'read', '--scope', 'send'], 'tokens');
-  expect(await tokens.exited).toBe(0);
+  expect(await exitOf(tokens)).toBe(0);
   token = /crl_[A-Za-z0-9_-]{43}/.exec(tokens.log())![0];
   for (const api of [apiA, apiB]) {
     await waitFor(
@@ -138,7 +138,7 @@ describe('live turns on real processes', () => {
     const committedAt = seen.at(-1)!.at;
     expect(committedAt - firstChunkAt, 'the first chunk came well before the commit').toBeGreaterThan(1000);
     expect(deltas(seen.map((x) => x.e))).toEqual(words(50));
-    expect(await cli.exited).toBe(0);
+    expect(await exitOf(cli)).toBe(0);
     const lines = printed(cli);
     expect(lines.map((e) => e.type)).toEqual(['turn_started', ...Array<string>(50).fill('chunk'), 'turn_committed']);
     expect(deltas(lines)).toEqual(words(50));
@@ -165,7 +165,7 @@ describe('live turns on real processes', () => {
     expect(after[0]!.type).toBe('chunk');
     expect(deltas(after)).toEqual(words(50).slice(20));
     expect(after.at(-1)!.type).toBe('turn_committed');
-    expect(await cli.exited).toBe(0);
+    expect(await exitOf(cli)).toBe(0);
     expect(printed(cli).map((e) => e.id)).toEqual(after.map((e) => e.id));
   }, 60_000);
 

@@ -22,7 +22,7 @@ import { setSinkDisabled } from '../../src/db/sinks.ts';
 import { addSink, enableSink } from '../../src/ops/sinks.ts';
 import { derivedWebhookId } from '../../src/runtime/outbox.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
-import { fastRecoveryEnv, freePort, killAll, spawnCorral, type Proc } from '../helpers/processes.ts';
+import { fastRecoveryEnv, freePort, killAll, spawnCorral, type Proc, exitOf } from '../helpers/processes.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';
 import { WebhookReceiver, type ReceivedWebhook } from '../helpers/webhook-receiver.ts';
 
@@ -200,7 +200,7 @@ describe('the outbox through kill -9 of the daemon', () => {
     expect(rx.received).toEqual([]);
 
     daemon.child.kill('SIGKILL');
-    await daemon.exited;
+    await exitOf(daemon);
     await enableSink(orm, 'later');
     daemon = n.daemon('daemon2');
     await allArrive(rx, '/later', sent, 30_000, () => daemon.logPath);
@@ -239,7 +239,7 @@ describe('the outbox through kill -9 of the daemon', () => {
       await sleep(100 + Math.floor(Math.random() * 900));
       await waitFor(() => rx.open > 0, { timeoutMs: 10_000, intervalMs: 5, what: 'a request open' });
       daemon.child.kill('SIGKILL');
-      await daemon.exited;
+      await exitOf(daemon);
       const left = await c.query<{ claimed: number; pending: number }>(
         `select count(*) filter (where claimed_until > now())::int as claimed, count(*)::int as pending
            from corral.outbox where state = 'pending'`,
@@ -289,7 +289,7 @@ describe('the outbox through kill -9 of the daemon', () => {
     await enableSink(orm, 'held');
     await c.query(`select pg_notify('corral_outbox', '')`);
     await waitFor(() => held, { timeoutMs: 30_000, what: `the first request (log: ${daemon.logPath})` });
-    await daemon.exited;
+    await exitOf(daemon);
     expect(held!.id).toBe(a1!.webhookId);
     const claim = await c.query<{ state: string; attempts: number; claimed_by: string; until_ms: number; held: boolean }>(
       `select state, attempts, claimed_by, extract(epoch from claimed_until)::float8 * 1000 as until_ms,

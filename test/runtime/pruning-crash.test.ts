@@ -21,7 +21,7 @@ import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
 import { connect, type Corral } from '../../src/index.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
-import { descendants, freePort, isAlive, killAll, safeKill, spawnCorral, stopGracefully, type Proc } from '../helpers/processes.ts';
+import { descendants, freePort, isAlive, killAll, safeKill, spawnCorral, stopGracefully, type Proc, exitOf } from '../helpers/processes.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';
 
 /** The seeded history: actors × epochs, one activation, delivery and turn each. */
@@ -118,7 +118,7 @@ const sweepFailures = (p: Proc) =>
 async function killHard(p: Proc): Promise<number> {
   const pids = [p.child.pid!, ...descendants(p.child.pid!)];
   for (const pid of pids) safeKill(pid, 'SIGKILL');
-  await p.exited;
+  await exitOf(p);
   await waitFor(() => pids.every((pid) => !isAlive(pid)), { timeoutMs: 10_000, what: 'the killed processes gone' });
   return pids.length - 1;
 }
