@@ -4,7 +4,7 @@ import tseslint from 'typescript-eslint';
 
 const DRIZZLE = { group: ['drizzle-orm', 'drizzle-orm/*'], message: 'import Drizzle from src/db/orm.ts' };
 const DRIZZLE_IMPORT = { selector: 'ImportExpression[source.value=/^drizzle-orm(\\/|$)/]', message: DRIZZLE.message };
-const BOSS_DIST = { group: ['pg-boss/dist', 'pg-boss/dist/*'], message: "pg-boss's internals belong to src/db/boss-internals.ts" };
+const BOSS_DIST = { group: ['pg-boss/dist', 'pg-boss/dist/*'], message: "pg-boss's internals belong to src/db/boss/internals.ts" };
 const BOSS_DIST_IMPORT = { selector: 'ImportExpression[source.value=/^pg-boss\\/dist(\\/|$)/]', message: BOSS_DIST.message };
 
 export default tseslint.config(
@@ -26,7 +26,7 @@ export default tseslint.config(
   {
     // Drizzle is loaded once, as CommonJS, by src/db/orm.ts (its ES-module build costs a command
     // ~400 ms of start-up, and two builds in one process would not share classes). pg-boss's
-    // internals (`pg-boss/dist/*`) are used by src/db/boss-internals.ts alone, the module its
+    // internals (`pg-boss/dist/*`) are used by src/db/boss/internals.ts alone, the module its
     // upgrade test checks; tests may import them to compare with pg-boss.
     files: ['**/*.ts'],
     ignores: ['src/db/orm.ts'],
@@ -36,7 +36,7 @@ export default tseslint.config(
     },
   },
   {
-    files: ['src/db/boss-internals.ts', 'test/**/*.ts'],
+    files: ['src/db/boss/internals.ts', 'test/**/*.ts'],
     rules: {
       '@typescript-eslint/no-restricted-imports': ['error', { patterns: [DRIZZLE] }],
       'no-restricted-syntax': ['error', DRIZZLE_IMPORT],

@@ -14,8 +14,8 @@
  */
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { DEFAULT_WORKER_CAPACITY } from '../src/defaults.ts';
-import { actorKey } from '../src/actor-key.ts';
+import { DEFAULT_WORKER_CAPACITY } from '../src/base/defaults.ts';
+import { actorKey } from '../src/base/actor-key.ts';
 import { openDatabase } from '../src/db/client.ts';
 import { Cleanup, progress, runBench, sleep } from './lib/common.ts';
 import { openBenchDatabase, type ServerCpu } from './lib/database.ts';

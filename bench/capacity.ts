@@ -18,14 +18,14 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import pg from 'pg';
-import { actorKey } from '../src/actor-key.ts';
+import { actorKey } from '../src/base/actor-key.ts';
 import { DEFAULTS } from '../src/config.ts';
 import { openDatabase } from '../src/db/client.ts';
-import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/embedded.ts';
+import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/postgres/embedded.ts';
 import { migrateDatabase } from '../src/db/migrate.ts';
 import { createBoss, ensureQueues } from '../src/queue/boss.ts';
 import { createEventQueue } from '../src/queue/events.ts';
-import { freePort } from '../src/net.ts';
+import { freePort } from '../src/db/postgres/net.ts';
 
 const CORRAL = fileURLToPath(new URL('../bin/corral.js', import.meta.url));
 

@@ -18,7 +18,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
-import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/embedded.ts';
+import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/postgres/embedded.ts';
 
 const HELP = `usage: npm run bench:cli -- [--runs N] [--bin path/to/corral.js] [--json] [--check]
   --runs N   timed runs of each command (default 15)

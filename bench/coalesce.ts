@@ -25,7 +25,7 @@ import { parseArgs } from 'node:util';
 import { connect, type Corral } from '../src/client/index.ts';
 import { DEFAULTS } from '../src/config.ts';
 import { openDatabase, type Database } from '../src/db/client.ts';
-import { DEFAULT_BATCH_EVENTS, DEFAULT_WORKER_CAPACITY, MAX_BATCH_EVENTS } from '../src/defaults.ts';
+import { DEFAULT_BATCH_EVENTS, DEFAULT_WORKER_CAPACITY, MAX_BATCH_EVENTS } from '../src/base/defaults.ts';
 import { MAX_SEND_BATCH } from '../src/db/views.ts';
 import { Cleanup, median, progress, roundDeep, runBench, sleep } from './lib/common.ts';
 import { openBenchDatabase, type ServerCpu } from './lib/database.ts';

@@ -8,13 +8,13 @@
  *   npm run bench:fetch-plan -- [--backlogs 1000,10000,100000] [--plans] [--alternative]
  *                               [--events-per-actor K]
  *
- * `--alternative` also runs corral's own fetch (src/db/boss-fetch.ts: the same claim, walking the
+ * `--alternative` also runs corral's own fetch (src/db/boss/fetch.ts: the same claim, walking the
  * queue in fetch order instead of taking every key's head first) on the same rows, and checks it
  * claims as many jobs.
  */
 import { parseArgs } from 'node:util';
 import pg from 'pg';
-import { actorKey } from '../src/actor-key.ts';
+import { actorKey } from '../src/base/actor-key.ts';
 import { DEFAULTS } from '../src/config.ts';
 import { openDatabase } from '../src/db/client.ts';
 import { migrateDatabase } from '../src/db/migrate.ts';
@@ -23,7 +23,7 @@ import { createEventQueue } from '../src/queue/events.ts';
 import { Cleanup, progress } from './lib/common.ts';
 import { openBenchDatabase } from './lib/database.ts';
 import { freshDatabase } from './lib/daemon-process.ts';
-import { claimStatement } from '../src/db/boss-internals.ts';
+import { claimStatement } from '../src/db/boss/internals.ts';
 
 const { values } = parseArgs({
   options: {

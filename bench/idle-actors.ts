@@ -21,9 +21,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { DEFAULT_WORKER_CAPACITY } from '../src/defaults.ts';
-import { actorKey } from '../src/actor-key.ts';
-import { freePort } from '../src/net.ts';
+import { DEFAULT_WORKER_CAPACITY } from '../src/base/defaults.ts';
+import { actorKey } from '../src/base/actor-key.ts';
+import { freePort } from '../src/db/postgres/net.ts';
 import { progress, runBench, sleep, summarise, until } from './lib/common.ts';
 import { openBenchDatabase } from './lib/database.ts';
 import {

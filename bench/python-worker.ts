@@ -19,8 +19,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { actorKey } from '../src/actor-key.ts';
-import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/embedded.ts';
+import { actorKey } from '../src/base/actor-key.ts';
+import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/postgres/embedded.ts';
 import { median, progress, runBench, until, type Cleanup } from './lib/common.ts';
 import { freshDatabase, openBenchClient, processCpuMs, startDaemonProcess, type BenchClient } from './lib/daemon-process.ts';
 

@@ -14,7 +14,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { actorKey } from '../src/actor-key.ts';
+import { actorKey } from '../src/base/actor-key.ts';
 import { DEFAULTS } from '../src/config.ts';
 import { openDatabase } from '../src/db/client.ts';
 import { progress, runBench, sleep, until } from './lib/common.ts';

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { eq, sql } from '../src/db/orm.ts';
 import { openDatabase } from '../src/db/client.ts';
-import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/embedded.ts';
+import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/postgres/embedded.ts';
 import { migrateDatabase } from '../src/db/migrate.ts';
 import { deliveries } from '../src/db/schema.ts';
 

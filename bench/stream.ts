@@ -26,8 +26,8 @@ import { connect, type Corral, type LiveEvent } from '../src/client/index.ts';
 import { openDatabase } from '../src/db/client.ts';
 import { progress, round, runBench, summarise, type Percentiles } from './lib/common.ts';
 import { openBenchDatabase } from './lib/database.ts';
-import { sseEvents } from '../src/cli/commands/watch-remote.ts';
-import { freePort } from '../src/net.ts';
+import { sseEvents } from '../src/live/sse.ts';
+import { freePort } from '../src/db/postgres/net.ts';
 import { createToken } from '../src/ops/api-tokens.ts';
 import { daemonCpuMs, freshDatabase, startDaemonProcess, waitForWorkers, type DaemonProcess } from './lib/daemon-process.ts';
 

@@ -20,7 +20,7 @@ import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import type pg from 'pg';
 import { connect, type Corral, type TurnEvent, type TurnWatch } from '../src/client/index.ts';
-import { DEFAULT_WORKER_CAPACITY } from '../src/defaults.ts';
+import { DEFAULT_WORKER_CAPACITY } from '../src/base/defaults.ts';
 import { migrateDatabase } from '../src/db/migrate.ts';
 import { openDatabase } from '../src/db/client.ts';
 import { progress, round, runBench, summarise, type Percentiles } from './lib/common.ts';

@@ -25,7 +25,7 @@ import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/embedded.ts';
+import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/postgres/embedded.ts';
 import { maskUrl } from '../src/config.ts';
 import { serverEnvironment, type ChaosEnvironment } from '../test/chaos/environment.ts';
 import { describeFailure, makeLogRoot, runScenario, type ScenarioResult } from '../test/chaos/runner.ts';

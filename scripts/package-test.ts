@@ -32,7 +32,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { freePort } from '../src/net.ts';
+import { freePort } from '../src/db/postgres/net.ts';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const KEEP = process.argv.includes('--keep');
@@ -248,7 +248,7 @@ async function scratchDatabase(): Promise<{ url: string; drop(): Promise<void> }
 async function main(): Promise<void> {
   const started = Date.now();
   const tmp = await mkdtemp(join(tmpdir(), 'corral-package-test-'));
-  // reachable by the `postgres` user the embedded server runs as under root (see src/db/embedded.ts E3)
+  // reachable by the `postgres` user the embedded server runs as under root (see src/db/postgres/embedded.ts E3)
   await chmod(tmp, 0o755);
   const app = join(tmp, 'app');
   const home = join(tmp, 'home');

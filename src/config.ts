@@ -3,7 +3,7 @@
  * Nothing below the entry points reads `process.env`: components receive a `Config`.
  */
 import { resolve } from 'node:path';
-import { CorralError } from './errors.ts';
+import { CorralError } from './base/errors.ts';
 import {
   DEFAULT_CONTEXT_CACHE_BYTES,
   DEFAULT_EMBEDDED_ROOT,
@@ -13,7 +13,7 @@ import {
   DEFAULT_PROGRESS_INTERVAL_MS,
   DEFAULT_STREAM_CHUNK_BYTES,
   AVAILABLE_INPUT_POLICIES,
-} from './defaults.ts';
+} from './base/defaults.ts';
 
 export const DEAD_LETTER_MODES = ['continue', 'block'] as const;
 export type DeadLetterMode = (typeof DEAD_LETTER_MODES)[number];
@@ -137,7 +137,7 @@ const SETTINGS = {
   embeddedRootDir: setting({ env: 'CORRAL_EMBEDDED_ROOT', default: DEFAULT_EMBEDDED_ROOT, rule: text({ min: 1 }) }),
   /**
    * How long a command waits for the database's set-up when it finds it under way (a daemon
-   * migrating on its first start, src/db/setup-lock.ts) before it gives up.
+   * migrating on its first start, src/db/postgres/setup-lock.ts) before it gives up.
    */
   setupWaitMs: setting({ env: 'CORRAL_SETUP_WAIT_MS', default: 60_000, rule: int(0, 3_600_000) }),
   /** The broker's ROUTER endpoint. */
@@ -177,7 +177,7 @@ const SETTINGS = {
   retryDelaySeconds: setting({ env: 'CORRAL_RETRY_DELAY_S', default: 5, rule: int(1, 3600) }),
   retryDelayMaxSeconds: setting({ env: 'CORRAL_RETRY_DELAY_MAX_S', default: 120, rule: int(1, 86_400) }),
   /**
-   * Retries of an outbox message after its first attempt (src/runtime/outbox-sender.ts), with the
+   * Retries of an outbox message after its first attempt (src/outbox/sender.ts), with the
    * events' delays (CORRAL_RETRY_DELAY_S, _DELAY_MAX_S); then it is dead-lettered.
    */
   outboxRetryLimit: setting({ env: 'CORRAL_OUTBOX_RETRY_LIMIT', default: 8, rule: int(0, 1000) }),

@@ -18,5 +18,5 @@ export {
   type DeadLetterMode,
   type Logger,
 } from './host/daemon.ts';
-export { isValidActorPart } from './actor-key.ts';
+export { isValidActorPart } from './base/actor-key.ts';
 export type { JsonValue } from './fabric/protocol.ts';

@@ -4,4 +4,4 @@
  * a manual clock. Everything it does not export is internal. docs/embedding.md documents each export.
  */
 export { createTestEnvironment, type TestEnvironment, type TestEnvironmentOptions, type TestWorkerOptions } from './host/testing.ts';
-export { ManualClock, type Clock, type TimerHandle } from './clock.ts';
+export { ManualClock, type Clock, type TimerHandle } from './base/clock.ts';

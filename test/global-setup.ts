@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import type { TestProject } from 'vitest/node';
-import { ensureEmbeddedPostgres, type EmbeddedServer } from '../src/db/embedded.ts';
+import { ensureEmbeddedPostgres, type EmbeddedServer } from '../src/db/postgres/embedded.ts';
 import { migrateDatabase } from '../src/db/migrate.ts';
 import { createBoss, ensureQueues } from '../src/queue/boss.ts';
 import { DEFAULTS } from '../src/config.ts';

@@ -5,12 +5,12 @@
  */
 import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
-import { actorKey, type ActorKey } from '../../src/actor-key.ts';
+import { actorKey, type ActorKey } from '../../src/base/actor-key.ts';
 import { loadConfig } from '../../src/config.ts';
-import { Daemon } from '../../src/daemon.ts';
+import { Daemon } from '../../src/daemon/daemon.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { addWorkerKey, ensureLocalWorkerKey, workerCredentials } from '../../src/fabric/keys.ts';
-import { silentLogger } from '../../src/logger.ts';
+import { silentLogger } from '../../src/base/logger.ts';
 import { noopMetrics, type RuntimeMetrics } from '../../src/runtime/metrics.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';

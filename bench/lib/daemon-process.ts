@@ -10,7 +10,7 @@ import { dirname, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type pg from 'pg';
 import type { PgBoss } from 'pg-boss';
-import type { ActorKey } from '../../src/actor-key.ts';
+import type { ActorKey } from '../../src/base/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { createBoss } from '../../src/queue/boss.ts';

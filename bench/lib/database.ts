@@ -7,7 +7,7 @@ import { chmod, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../../src/db/embedded.ts';
+import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../../src/db/postgres/embedded.ts';
 import { withDatabase } from '../../test/helpers/databases.ts';
 import { progress, type Cleanup } from './common.ts';
 

@@ -1,6 +1,6 @@
 /** Command-line options of the end-to-end bench (bench/e2e.ts). */
 import { parseArgs } from 'node:util';
-import { DEFAULT_WORKER_CAPACITY } from '../../src/defaults.ts';
+import { DEFAULT_WORKER_CAPACITY } from '../../src/base/defaults.ts';
 
 export interface Options {
   events: number;

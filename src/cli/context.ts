@@ -4,8 +4,8 @@
  */
 import { loadConfig, type Config } from '../config.ts';
 import type { Database, Db } from '../db/client.ts';
-import { openUsableDatabase } from '../db/open.ts';
-import type { Logger } from '../logger.ts';
+import { openUsableDatabase } from '../db/postgres/open.ts';
+import type { Logger } from '../base/logger.ts';
 import { commandLogger } from './database.ts';
 import type { PgBoss } from 'pg-boss';
 

@@ -1,12 +1,12 @@
 /**
- * The logger of a command, and the database it uses (src/db/resolve.ts: the embedded server
+ * The logger of a command, and the database it uses (src/db/postgres/resolve.ts: the embedded server
  * under `CORRAL_HOME` when DATABASE_URL is unset, started on demand). Free of Drizzle and
  * pg-boss, so that light commands (`corral send`) load little.
  */
 import type { Config } from '../config.ts';
-import { createLogger, type Logger } from '../logger.ts';
+import { createLogger, type Logger } from '../base/logger.ts';
 
-export { connectDatabase, resolveDatabase, unreachable, type ResolvedDatabase } from '../db/resolve.ts';
+export { connectDatabase, resolveDatabase, unreachable, type ResolvedDatabase } from '../db/postgres/resolve.ts';
 
 export function commandLogger(config: Config, opts: { daemon?: boolean } = {}): Logger {
   // Short commands keep stdout for their output: their logs go to stderr, warnings only.

@@ -5,8 +5,8 @@
  * file of gigabytes given by mistake is refused after the limit's worth of bytes, not read whole.
  */
 import { createReadStream } from 'node:fs';
-import { CorralError, toError } from '../errors.ts';
-import { unstorableReason } from '../json-safety.ts';
+import { CorralError, toError } from '../base/errors.ts';
+import { unstorableReason } from '../base/json-safety.ts';
 
 export interface JsonSource {
   /** The argument; `-` means standard input. */

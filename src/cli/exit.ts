@@ -2,7 +2,7 @@
  * Maps typed errors to messages and exit codes: 0 done, 1 error, 2 bad arguments, 3 nothing
  * matched, 4 the actor is busy (a send its input policy `reject` refused); and keeps a closed pipe from turning into an error.
  */
-import { CorralError, errorMessage, isConnectionError, toError } from '../errors.ts';
+import { CorralError, errorMessage, isConnectionError, toError } from '../base/errors.ts';
 
 export const EXIT = { ok: 0, error: 1, usage: 2, nothingMatched: 3, actorBusy: 4 } as const;
 

@@ -8,7 +8,7 @@
 import { Command, CommanderError, Option } from 'commander';
 import type * as ConfigModule from '../config.ts';
 import type { Config } from '../config.ts';
-import { CorralError } from '../errors.ts';
+import { CorralError } from '../base/errors.ts';
 import { dropOutputOnClosedPipe, exitCodeFor, messageFor, EXIT } from './exit.ts';
 import { registerDlqCommands } from './commands/dlq-cli.ts';
 import { registerKeysCommands } from './commands/keys.ts';
@@ -18,7 +18,7 @@ import { registerTokensCommands } from './commands/tokens.ts';
 import { registerSinksCommands } from './commands/sinks.ts';
 import { registerOutboxCommands } from './commands/outbox.ts';
 import { intArg } from './args.ts';
-import { DEFAULT_WORKER_CAPACITY } from '../defaults.ts';
+import { DEFAULT_WORKER_CAPACITY } from '../base/defaults.ts';
 
 interface Globals {
   logLevel?: Config['logLevel'];

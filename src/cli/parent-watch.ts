@@ -9,7 +9,7 @@
  * watched and outlives its shell as usual.
  */
 
-import { STOP_WITH_PARENT_ENV } from '../defaults.ts';
+import { STOP_WITH_PARENT_ENV } from '../base/defaults.ts';
 
 export { STOP_WITH_PARENT_ENV };
 

@@ -1,6 +1,6 @@
 /** How the client names an actor: `'agent/session'` or `{ agentUid, sessionId }`, checked like the CLI's. */
-import { actorKey, parseActorKey, type ActorKey } from '../actor-key.ts';
-import { CorralError } from '../errors.ts';
+import { actorKey, parseActorKey, type ActorKey } from '../base/actor-key.ts';
+import { CorralError } from '../base/errors.ts';
 
 /** An actor: its key text `agent_uid/session_id`, or its two parts. */
 export type ActorRef = string | { readonly agentUid: string; readonly sessionId: string };

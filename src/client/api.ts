@@ -4,8 +4,8 @@
  * rows), so that an application's type check never loads those libraries' declarations; the
  * implementation (client.ts, watch.ts, wait.ts) is checked against these by the compiler.
  */
-import type { ActorKey } from '../actor-key.ts';
-import type { Logger } from '../logger.ts';
+import type { ActorKey } from '../base/actor-key.ts';
+import type { Logger } from '../base/logger.ts';
 import type {
   ActorStatus,
   OutboxActionResult,
@@ -112,7 +112,7 @@ export interface ClientDiagnostics {
 }
 
 /** One turn event of the watched actor. */
-import type { LiveWatch, LiveWatchOptions } from './live-api.ts';
+import type { LiveWatch, LiveWatchOptions } from '../live/events.ts';
 
 export interface TurnEvent {
   /** `started`: an attempt began; `committed`: its turn is in the transcript; `failed`: the attempt failed and will be retried; `dead_lettered`: its retries are spent; `cancelled`: `cancel` ended it. */
@@ -250,7 +250,7 @@ export interface Corral {
   /** The committed turn of `eventId`, once it committed; rejects `dead_lettered`, `cancelled`, `not_found`, `timeout`, `aborted`, `closed`. */
   waitForTurn(eventId: string, opts?: WaitOptions): Promise<CommittedTurn>;
   /**
-   * The live stream of `actor` (src/client/live-api.ts): each turn's start, the chunks its worker
+   * The live stream of `actor` (src/live/events.ts): each turn's start, the chunks its worker
    * streams, then its commit or failure, from now on or from `lastEventId`; resolves once it listens.
    */
   watch(actor: ActorRef, opts?: LiveWatchOptions): Promise<LiveWatch>;

@@ -2,25 +2,25 @@
  * The client an application uses: `const corral = await connect()`. It enqueues events (inside
  * the caller's transaction if asked), reads transcripts and actors, steers and cancels turns,
  * waits for a turn and watches an actor's turns. Every use-case is the CLI's own implementation
- * (src/db/send-event.ts, src/db/transcript.ts, src/ops/status.ts, src/ops/turn-control.ts); the
+ * (src/db/enqueue/send-event.ts, src/db/turns/transcript.ts, src/ops/status.ts, src/ops/turn-control.ts); the
  * client adds nothing to the daemon's path.
  */
 import type { PgBoss } from 'pg-boss';
 import { loadConfig, type Config } from '../config.ts';
-import type { Queues } from '../db/boss-jobs.ts';
+import type { Queues } from '../db/boss/jobs.ts';
 import type { Database } from '../db/client.ts';
 import { isStatementTarget } from '../db/executor.ts';
-import { openUsableDatabase } from '../db/open.ts';
-import { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, sendEvents } from '../db/send-event.ts';
-import { readTranscript, type TranscriptEntry } from '../db/transcript.ts';
-import { DEFAULT_LINGER_MS, TurnListener } from '../db/turn-listener.ts';
-import { CorralError } from '../errors.ts';
-import { unstorableReason } from '../json-safety.ts';
-import { silentLogger, type Logger } from '../logger.ts';
+import { openUsableDatabase } from '../db/postgres/open.ts';
+import { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, sendEvents } from '../db/enqueue/send-event.ts';
+import { readTranscript, type TranscriptEntry } from '../db/turns/transcript.ts';
+import { DEFAULT_LINGER_MS, TurnListener } from '../db/turns/turn-listener.ts';
+import { CorralError } from '../base/errors.ts';
+import { unstorableReason } from '../base/json-safety.ts';
+import { silentLogger, type Logger } from '../base/logger.ts';
 import { batchOptionsFrom, clearPolicy, parsePolicy, parsePolicyTarget, setPolicy, type InputPolicy } from '../ops/input-policies.ts';
 import { actorStatus, type ActorStatus } from '../ops/status.ts';
-import { actOnOutbox, listOutboxMessages, showOutboxMessage } from '../ops/outbox.ts';
-import { addSink, enableSink, listSinkViews, removeSink } from '../ops/sinks.ts';
+import { actOnOutbox, listOutboxMessages, showOutboxMessage } from '../outbox/operations.ts';
+import { addSink, enableSink, listSinkViews, removeSink } from '../outbox/sinks.ts';
 import type { InputPolicyOptions } from '../db/views.ts';
 import { cancelTurn, steerTurn } from '../ops/turn-control.ts';
 import { toJsonPayload } from '../queue/event-job.ts';
@@ -48,8 +48,9 @@ import type {
 } from './api.ts';
 import { waitForTurn } from './wait.ts';
 import { ActorWatch } from './watch.ts';
-import { LiveStream, parseLiveEventId } from '../ops/live-stream.ts';
-import type { LiveWatch, LiveWatchOptions } from './live-api.ts';
+import { parseLiveEventId } from '../live/events.ts';
+import { LiveStream } from '../live/stream.ts';
+import type { LiveWatch, LiveWatchOptions } from '../live/events.ts';
 
 export type * from './api.ts';
 

@@ -44,9 +44,9 @@ export {
   type LiveTurnStarted,
   type LiveWatch,
   type LiveWatchOptions,
-} from './live-api.ts';
-export { CorralError, FenceRejected, FENCE_REASONS, type ErrorCode, type FenceReason } from '../errors.ts';
-export { actorKey, formatActorKey, parseActorKey, type ActorKey } from '../actor-key.ts';
+} from '../live/events.ts';
+export { CorralError, FenceRejected, FENCE_REASONS, type ErrorCode, type FenceReason } from '../base/errors.ts';
+export { actorKey, formatActorKey, parseActorKey, type ActorKey } from '../base/actor-key.ts';
 export {
   MAX_IDEMPOTENCY_KEY_LENGTH,
   MAX_SEND_BATCH,

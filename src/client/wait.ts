@@ -1,6 +1,6 @@
 /**
  * `corral.waitForTurn(eventId)`: the committed turn of one event, heard of through the daemon's
- * notifications (src/db/turn-events.ts), never by polling.
+ * notifications (src/db/turns/turn-events.ts), never by polling.
  *
  *  T1 It reads where the event stands, LISTENs on its actor's channel, then reads again: a turn
  *     committed before the LISTEN took effect is found by that second read, one after it is heard.
@@ -12,14 +12,14 @@
  *     notification announced yet (a job pg-boss failed by itself, before a daemon's recovery
  *     settled it and said so) is still reported as itself.
  */
-import { formatActorKey, parseActorKey } from '../actor-key.ts';
+import { formatActorKey, parseActorKey } from '../base/actor-key.ts';
 import type { Db } from '../db/client.ts';
-import type { Queues } from '../db/boss-jobs.ts';
-import { committedTurnOf, eventStatus, type EventStatus } from '../db/event-status.ts';
-import type { TurnListener, TurnSubscription } from '../db/turn-listener.ts';
-import { turnChannelOf, type TurnNotice } from '../db/turn-events.ts';
-import { CorralError, toError } from '../errors.ts';
-import { isUuid } from '../uuid.ts';
+import type { Queues } from '../db/boss/jobs.ts';
+import { committedTurnOf, eventStatus, type EventStatus } from '../db/turns/event-status.ts';
+import type { TurnListener, TurnSubscription } from '../db/turns/turn-listener.ts';
+import { turnChannelOf, type TurnNotice } from '../db/turns/turn-events.ts';
+import { CorralError, toError } from '../base/errors.ts';
+import { isUuid } from '../base/uuid.ts';
 import { DEFAULT_WAIT_MS, type CommittedTurn, type WaitOptions } from './api.ts';
 
 export { DEFAULT_WAIT_MS };

@@ -1,6 +1,6 @@
 /**
  * `corral.watch(actor)`: an actor's turn events as they happen, as an async iterable, driven by
- * the daemon's notifications (src/db/turn-events.ts) and nothing else.
+ * the daemon's notifications (src/db/turns/turn-events.ts) and nothing else.
  *
  *  W1 The watch LISTENs before `watch()` resolves: every event committed after that is yielded.
  *  W2 A lost connection is made again; the iterator then yields a `gap` event: events committed
@@ -10,10 +10,10 @@
  *  W4 It ends (`done`) when `signal` aborts, when `close()` (or `return()`, i.e. `break` in a
  *     `for await`) is called, or when the client closes.
  */
-import type { ActorKey } from '../actor-key.ts';
-import { formatActorKey } from '../actor-key.ts';
-import type { TurnListener, TurnSubscription } from '../db/turn-listener.ts';
-import { turnChannelOf } from '../db/turn-events.ts';
+import type { ActorKey } from '../base/actor-key.ts';
+import { formatActorKey } from '../base/actor-key.ts';
+import type { TurnListener, TurnSubscription } from '../db/turns/turn-listener.ts';
+import { turnChannelOf } from '../db/turns/turn-events.ts';
 import { DEFAULT_MAX_BUFFERED, type TurnWatch, type WatchEvent, type WatchOptions } from './api.ts';
 
 export { DEFAULT_MAX_BUFFERED };

@@ -32,7 +32,7 @@ export interface OpenOptions {
  * generic plan costlier than its custom ones, which for these statements it always does. The
  * setting reaches every parameterised statement of the connection, Drizzle's unnamed ones too: a
  * condition that a partial index must prove (a status among the live ones) is written with
- * literals, never parameters (src/db/activations.ts; test/db/periodic-plans.test.ts explains the
+ * literals, never parameters (src/db/turns/activations.ts; test/db/periodic-plans.test.ts explains the
  * periodic statements on a large history and fails on a sequential scan). Set per session rather
  * than as a startup option, which connection poolers such as PgBouncer refuse.
  */

@@ -1,12 +1,12 @@
 /**
  * Applies corral's Drizzle migrations (the committed `drizzle/` folder). Safe when several daemons
  * start at once: the set-up runs under a session advisory lock on one dedicated connection
- * (U1 of src/db/setup-lock.ts), which is also how a command sees that a set-up is under way.
+ * (U1 of src/db/postgres/setup-lock.ts), which is also how a command sees that a set-up is under way.
  */
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { drizzle, migrate } from './orm.ts';
-import { SETUP_LOCK_KEY } from './setup-lock.ts';
+import { SETUP_LOCK_KEY } from './postgres/setup-lock.ts';
 
 export const MIGRATIONS_FOLDER = fileURLToPath(new URL('../../drizzle', import.meta.url));
 

@@ -6,9 +6,9 @@
  *  - durable agent state: actors (the durable epoch counter), conversations, turns, messages;
  *  - runtime projections: activations, deliveries, workers, daemons. They can be rebuilt or failed on
  *    recovery; nothing that must survive lives only in them;
- *  - idempotency keys of enqueued events (src/db/send-event.ts), kept while their event's job is;
- *  - the turn channels watched now (src/db/turn-events.ts): turn events are notified only on those;
- *  - per-agent transcript retention (src/db/transcript-retention.ts): without a row, an agent's
+ *  - idempotency keys of enqueued events (src/db/enqueue/send-event.ts), kept while their event's job is;
+ *  - the turn channels watched now (src/db/turns/turn-events.ts): turn events are notified only on those;
+ *  - per-agent transcript retention (src/db/operations/transcript-retention.ts): without a row, an agent's
  *    transcript is kept forever.
  *
  * Invariants enforced by the database itself:
@@ -46,7 +46,7 @@ import {
   MAX_IDEMPOTENCY_KEY_LENGTH,
   OUTBOX_STATES,
 } from './views.ts';
-import { ACTOR_PART } from '../actor-key.ts';
+import { ACTOR_PART } from '../base/actor-key.ts';
 
 export const corral = pgSchema('corral');
 
@@ -120,7 +120,7 @@ export const conversations = corral.table(
     /** Next message position; messages are numbered 1, 2, 3 … within a conversation. */
     nextSeq: integer('next_seq').notNull().default(1),
     /**
-     * The highest seq transcript retention deleted (src/db/transcript-retention.ts), 0 when none:
+     * The highest seq transcript retention deleted (src/db/operations/transcript-retention.ts), 0 when none:
      * every message at or below it is gone, every one above it is kept.
      */
     prunedThrough: integer('pruned_through').notNull().default(0),
@@ -157,7 +157,7 @@ export const turns = corral.table(
     steers: jsonb('steers'),
     /**
      * The events this turn took after its own (`event_id`), in order, when it took a batch (input
-     * policy `coalesce`, src/db/batches.ts): `[{ event_id, data, enqueued_at }]`; null for one event.
+     * policy `coalesce`, src/db/turns/batches.ts): `[{ event_id, data, enqueued_at }]`; null for one event.
      * Each becomes a `user` message after the turn's own on commit.
      */
     coalesced: jsonb('coalesced'),
@@ -173,9 +173,9 @@ export const turns = corral.table(
     index('turns_started')
       .on(t.startedAt)
       .where(sql`status = 'started'`),
-    // transcript retention: a conversation's finished turns by age (src/db/transcript-retention.ts)
+    // transcript retention: a conversation's finished turns by age (src/db/operations/transcript-retention.ts)
     index('turns_ended').on(t.conversationId, t.finishedAt).where(inList('status', TURN_FINISHED)),
-    // the committed turn of an event it took as part of a batch (src/db/event-status.ts)
+    // the committed turn of an event it took as part of a batch (src/db/turns/event-status.ts)
     index('turns_coalesced_succeeded')
       .using('gin', sql`${t.coalesced} jsonb_path_ops`)
       .where(sql`status = 'succeeded' and coalesced is not null`),
@@ -229,12 +229,12 @@ export const activations = corral.table(
     uniqueIndex('activations_one_live').on(t.agentUid, t.sessionId).where(inList('status', ACTIVATION_LIVE)),
     index('activations_live_lease').on(t.leaseExpiresAt).where(inList('status', ACTIVATION_LIVE)),
     index('activations_actor_epoch').on(t.agentUid, t.sessionId, t.actorEpoch),
-    // the watchdog's idle stop (src/db/activations.ts stopIdleActivations) reads only the warm
+    // the watchdog's idle stop (src/db/turns/activations.ts stopIdleActivations) reads only the warm
     // activations idle long enough, not every warm one
     index('activations_idle')
       .on(t.updatedAt)
       .where(sql.raw(`status in ${listText(ACTIVATION_LIVE)} and current_event_id is null`)),
-    // the pruning of ended activations (src/db/runtime-pruning.ts)
+    // the pruning of ended activations (src/db/operations/runtime-pruning.ts)
     index('activations_ended').on(t.endedAt).where(inList('status', ACTIVATION_ENDED)),
     check('activations_status', inList('status', ACTIVATION_STATUSES)),
   ],
@@ -256,7 +256,7 @@ export const deliveries = corral.table(
     /** pg-boss attempt fence: the job is settled as `{ id: event_id, retryCount }`. */
     jobRetryCount: integer('job_retry_count').notNull(),
     workerId: text('worker_id'),
-    /** The events the turn takes after `event_id`, in order (a batch, src/db/batches.ts); null for one event. */
+    /** The events the turn takes after `event_id`, in order (a batch, src/db/turns/batches.ts); null for one event. */
     coalesced: uuid('coalesced').array(),
     state: text('state', { enum: DELIVERY_STATES }).notNull(),
     stateReason: text('state_reason'),
@@ -267,7 +267,7 @@ export const deliveries = corral.table(
     uniqueIndex('deliveries_one_live_per_event').on(t.eventId).where(inList('state', DELIVERY_LIVE)),
     index('deliveries_activation').on(t.activationUid),
     index('deliveries_worker_live').on(t.workerId).where(inList('state', DELIVERY_LIVE)),
-    // the pruning of finished deliveries (src/db/runtime-pruning.ts)
+    // the pruning of finished deliveries (src/db/operations/runtime-pruning.ts)
     index('deliveries_finished').on(t.updatedAt).where(inList('state', DELIVERY_FINISHED)),
     check('deliveries_state', inList('state', DELIVERY_STATES)),
   ],
@@ -326,7 +326,7 @@ export const deadLetterActions = corral.table(
 );
 
 /**
- * Idempotency keys of sent events (`corral.send_events`, src/db/send-event.ts): per actor, the
+ * Idempotency keys of sent events (`corral.send_events`, src/db/enqueue/send-event.ts): per actor, the
  * event a key enqueued and the SHA-256 of its data (jsonb's text), so a send again with the key
  * returns that event, and one with other data is refused. Written in the transaction that
  * enqueues the event; pruned by the retention sweep once the event's job is gone.
@@ -349,7 +349,7 @@ export const idempotencyKeys = corral.table(
 );
 
 /**
- * Who listens for turn events, by channel (src/db/turn-events.ts, src/db/turn-listener.ts): the
+ * Who listens for turn events, by channel (src/db/turns/turn-events.ts, src/db/turns/turn-listener.ts): the
  * daemon's statements notify a channel only while a row names it, so turn events cost nothing
  * while nobody watches. A row belongs to the backend (`pid`) that LISTENs; rows of backends that
  * are gone are deleted by the next registration.
@@ -365,7 +365,7 @@ export const turnWatchers = corral.table(
 );
 
 /**
- * Transcript retention, per agent (src/db/transcript-retention.ts, `corral retention`): the
+ * Transcript retention, per agent (src/db/operations/transcript-retention.ts, `corral retention`): the
  * finished turns of `agent_uid`'s conversations, with their messages, are deleted once they
  * finished more than `keep_seconds` ago. An agent without a row keeps its transcript forever.
  * `agent_uid` is checked as an actor part, since the pruning writes it into its statement as a
@@ -387,7 +387,7 @@ export const transcriptRetention = corral.table(
 );
 
 /**
- * Input policies (`corral policy`, src/db/input-policies.ts): what an event sent to a busy actor
+ * Input policies (`corral policy`, src/db/enqueue/input-policies.ts): what an event sent to a busy actor
  * does. A row with `session_id` '' holds the agent's policy, one with a session that actor's;
  * the actor's wins, then the agent's, then the daemon's CORRAL_INPUT_POLICY.
  */
@@ -398,7 +398,7 @@ export const inputPolicies = corral.table(
     /** '' for every session of the agent. */
     sessionId: text('session_id').notNull().default(''),
     policy: text('policy', { enum: INPUT_POLICIES }).notNull(),
-    /** A batching policy's options (null: the default): see src/db/input-policies.ts, P4. */
+    /** A batching policy's options (null: the default): see src/db/enqueue/input-policies.ts, P4. */
     debounceMs: integer('debounce_ms'),
     maxWaitMs: integer('max_wait_ms'),
     maxEvents: integer('max_events'),
@@ -424,7 +424,7 @@ export const inputPolicies = corral.table(
 );
 
 /**
- * API tokens of the HTTP API (`corral tokens`, src/db/api-tokens.ts): a bearer token is shown
+ * API tokens of the HTTP API (`corral tokens`, src/db/operations/api-tokens.ts): a bearer token is shown
  * once when created; only its SHA-256 is stored (a token is 32 random bytes, so a fast hash is
  * enough). `scopes` says what it may do (`read`: streams, transcripts, event states; `send`:
  * events). A revoked token stays, so its name is not reused by mistake.
@@ -447,7 +447,7 @@ export const apiTokens = corral.table(
 );
 
 /**
- * The chunks a running turn streamed (`turn_chunk`, src/db/stream-chunks.ts), so that a client of
+ * The chunks a running turn streamed (`turn_chunk`, src/db/live/chunks.ts), so that a client of
  * any daemon can follow a live turn from its first chunk or from where it left off. UNLOGGED (the
  * migration says so; Drizzle has no word for it): chunks need not survive a crash, since after the
  * commit the transcript is the record and after a crash the turn is retried from its start. Kept
@@ -470,7 +470,7 @@ export const streamChunks = corral.table(
 );
 
 /**
- * Webhook sinks (`corral sinks`, src/db/sinks.ts): named destinations for the messages a turn's
+ * Webhook sinks (`corral sinks`, src/db/outbox/sinks.ts): named destinations for the messages a turn's
  * result delivers (the outbox). `secret` is the Standard Webhooks signing secret (`whsec_` and the
  * base64 of the key), kept as given since signing needs the key itself. A sink the receiver told
  * gone (HTTP 410) is disabled until `corral sinks enable`.
@@ -500,9 +500,9 @@ export const sinks = corral.table(
 export { OUTBOX_STATES, type OutboxState } from './views.ts';
 
 /**
- * The outbox (src/db/outbox.ts): the messages committed turns deliver to sinks, written in the
+ * The outbox (src/db/outbox/messages.ts): the messages committed turns deliver to sinks, written in the
  * transaction that commits the turn and sent by the daemons' delivery loop
- * (src/runtime/outbox-sender.ts). `id` orders them in commit order: per actor and sink, a message
+ * (src/outbox/sender.ts). `id` orders them in commit order: per actor and sink, a message
  * is sent only when none before it is pending. `body` is the request body exactly as sent (its
  * signature covers those bytes). A pending message being sent carries its sender's claim
  * (`claimed_by`, `claimed_until`); `attempts` counts the claims (never reset, so it fences the

@@ -6,9 +6,9 @@
  * ops/status.ts) and the schema re-export them.
  */
 import { createHash } from 'node:crypto';
-import type { ActorKey } from '../actor-key.ts';
-import type { InputPolicy } from '../defaults.ts';
-import type { ErrorCode } from '../errors.ts';
+import type { ActorKey } from '../base/actor-key.ts';
+import type { InputPolicy } from '../base/defaults.ts';
+import type { ErrorCode } from '../base/errors.ts';
 
 export {
   AVAILABLE_INPUT_POLICIES,
@@ -18,7 +18,7 @@ export {
   MAX_BATCH_EVENTS,
   MAX_DEBOUNCE_MS,
   type InputPolicy,
-} from '../defaults.ts';
+} from '../base/defaults.ts';
 
 export const ACTIVATION_LIVE = ['starting', 'active', 'draining'] as const;
 export const ACTIVATION_STATUSES = [...ACTIVATION_LIVE, 'stopped', 'failed'] as const;
@@ -205,7 +205,7 @@ export interface ActorStatus {
   known: boolean;
   epochCounter: number;
   blockedByEventId: string | null;
-  /** What an event sent to it while it is busy does (src/db/input-policies.ts, P1). */
+  /** What an event sent to it while it is busy does (src/db/enqueue/input-policies.ts, P1). */
   inputPolicy: { policy: InputPolicy; options: InputPolicyOptions; from: 'actor' | 'agent' | 'default' };
   activation: ActivationView | null;
   pendingEvents: PendingJob[];

@@ -27,8 +27,8 @@
  * 4. Connections without a CURVE key (`--insecure`) share one key with no per-key limit: only
  *    `maxConnections` applies.
  */
-import type { Clock, TimerHandle } from '../clock.ts';
-import type { Logger } from '../logger.ts';
+import type { Clock, TimerHandle } from '../base/clock.ts';
+import type { Logger } from '../base/logger.ts';
 import type { ZapAnswer, ZapDecision } from './zap.ts';
 
 /** The key of connections made without CURVE (`--insecure`): not limited per key. */

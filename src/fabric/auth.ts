@@ -13,7 +13,7 @@
  * refreshed elsewhere.
  */
 import { timingSafeEqual } from 'node:crypto';
-import { toError } from '../errors.ts';
+import { toError } from '../base/errors.ts';
 import { tokenMatches, type AllowEntry } from './keys.ts';
 import { curveSharedSecret, proofMatches } from './proof.ts';
 
@@ -37,7 +37,7 @@ export interface VerifyContext {
 
 /**
  * `maxCapacity`: the worker's advertised capacity is clamped to it; `agents`: the agent scope of
- * its key (src/agent-scope.ts), absent = every agent; `key`: what registrations are counted by
+ * its key (src/base/agent-scope.ts), absent = every agent; `key`: what registrations are counted by
  * (the key's public key). A refusal with `challenge` asks the broker to send a `worker_challenge`.
  */
 export type AuthDecision =

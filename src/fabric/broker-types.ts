@@ -1,6 +1,6 @@
 /** The Broker's public types (kept apart so src/fabric/broker.ts stays readable). */
-import type { Clock } from '../clock.ts';
-import type { Logger } from '../logger.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/logger.ts';
 import type { Authenticator } from './auth.ts';
 import type { ResultMessage, RetryPolicy, TurnErrorBody, TurnRef } from './protocol.ts';
 
@@ -16,7 +16,7 @@ export type BrokerEvent =
       reconnect: boolean;
       sdk?: string;
       instance?: string;
-      /** The agents the worker's key may serve (src/agent-scope.ts); absent: every agent. */
+      /** The agents the worker's key may serve (src/base/agent-scope.ts); absent: every agent. */
       agents?: readonly string[];
     }
   | { kind: 'worker_heartbeat'; workerId: string; inFlight: number }

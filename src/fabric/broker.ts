@@ -32,9 +32,9 @@
  *    broker consumes both, so neither is ever taken for a peer's message.
  */
 import { Context, Router } from 'zeromq';
-import { settlesWithin, systemClock, type Clock } from '../clock.ts';
-import { CorralError, toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import { settlesWithin, systemClock, type Clock } from '../base/clock.ts';
+import { CorralError, toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 import { randomBytes } from 'node:crypto';
 import { AllowAll, type Authenticator } from './auth.ts';
 import { ConnectionBook, NO_KEY } from './admission.ts';
@@ -50,10 +50,10 @@ import {
   type DaemonMessage,
   type ProtocolErrorCode,
 } from './protocol.ts';
-import { SerialQueue } from '../serial-queue.ts';
+import { SerialQueue } from '../base/serial-queue.ts';
 import { ZapHandler, type ZapAnswer, type ZapRequest } from './zap.ts';
 import { runReceiveLoop } from './receive-loop.ts';
-import { WindowCounter } from '../rate-limits.ts';
+import { WindowCounter } from '../base/rate-limits.ts';
 import type { BrokerEvent, BrokerOptions, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';
 
 export type { BrokerEvent, BrokerOptions, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';

@@ -32,9 +32,9 @@ import {
 import { dirname, join } from 'node:path';
 import { curveKeyPair } from 'zeromq';
 import { z } from 'zod';
-import { CorralError, toError } from '../errors.ts';
+import { CorralError, toError } from '../base/errors.ts';
 import { MAX_CAPACITY, WORKER_ID_PATTERN } from './protocol.ts';
-import { MAX_PATTERN_CHARS, MAX_SCOPE_PATTERNS, agentPatternProblem } from '../agent-scope.ts';
+import { MAX_PATTERN_CHARS, MAX_SCOPE_PATTERNS, agentPatternProblem } from '../base/agent-scope.ts';
 
 const Z85_CHARS = '0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#';
 /** A CURVE key in Z85: 40 characters for 32 bytes. */
@@ -125,7 +125,7 @@ const allowEntrySchema = z.object({
   public_key: z85Key,
   token_sha256: z.string().regex(/^[0-9a-f]{64}$/),
   capacity: z.int().min(1).max(MAX_CAPACITY).optional(),
-  /** The agents this key may be given turns of and emit to (src/agent-scope.ts); absent: every agent. */
+  /** The agents this key may be given turns of and emit to (src/base/agent-scope.ts); absent: every agent. */
   agents: z
     .array(
       z

@@ -10,7 +10,7 @@
  * for one registration attempt on one connection. Pure functions, no state.
  */
 import { createHmac, createPrivateKey, createPublicKey, diffieHellman, randomBytes, timingSafeEqual } from 'node:crypto';
-import { CorralError, toError } from '../errors.ts';
+import { CorralError, toError } from '../base/errors.ts';
 import { z85Decode } from './keys.ts';
 import { PROOF_TEXT_PATTERN } from './protocol.ts';
 

@@ -15,12 +15,12 @@
  *    ignores unknown daemon types (a newer daemon may announce things an old worker can skip).
  */
 import { z } from 'zod';
-import { FENCE_REASONS } from '../errors.ts';
-import { MAX_JSON_DEPTH, pruneDeepJson } from '../json-safety.ts';
-import { MAX_BATCH_EVENTS } from '../defaults.ts';
-import { isJsonValue, jsonValueSchema } from './json-value.ts';
+import { FENCE_REASONS } from '../base/errors.ts';
+import { MAX_JSON_DEPTH, pruneDeepJson } from '../base/json-safety.ts';
+import { MAX_BATCH_EVENTS } from '../base/defaults.ts';
+import { isJsonValue, jsonValueSchema } from '../base/json-value.ts';
 
-export { isJsonValue, type JsonValue } from './json-value.ts';
+export { isJsonValue, type JsonValue } from '../base/json-value.ts';
 export {
   MAX_EMITS,
   MAX_EMIT_DELAY_MS,
@@ -31,10 +31,10 @@ export {
   resultValuesProblem,
   type Emit,
   type Deliver,
-} from './effects.ts';
+} from '../effects/limits.ts';
 
 export const PROTOCOL_VERSION = 1;
-export { DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PROGRESS_INTERVAL_MS } from '../defaults.ts';
+export { DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PROGRESS_INTERVAL_MS } from '../base/defaults.ts';
 export const MAX_RESULT_MESSAGES = 1000;
 export const MAX_CAPACITY = 1024;
 /** Longest `turn_ref` (as JSON) accepted from a worker. */
@@ -95,7 +95,7 @@ const v = z.literal(PROTOCOL_VERSION);
 const workerId = z.string().regex(WORKER_ID_PATTERN, 'worker id must be 1..64 chars of [A-Za-z0-9._:-]');
 const isoTime = z.iso.datetime({ offset: true });
 const json = jsonValueSchema;
-/** Same alphabet and length as src/actor-key.ts: a longer or stranger part can match no actor. */
+/** Same alphabet and length as src/base/actor-key.ts: a longer or stranger part can match no actor. */
 const actorPart = z.string().regex(/^[A-Za-z0-9._:@-]{1,128}$/, 'expected 1-128 characters of A-Z a-z 0-9 . _ : @ -');
 
 /**
@@ -519,7 +519,7 @@ function summarise(err: z.ZodError): string {
 /**
  * Decode and validate one frame sent by a worker. Never throws. Arrays and objects nested deeper
  * than MAX_FRAME_DEPTH are cut: in a `turn_result` or `rpc_request` each becomes the string
- * TOO_DEEP (src/json-safety.ts), which no stored value may hold, so the daemon refuses it where
+ * TOO_DEEP (src/base/json-safety.ts), which no stored value may hold, so the daemon refuses it where
  * it judges that field; any other message so deep is refused `invalid_message`.
  */
 export function parseWorkerMessage(buf: Uint8Array): ParseResult<WorkerMessage> {

@@ -3,10 +3,10 @@
  * total handler, repeat until the socket closes. It survives anything: a receive error backs off
  * (so a persistent one cannot become a hot loop) and a throwing handler is logged, never fatal.
  */
-import { backoffDelayMs } from '../backoff.ts';
-import type { Clock } from '../clock.ts';
-import { toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import { backoffDelayMs } from '../base/backoff.ts';
+import type { Clock } from '../base/clock.ts';
+import { toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 
 export interface ReceivingSocket {
   readonly closed: boolean;

@@ -16,12 +16,12 @@
  * 4. One worker id, one live connection (broker invariant 7): a `worker_ready` for an id live on
  *    another connection moves the session only when the authenticator accepts it.
  */
-import type { Clock } from '../clock.ts';
-import { toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import type { Clock } from '../base/clock.ts';
+import { toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 import type { AuthDecision, Authenticator } from './auth.ts';
 import type { BrokerEvent, WorkerSession } from './broker-types.ts';
-import { TokenBuckets, WindowCounter } from '../rate-limits.ts';
+import { TokenBuckets, WindowCounter } from '../base/rate-limits.ts';
 import { newNonce } from './proof.ts';
 import { PROTOCOL_VERSION, type DaemonMessage, type ProtocolErrorCode, type WorkerReady } from './protocol.ts';
 

@@ -13,9 +13,9 @@
  *    is admitted on its first handshake.
  * 3. Secrets are never logged: only worker ids and counts.
  */
-import type { Clock, TimerHandle } from '../clock.ts';
-import { toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import type { Clock, TimerHandle } from '../base/clock.ts';
+import { toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 import { KeyAuthenticator } from './auth.ts';
 import type { BrokerOptions } from './broker-types.ts';
 import { ensureDaemonKey, fileStamp, keyPaths, readAllowlist, type AllowEntry, type KeyPair, type KeyPaths } from './keys.ts';

@@ -14,8 +14,8 @@
  *    survives everything. Each request is answered at most once.
  */
 import type { Context, Router as RouterType } from 'zeromq';
-import type { Clock } from '../clock.ts';
-import type { Logger } from '../logger.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/logger.ts';
 import { z85Encode } from './keys.ts';
 import { runReceiveLoop } from './receive-loop.ts';
 

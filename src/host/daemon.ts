@@ -24,15 +24,15 @@ import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { fileURLToPath } from 'node:url';
-import { settlesWithin, systemClock, type Clock } from '../clock.ts';
+import { settlesWithin, systemClock, type Clock } from '../base/clock.ts';
 import { DEFAULTS, ENV_NAMES, loadConfig, type Config } from '../config.ts';
-import { Daemon } from '../daemon.ts';
-import { resolveDatabase, stopEmbeddedIfStartedHere, type ResolvedDatabase } from '../db/resolve.ts';
-import { markDaemonStarting } from '../db/setup-lock.ts';
-import { DEFAULT_WORKER_CAPACITY, STOP_WITH_PARENT_ENV } from '../defaults.ts';
-import { CorralError, toError } from '../errors.ts';
+import { Daemon } from '../daemon/daemon.ts';
+import { resolveDatabase, stopEmbeddedIfStartedHere, type ResolvedDatabase } from '../db/postgres/resolve.ts';
+import { markDaemonStarting } from '../db/postgres/setup-lock.ts';
+import { DEFAULT_WORKER_CAPACITY, STOP_WITH_PARENT_ENV } from '../base/defaults.ts';
+import { CorralError, toError } from '../base/errors.ts';
 import { ensureLocalWorkerKey, keyPaths } from '../fabric/keys.ts';
-import { createLogger, type Logger } from '../logger.ts';
+import { createLogger, type Logger } from '../base/logger.ts';
 import { listenForObservability, observabilityChild } from '../observability/daemon-child.ts';
 import type { ObservabilityServer } from '../observability/http.ts';
 import { createMetrics, type Metrics } from '../observability/metrics.ts';
@@ -41,8 +41,8 @@ import type { HostedApi } from './http-api.ts';
 import { registerDaemonInternals } from './internals.ts';
 
 export type { Config, DeadLetterMode } from '../config.ts';
-export { CorralError, type ErrorCode } from '../errors.ts';
-export type { Logger } from '../logger.ts';
+export { CorralError, type ErrorCode } from '../base/errors.ts';
+export type { Logger } from '../base/logger.ts';
 
 const CORRAL_BIN = fileURLToPath(new URL('../../bin/corral.js', import.meta.url));
 /** The most the HTTP API or the metrics server may take to close. */
@@ -242,7 +242,7 @@ class HostedDaemon implements CorralDaemon {
     if (this._state !== 'idle') throw new CorralError('shutdown', 'the daemon was stopped before it started');
     this._state = 'starting';
     const { config } = this;
-    // U2 of src/db/setup-lock.ts: commands of this home wait for the set-up instead of refusing it
+    // U2 of src/db/postgres/setup-lock.ts: commands of this home wait for the set-up instead of refusing it
     const unmark = config.databaseUrl && !existsSync(config.homeDir) ? () => undefined : markDaemonStarting(config.homeDir);
     try {
       const database = (this.database = await resolveDatabase(config, this.log));

@@ -5,8 +5,8 @@
  * API is on: Fastify is no part of a daemon's start-up otherwise.
  */
 import type { Config } from '../config.ts';
-import { CorralError, toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import { CorralError, toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 
 export interface HostedApi {
   /** `http://host:port`. */

@@ -1,9 +1,9 @@
 /**
- * The composed daemon (src/daemon.ts) behind a `CorralDaemon`, for corral's own tests and tools.
+ * The composed daemon (src/daemon/daemon.ts) behind a `CorralDaemon`, for corral's own tests and tools.
  * Kept out of src/host/daemon.ts so that the package's public declarations never name `Daemon`,
  * whose types would tie an application to pg-boss's and Drizzle's.
  */
-import type { Daemon } from '../daemon.ts';
+import type { Daemon } from '../daemon/daemon.ts';
 
 const cores = new WeakMap<object, () => Daemon | undefined>();
 

@@ -22,7 +22,7 @@
 import type { TLSSocket } from 'node:tls';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
-import { CorralError } from '../errors.ts';
+import { CorralError } from '../base/errors.ts';
 import type { ApiTokenScope, TokenVerifier, VerifiedApiToken } from '../ops/api-tokens.ts';
 
 const AuthorizationHeader = z.string().regex(/^Bearer +[\x21-\x7e]+ *$/i);

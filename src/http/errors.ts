@@ -11,7 +11,7 @@
  *  E3 A database that cannot be reached is 503 `database_unavailable`, retryable; anything that is
  *     not a `CorralError` or a known Fastify error is 500 `internal`.
  */
-import { CorralError, isDatabaseUnavailable, type ErrorCode } from '../errors.ts';
+import { CorralError, isDatabaseUnavailable, type ErrorCode } from '../base/errors.ts';
 
 /** E1: the one table. Every code has a row, so a new code cannot reach a response unmapped. */
 export const STATUS_OF: Readonly<Record<ErrorCode, number>> = {

@@ -4,10 +4,10 @@
  * message that says which part is wrong and what it should be.
  */
 import { z } from 'zod';
-import { ACTOR_PART, type ActorKey } from '../actor-key.ts';
+import { ACTOR_PART, type ActorKey } from '../base/actor-key.ts';
 import { MAX_IDEMPOTENCY_KEY_LENGTH } from '../db/views.ts';
-import { CorralError, type ErrorCode } from '../errors.ts';
-import { isUuid } from '../uuid.ts';
+import { CorralError, type ErrorCode } from '../base/errors.ts';
+import { isUuid } from '../base/uuid.ts';
 
 const ACTOR_PART_RULE = 'expected 1-128 characters of A-Z a-z 0-9 . _ : @ -';
 

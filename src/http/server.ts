@@ -24,11 +24,11 @@ import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, 
 import type { AddressInfo } from 'node:net';
 import type { Corral } from '../client/api.ts';
 import type { Config } from '../config.ts';
-import { liveApiTokenNames } from '../db/api-tokens.ts';
+import { liveApiTokenNames } from '../db/operations/api-tokens.ts';
 import type { Db } from '../db/client.ts';
-import { committedTurnOf, eventStatus } from '../db/event-status.ts';
-import { CorralError, toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import { committedTurnOf, eventStatus } from '../db/turns/event-status.ts';
+import { CorralError, toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 import { tokenVerifier, type ApiTokenScope } from '../ops/api-tokens.ts';
 import { queuesOf } from '../queue/names.ts';
 import { bearerToken, cameOverHttps, requireToken, sessionCookie, tokenOf, type AccessRule } from './auth.ts';

@@ -1,6 +1,6 @@
 /**
  * `GET /v1/actors/{agent_uid}/{session_id}/stream`: an actor's live stream
- * (src/client/live-api.ts) as Server-Sent Events.
+ * (src/live/events.ts) as Server-Sent Events.
  *
  *  S1 Each event is one SSE message, `id: <id>\nevent: <type>\ndata: <JSON of data>\n\n`; JSON
  *     text holds no line break, so `data` is one line. A `Last-Event-ID` header is passed to the
@@ -20,10 +20,10 @@
  *     and the stream gets one last `error` event (`internal`).
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { formatActorKey, type ActorKey } from '../actor-key.ts';
-import type { LiveEvent, LiveWatch, LiveWatchOptions } from '../client/live-api.ts';
-import { CorralError, toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
+import type { LiveEvent, LiveWatch, LiveWatchOptions } from '../live/events.ts';
+import { CorralError, toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 
 /** Where the live events come from: `corral.watch` (a `Corral` client), or anything with its shape. */
 export interface LiveSource {

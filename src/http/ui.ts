@@ -17,7 +17,7 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { extname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { CorralError, toError } from '../errors.ts';
+import { CorralError, toError } from '../base/errors.ts';
 
 /** The page's folder: two levels up from this module, from src/http/ and from dist/http/ alike. */
 export const CHAT_PAGE_DIR = fileURLToPath(new URL('../../examples/chat/', import.meta.url));

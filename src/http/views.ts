@@ -3,8 +3,8 @@
  * the names docs/http.md gives them. Timestamps are ISO 8601 text in UTC; absent values are null,
  * never left out, so every field of a response is always there.
  */
-import { formatActorKey, type ActorKey } from '../actor-key.ts';
-import type { EventStatus } from '../db/event-status.ts';
+import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
+import type { EventStatus } from '../db/turns/event-status.ts';
 import type { CommittedTurnView, EmittedEntry, TranscriptEntry } from '../db/views.ts';
 import type { SendResult } from '../client/api.ts';
 

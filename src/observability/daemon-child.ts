@@ -3,10 +3,10 @@
  * metrics' scrape-time gauges to the daemon's database, serves until the supervisor aborts it,
  * then closes. Readiness = the daemon is `running` and the database answers a ping (`ping` in db/health.ts).
  */
-import type { Daemon } from '../daemon.ts';
-import { ping } from '../db/health.ts';
-import { CorralError, toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import type { Daemon } from '../daemon/daemon.ts';
+import { ping } from '../db/postgres/health.ts';
+import { CorralError, toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 import { queuesOf } from '../queue/boss.ts';
 import type { ChildSpec } from '../supervisor/index.ts';
 import { startObservabilityServer, type ObservabilityServer, type Readiness } from './http.ts';

@@ -9,8 +9,8 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Registry } from 'prom-client';
-import { toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import { toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 
 export interface Readiness {
   ready: boolean;

@@ -14,14 +14,14 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { DbOrTx } from '../db/client.ts';
 import type { WorkerStatus } from '../db/schema.ts';
-import { toError } from '../errors.ts';
+import { toError } from '../base/errors.ts';
 import type { RuntimeMetrics } from '../runtime/metrics.ts';
 import type { BrokerStats } from '../fabric/broker-types.ts';
 import type { ContextCacheStats } from '../runtime/context-cache.ts';
-import { queueDepth, type QueueDepth } from '../db/boss-jobs.ts';
-import { blockedActorCount, liveActivationCount, workerCounts } from '../db/status-counts.ts';
-import type { Queues } from '../db/boss-jobs.ts';
-import { outboxBacklog, type OutboxBacklog } from '../db/outbox.ts';
+import { queueDepth, type QueueDepth } from '../db/boss/jobs.ts';
+import { blockedActorCount, liveActivationCount, workerCounts } from '../db/operations/status-counts.ts';
+import type { Queues } from '../db/boss/jobs.ts';
+import { outboxBacklog, type OutboxBacklog } from '../db/outbox/messages.ts';
 
 /** The daemon's metrics: every hook of `RuntimeMetrics`, the latency histograms included. */
 export type CorralRuntimeMetrics = Required<RuntimeMetrics>;
@@ -33,7 +33,7 @@ export interface MetricsSnapshot {
   blockedActors: number;
   workers: Record<WorkerStatus, number>;
   oldestWaitingSeconds: number | null;
-  /** The outbox's messages waiting and dead (src/db/outbox.ts); absent from sources that do not read it. */
+  /** The outbox's messages waiting and dead (src/db/outbox/messages.ts); absent from sources that do not read it. */
   outbox?: OutboxBacklog;
 }
 

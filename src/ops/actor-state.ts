@@ -1,8 +1,8 @@
-/** How an actor's state reads to an operator (the queries are in src/db/actor-views.ts). */
+/** How an actor's state reads to an operator (the queries are in src/db/operations/actor-views.ts). */
 import { ACTIVATION_LIVE } from '../db/schema.ts';
-import type { ActivationView } from '../db/actor-views.ts';
+import type { ActivationView } from '../db/operations/actor-views.ts';
 
-export type { ActivationView, ActorRow, TurnView } from '../db/actor-views.ts';
+export type { ActivationView, ActorRow, TurnView } from '../db/operations/actor-views.ts';
 
 const LIVE: readonly string[] = ACTIVATION_LIVE;
 

@@ -3,7 +3,7 @@
  * src/http/): the token text, its hash, and the checks of names and scopes.
  *
  *  K1 A token is `crl_` and 43 characters of base64url: 32 random bytes. Only its SHA-256 (hex)
- *     is stored (src/db/api-tokens.ts); the text is returned once, by `createToken`, and nothing
+ *     is stored (src/db/operations/api-tokens.ts); the text is returned once, by `createToken`, and nothing
  *     here logs or keeps it.
  *  K2 Verifying a token is a lookup of its hash in the unique index; text that is not a token's
  *     shape is refused before the database is asked. No comparison of secrets happens in this
@@ -26,10 +26,10 @@ import {
   type ApiTokenRow,
   type ApiTokenScope,
   type VerifiedApiToken,
-} from '../db/api-tokens.ts';
-import { CorralError } from '../errors.ts';
+} from '../db/operations/api-tokens.ts';
+import { CorralError } from '../base/errors.ts';
 
-export { API_TOKEN_SCOPES, type ApiTokenScope, type VerifiedApiToken } from '../db/api-tokens.ts';
+export { API_TOKEN_SCOPES, type ApiTokenScope, type VerifiedApiToken } from '../db/operations/api-tokens.ts';
 
 const TOKEN_PREFIX = 'crl_';
 /** K1: the shape of a token's text. */

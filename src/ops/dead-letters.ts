@@ -23,22 +23,22 @@ import { sql } from '../db/orm.ts';
 import type { PgBoss } from 'pg-boss';
 import type { Db, DbOrTx, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
-import { CorralError } from '../errors.ts';
-import { findDeadLetters, getDeadLetter, jobState, lockDeadLetters, type DeadLetter, type DeadLetterFilter } from '../db/boss-jobs.ts';
-import { JOB_STATE } from '../db/boss-internals.ts';
+import { CorralError } from '../base/errors.ts';
+import { findDeadLetters, getDeadLetter, jobState, lockDeadLetters, type DeadLetter, type DeadLetterFilter } from '../db/boss/jobs.ts';
+import { JOB_STATE } from '../db/boss/internals.ts';
 import {
   actionsOnEvent,
   clearBlockIf,
   lastActionsOn,
   recordDeadLetterAction,
   type DeadLetterActionRow,
-} from '../db/dead-letter-actions.ts';
+} from '../db/operations/dead-letter-actions.ts';
 import { actorStatus, type ActorStatus } from './status.ts';
-import type { Queues } from '../db/boss-jobs.ts';
-import { attemptsOfEvent, type TurnView } from '../db/actor-views.ts';
-import { isUuid } from '../uuid.ts';
+import type { Queues } from '../db/boss/jobs.ts';
+import { attemptsOfEvent, type TurnView } from '../db/operations/actor-views.ts';
+import { isUuid } from '../base/uuid.ts';
 
-export type { DeadLetter, DeadLetterFilter } from '../db/boss-jobs.ts';
+export type { DeadLetter, DeadLetterFilter } from '../db/boss/jobs.ts';
 
 /** Throws `invalid_argument` unless `id` looks like a job id (a UUID). */
 export function assertJobId(id: string, what = 'dead letter id'): string {

@@ -1,14 +1,20 @@
 /**
  * Input policies for operators and applications (`corral policy set | list | clear`, the
  * client's `setInputPolicy`): what an event sent to a busy actor does, for an agent (every
- * session of it) or one actor (src/db/input-policies.ts says exactly when a send is refused).
+ * session of it) or one actor (src/db/enqueue/input-policies.ts says exactly when a send is refused).
  *
  * The input is checked before anything touches the database: a malformed target is
  * `invalid_actor_key`, a policy that does not exist or options it does not take `invalid_argument`.
  */
-import { isValidActorPart, parseActorKey } from '../actor-key.ts';
+import { isValidActorPart, parseActorKey } from '../base/actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
-import { clearInputPolicy, defaultInputPolicy, listInputPolicies, setInputPolicy, type InputPolicyRow } from '../db/input-policies.ts';
+import {
+  clearInputPolicy,
+  defaultInputPolicy,
+  listInputPolicies,
+  setInputPolicy,
+  type InputPolicyRow,
+} from '../db/enqueue/input-policies.ts';
 import {
   AVAILABLE_INPUT_POLICIES,
   BATCHING_POLICIES,
@@ -18,8 +24,8 @@ import {
   type InputPolicy,
   type InputPolicyOptions,
 } from '../db/views.ts';
-import { CorralError } from '../errors.ts';
-import { parseDurationMs } from './duration.ts';
+import { CorralError } from '../base/errors.ts';
+import { parseDurationMs } from '../base/duration.ts';
 
 export { AVAILABLE_INPUT_POLICIES, INPUT_POLICIES, type InputPolicy, type InputPolicyOptions };
 

@@ -3,19 +3,19 @@
  * gauges): read-only, from the database alone, so it works from any host and whether or not a
  * daemon runs.
  */
-import { outboxBacklog, type OutboxBacklog } from '../db/outbox.ts';
-import { formatActorKey, type ActorKey } from '../actor-key.ts';
+import { outboxBacklog, type OutboxBacklog } from '../db/outbox/messages.ts';
+import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
 import type { WorkerStatus } from '../db/schema.ts';
-import { listWorkers } from '../db/workers.ts';
-import { listDaemons, type DaemonRow } from '../db/daemons.ts';
+import { listWorkers } from '../db/operations/workers.ts';
+import { listDaemons, type DaemonRow } from '../db/operations/daemons.ts';
 import { toDate } from '../db/rows.ts';
-import { findDeadLetters, pendingJobsOf, queueDepth, type QueueDepth, type Queues } from '../db/boss-jobs.ts';
-import { actorRow, latestActivation, recentTurnsOf } from '../db/actor-views.ts';
-import { effectiveInputPolicy } from '../db/input-policies.ts';
-import { blockedActorCount, liveActivationCount, serverTime } from '../db/status-counts.ts';
+import { findDeadLetters, pendingJobsOf, queueDepth, type QueueDepth, type Queues } from '../db/boss/jobs.ts';
+import { actorRow, latestActivation, recentTurnsOf } from '../db/operations/actor-views.ts';
+import { effectiveInputPolicy } from '../db/enqueue/input-policies.ts';
+import { blockedActorCount, liveActivationCount, serverTime } from '../db/operations/status-counts.ts';
 import type { ActorStatus } from '../db/views.ts';
-import { deliveriesOfTurns } from './outbox.ts';
+import { deliveriesOfTurns } from '../outbox/operations.ts';
 
 export type { ActorStatus } from '../db/views.ts';
 

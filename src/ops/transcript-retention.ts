@@ -2,12 +2,12 @@
  * Transcript retention for operators (`corral retention set | list | clear`): how long an agent's
  * transcript is kept. Without a policy an agent's transcript is kept forever; with one, the
  * daemon's retention sweep deletes its turns that finished longer ago than the window, with their
- * messages (src/db/transcript-retention.ts says exactly what goes).
+ * messages (src/db/operations/transcript-retention.ts says exactly what goes).
  *
  * The input is checked before anything touches the database: a malformed agent uid is
  * `invalid_actor_key`, a malformed or out-of-range window `invalid_argument` (exit 2).
  */
-import { isValidActorPart } from '../actor-key.ts';
+import { isValidActorPart } from '../base/actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
 import {
   clearTranscriptRetention,
@@ -15,11 +15,11 @@ import {
   MAX_KEEP_SECONDS,
   setTranscriptRetention,
   type TranscriptRetention,
-} from '../db/transcript-retention.ts';
-import { CorralError } from '../errors.ts';
-import { parseDurationMs } from './duration.ts';
+} from '../db/operations/transcript-retention.ts';
+import { CorralError } from '../base/errors.ts';
+import { parseDurationMs } from '../base/duration.ts';
 
-export { MAX_KEEP_SECONDS, type TranscriptRetention } from '../db/transcript-retention.ts';
+export { MAX_KEEP_SECONDS, type TranscriptRetention } from '../db/operations/transcript-retention.ts';
 
 /** An agent uid as an actor key's first part; `invalid_actor_key` otherwise (a whole actor key is pointed out). */
 export function parseAgentUid(text: string): string {

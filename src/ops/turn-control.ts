@@ -4,24 +4,24 @@
  *
  * They act on the actor's live turn, not on a worker's reply: each locks the live activation,
  * changes the rows in one transaction, and commits a control notification with the change
- * (src/db/control.ts), so the daemon holding the worker's connection tells the worker
+ * (src/db/turns/control.ts), so the daemon holding the worker's connection tells the worker
  * (`turn_steer`, `turn_cancel`). No daemon has to run for the change to hold: a steered turn's
  * old revision and a cancelled turn's result are refused by the fence either way.
  */
 import { fromDrizzle, type PgBoss } from 'pg-boss';
-import { formatActorKey, type ActorKey } from '../actor-key.ts';
+import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
 import type { Db, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
-import * as activations from '../db/activations.ts';
-import * as deliveries from '../db/deliveries.ts';
-import * as transcript from '../db/transcript.ts';
-import { MAX_STEERING_BYTES, notifyControl } from '../db/control.ts';
-import { fenceOf, type Fence } from '../db/fence.ts';
+import * as activations from '../db/turns/activations.ts';
+import * as deliveries from '../db/turns/deliveries.ts';
+import * as transcript from '../db/turns/transcript.ts';
+import { MAX_STEERING_BYTES, notifyControl } from '../db/turns/control.ts';
+import { fenceOf, type Fence } from '../db/turns/fence.ts';
 import { sql } from '../db/orm.ts';
 import { DELIVERY_LIVE } from '../db/schema.ts';
-import { notifyTurnEvents } from '../db/turn-events.ts';
-import { CorralError } from '../errors.ts';
-import { unstorableReason } from '../json-safety.ts';
+import { notifyTurnEvents } from '../db/turns/turn-events.ts';
+import { CorralError } from '../base/errors.ts';
+import { unstorableReason } from '../base/json-safety.ts';
 
 export interface TurnControlDeps {
   db: Db;
@@ -76,7 +76,7 @@ export async function cancelTurn(deps: TurnControlDeps, key: ActorKey, reason: s
       { cancelled: true, reason },
       { db: fromDrizzle(tx, sql) },
     );
-    // a batch's other events are the turn's too (src/db/batches.ts): they are cancelled with it
+    // a batch's other events are the turn's too (src/db/turns/batches.ts): they are cancelled with it
     const members = delivery.coalesced ?? [];
     if (members.length > 0) {
       await deps.boss.complete(deps.queueName, members, { cancelled: true, reason }, { db: fromDrizzle(tx, sql), includeQueued: true });
@@ -99,7 +99,7 @@ export async function cancelTurn(deps: TurnControlDeps, key: ActorKey, reason: s
 
 /**
  * The actor's live turn, its delivery's row locked before its activation's: the order every
- * reply locks them in (src/db/fence.ts), so a steer or cancel meeting a reply of the same turn
+ * reply locks them in (src/db/turns/fence.ts), so a steer or cancel meeting a reply of the same turn
  * waits for it instead of deadlocking with it.
  */
 async function lockLiveTurn(tx: Tx, key: ActorKey) {

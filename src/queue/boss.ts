@@ -11,12 +11,12 @@
  * stay until an operator replays or discards them.
  */
 import { PgBoss, type Db as BossDb, type Queue } from 'pg-boss';
-import { CorralError } from '../errors.ts';
+import { CorralError } from '../base/errors.ts';
 import type { Config } from '../config.ts';
-import type { Queues } from '../db/boss-jobs.ts';
-import { tuneBossJobTables } from '../db/boss-tuning.ts';
-import { installSendEvent } from '../db/send-event.ts';
-import { installClaimFunction } from '../db/boss-fetch.ts';
+import type { Queues } from '../db/boss/jobs.ts';
+import { tuneBossJobTables } from '../db/boss/tuning.ts';
+import { installSendEvent } from '../db/enqueue/send-event.ts';
+import { installClaimFunction } from '../db/boss/fetch.ts';
 import { applyMigrations, withSetupLock } from '../db/migrate.ts';
 import { queuesOf } from './names.ts';
 
@@ -79,7 +79,7 @@ export function createBoss(url: string, config: QueueConfig, opts: BossOptions =
  * Creates (or updates) the actor queue and its dead-letter queue. Idempotent. Short commands pass
  * `updateExisting: false` so they never overwrite the settings a daemon configured. With
  * `installFunctions` (default: `updateExisting`), the SQL enqueue `corral.send_event` is
- * (re)made for the queue (src/db/send-event.ts): it embeds pg-boss's insert for the queue's table.
+ * (re)made for the queue (src/db/enqueue/send-event.ts): it embeds pg-boss's insert for the queue's table.
  */
 export async function ensureQueues(
   boss: PgBoss,
@@ -120,7 +120,7 @@ export async function ensureQueues(
 }
 
 /**
- * The whole set-up of a database, under its set-up lock (U1 of src/db/setup-lock.ts): corral's
+ * The whole set-up of a database, under its set-up lock (U1 of src/db/postgres/setup-lock.ts): corral's
  * migrations (unless `migrations` is false), pg-boss's (it migrates on start), the queues and the
  * SQL functions. `boss` is started here and left running. So a command that finds corral's schema
  * missing, or `corral.send_events` not made yet, sees from the lock that a set-up is under way.

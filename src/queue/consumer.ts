@@ -3,20 +3,20 @@
  * which routes each to its actor's controller. No polling loop per actor.
  *
  * It fetches only as many jobs as there are free worker slots (backpressure stays in the queue),
- * with corral's claim of key heads (src/db/boss-fetch.ts: pg-boss's key_strict_fifo claim at a
+ * with corral's claim of key heads (src/db/boss/fetch.ts: pg-boss's key_strict_fifo claim at a
  * cost that follows the batch, not the backlog),
  * wakes on LISTEN/NOTIFY when an event is enqueued (pg-boss notifies for queues created with
- * `notify: true`; its channel is S9 of src/db/boss-internals.ts), when capacity frees up, and
+ * `notify: true`; its channel is S9 of src/db/boss/internals.ts), when capacity frees up, and
  * otherwise polls slowly for delayed retries.
  */
 import type { PgBoss } from 'pg-boss';
-import { backoffDelayMs } from '../backoff.ts';
-import { bossNotifyChannel, notifiesQueue } from '../db/boss-internals.ts';
-import type { Clock } from '../clock.ts';
-import { errorMessage, toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import { backoffDelayMs } from '../base/backoff.ts';
+import { bossNotifyChannel, notifiesQueue } from '../db/boss/internals.ts';
+import type { Clock } from '../base/clock.ts';
+import { errorMessage, toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 import type { ActorEventJobData } from './events.ts';
-import { DUE_CHANNEL, type BatchMember } from '../db/batches.ts';
+import { DUE_CHANNEL, type BatchMember } from '../db/turns/batches.ts';
 
 /**
  * How long capacity wake-ups gather before one fetch (see `wakeForCapacity`). Slots now free one
@@ -36,14 +36,14 @@ export interface ConsumedJob {
   id: string;
   retryCount: number;
   data: ActorEventJobData;
-  /** The events after this one its turn takes, in order (src/db/batches.ts); absent for one event. */
+  /** The events after this one its turn takes, in order (src/db/turns/batches.ts); absent for one event. */
   batch?: BatchMember[];
 }
 
 export interface ConsumerOptions {
   /** For LISTEN on pg-boss's channel. */
   boss: PgBoss;
-  /** Claims up to `limit` key heads of the actor queue (src/db/boss-fetch.ts). */
+  /** Claims up to `limit` key heads of the actor queue (src/db/boss/fetch.ts). */
   fetch: (limit: number) => Promise<ConsumedJob[]>;
   queueName: string;
   bossSchema: string;
@@ -144,7 +144,7 @@ export class QueueConsumer {
         },
         () => this.wake(),
       );
-      // a debounced send says when its batch is due (B5 of src/db/batches.ts)
+      // a debounced send says when its batch is due (B5 of src/db/turns/batches.ts)
       const due = await db
         .listen(
           DUE_CHANNEL,

@@ -8,11 +8,11 @@
  * database is ready for it: pg-boss's schema at the version corral's statements were tested
  * against and the queue present. Otherwise `directSend` returns false and the caller takes the
  * full pg-boss path, which migrates and creates the queues. The plans, the payload and the
- * version are S1 and S2 of src/db/boss-internals.ts.
+ * version are S1 and S2 of src/db/boss/internals.ts.
  */
 import type pg from 'pg';
-import { BOSS_SCHEMA_VERSION, bossPlans, sendPayload } from '../db/boss-internals.ts';
-import { CorralError } from '../errors.ts';
+import { BOSS_SCHEMA_VERSION, bossPlans, sendPayload } from '../db/boss/internals.ts';
+import { CorralError } from '../base/errors.ts';
 import type { ActorEventJob } from './event-job.ts';
 
 /**

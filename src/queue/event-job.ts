@@ -5,9 +5,9 @@
  * can build one cheaply.
  */
 import { v7 as uuidv7 } from 'uuid';
-import { formatActorKey, type ActorKey } from '../actor-key.ts';
-import { CorralError } from '../errors.ts';
-import { unstorableReason } from '../json-safety.ts';
+import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
+import { CorralError } from '../base/errors.ts';
+import { unstorableReason } from '../base/json-safety.ts';
 
 /** What a job of the actor queue carries. */
 export interface ActorEventJobData {
@@ -30,7 +30,7 @@ export interface ActorEventJob {
 
 /**
  * The payload as it will be stored, checked before anything is written: JSON-serialisable,
- * within the shape limits of src/json-safety.ts (nested at most MAX_JSON_DEPTH deep, no NUL, no
+ * within the shape limits of src/base/json-safety.ts (nested at most MAX_JSON_DEPTH deep, no NUL, no
  * lone surrogate, no number JSON cannot keep), and at most `maxBytes` of JSON. An event too large for the wire would otherwise hold a worker slot until
  * its lease ran out, on every retry.
  */

@@ -5,9 +5,9 @@
  */
 import { sql } from '../db/orm.ts';
 import { fromDrizzle, type PgBoss } from 'pg-boss';
-import type { ActorKey } from '../actor-key.ts';
+import type { ActorKey } from '../base/actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
-import { CorralError } from '../errors.ts';
+import { CorralError } from '../base/errors.ts';
 import { actorEventJob, type EnqueuedEvent } from './event-job.ts';
 
 export type { ActorEventJobData, EnqueuedEvent } from './event-job.ts';

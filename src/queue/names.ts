@@ -3,7 +3,7 @@
  * (`corral status`, `corral dlq list`) can name the queues without loading pg-boss.
  */
 import type { Config } from '../config.ts';
-import type { Queues } from '../db/boss-jobs.ts';
+import type { Queues } from '../db/boss/jobs.ts';
 
 /** The one place queue names are made: the actor queue and `<queue>-dlq`, in pg-boss's schema. */
 export function queuesOf(config: Pick<Config, 'queueName' | 'bossSchema'>): Queues {

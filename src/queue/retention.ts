@@ -2,17 +2,17 @@
  * Retention: what the daemon deletes so its tables hold what is live and retained, not all of
  * history. One pass, in order:
  *  1. the runtime rows (finished deliveries, ended activations) older than
- *     `CORRAL_RUNTIME_RETENTION_S` (src/db/runtime-pruning.ts);
+ *     `CORRAL_RUNTIME_RETENTION_S` (src/db/operations/runtime-pruning.ts);
  *  2. the turns and messages past an agent's transcript retention, for the agents that have one
- *     (`corral retention set`, src/db/transcript-retention.ts); transcripts stay by default;
+ *     (`corral retention set`, src/db/operations/transcript-retention.ts); transcripts stay by default;
  *  3. the actor queue's `completed` jobs older than `CORRAL_COMPLETED_RETENTION_S`: the queue is
  *     created with `deleteAfterSeconds: 0` because pg-boss's own sweep would also delete *failed*
  *     jobs, and in dead-letter mode `block` a failed head must never vanish. Candidates come from
- *     src/db/boss-jobs.ts (pg-boss's index on `completed_on`), deletes go through pg-boss's API;
+ *     src/db/boss/jobs.ts (pg-boss's index on `completed_on`), deletes go through pg-boss's API;
  *  4. the idempotency keys older than the retention whose event's job is gone
- *     (src/db/idempotency.ts), so a key lives at least as long as its event's job;
+ *     (src/db/enqueue/idempotency.ts), so a key lives at least as long as its event's job;
  *  5. the outbox messages delivered or discarded longer ago than `CORRAL_COMPLETED_RETENTION_S`
- *     (src/db/outbox.ts): kept as long as a completed event, never while pending or dead.
+ *     (src/db/outbox/messages.ts): kept as long as a completed event, never while pending or dead.
  *
  * Each step drains what is due, a batch per statement, until a batch comes back short (`drain`):
  * deletes keep up with any commit rate instead of a fixed number per pass. Between batches it
@@ -24,14 +24,14 @@
  * pass (`holdBossMaintenance`), since on them it has nothing to delete.
  */
 import type { PgBoss } from 'pg-boss';
-import { systemClock, type Clock } from '../clock.ts';
-import { completedJobsOlderThan, holdBossMaintenance } from '../db/boss-jobs.ts';
+import { systemClock, type Clock } from '../base/clock.ts';
+import { completedJobsOlderThan, holdBossMaintenance } from '../db/boss/jobs.ts';
 import type { DbOrTx } from '../db/client.ts';
-import { pruneIdempotencyKeys } from '../db/idempotency.ts';
-import { pruneStreamChunks } from '../db/stream-chunks.ts';
-import { pruneOutbox } from '../db/outbox.ts';
-import { pruneActivations, pruneDeliveries } from '../db/runtime-pruning.ts';
-import { markTranscriptChecked, pruneAgentTranscripts, transcriptRetentionDue } from '../db/transcript-retention.ts';
+import { pruneIdempotencyKeys } from '../db/enqueue/idempotency.ts';
+import { pruneStreamChunks } from '../db/live/chunks.ts';
+import { pruneOutbox } from '../db/outbox/messages.ts';
+import { pruneActivations, pruneDeliveries } from '../db/operations/runtime-pruning.ts';
+import { markTranscriptChecked, pruneAgentTranscripts, transcriptRetentionDue } from '../db/operations/transcript-retention.ts';
 import { queuesOf } from './names.ts';
 
 /** How fast a pass deletes. */
@@ -58,7 +58,7 @@ export interface RetentionOptions extends SweepPace {
   queueName: string;
   /** Completed jobs older than this are deleted; 0 keeps them forever. */
   retentionSeconds: number;
-  /** Finished deliveries and ended activations older than this are deleted (src/db/runtime-pruning.ts); 0 or unset keeps them. */
+  /** Finished deliveries and ended activations older than this are deleted (src/db/operations/runtime-pruning.ts); 0 or unset keeps them. */
   runtimeRetentionSeconds?: number;
 }
 
@@ -71,7 +71,7 @@ export interface SweepResult {
   idempotencyKeys: number;
   /** Outbox messages delivered or discarded longer ago than the retention. */
   outboxMessages: number;
-  /** Live turns' chunks whose delivery ended (S3 of src/db/stream-chunks.ts): the daemon that ran it was gone before it deleted them. */
+  /** Live turns' chunks whose delivery ended (S3 of src/db/live/chunks.ts): the daemon that ran it was gone before it deleted them. */
   streamChunks: number;
 }
 
@@ -97,7 +97,7 @@ export async function drain(step: (limit: number) => Promise<number>, pace: Swee
 
 /**
  * One retention pass: runtime rows, then completed jobs, then idempotency keys. It first stamps
- * pg-boss's maintenance claim on the queues (src/db/boss-internals.ts S12): this pass is their
+ * pg-boss's maintenance claim on the queues (src/db/boss/internals.ts S12): this pass is their
  * maintenance, and pg-boss's daily walk of every job would find nothing to delete on them.
  */
 export async function sweepRetention(opts: RetentionOptions): Promise<SweepResult> {
@@ -160,7 +160,7 @@ export async function pruneRuntimeRows(opts: Pick<RetentionOptions, 'db' | 'runt
 
 /**
  * Deletes the turns (with their messages) past each agent's transcript retention, for the agents
- * something may be due of (R7 of src/db/transcript-retention.ts). Returns how many rows.
+ * something may be due of (R7 of src/db/operations/transcript-retention.ts). Returns how many rows.
  */
 export async function pruneTranscriptRows(opts: Pick<RetentionOptions, 'db'> & SweepPace): Promise<number> {
   let rows = 0;

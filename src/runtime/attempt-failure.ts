@@ -15,20 +15,20 @@
  * commit that got there first wins and the failure changes nothing.
  */
 import { fromDrizzle, type PgBoss } from 'pg-boss';
-import type { ActorKey } from '../actor-key.ts';
+import type { ActorKey } from '../base/actor-key.ts';
 import type { DeadLetterMode } from '../config.ts';
 import type { Db, Tx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
-import { lockFence, type Fence, type JobTable } from '../db/fence.ts';
-import { FenceRejected } from '../errors.ts';
-import * as activations from '../db/activations.ts';
-import type { ActivationRow } from '../db/activations.ts';
-import * as deliveries from '../db/deliveries.ts';
-import * as transcript from '../db/transcript.ts';
-import { lastEpochOf, setBlockedBy } from '../db/actors.ts';
-import { lockUnsettledFailedJob, makeQueuedLastAttempt, requeueActiveJob, type UnsettledFailedJob } from '../db/boss-jobs.ts';
-import { JOB_STATE } from '../db/boss-internals.ts';
-import { notifyTurnEvents } from '../db/turn-events.ts';
+import { lockFence, type Fence, type JobTable } from '../db/turns/fence.ts';
+import { FenceRejected } from '../base/errors.ts';
+import * as activations from '../db/turns/activations.ts';
+import type { ActivationRow } from '../db/turns/activations.ts';
+import * as deliveries from '../db/turns/deliveries.ts';
+import * as transcript from '../db/turns/transcript.ts';
+import { lastEpochOf, setBlockedBy } from '../db/turns/actors.ts';
+import { lockUnsettledFailedJob, makeQueuedLastAttempt, requeueActiveJob, type UnsettledFailedJob } from '../db/boss/jobs.ts';
+import { JOB_STATE } from '../db/boss/internals.ts';
+import { notifyTurnEvents } from '../db/turns/turn-events.ts';
 import { sql } from '../db/orm.ts';
 
 export type FailureKind = 'turn_error' | 'lease_expired' | 'worker_lost' | 'superseded' | 'recovered' | 'turn_timeout' | 'queue_expired';
@@ -153,8 +153,8 @@ export class AttemptFailures {
    * Input policy `interrupt`: an event came while the turn of `fence` runs. Under the fence's row
    * locks, while the fence holds (its delivery live, its job active at its attempt): the activation
    * ends, its deliveries are superseded and their turns marked `interrupted`, and the job goes back
-   * to the queue unspent (S15 of src/db/boss-internals.ts), so the actor's next turn takes it with
-   * the events that came (its policy batches, src/db/batches.ts). False when the turn had moved on.
+   * to the queue unspent (S15 of src/db/boss/internals.ts), so the actor's next turn takes it with
+   * the events that came (its policy batches, src/db/turns/batches.ts). False when the turn had moved on.
    */
   async interrupt(fence: Fence): Promise<boolean> {
     const { jobs } = this.deps;
@@ -229,7 +229,7 @@ export class AttemptFailures {
    * what the dead-letter mode does (`continue`: the failed original leaves the actor queue and its
    * batch's other events, `members`, follow it; `block`: the actor is held, the others wait queued
    * behind it, and a replay forms the batch again). Watchers hear of every event it moved, with
-   * the commit (src/db/turn-events.ts).
+   * the commit (src/db/turns/turn-events.ts).
    */
   private async settleFailedJob(
     tx: Tx,
@@ -264,7 +264,7 @@ export class AttemptFailures {
   }
 
   /**
-   * B4 of src/db/batches.ts: the other events of a dead-lettered head's batch follow it into the
+   * B4 of src/db/turns/batches.ts: the other events of a dead-lettered head's batch follow it into the
    * dead-letter queue, one by one in order (a failed job holds its key: two at once would break
    * pg-boss's one-per-key index), each deleted from the actor queue as the head was. Returns those moved.
    */

@@ -3,8 +3,8 @@
  * an actor's controller, a durable worker write). Each failure is logged where it happened, and
  * shutdown and tests can wait for all of them.
  */
-import { errorMessage, isConnectionError, toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import { errorMessage, isConnectionError, toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 
 export class BackgroundWork {
   private readonly running = new Set<Promise<unknown>>();

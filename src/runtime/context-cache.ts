@@ -10,11 +10,11 @@
  *  C1 the cache is never trusted on its own. A begin sends each actor's cached
  *     `(conversation id, next_seq)`, and the database builds the context itself unless both still
  *     match. Messages are written only by a commit, which moves `next_seq` in the same statement,
- *     and never change afterwards (H2, src/db/history.ts): a matching `next_seq` means the same
+ *     and never change afterwards (H2, src/db/turns/history.ts): a matching `next_seq` means the same
  *     messages. A turn committed by another daemon, a commit whose outcome was lost, or an entry
  *     evicted here all fall back to the database. So does an entry holding a message that
  *     transcript retention deleted since (`pruned_through` at or above the entry's first seq, R4
- *     of src/db/transcript-retention.ts): the database then reads the messages although
+ *     of src/db/operations/transcript-retention.ts): the database then reads the messages although
  *     `next_seq` matches, and what it read wins.
  *  C2 an entry holds exactly the messages the database would pick (`windowStart` is the selection of
  *     `contextLinesOf`: the latest `maxMessages`, then the longest run of them, newest first, whose
@@ -23,7 +23,7 @@
  *  C3 memory is bounded: least recently used entries go first once `maxBytes` of the cache is
  *     reached, and `clear` drops everything (the daemon calls it when it idles).
  */
-import type { ContextLimits } from '../db/history.ts';
+import type { ContextLimits } from '../db/turns/history.ts';
 
 /** One conversation's context as this daemon last knew it. Immutable: a begin may hold it across a statement. */
 export interface CachedContext {

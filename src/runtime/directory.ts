@@ -12,11 +12,11 @@
  * actor get the same controller) and releases idle ones after a linger, so memory grows with
  * active actors only.
  */
-import { formatActorKey, type ActorKey } from '../actor-key.ts';
-import type { Clock, TimerHandle } from '../clock.ts';
-import { toError } from '../errors.ts';
-import { SerialQueue } from '../serial-queue.ts';
-import type { Fence } from '../db/fence.ts';
+import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
+import type { Clock, TimerHandle } from '../base/clock.ts';
+import { toError } from '../base/errors.ts';
+import { SerialQueue } from '../base/serial-queue.ts';
+import type { Fence } from '../db/turns/fence.ts';
 import type { StartedTurn } from './turn-begin.ts';
 
 /** An actor's turn in flight in this process: one attempt of one event. */

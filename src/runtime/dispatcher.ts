@@ -18,12 +18,12 @@
  *  3. A redirect is fenced: a delivery the watchdog already failed is not redirected.
  *  4. It never touches the socket: it sends through `Transport`, the broker's send queue.
  */
-import { formatActorKey, type ActorKey } from '../actor-key.ts';
-import type { TimerHandle } from '../clock.ts';
-import type { ControlMessage } from '../db/control.ts';
-import { FenceRejected, toError } from '../errors.ts';
+import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
+import type { TimerHandle } from '../base/clock.ts';
+import type { ControlMessage } from '../db/turns/control.ts';
+import { FenceRejected, toError } from '../base/errors.ts';
 import { withRawField, type DaemonMessage } from '../fabric/protocol.ts';
-import type { Logger } from '../logger.ts';
+import type { Logger } from '../base/logger.ts';
 import type { RuntimeParts } from './transport.ts';
 import type { InFlightTurn, SessionController } from './directory.ts';
 import { attemptFields, fenceFields, toWire, type AttemptRef, type Fence } from './fence.ts';

@@ -1,5 +1,5 @@
 /** Conversions between the wire `turn_ref` (snake_case), the rows and the runtime `Fence`. */
-import type { Fence } from '../db/fence.ts';
+import type { Fence } from '../db/turns/fence.ts';
 import type { TurnRef } from '../fabric/protocol.ts';
 
 export type { Fence };

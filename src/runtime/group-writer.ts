@@ -12,7 +12,7 @@
  * G4 A lost connection fails every member of the batch with that error: the callers' database
  *    retry submits them again.
  */
-import { isConnectionError } from '../errors.ts';
+import { isConnectionError } from '../base/errors.ts';
 
 /** A member's result from `many`: its value, or the error only that member gets. */
 export type Settlement<O> = { ok: true; value: O } | { ok: false; error: unknown };

@@ -7,8 +7,8 @@
  */
 import v8 from 'node:v8';
 import vm from 'node:vm';
-import type { Clock } from '../clock.ts';
-import type { Logger } from '../logger.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/logger.ts';
 
 export interface HeapTrimOptions {
   clock: Clock;

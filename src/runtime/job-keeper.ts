@@ -5,8 +5,8 @@
  * database; a stalled daemon stops touching and its jobs are retried elsewhere.
  */
 import type { PgBoss } from 'pg-boss';
-import type { Clock } from '../clock.ts';
-import type { Logger } from '../logger.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/logger.ts';
 import type { Dispatcher } from './dispatcher.ts';
 import { Periodic } from './periodic.ts';
 

@@ -1,5 +1,7 @@
-/** The runtime's metric hooks; the daemon binds them to Prometheus counters. */
-export interface RuntimeMetrics {
+import type { OutboxMetrics } from '../outbox/sender.ts';
+
+/** The runtime's metric hooks (the outbox's among them); the daemon binds them to Prometheus counters. */
+export interface RuntimeMetrics extends OutboxMetrics {
   dispatched(): void;
   committed(): void;
   duplicate(): void;
@@ -20,12 +22,6 @@ export interface RuntimeMetrics {
   streamChunk?(outcome: string): void;
   /** A worker RPC answered `busy`: over the worker's requests at once, or per second. */
   rpcRefused?(reason: 'concurrency' | 'rate'): void;
-  /** An outbox message reached its sink, `seconds` after its turn committed (src/runtime/outbox-sender.ts). */
-  outboxDelivered?(sink: string, seconds: number): void;
-  /** An outbox attempt failed and will be retried. */
-  outboxRetried?(sink: string): void;
-  /** An outbox message was dead-lettered. */
-  outboxDeadLettered?(sink: string): void;
 }
 
 export const noopMetrics: RuntimeMetrics = {

@@ -3,9 +3,9 @@
  * `tick()` runs one pass and concurrent calls share the pass in progress (no re-entry); `run()`
  * repeats it on the injected clock until aborted, and a failing pass is logged, never fatal.
  */
-import type { Clock } from '../clock.ts';
-import { errorMessage } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import type { Clock } from '../base/clock.ts';
+import { errorMessage } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 
 export class Periodic<T> {
   private running: Promise<T> | undefined;

@@ -10,13 +10,13 @@
  *    is blocked, in dead-letter mode `block`) and watchers hear `dead_lettered`.
  * Stale workers are the watchdog's (src/runtime/watchdog.ts), not recovery's.
  */
-import type { Clock } from '../clock.ts';
-import type { Logger } from '../logger.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/logger.ts';
 import type { Db } from '../db/client.ts';
-import * as transcript from '../db/transcript.ts';
-import * as activations from '../db/activations.ts';
-import { unsettledFailedJobs } from '../db/boss-jobs.ts';
-import type { JobTable } from '../db/fence.ts';
+import * as transcript from '../db/turns/transcript.ts';
+import * as activations from '../db/turns/activations.ts';
+import { unsettledFailedJobs } from '../db/boss/jobs.ts';
+import type { JobTable } from '../db/turns/fence.ts';
 import type { AttemptFailures } from './attempt-failure.ts';
 import { Periodic } from './periodic.ts';
 

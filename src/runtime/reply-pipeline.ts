@@ -21,20 +21,20 @@
  *     has failed: messages that are refused or fail their turn never get a worker more turns than
  *     its capacity.
  */
-import { agentInScope } from '../agent-scope.ts';
-import { FenceRejected, errorMessage, isConnectionError } from '../errors.ts';
+import { agentInScope } from '../base/agent-scope.ts';
+import { FenceRejected, errorMessage, isConnectionError } from '../base/errors.ts';
 import type { BrokerEvent } from '../fabric/broker.ts';
 import { resultValuesProblem, type DaemonMessage } from '../fabric/protocol.ts';
-import { storableText } from '../json-safety.ts';
-import type { Logger } from '../logger.ts';
+import { storableText } from '../base/json-safety.ts';
+import type { Logger } from '../base/logger.ts';
 import type { Dispatcher } from './dispatcher.ts';
 import { fenceFields, fromWire, type Fence, type WireTurnRef } from './fence.ts';
 import { GroupWriter } from './group-writer.ts';
 import type { RuntimeParts } from './transport.ts';
 import type { ReplyOutcome, ReplyRequest } from './turn-commit.ts';
 import type { FailOutcome } from './attempt-failure.ts';
-import { checkEmits, type EmitRequest } from '../queue/effects.ts';
-import { checkDeliveries, type DeliverRequest, type SinkNames } from './outbox.ts';
+import { checkEmits, type EmitRequest } from '../effects/emit.ts';
+import { checkDeliveries, type DeliverRequest, type SinkNames } from '../effects/deliver.ts';
 
 /** turn_error codes meaning "the worker did not run this turn": it goes elsewhere, no retry is spent. */
 const HANDED_BACK = new Set(['over_capacity', 'worker_stopping']);

@@ -12,23 +12,23 @@
  *  R3 every request is answered exactly once: its result, an error, or `timeout` after
  *     `timeoutMs` (a late result is then dropped).
  *  R4 fenced by `turn_ref`: each method reads in one statement that returns nothing unless the
- *     ref names a live turn of the requesting worker (src/db/history.ts, H1); otherwise
+ *     ref names a live turn of the requesting worker (src/db/turns/history.ts, H1); otherwise
  *     `not_live`, and nothing was read.
- *  R5 `params` within the shape limits of src/json-safety.ts (nested at most MAX_JSON_DEPTH
+ *  R5 `params` within the shape limits of src/base/json-safety.ts (nested at most MAX_JSON_DEPTH
  *     deep), else `invalid_params` at once, before any database work.
  */
-import type { Clock } from '../clock.ts';
+import type { Clock } from '../base/clock.ts';
 import type { DbOrTx } from '../db/client.ts';
-import type { JobTable } from '../db/fence.ts';
-import { readActorStatus, readHistoryPage } from '../db/history.ts';
-import { errorMessage } from '../errors.ts';
-import { unstorableReason } from '../json-safety.ts';
+import type { JobTable } from '../db/turns/fence.ts';
+import { readActorStatus, readHistoryPage } from '../db/turns/history.ts';
+import { errorMessage } from '../base/errors.ts';
+import { unstorableReason } from '../base/json-safety.ts';
 import type { BrokerEvent } from '../fabric/broker.ts';
 import { RPC_METHODS, type DaemonMessage, type RpcErrorCode } from '../fabric/protocol.ts';
-import type { Logger } from '../logger.ts';
+import type { Logger } from '../base/logger.ts';
 import { fromWire } from './fence.ts';
 import { noopMetrics, type RuntimeMetrics } from './metrics.ts';
-import { TokenBuckets } from '../rate-limits.ts';
+import { TokenBuckets } from '../base/rate-limits.ts';
 import type { Transport } from './transport.ts';
 
 export type RpcRequestEvent = Extract<BrokerEvent, { kind: 'rpc_request' }>;

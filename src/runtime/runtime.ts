@@ -20,16 +20,16 @@
  *     the actor's in-flight turn in this process.
  */
 import type { PgBoss } from 'pg-boss';
-import type { Clock } from '../clock.ts';
+import type { Clock } from '../base/clock.ts';
 import { contextLimits, type Config } from '../config.ts';
 import type { Db } from '../db/client.ts';
-import type { Queues } from '../db/boss-jobs.ts';
-import type { ControlMessage } from '../db/control.ts';
+import type { Queues } from '../db/boss/jobs.ts';
+import type { ControlMessage } from '../db/turns/control.ts';
 import type { BrokerEvent } from '../fabric/broker.ts';
 import { PROTOCOL_VERSION } from '../fabric/protocol.ts';
-import type { Logger } from '../logger.ts';
+import type { Logger } from '../base/logger.ts';
 import { BackgroundWork } from './background.ts';
-import { databaseRetry } from './db-retry.ts';
+import { databaseRetry } from '../base/db-retry.ts';
 import { fenceFields, fromWire, type WireTurnRef } from './fence.ts';
 import { ActorDirectory } from './directory.ts';
 import { Dispatcher } from './dispatcher.ts';
@@ -39,7 +39,7 @@ import type { Transport } from './transport.ts';
 import { AttemptFailures } from './attempt-failure.ts';
 import { ContextCache } from './context-cache.ts';
 import { RpcServer } from './rpc.ts';
-import { SinkNames } from './outbox.ts';
+import { SinkNames } from '../effects/deliver.ts';
 import { StreamRelay } from './stream-relay.ts';
 import { TurnBeginner, type FetchedJob } from './turn-begin.ts';
 import { TurnCommits } from './turn-commit.ts';

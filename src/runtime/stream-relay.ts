@@ -1,6 +1,6 @@
 /**
  * The stream relay: a running turn's `turn_chunk`s, judged against the turn this process runs and
- * written in groups to `corral.stream_chunks` (src/db/stream-chunks.ts), from where any daemon's
+ * written in groups to `corral.stream_chunks` (src/db/live/chunks.ts), from where any daemon's
  * watchers read them.
  *
  *  R1 A chunk is relayed only while its delivery is the live one this process runs, from the worker
@@ -23,12 +23,12 @@
  *  R7 A result waits for the chunks that came before it (`written`): they are stored before the
  *     commit ends the delivery, which would fail their insert's fence (S1) and lose them.
  */
-import type { Clock } from '../clock.ts';
+import type { Clock } from '../base/clock.ts';
 import type { DbOrTx } from '../db/client.ts';
-import { deleteChunks, insertChunks, streamChannelOf, type ChunkRow } from '../db/stream-chunks.ts';
-import { errorMessage } from '../errors.ts';
-import { unstorableReason } from '../json-safety.ts';
-import type { Logger } from '../logger.ts';
+import { deleteChunks, insertChunks, streamChannelOf, type ChunkRow } from '../db/live/chunks.ts';
+import { errorMessage } from '../base/errors.ts';
+import { unstorableReason } from '../base/json-safety.ts';
+import type { Logger } from '../base/logger.ts';
 import type { BrokerEvent } from '../fabric/broker.ts';
 import type { InFlightTurn } from './directory.ts';
 import type { WireTurnRef } from './fence.ts';

@@ -2,12 +2,12 @@
  * How the runtime reaches workers (the broker's serial send queue: it never touches the socket),
  * and the parts the steps of the event path share.
  */
-import type { Clock } from '../clock.ts';
+import type { Clock } from '../base/clock.ts';
 import type { SendResult } from '../fabric/broker.ts';
 import type { DaemonMessage } from '../fabric/protocol.ts';
-import type { Logger } from '../logger.ts';
+import type { Logger } from '../base/logger.ts';
 import type { BackgroundWork } from './background.ts';
-import type { DatabaseRetry } from './db-retry.ts';
+import type { DatabaseRetry } from '../base/db-retry.ts';
 import type { ActorDirectory } from './directory.ts';
 import type { RuntimeMetrics } from './metrics.ts';
 import type { AttemptFailures } from './attempt-failure.ts';

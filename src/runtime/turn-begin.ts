@@ -6,20 +6,20 @@
  * transaction. A turn whose delivery could not be sent, or whose worker was lost before it ran,
  * is dispatched again under the same fence with a new delivery (`redirect`).
  */
-import { formatActorKey, type ActorKey } from '../actor-key.ts';
+import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
 import type { Db, DbOrTx } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
-import * as activations from '../db/activations.ts';
-import type { ActivationRow } from '../db/activations.ts';
-import type { ContextLimits } from '../db/history.ts';
-import * as turnRows from '../db/turn-rows.ts';
-import * as deliveries from '../db/deliveries.ts';
-import * as transcript from '../db/transcript.ts';
-import { fenceOf, lockFence, type Fence, type JobTable } from '../db/fence.ts';
+import * as activations from '../db/turns/activations.ts';
+import type { ActivationRow } from '../db/turns/activations.ts';
+import type { ContextLimits } from '../db/turns/history.ts';
+import * as turnRows from '../db/turns/turn-rows.ts';
+import * as deliveries from '../db/turns/deliveries.ts';
+import * as transcript from '../db/turns/transcript.ts';
+import { fenceOf, lockFence, type Fence, type JobTable } from '../db/turns/fence.ts';
 import { DELIVERY_LIVE } from '../db/schema.ts';
-import { CorralError, isConnectionError } from '../errors.ts';
+import { CorralError, isConnectionError } from '../base/errors.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
-import type { BatchMember } from '../db/batches.ts';
+import type { BatchMember } from '../db/turns/batches.ts';
 import type { AttemptFailures } from './attempt-failure.ts';
 import { contextJson, knownOf, type ContextCache } from './context-cache.ts';
 import type { Settlement } from './group-writer.ts';
@@ -37,7 +37,7 @@ export interface StartedTurn {
   workerId: string | null;
   /** The conversation so far as the JSON text of turn_start's `context` (src/runtime/context-cache.ts `contextJson`). */
   contextJson?: string | undefined;
-  /** The events after this one the turn takes, in order (src/db/batches.ts); absent for one event. */
+  /** The events after this one the turn takes, in order (src/db/turns/batches.ts); absent for one event. */
   batch?: BatchMember[] | undefined;
 }
 

@@ -1,7 +1,7 @@
 /**
  * The commit step (T5, T5'): worker replies settle their turns. Results, accepts and progress go
  * through group transactions (`replyMany`: many replies in a constant number of statements); a
- * `turn_error` fails its attempt (`fail`). Every reply passes the fence (src/db/fence.ts) in the
+ * `turn_error` fails its attempt (`fail`). Every reply passes the fence (src/db/turns/fence.ts) in the
  * transaction that then writes, and pg-boss settles the job in that same transaction with its
  * attempt fence `{ id, retryCount }`.
  *
@@ -12,20 +12,28 @@
  *     against the database: src/runtime/context-cache.ts).
  */
 import { fromDrizzle, type PgBoss } from 'pg-boss';
-import { formatActorKey } from '../actor-key.ts';
+import { formatActorKey } from '../base/actor-key.ts';
 import type { Db } from '../db/client.ts';
 import { inTransaction } from '../db/tx.ts';
-import { checkFence, checkFenceLateSteer, loadFenceRowsMany, lockFence, NO_FENCE_ROWS, type Fence, type JobTable } from '../db/fence.ts';
-import * as deliveries from '../db/deliveries.ts';
-import * as transcript from '../db/transcript.ts';
-import * as turnRows from '../db/turn-rows.ts';
-import { makeLastAttempt } from '../db/boss-jobs.ts';
+import {
+  checkFence,
+  checkFenceLateSteer,
+  loadFenceRowsMany,
+  lockFence,
+  NO_FENCE_ROWS,
+  type Fence,
+  type JobTable,
+} from '../db/turns/fence.ts';
+import * as deliveries from '../db/turns/deliveries.ts';
+import * as transcript from '../db/turns/transcript.ts';
+import * as turnRows from '../db/turns/turn-rows.ts';
+import { makeLastAttempt } from '../db/boss/jobs.ts';
 import { sql } from '../db/orm.ts';
 import { DELIVERY_LIVE } from '../db/schema.ts';
-import { FenceRejected, type FenceReason } from '../errors.ts';
-import { enqueueEffects, type EmitRequest, type TurnEffects } from '../queue/effects.ts';
-import { insertOutboxMany, type NewOutboxMessage } from '../db/outbox.ts';
-import { outboxRowsOf, type DeliverRequest } from './outbox.ts';
+import { FenceRejected, type FenceReason } from '../base/errors.ts';
+import { enqueueEffects, type EmitRequest, type TurnEffects } from '../effects/emit.ts';
+import { insertOutboxMany, type NewOutboxMessage } from '../db/outbox/messages.ts';
+import { outboxRowsOf, type DeliverRequest } from '../effects/deliver.ts';
 import type { AttemptFailures, FailOutcome } from './attempt-failure.ts';
 import type { ContextCache } from './context-cache.ts';
 
@@ -42,9 +50,9 @@ export interface CommitRequest {
   workerId: string;
   messages: ReplyMessage[];
   output?: unknown;
-  /** Durable effects, checked already (src/queue/effects.ts): enqueued with the commit. */
+  /** Durable effects, checked already (src/effects/emit.ts): enqueued with the commit. */
   emit?: EmitRequest[];
-  /** Outbound messages, checked already (src/runtime/outbox.ts): written with the commit (O1). */
+  /** Outbound messages, checked already (src/effects/deliver.ts): written with the commit (O1). */
   deliver?: DeliverRequest[];
 }
 
@@ -139,7 +147,7 @@ export class TurnCommits {
       );
       const outcomes: ReplyOutcome[] = [];
       const completions: { id: string; retryCount: number }[] = [];
-      // the other events of batches (B2 of src/db/batches.ts): queued, completed with their head
+      // the other events of batches (B2 of src/db/turns/batches.ts): queued, completed with their head
       const members: string[] = [];
       const commits: turnRows.CommitRowsInput[] = [];
       const accepts: { deliveryId: string; activationUid: string }[] = [];

@@ -6,13 +6,13 @@
  * `tick()` does one pass and is what tests call; `run()` repeats it on the injected clock.
  * Leases are judged by PostgreSQL's clock, in SQL, never by this process's clock.
  */
-import type { Clock } from '../clock.ts';
-import type { Logger } from '../logger.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/logger.ts';
 import type { Db } from '../db/client.ts';
-import * as activations from '../db/activations.ts';
-import * as deliveries from '../db/deliveries.ts';
-import * as workersDb from '../db/workers.ts';
-import { pruneDaemons } from '../db/daemons.ts';
+import * as activations from '../db/turns/activations.ts';
+import * as deliveries from '../db/turns/deliveries.ts';
+import * as workersDb from '../db/operations/workers.ts';
+import { pruneDaemons } from '../db/operations/daemons.ts';
 import type { Dispatcher } from './dispatcher.ts';
 import type { AttemptFailures } from './attempt-failure.ts';
 import type { WorkerRegistry } from './worker-registry.ts';

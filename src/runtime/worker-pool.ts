@@ -4,7 +4,7 @@
  *
  * Who gets a turn (`acquire`):
  *  P1 only a ready worker with a free slot whose key's scope covers the turn's agent
- *     (src/agent-scope.ts): a scoped key is never given a turn of another agent;
+ *     (src/base/agent-scope.ts): a scoped key is never given a turn of another agent;
  *  P2 a worker that handed turns back is in back-off (`handBackBackoffMs`: doubling with each
  *     consecutive hand-back, reset by a committed turn) and is offered a turn only when no other
  *     worker able to take it is registered: its peers get first offer, and a worker that hands
@@ -16,7 +16,7 @@
  *     an honest one opens its window within a round trip per doubling;
  *  P4 among the rest, the one with the most free slots in its window.
  */
-import { agentInScope, type AgentScope } from '../agent-scope.ts';
+import { agentInScope, type AgentScope } from '../base/agent-scope.ts';
 
 /** First back-off after a hand-back, and the longest. */
 export const HAND_BACK_BACKOFF_MIN_MS = 200;

@@ -3,12 +3,12 @@
  * heartbeats and staleness, and their durable rows in `corral.workers` (for operators: the
  * dispatch decisions use the in-memory pool, a projection rebuilt from `worker_ready`).
  */
-import type { AgentScope } from '../agent-scope.ts';
-import { TokenBuckets } from '../rate-limits.ts';
-import type { Clock } from '../clock.ts';
+import type { AgentScope } from '../base/agent-scope.ts';
+import { TokenBuckets } from '../base/rate-limits.ts';
+import type { Clock } from '../base/clock.ts';
 import type { Db } from '../db/client.ts';
-import * as workersDb from '../db/workers.ts';
-import type { Logger } from '../logger.ts';
+import * as workersDb from '../db/operations/workers.ts';
+import type { Logger } from '../base/logger.ts';
 import type { BackgroundWork } from './background.ts';
 import { WorkerPool } from './worker-pool.ts';
 

@@ -3,7 +3,7 @@
  * buffer and travel to logs and the HTTP status page: a child throwing a megabyte-long message
  * (e.g. a whole model response) must not blow up either.
  */
-import { CorralError } from '../errors.ts';
+import { CorralError } from '../base/errors.ts';
 
 /** Upper bound of a diagnostic, in UTF-8 bytes. */
 export const MAX_DIAGNOSTIC_BYTES = 1024;

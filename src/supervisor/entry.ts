@@ -2,8 +2,8 @@
  * Per-child bookkeeping of the supervisor and the small helpers it needs. Internal: not
  * exported from index.ts.
  */
-import type { TimerHandle } from '../clock.ts';
-import { CorralError } from '../errors.ts';
+import type { TimerHandle } from '../base/clock.ts';
+import { CorralError } from '../base/errors.ts';
 import type { ChildSpec, ChildState } from './types.ts';
 
 const POLICIES = new Set(['permanent', 'transient', 'temporary']);

@@ -9,8 +9,8 @@
  * 3. After `close()` the buffered events stay readable; `END_OF_EVENTS` comes only after them.
  * 4. Timeouts run on the injected clock, so tests can move time instead of sleeping.
  */
-import type { Clock, TimerHandle } from '../clock.ts';
-import { CorralError } from '../errors.ts';
+import type { Clock, TimerHandle } from '../base/clock.ts';
+import { CorralError } from '../base/errors.ts';
 import { END_OF_EVENTS, type EndOfEvents, type NextEventOptions, type SupervisorEvent } from './types.ts';
 
 /** Largest timeout accepted: the 32-bit unsigned range timers are commonly limited to. */

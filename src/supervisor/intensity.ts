@@ -3,7 +3,7 @@
  * Shared on purpose: five children each crashing once a second is as much a sign of a broken
  * environment (database gone, disk full) as one child crashing five times.
  */
-import { CorralError } from '../errors.ts';
+import { CorralError } from '../base/errors.ts';
 
 export class RestartWindow {
   private readonly times: number[] = [];

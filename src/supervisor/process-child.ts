@@ -12,7 +12,7 @@
  */
 import { spawn, type ChildProcess, type StdioOptions } from 'node:child_process';
 import { constants } from 'node:os';
-import type { TimerHandle } from '../clock.ts';
+import type { TimerHandle } from '../base/clock.ts';
 import type { ChildExit, ChildFactory } from './types.ts';
 
 export interface ProcessChildOptions {

@@ -16,8 +16,8 @@
  * 5. Nothing the children do can make the supervisor throw from a callback: factory results and
  *    exceptions are classified, never rethrown.
  */
-import { systemClock, type Clock, type TimerHandle } from '../clock.ts';
-import { CorralError, toError } from '../errors.ts';
+import { systemClock, type Clock, type TimerHandle } from '../base/clock.ts';
+import { CorralError, toError } from '../base/errors.ts';
 import { describeError } from './diagnostics.ts';
 import { EventStream, MAX_TIMEOUT_MS } from './events.ts';
 import { checkDelay, deferred, isAbortLike, newEntry, type Entry } from './entry.ts';

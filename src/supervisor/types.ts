@@ -2,7 +2,7 @@
  * Public types of the one-for-one supervisor. The behaviour behind them is in supervisor.ts and
  * docs/supervision.md.
  */
-import type { Clock } from '../clock.ts';
+import type { Clock } from '../base/clock.ts';
 
 /**
  * When a child that ended is started again.

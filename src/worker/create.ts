@@ -17,11 +17,11 @@
  *    `CORRAL_ALLOWLIST_FILE` fill in the options left out.
  */
 import { resolve } from 'node:path';
-import { systemClock, type Clock, type TimerHandle } from '../clock.ts';
+import { systemClock, type Clock, type TimerHandle } from '../base/clock.ts';
 import { DEFAULTS } from '../config.ts';
-import { CorralError, toError } from '../errors.ts';
+import { CorralError, toError } from '../base/errors.ts';
 import type { WorkerKeyFile } from '../fabric/keys.ts';
-import { silentLogger, type Logger } from '../logger.ts';
+import { silentLogger, type Logger } from '../base/logger.ts';
 import { resolveWorkerKey } from './credentials.ts';
 import { createWorker as createSdkWorker } from './sdk.ts';
 import type { TurnHandler } from './turn.ts';
@@ -31,7 +31,7 @@ export type { Emit, Deliver, HandlerError, HistoryPage, SteerListener, TurnConte
 export type { StopOptions, Worker } from './types.ts';
 export type { WorkerKeyFile } from '../fabric/keys.ts';
 export type { JsonValue, TranscriptMessage, TurnContextWire, TurnRef } from '../fabric/protocol.ts';
-export { CorralError, type ErrorCode } from '../errors.ts';
+export { CorralError, type ErrorCode } from '../base/errors.ts';
 
 /** How long `start()` waits for the welcome by default. */
 export const DEFAULT_START_TIMEOUT_MS = 30_000;

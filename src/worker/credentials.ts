@@ -7,7 +7,7 @@
  * - `insecure`: none (a daemon started with --insecure).
  */
 import { hostname } from 'node:os';
-import { CorralError } from '../errors.ts';
+import { CorralError } from '../base/errors.ts';
 import {
   ensureLocalWorkerKey,
   keyPaths,

@@ -35,9 +35,9 @@
  * continues a conversation, the reply says how many earlier messages it saw in its context
  * (`seen: N`).
  */
-import type { Clock } from '../clock.ts';
-import { systemClock } from '../clock.ts';
-import type { Logger } from '../logger.ts';
+import type { Clock } from '../base/clock.ts';
+import { systemClock } from '../base/clock.ts';
+import type { Logger } from '../base/logger.ts';
 import type { JsonValue, TurnResult, WorkerMessage } from '../fabric/protocol.ts';
 import type { WorkerCredentials } from './credentials.ts';
 import { createWorker, type Deliver, type Emit, type TurnContext, type TurnOutcome, type Worker, type WorkerHooks } from './sdk.ts';

@@ -1,6 +1,6 @@
 /** The worker SDK's fault points for tests (no-ops in production), and how outgoing messages pass them. */
-import { toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import { toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 import type { DaemonMessage, TurnResult, WorkerMessage } from '../fabric/protocol.ts';
 
 /**

@@ -17,5 +17,5 @@ export type {
   Worker,
 } from './create.ts';
 export type { WorkerKeyFile, TranscriptMessage, TurnContextWire, TurnRef } from './create.ts';
-export { CorralError, type ErrorCode } from '../errors.ts';
+export { CorralError, type ErrorCode } from '../base/errors.ts';
 export type { JsonValue } from '../fabric/protocol.ts';

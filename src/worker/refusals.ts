@@ -23,8 +23,8 @@
  * by itself and they pass.
  */
 import type { Dealer } from 'zeromq';
-import { CorralError, type ErrorCode } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import { CorralError, type ErrorCode } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 
 /** Handshakes failing without detail in a row taken as a wrong daemon public key (~0.5 s of libzmq's retries)… */
 export const SERVER_KEY_FAILURES = 5;

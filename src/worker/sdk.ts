@@ -22,11 +22,11 @@
  * 6. Nothing escapes a timer or socket callback: errors are logged with the worker id.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
-import { backoffDelayMs } from '../backoff.ts';
+import { backoffDelayMs } from '../base/backoff.ts';
 import { Dealer } from 'zeromq';
-import { settlesWithin, systemClock, type Clock, type TimerHandle } from '../clock.ts';
-import { CorralError, toError } from '../errors.ts';
-import { silentLogger, type Logger } from '../logger.ts';
+import { settlesWithin, systemClock, type Clock, type TimerHandle } from '../base/clock.ts';
+import { CorralError, toError } from '../base/errors.ts';
+import { silentLogger, type Logger } from '../base/logger.ts';
 import type { WorkerAuth } from '../fabric/auth.ts';
 import { workerProof } from '../fabric/proof.ts';
 import {
@@ -42,8 +42,8 @@ import {
   type TurnStart,
   type WorkerMessage,
 } from '../fabric/protocol.ts';
-import { SerialQueue } from '../serial-queue.ts';
-import { DEFAULT_STREAM_CHUNK_BYTES } from '../defaults.ts';
+import { SerialQueue } from '../base/serial-queue.ts';
+import { DEFAULT_STREAM_CHUNK_BYTES } from '../base/defaults.ts';
 import { runReceiveLoop } from '../fabric/receive-loop.ts';
 import { RunningTurn, type TurnHandler } from './turn.ts';
 import { registrationRefusal, watchHandshakes, type RefusalListener } from './refusals.ts';

@@ -11,9 +11,9 @@
  * 4. The turn leaves the worker's in-flight set before its final message is queued, so the
  *    heartbeat and the capacity check never count a turn the daemon may already have settled.
  */
-import type { Clock, TimerHandle } from '../clock.ts';
-import { toError } from '../errors.ts';
-import type { Logger } from '../logger.ts';
+import type { Clock, TimerHandle } from '../base/clock.ts';
+import { toError } from '../base/errors.ts';
+import type { Logger } from '../base/logger.ts';
 import {
   PROTOCOL_VERSION,
   encodeFrame,

@@ -3,7 +3,7 @@
  * states from its constants), given the list of events that were enqueued.
  *
  * A turn takes a BATCH: its own event (`turns.event_id`, the head) and, under a batching input
- * policy (`coalesce`, src/db/batches.ts), the actor's events queued behind it (`turns.coalesced`,
+ * policy (`coalesce`, src/db/turns/batches.ts), the actor's events queued behind it (`turns.coalesced`,
  * in order; null for a turn of one event, as under `queue`). An event is COMMITTED by the
  * succeeded turn whose batch holds it, as its head or as a member.
  *
@@ -35,7 +35,7 @@ import { isDeepStrictEqual } from 'node:util';
 import type pg from 'pg';
 import { DEFAULTS } from '../../src/config.ts';
 import type { Db } from '../../src/db/client.ts';
-import { defaultInputPolicy, listInputPolicies, type InputPolicyRow } from '../../src/db/input-policies.ts';
+import { defaultInputPolicy, listInputPolicies, type InputPolicyRow } from '../../src/db/enqueue/input-policies.ts';
 import { activations, actors, conversations, deliveries, messages, turns } from '../../src/db/schema.ts';
 import { DEFAULT_BATCH_EVENTS, type InputPolicy } from '../../src/db/views.ts';
 import { queuesOf } from '../../src/queue/boss.ts';
@@ -126,7 +126,7 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
   /** The succeeded turn that committed each event (the first one, if several did). */
   const committedBy = new Map<string, { turn: TurnRow; index: number }>();
 
-  // The policy a batch was formed under (P1 of src/db/input-policies.ts): the actor's own row,
+  // The policy a batch was formed under (P1 of src/db/enqueue/input-policies.ts): the actor's own row,
   // else its agent's, else the daemons' CORRAL_INPUT_POLICY as installed.
   const policyOf = (a: ActorRef): { policy: InputPolicy; maxEvents: number } => {
     const own: InputPolicyRow | undefined =
@@ -311,7 +311,7 @@ export async function checkInvariants(db: Db, plan: CheckedEvent[], opts: CheckO
     }
   }
 
-  // A retry runs its batch again (B3 of src/db/batches.ts): no attempt of a head takes an event
+  // A retry runs its batch again (B3 of src/db/turns/batches.ts): no attempt of a head takes an event
   // its previous attempt did not.
   let retriedThenCommitted = 0;
   for (const [head, ts] of turnsByEvent) {

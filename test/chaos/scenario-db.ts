@@ -7,7 +7,7 @@ import type { PgBoss } from 'pg-boss';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { DELIVERY_LIVE } from '../../src/db/schema.ts';
 import { migrateDatabase } from '../../src/db/migrate.ts';
-import { setInputPolicy, type InputPolicy, type InputPolicyOptions } from '../../src/db/input-policies.ts';
+import { setInputPolicy, type InputPolicy, type InputPolicyOptions } from '../../src/db/enqueue/input-policies.ts';
 import { createBoss, ensureQueues } from '../../src/queue/boss.ts';
 import { createEventQueue, type EventQueue } from '../../src/queue/events.ts';
 import { DEFAULTS } from '../../src/config.ts';
@@ -144,7 +144,7 @@ export class ScenarioDb {
     return rows.map((r) => ({ deliveryId: r.delivery_id, eventId: r.event_id, workerId: r.worker_id, members: r.members }));
   }
 
-  /** Sets an input policy (src/db/input-policies.ts) for an agent (`sessionId` null) or one actor. */
+  /** Sets an input policy (src/db/enqueue/input-policies.ts) for an agent (`sessionId` null) or one actor. */
   async setInputPolicy(agentUid: string, sessionId: string | null, policy: InputPolicy, options: InputPolicyOptions = {}): Promise<void> {
     await setInputPolicy(this.database.db, agentUid, sessionId, policy, options);
   }

@@ -7,8 +7,8 @@
  */
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { sql } from '../../src/db/orm.ts';
-import { actorKey } from '../../src/actor-key.ts';
-import { readTranscript } from '../../src/db/transcript.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
+import { readTranscript } from '../../src/db/turns/transcript.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { deadLetterCount, enqueueAndWait, startFailingRuntime, type Running } from '../ops/helpers.ts';

@@ -6,7 +6,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sql } from '../../src/db/orm.ts';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { makeDeadLetters } from '../ops/helpers.ts';

@@ -27,7 +27,7 @@ import {
   exitOf,
 } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
-import { SETUP_LOCK_KEY } from '../../src/db/setup-lock.ts';
+import { SETUP_LOCK_KEY } from '../../src/db/postgres/setup-lock.ts';
 
 const homes = freshHomes('corral-first-run-');
 const freshHome = () => homes.make();

@@ -4,12 +4,12 @@
  * 503 forever, 410); and `corral outbox` as the real CLI (its registration, `--help`, exit codes).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { runActorCommand } from '../../src/cli/commands/status.ts';
 import { runTranscriptCommand } from '../../src/cli/commands/transcript.ts';
 import { loadConfig, type Config } from '../../src/config.ts';
 import { sql } from '../../src/db/orm.ts';
-import { addSink } from '../../src/ops/sinks.ts';
+import { addSink } from '../../src/outbox/sinks.ts';
 import { Capture } from '../helpers/capture.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer } from '../helpers/raw-peer.ts';

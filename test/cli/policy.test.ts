@@ -7,7 +7,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../../src/db/client.ts';
-import { listInputPolicies } from '../../src/db/input-policies.ts';
+import { listInputPolicies } from '../../src/db/enqueue/input-policies.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { CORRAL, corral, json, run } from './helpers.ts';
 

@@ -4,7 +4,7 @@
  * What the pruning deletes is covered by test/db/transcript-retention.test.ts.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { listTranscriptRetention } from '../../src/db/transcript-retention.ts';
+import { listTranscriptRetention } from '../../src/db/operations/transcript-retention.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { CORRAL, corral, json, run } from './helpers.ts';

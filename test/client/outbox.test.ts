@@ -1,12 +1,12 @@
 /**
- * The client's `sinks` and `outbox`: the operators' use-cases (src/ops/sinks.ts, src/ops/outbox.ts)
+ * The client's `sinks` and `outbox`: the operators' use-cases (src/outbox/sinks.ts, src/outbox/operations.ts)
  * as an application calls them, on a real database; the messages written by SQL, in every state.
  */
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connect, type Corral } from '../../src/client/index.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
-import { setSinkDisabled } from '../../src/db/sinks.ts';
+import { setSinkDisabled } from '../../src/db/outbox/sinks.ts';
 import { errorCodeOf } from '../helpers/capture.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { insertOutboxMessage, type OutboxRowInput } from '../ops/helpers.ts';

@@ -1,6 +1,6 @@
 /**
- * Turn events only on watched channels (src/db/turn-events.ts, T4) and the listener's
- * registrations (src/db/turn-listener.ts, L1–L3), on real PostgreSQL: no NOTIFY for a channel
+ * Turn events only on watched channels (src/db/turns/turn-events.ts, T4) and the listener's
+ * registrations (src/db/turns/turn-listener.ts, L1–L3), on real PostgreSQL: no NOTIFY for a channel
  * nobody registered; rows added, lingering, dropped and cleaned up after dead backends; the
  * barrier that outlasts transactions which read the registry before the registration; and the
  * registration made again after a lost connection.
@@ -10,8 +10,8 @@ import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Corral, WatchEvent } from '../../src/client/index.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
-import { notifyTurnEvents, parseTurnNotices, turnChannelOf, type TurnNotice } from '../../src/db/turn-events.ts';
-import { TurnListener, type TurnListenerOptions, type TurnSubscriber } from '../../src/db/turn-listener.ts';
+import { notifyTurnEvents, parseTurnNotices, turnChannelOf, type TurnNotice } from '../../src/db/turns/turn-events.ts';
+import { TurnListener, type TurnListenerOptions, type TurnSubscriber } from '../../src/db/turns/turn-listener.ts';
 import { read, startClientSetup, type ClientSetup } from './helpers.ts';
 import { testLogger } from '../helpers/daemon.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';

@@ -1,6 +1,6 @@
 /**
  * The actor queue's claim keeps a cost that follows the batch, whatever the statistics say
- * (src/db/boss-fetch.ts). The worst case of a week of history: the job table analyzed while
+ * (src/db/boss/fetch.ts). The worst case of a week of history: the job table analyzed while
  * nothing was queued (`state` reads `{completed}=1`, every partial index on queued rows is
  * estimated at one row), then a backlog. Under the installed function's planner settings the
  * plan never sorts and never scans the table, and the head lookup probes `job_i10`; the function
@@ -10,9 +10,9 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULTS } from '../../src/config.ts';
-import { CLAIM_FUNCTION, CLAIM_SIGNATURE, claimStatement, queueTable } from '../../src/db/boss-fetch.ts';
+import { CLAIM_FUNCTION, CLAIM_SIGNATURE, claimStatement, queueTable } from '../../src/db/boss/fetch.ts';
 import { openDatabase } from '../../src/db/client.ts';
-import { loadFenceRowsMany } from '../../src/db/fence.ts';
+import { loadFenceRowsMany } from '../../src/db/turns/fence.ts';
 import { queuesOf } from '../../src/queue/names.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { genericPlan, planNodes, statementsOf, type PlanNode } from '../helpers/plans.ts';

@@ -1,5 +1,5 @@
 /**
- * When the delivery loop must claim next without a wake-up (`nextOutboxDueMs`, src/db/outbox.ts):
+ * When the delivery loop must claim next without a wake-up (`nextOutboxDueMs`, src/db/outbox/messages.ts):
  * the next retry that falls due or claim that lapses. Never "now" for an empty outbox, for a
  * message that waits behind an earlier one of its actor and sink (O2), or for one due already
  * (the claim just before took what it could; the rest waits for a send to end, which wakes the
@@ -8,7 +8,7 @@
 import pg from 'pg';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../../src/db/client.ts';
-import { nextOutboxDueMs } from '../../src/db/outbox.ts';
+import { nextOutboxDueMs } from '../../src/db/outbox/messages.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 
 let tdb: TestDatabase;

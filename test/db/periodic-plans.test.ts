@@ -8,15 +8,15 @@
  */
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { listExpiredInFlight, stopIdleActivations } from '../../src/db/activations.ts';
+import { listExpiredInFlight, stopIdleActivations } from '../../src/db/turns/activations.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
-import { unacceptedDeliveriesOf } from '../../src/db/deliveries.ts';
-import { completedJobsOlderThan, unsettledFailedJobs } from '../../src/db/boss-jobs.ts';
-import { pruneIdempotencyKeys } from '../../src/db/idempotency.ts';
-import { claimOutbox, nextOutboxDueMs, pruneOutbox } from '../../src/db/outbox.ts';
-import { pruneActivations, pruneDeliveries } from '../../src/db/runtime-pruning.ts';
-import { orphanedStartedTurns } from '../../src/db/transcript.ts';
-import { pruneTranscripts } from '../../src/db/transcript-retention.ts';
+import { unacceptedDeliveriesOf } from '../../src/db/turns/deliveries.ts';
+import { completedJobsOlderThan, unsettledFailedJobs } from '../../src/db/boss/jobs.ts';
+import { pruneIdempotencyKeys } from '../../src/db/enqueue/idempotency.ts';
+import { claimOutbox, nextOutboxDueMs, pruneOutbox } from '../../src/db/outbox/messages.ts';
+import { pruneActivations, pruneDeliveries } from '../../src/db/operations/runtime-pruning.ts';
+import { orphanedStartedTurns } from '../../src/db/turns/transcript.ts';
+import { pruneTranscripts } from '../../src/db/operations/transcript-retention.ts';
 import { DEFAULTS } from '../../src/config.ts';
 import { queuesOf } from '../../src/queue/names.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';

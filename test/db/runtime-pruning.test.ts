@@ -1,5 +1,5 @@
 /**
- * Pruning of the runtime projections (src/db/runtime-pruning.ts, rules P1–P3): finished
+ * Pruning of the runtime projections (src/db/operations/runtime-pruning.ts, rules P1–P3): finished
  * deliveries and ended activations older than the window go; what a live turn, recovery or
  * `corral actor` needs stays; the transcript is untouched; a late result of a pruned delivery is
  * refused as any stale reply.
@@ -7,7 +7,7 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../../src/db/client.ts';
-import { pruneActivations, pruneDeliveries } from '../../src/db/runtime-pruning.ts';
+import { pruneActivations, pruneDeliveries } from '../../src/db/operations/runtime-pruning.ts';
 import { pruneRuntimeRows } from '../../src/queue/retention.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 

@@ -1,5 +1,5 @@
 /**
- * The chunk store of live turns (src/db/stream-chunks.ts, S1–S3): only a live delivery's chunks
+ * The chunk store of live turns (src/db/live/chunks.ts, S1–S3): only a live delivery's chunks
  * are stored; a stored chunk is notified on its actor's stream channel only while watched,
  * inline when it fits and by reference when not; the sweep deletes the chunks of deliveries that
  * are not live.
@@ -17,7 +17,7 @@ import {
   readChunks,
   streamChannelOf,
   type ChunkRow,
-} from '../../src/db/stream-chunks.ts';
+} from '../../src/db/live/chunks.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 

@@ -1,5 +1,5 @@
 /**
- * Transcript retention (src/db/transcript-retention.ts, R1–R6): the finished turns of an agent
+ * Transcript retention (src/db/operations/transcript-retention.ts, R1–R6): the finished turns of an agent
  * with a policy that finished longer ago than its window go, with their messages, oldest first
  * and in bounded batches; recent turns, `started` turns and every agent without a policy stay;
  * the conversation stays and records how far it was pruned; an event whose turn was pruned reads
@@ -10,7 +10,7 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULTS } from '../../src/config.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
-import { eventStatus } from '../../src/db/event-status.ts';
+import { eventStatus } from '../../src/db/turns/event-status.ts';
 import {
   clearTranscriptRetention,
   listTranscriptRetention,
@@ -18,7 +18,7 @@ import {
   pruneTranscripts,
   setTranscriptRetention,
   transcriptRetentionDue,
-} from '../../src/db/transcript-retention.ts';
+} from '../../src/db/operations/transcript-retention.ts';
 import { queuesOf } from '../../src/queue/names.ts';
 import { pruneTranscriptRows } from '../../src/queue/retention.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';

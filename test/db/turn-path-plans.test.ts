@@ -1,5 +1,5 @@
 /**
- * The turn path's batched statements (src/db/turn-rows.ts: begin, accept, commit) reach each row
+ * The turn path's batched statements (src/db/turns/turn-rows.ts: begin, accept, commit) reach each row
  * they write by its key, whatever the statistics say. The case that matters: the tables were
  * analyzed over a history of finished rows (every activation stopped, every delivery completed),
  * then a burst made thousands of rows live. The statistics then say no row is live, so every
@@ -12,9 +12,9 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase, type Database, type DbOrTx } from '../../src/db/client.ts';
-import { actorKey } from '../../src/actor-key.ts';
-import { lockLiveActivation, lockLiveActivationsMany } from '../../src/db/activations.ts';
-import { acceptDeliveryRowsMany, beginTurnsMany, commitTurnRowsMany, extendLeasesMany } from '../../src/db/turn-rows.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
+import { lockLiveActivation, lockLiveActivationsMany } from '../../src/db/turns/activations.ts';
+import { acceptDeliveryRowsMany, beginTurnsMany, commitTurnRowsMany, extendLeasesMany } from '../../src/db/turns/turn-rows.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { genericPlan as planOf, planNodes, statementsOf, type Captured, type PlanNode } from '../helpers/plans.ts';
 

@@ -2,7 +2,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { StaticTokenAuthenticator } from '../../src/fabric/auth.ts';
 import { Broker, type BrokerEvent, type BrokerOptions } from '../../src/fabric/broker.ts';
 import type { DaemonMessage } from '../../src/fabric/protocol.ts';
-import { silentLogger } from '../../src/logger.ts';
+import { silentLogger } from '../../src/base/logger.ts';
 import { RawPeer } from '../helpers/raw-peer.ts';
 import { makeTurnRef, waitFor } from './helpers.ts';
 

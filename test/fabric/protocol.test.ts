@@ -14,7 +14,7 @@ import {
   type DaemonMessage,
   type WorkerMessage,
 } from '../../src/fabric/protocol.ts';
-import { MAX_JSON_DEPTH, TOO_DEEP, unstorableReason } from '../../src/json-safety.ts';
+import { MAX_JSON_DEPTH, TOO_DEEP, unstorableReason } from '../../src/base/json-safety.ts';
 import { makeTurnRef, makeTurnStart } from './helpers.ts';
 
 const ref = makeTurnRef({ actor_epoch: 3, revision: 2 });
@@ -323,7 +323,7 @@ describe('nesting depth of worker frames', () => {
 describe('turn_rejected reasons', () => {
   it('are the fence reasons plus unstorable, emit_limit, emit_denied, deliver_limit and commit_failed, and docs/protocol.md lists exactly them', async () => {
     const { readFile } = await import('node:fs/promises');
-    const { FENCE_REASONS } = await import('../../src/errors.ts');
+    const { FENCE_REASONS } = await import('../../src/base/errors.ts');
     const { TURN_REJECTED_REASONS } = await import('../../src/fabric/protocol.ts');
     expect([...TURN_REJECTED_REASONS]).toEqual([
       ...FENCE_REASONS,

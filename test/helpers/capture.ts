@@ -1,7 +1,7 @@
 /** What tests of commands and APIs share: a stream that keeps what is written to it, and the code of a rejection. */
 import { Writable } from 'node:stream';
 import { expect } from 'vitest';
-import { CorralError } from '../../src/errors.ts';
+import { CorralError } from '../../src/base/errors.ts';
 
 /** A writable stream that keeps the text written to it (a command's stdout, a logger's destination). */
 export class Capture extends Writable {

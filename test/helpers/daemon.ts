@@ -1,7 +1,7 @@
 /** An in-process daemon on a fresh test database, with real ZeroMQ and real pg-boss. */
 import { loadConfig, type Config } from '../../src/config.ts';
-import { Daemon } from '../../src/daemon.ts';
-import { silentLogger, createLogger } from '../../src/logger.ts';
+import { Daemon } from '../../src/daemon/daemon.ts';
+import { silentLogger, createLogger } from '../../src/base/logger.ts';
 import { createTestDatabase, type TestDatabase } from './db.ts';
 
 export const testLogger = process.env.CORRAL_TEST_LOG ? createLogger({ level: 'debug' }) : silentLogger;

@@ -12,7 +12,7 @@ import { join, resolve } from 'node:path';
 
 export const CORRAL_BIN = resolve(import.meta.dirname, '../../bin/corral.js');
 
-export { freePort } from '../../src/net.ts';
+export { freePort } from '../../src/db/postgres/net.ts';
 
 export interface Proc {
   child: ChildProcess;

@@ -6,7 +6,7 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { verifyWebhook } from '../../src/webhook-signature.ts';
+import { verifyWebhook } from '../../src/outbox/signature.ts';
 
 export interface ReceivedWebhook {
   path: string;

@@ -15,7 +15,7 @@ import puppeteer, { type Browser, type Page } from 'puppeteer-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase } from '../../src/db/client.ts';
 import { createDaemon, type CorralDaemon } from '../../src/host/daemon.ts';
-import { freePort } from '../../src/net.ts';
+import { freePort } from '../../src/db/postgres/net.ts';
 import { createToken } from '../../src/ops/api-tokens.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';

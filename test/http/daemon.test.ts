@@ -5,9 +5,9 @@
  */
 import { createServer, type Server } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { CorralError } from '../../src/errors.ts';
+import { CorralError } from '../../src/base/errors.ts';
 import { createDaemon, type CorralDaemon, type DaemonOptions } from '../../src/host/daemon.ts';
-import { freePort } from '../../src/net.ts';
+import { freePort } from '../../src/db/postgres/net.ts';
 import { createToken } from '../../src/ops/api-tokens.ts';
 import { openDatabase } from '../../src/db/client.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';

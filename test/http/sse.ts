@@ -3,21 +3,18 @@
  * source the test scripts (the events it yields, when it ends), so that the route's framing,
  * bounds and endings are checked event by event.
  */
-import type { ActorKey } from '../../src/actor-key.ts';
-import type { LiveEvent, LiveWatch, LiveWatchOptions } from '../../src/client/live-api.ts';
+import type { ActorKey } from '../../src/base/actor-key.ts';
+import type { LiveEvent, LiveWatch, LiveWatchOptions } from '../../src/live/events.ts';
 import type { LiveSource } from '../../src/http/server.ts';
+import { parseSseBlock, SseSplitter, type SseMessage } from '../../src/live/sse.ts';
 
-export interface SseMessage {
-  id?: string;
-  event?: string;
-  data?: string;
-  comment?: string;
-}
+export type { SseMessage };
 
 /** Reads `res`'s body as SSE: `next()` gives the next message or comment, undefined at its end. */
 export class SseReader {
   raw = '';
-  private buffer = '';
+  private readonly splitter = new SseSplitter();
+  private readonly blocks: string[] = [];
   private readonly reader: ReadableStreamDefaultReader<Uint8Array>;
   private readonly decoder = new TextDecoder();
   ended = false;
@@ -29,12 +26,8 @@ export class SseReader {
   async next(timeoutMs = 10_000): Promise<SseMessage | undefined> {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
-      const cut = this.buffer.indexOf('\n\n');
-      if (cut >= 0) {
-        const block = this.buffer.slice(0, cut);
-        this.buffer = this.buffer.slice(cut + 2);
-        return parseBlock(block);
-      }
+      const block = this.blocks.shift();
+      if (block !== undefined) return parseSseBlock(block);
       if (this.ended) return undefined;
       let timer: NodeJS.Timeout | undefined;
       const late = new Promise<'late'>((r) => (timer = setTimeout(() => r('late'), Math.max(0, deadline - Date.now()))));
@@ -46,7 +39,7 @@ export class SseReader {
       }
       const text = this.decoder.decode(read.value, { stream: true });
       this.raw += text;
-      this.buffer += text;
+      this.blocks.push(...this.splitter.push(text));
     }
   }
 
@@ -61,19 +54,6 @@ export class SseReader {
   async cancel(): Promise<void> {
     await this.reader.cancel().catch(() => undefined);
   }
-}
-
-function parseBlock(block: string): SseMessage {
-  const m: SseMessage = {};
-  for (const line of block.split('\n')) {
-    if (line.startsWith(':')) m.comment = line.slice(1).trim();
-    else {
-      const at = line.indexOf(': ');
-      const [field, value] = at < 0 ? [line, ''] : [line.slice(0, at), line.slice(at + 2)];
-      if (field === 'id' || field === 'event' || field === 'data') m[field] = value;
-    }
-  }
-  return m;
 }
 
 /** One watch the test drives: `push` an event, `finish` the stream. */

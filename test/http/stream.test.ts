@@ -7,7 +7,7 @@
  */
 import { connect as connectTcp } from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { CorralError } from '../../src/errors.ts';
+import { CorralError } from '../../src/base/errors.ts';
 import { revokeToken } from '../../src/ops/api-tokens.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';

@@ -8,7 +8,7 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runTokensCreate, runTokensList, runTokensRevoke } from '../../src/cli/commands/tokens.ts';
 import { loadConfig, type Config } from '../../src/config.ts';
-import { listApiTokens } from '../../src/db/api-tokens.ts';
+import { listApiTokens } from '../../src/db/operations/api-tokens.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { createToken, hashToken, parseScopes, revokeToken, TOKEN_TEXT, tokenVerifier } from '../../src/ops/api-tokens.ts';
 import { CORRAL, corral, run } from '../cli/helpers.ts';

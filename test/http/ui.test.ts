@@ -9,7 +9,7 @@ import { request } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { CorralError } from '../../src/errors.ts';
+import { CorralError } from '../../src/base/errors.ts';
 import { CHAT_PAGE_DIR } from '../../src/http/ui.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { answer, failure, startApi, type Api } from './helpers.ts';

@@ -4,11 +4,11 @@
  * answer.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { loadConfig } from '../../src/config.ts';
-import { Daemon } from '../../src/daemon.ts';
-import { readTranscript } from '../../src/db/transcript.ts';
-import { setInputPolicy } from '../../src/db/input-policies.ts';
+import { Daemon } from '../../src/daemon/daemon.ts';
+import { readTranscript } from '../../src/db/turns/transcript.ts';
+import { setInputPolicy } from '../../src/db/enqueue/input-policies.ts';
 import { sql } from '../../src/db/orm.ts';
 import { daemonReadiness, observabilityChild } from '../../src/observability/daemon-child.ts';
 import { startObservabilityServer, type ObservabilityServer } from '../../src/observability/http.ts';
@@ -20,7 +20,7 @@ import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { deadLetterCount } from '../ops/helpers.ts';
 import { WebhookReceiver } from '../helpers/webhook-receiver.ts';
-import { addSink } from '../../src/ops/sinks.ts';
+import { addSink } from '../../src/outbox/sinks.ts';
 
 /** The value of one sample in Prometheus text (`name{labels} value`), or undefined. */
 function sample(text: string, name: string, labels = ''): number | undefined {

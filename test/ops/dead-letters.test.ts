@@ -6,7 +6,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sql } from '../../src/db/orm.ts';
 import type { PgBoss } from 'pg-boss';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import {
@@ -19,7 +19,7 @@ import {
 } from '../../src/ops/dead-letters.ts';
 import { queuesOf } from '../../src/queue/boss.ts';
 import { createBoss } from '../../src/queue/boss.ts';
-import { CorralError } from '../../src/errors.ts';
+import { CorralError } from '../../src/base/errors.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { deadLetterCount, makeDeadLetters, startFailingRuntime } from './helpers.ts';

@@ -2,7 +2,7 @@
 import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
 import { sql } from '../../src/db/orm.ts';
-import type { ActorKey } from '../../src/actor-key.ts';
+import type { ActorKey } from '../../src/base/actor-key.ts';
 import type { Config } from '../../src/config.ts';
 import type { DbOrTx } from '../../src/db/client.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { parseDurationMs } from '../../src/ops/duration.ts';
+import { parseDurationMs } from '../../src/base/duration.ts';
 import { errorLine } from '../../src/ops/dead-letters.ts';
 import { fmtAge, renderTable } from '../../src/cli/commands/status.ts';
 import { progressReporter } from '../../src/cli/commands/dlq.ts';

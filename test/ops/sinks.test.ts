@@ -11,9 +11,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runSinksAdd, runSinksEnable, runSinksList, runSinksRemove, runSinksShow } from '../../src/cli/commands/sinks.ts';
 import { loadConfig, type Config } from '../../src/config.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
-import { setSinkDisabled } from '../../src/db/sinks.ts';
-import { CorralError } from '../../src/errors.ts';
-import { generateSecret, secretKey, signWebhook, verifyWebhook } from '../../src/webhook-signature.ts';
+import { setSinkDisabled } from '../../src/db/outbox/sinks.ts';
+import { CorralError } from '../../src/base/errors.ts';
+import { generateSecret, secretKey, signWebhook, verifyWebhook } from '../../src/outbox/signature.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { captureIo, errorCodeOf } from '../helpers/capture.ts';
 

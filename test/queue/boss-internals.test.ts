@@ -1,5 +1,5 @@
 /**
- * pg-boss's internals that corral relies on (src/db/boss-internals.ts, S1–S10) are those of the
+ * pg-boss's internals that corral relies on (src/db/boss/internals.ts, S1–S10) are those of the
  * installed pg-boss, on a schema that pg-boss installed. Run after every pg-boss upgrade (see
  * docs/migrations.md, "Upgrading pg-boss"): each assertion names the piece it guards, so a failure
  * says which of corral's statements to revisit. With test/queue/direct-send.test.ts (a direct
@@ -14,9 +14,9 @@ import pg from 'pg';
 import type { PgBoss } from 'pg-boss';
 import * as plans from 'pg-boss/dist/plans.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';
-import { keyHeadFetch } from '../../src/db/boss-fetch.ts';
+import { keyHeadFetch } from '../../src/db/boss/fetch.ts';
 import {
   BOSS_FAILURE_MESSAGE,
   BOSS_INDEXES,
@@ -42,11 +42,11 @@ import {
   sendPayload,
   sendPayloadSql,
   EVENT_JOBS_INSERT_FUNCTION,
-} from '../../src/db/boss-internals.ts';
-import { installSendEvent, sendEventFunctionsSql } from '../../src/db/send-event.ts';
-import { getDeadLetter, holdBossMaintenance, makeLastAttempt, makeQueuedLastAttempt, requeueActiveJob } from '../../src/db/boss-jobs.ts';
+} from '../../src/db/boss/internals.ts';
+import { installSendEvent, sendEventFunctionsSql } from '../../src/db/enqueue/send-event.ts';
+import { getDeadLetter, holdBossMaintenance, makeLastAttempt, makeQueuedLastAttempt, requeueActiveJob } from '../../src/db/boss/jobs.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
-import { jobActiveOf } from '../../src/db/fence.ts';
+import { jobActiveOf } from '../../src/db/turns/fence.ts';
 import { sql } from '../../src/db/orm.ts';
 import { createBoss, queuesOf } from '../../src/queue/boss.ts';
 import { actorEventJob } from '../../src/queue/event-job.ts';
@@ -99,7 +99,7 @@ async function sendRecorded(session: string) {
   return { job, calls };
 }
 
-describe('pg-boss internals (src/db/boss-internals.ts)', () => {
+describe('pg-boss internals (src/db/boss/internals.ts)', () => {
   it('package.json pins pg-boss (exact or ~) and the pinned release is the one installed', async () => {
     const root = JSON.parse(await readFile(new URL('../../package.json', import.meta.url), 'utf8')) as {
       dependencies: Record<string, string>;

@@ -5,10 +5,10 @@
  */
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';
 import { createBoss } from '../../src/queue/boss.ts';
-import { bossNotifyChannel } from '../../src/db/boss-internals.ts';
+import { bossNotifyChannel } from '../../src/db/boss/internals.ts';
 import { directSend } from '../../src/queue/direct-send.ts';
 import { actorEventJob } from '../../src/queue/event-job.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';

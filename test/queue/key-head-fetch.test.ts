@@ -1,14 +1,14 @@
 /**
- * corral's fetch of the actor queue (src/db/boss-fetch.ts) claims exactly what pg-boss's own
+ * corral's fetch of the actor queue (src/db/boss/fetch.ts) claims exactly what pg-boss's own
  * `key_strict_fifo` fetch claims, with the same update, and two concurrent fetches never give one
  * key two jobs.
  */
 import pg from 'pg';
 import type { PgBoss } from 'pg-boss';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey, type ActorKey } from '../../src/actor-key.ts';
+import { actorKey, type ActorKey } from '../../src/base/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';
-import { keyHeadFetch, queueTable } from '../../src/db/boss-fetch.ts';
+import { keyHeadFetch, queueTable } from '../../src/db/boss/fetch.ts';
 import { createBoss, ensureQueues, queuesOf } from '../../src/queue/boss.ts';
 import { actorEventJob } from '../../src/queue/event-job.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';

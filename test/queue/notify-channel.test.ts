@@ -6,7 +6,7 @@ import pg from 'pg';
 import { notifyChannelSql } from 'pg-boss/dist/plans.js';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { DEFAULTS } from '../../src/config.ts';
-import { bossNotifyChannel } from '../../src/db/boss-internals.ts';
+import { bossNotifyChannel } from '../../src/db/boss/internals.ts';
 
 let client: pg.Client;
 beforeAll(async () => {

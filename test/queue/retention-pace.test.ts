@@ -3,7 +3,7 @@
  * back short, and after each full batch pauses so that deleting takes `duty` of the pass's time.
  */
 import { describe, expect, it } from 'vitest';
-import type { Clock } from '../../src/clock.ts';
+import type { Clock } from '../../src/base/clock.ts';
 import { drain } from '../../src/queue/retention.ts';
 
 /** A clock whose time moves only when a step says so; `sleep` records the pause and returns at once. */

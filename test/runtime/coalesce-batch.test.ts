@@ -1,5 +1,5 @@
 /**
- * A batch (input policy `coalesce`, src/db/batches.ts) through the wire, with a raw worker peer
+ * A batch (input policy `coalesce`, src/db/turns/batches.ts) through the wire, with a raw worker peer
  * answering as the test says: turn_start carries every event in order; a failed attempt is retried
  * with the same batch (B3) though more events arrived meanwhile; a batch that fails every attempt
  * goes to the dead-letter queue whole (B4) and a replay brings its events back in order; late and
@@ -7,12 +7,12 @@
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import { sql } from '../../src/db/orm.ts';
-import { actorKey, type ActorKey } from '../../src/actor-key.ts';
-import { readTranscript } from '../../src/db/transcript.ts';
-import { setInputPolicy } from '../../src/db/input-policies.ts';
+import { actorKey, type ActorKey } from '../../src/base/actor-key.ts';
+import { readTranscript } from '../../src/db/turns/transcript.ts';
+import { setInputPolicy } from '../../src/db/enqueue/input-policies.ts';
 import { replayDeadLetters } from '../../src/ops/dead-letters.ts';
 import { cancelTurn } from '../../src/ops/turn-control.ts';
-import { eventStatus } from '../../src/db/event-status.ts';
+import { eventStatus } from '../../src/db/turns/event-status.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';

@@ -1,7 +1,7 @@
 /** Daemon lifecycle guards: prepare once; a second stop waits for the first; every step of a stop is bounded. */
 import pino from 'pino';
 import { describe, expect, it } from 'vitest';
-import { Daemon } from '../../src/daemon.ts';
+import { Daemon } from '../../src/daemon/daemon.ts';
 import { Capture } from '../helpers/capture.ts';
 import { startTestDaemon } from '../helpers/daemon.ts';
 

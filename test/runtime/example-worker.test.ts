@@ -3,8 +3,8 @@
  * it back through the worker RPC, and exercises durable effects and timers.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey, type ActorKey } from '../../src/actor-key.ts';
-import { readTranscript, type TranscriptEntry } from '../../src/db/transcript.ts';
+import { actorKey, type ActorKey } from '../../src/base/actor-key.ts';
+import { readTranscript, type TranscriptEntry } from '../../src/db/turns/transcript.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';

@@ -1,9 +1,9 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { sql } from '../../src/db/orm.ts';
 import pg from 'pg';
-import { actorKey } from '../../src/actor-key.ts';
-import { retryWindowSeconds } from '../../src/backoff.ts';
-import { readTranscript } from '../../src/db/transcript.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
+import { retryWindowSeconds } from '../../src/base/backoff.ts';
+import { readTranscript } from '../../src/db/turns/transcript.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { sql } from '../../src/db/orm.ts';
-import { actorKey } from '../../src/actor-key.ts';
-import { isUniqueViolation } from '../../src/errors.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
+import { isUniqueViolation } from '../../src/base/errors.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';

@@ -7,8 +7,8 @@
 import { randomUUID } from 'node:crypto';
 import { sql } from '../../src/db/orm.ts';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
-import type { Fence } from '../../src/db/fence.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
+import type { Fence } from '../../src/db/turns/fence.ts';
 import { fromWire } from '../../src/runtime/fence.ts';
 import type { CommitRequest } from '../../src/runtime/turn-commit.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';

@@ -3,8 +3,8 @@
  */
 import { describe, expect, it } from 'vitest';
 import { HeapTrim, memoryReducingGc } from '../../src/runtime/heap-trim.ts';
-import { silentLogger } from '../../src/logger.ts';
-import { ManualClock } from '../../src/clock.ts';
+import { silentLogger } from '../../src/base/logger.ts';
+import { ManualClock } from '../../src/base/clock.ts';
 
 function setup(idleMs = 10_000) {
   const clock = new ManualClock();

@@ -4,7 +4,7 @@
  * failed once it runs past the maximum turn duration.
  */
 import { afterAll, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import type { DaemonMessage } from '../../src/fabric/protocol.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';
 import { createWorker, type Worker } from '../../src/worker/sdk.ts';

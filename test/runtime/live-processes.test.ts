@@ -13,7 +13,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { connect, type Corral, type LiveEvent } from '../../src/client/index.ts';
-import { sseEvents } from '../../src/cli/commands/watch-remote.ts';
+import { sseEvents } from '../../src/live/sse.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc, exitOf } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';

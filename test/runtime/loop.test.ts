@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sql } from '../../src/db/orm.ts';
-import { actorKey, formatActorKey } from '../../src/actor-key.ts';
-import { readTranscript } from '../../src/db/transcript.ts';
+import { actorKey, formatActorKey } from '../../src/base/actor-key.ts';
+import { readTranscript } from '../../src/db/turns/transcript.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';
 import { checkInvariants } from '../chaos/invariants.ts';

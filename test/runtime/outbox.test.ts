@@ -5,10 +5,10 @@
  * only its own sink. A real daemon, real ZeroMQ, a real HTTP receiver in this process.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { sql } from '../../src/db/orm.ts';
-import { addSink, enableSink } from '../../src/ops/sinks.ts';
-import { derivedWebhookId } from '../../src/runtime/outbox.ts';
+import { addSink, enableSink } from '../../src/outbox/sinks.ts';
+import { derivedWebhookId } from '../../src/effects/deliver.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';

@@ -1,5 +1,5 @@
 /**
- * Crash test of runtime pruning (src/db/runtime-pruning.ts, P1–P3) on real processes:
+ * Crash test of runtime pruning (src/db/operations/runtime-pruning.ts, P1–P3) on real processes:
  * `corral daemon --workers 2` with `CORRAL_RUNTIME_RETENTION_S=1`, over a seeded history of
  * 105,000 finished turns (activations, deliveries and turns two days old), while 300 events are
  * sent to 30 actors through the client. The daemon and its workers are killed -9 twice while a

@@ -4,7 +4,7 @@
  * ones it accepted keep their delivery and wait for their lease. Real PostgreSQL, real sockets.
  */
 import { afterEach, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { createExampleHandler } from '../../src/worker/example.ts';
 import { createWorker, type Worker } from '../../src/worker/sdk.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';

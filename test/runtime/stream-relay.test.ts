@@ -5,10 +5,10 @@
  * a result are stored before its commit (R7).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import pg from 'pg';
 import { sql } from '../../src/db/orm.ts';
-import { parseChunkNotice, streamChannelOf } from '../../src/db/stream-chunks.ts';
+import { parseChunkNotice, streamChannelOf } from '../../src/db/live/chunks.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';

@@ -2,14 +2,14 @@
  * Transcript retention seen from a worker, on real PostgreSQL and a real ROUTER/DEALER pair: after
  * the start of a conversation is pruned, the next turn's context is the rest of it, without the
  * forgotten messages, although the daemon still holds them in its context cache (R4 of
- * src/db/transcript-retention.ts, C1 of src/runtime/context-cache.ts), and the worker's RPC reads
+ * src/db/operations/transcript-retention.ts, C1 of src/runtime/context-cache.ts), and the worker's RPC reads
  * and counts what is kept; a conversation pruned whole starts the next turn with an empty
  * context, numbered on; an agent without a policy is untouched.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { sql } from '../../src/db/orm.ts';
-import { clearTranscriptRetention, pruneTranscripts, setTranscriptRetention } from '../../src/db/transcript-retention.ts';
+import { clearTranscriptRetention, pruneTranscripts, setTranscriptRetention } from '../../src/db/operations/transcript-retention.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 

@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { PgBoss } from 'pg-boss';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { createBoss } from '../../src/queue/boss.ts';

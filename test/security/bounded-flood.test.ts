@@ -14,7 +14,7 @@
  *  - afterwards the daemon still runs and commits a new turn.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import type { DaemonMessage } from '../../src/fabric/protocol.ts';
 import { createExampleHandler } from '../../src/worker/example.ts';
 import { createWorker, type Worker } from '../../src/worker/sdk.ts';

@@ -15,7 +15,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import {
   DEEP_BODIES,

@@ -14,7 +14,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Dealer, curveKeyPair } from 'zeromq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { addWorkerKey, keyPaths, revokeWorkerKey, workerCredentials, type WorkerKeyFile } from '../../src/fabric/keys.ts';
 import type { DaemonMessage } from '../../src/fabric/protocol.ts';
 import { createExampleHandler } from '../../src/worker/example.ts';

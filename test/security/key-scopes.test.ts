@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { addWorkerKey, keyPaths, workerCredentials } from '../../src/fabric/keys.ts';
 import { createExampleHandler } from '../../src/worker/example.ts';
 import { createWorker, type Worker } from '../../src/worker/sdk.ts';

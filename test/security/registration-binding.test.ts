@@ -6,7 +6,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
-import { systemClock, type Clock } from '../../src/clock.ts';
+import { systemClock, type Clock } from '../../src/base/clock.ts';
 import { workerProof } from '../../src/fabric/proof.ts';
 import type { Msg, RawPeer } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';

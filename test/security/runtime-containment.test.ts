@@ -5,7 +5,7 @@
  * again at once; a worker's RPC beyond its budget is answered `busy` and counted.
  */
 import { afterEach, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import { sql } from '../../src/db/orm.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';

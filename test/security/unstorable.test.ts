@@ -5,7 +5,7 @@
  * own refusal of a raw peer's result is in bounded-results.test.ts.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
 import type { DaemonMessage } from '../../src/fabric/protocol.ts';
 import { createWorker, type Worker } from '../../src/worker/sdk.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';

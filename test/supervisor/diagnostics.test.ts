@@ -1,6 +1,6 @@
 /** truncateUtf8 and describeError. */
 import { describe, expect, it } from 'vitest';
-import { CorralError } from '../../src/errors.ts';
+import { CorralError } from '../../src/base/errors.ts';
 import { MAX_DIAGNOSTIC_BYTES, describeError, truncateUtf8 } from '../../src/supervisor/index.ts';
 
 const bytes = (s: string): number => Buffer.byteLength(s, 'utf8');

@@ -1,7 +1,7 @@
 /** The event stream: ordering, readiness, lag, diagnostics, timeouts, end of stream. */
 import { describe, expect, it } from 'vitest';
-import { ManualClock } from '../../src/clock.ts';
-import { CorralError } from '../../src/errors.ts';
+import { ManualClock } from '../../src/base/clock.ts';
+import { CorralError } from '../../src/base/errors.ts';
 import { END_OF_EVENTS, Supervisor, SupervisorEventError, type ChildRun, type SupervisorEvent } from '../../src/supervisor/index.ts';
 import { brief, drain, settle, untilAbort } from './helpers.ts';
 

@@ -1,5 +1,5 @@
 /** Shared helpers for the supervisor tests. */
-import { ManualClock } from '../../src/clock.ts';
+import { ManualClock } from '../../src/base/clock.ts';
 import type { SupervisorEvent, SupervisorHandle } from '../../src/supervisor/index.ts';
 
 /** Resolves when `signal` aborts: a child that runs until it is told to stop. */

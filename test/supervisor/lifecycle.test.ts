@@ -1,7 +1,7 @@
 /** Registration, run/end, explicit stops, cancellation, shutdown results. */
 import { describe, expect, it } from 'vitest';
-import { ManualClock } from '../../src/clock.ts';
-import { CorralError } from '../../src/errors.ts';
+import { ManualClock } from '../../src/base/clock.ts';
+import { CorralError } from '../../src/base/errors.ts';
 import { Supervisor } from '../../src/supervisor/index.ts';
 import { brief, drain, settle, untilAbort } from './helpers.ts';
 

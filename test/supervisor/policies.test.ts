@@ -1,6 +1,6 @@
 /** Restart policies (one-for-one) after a normal return, an error result and a throw. */
 import { describe, expect, it } from 'vitest';
-import { ManualClock } from '../../src/clock.ts';
+import { ManualClock } from '../../src/base/clock.ts';
 import { Supervisor, childError, type ChildExit, type RestartPolicy } from '../../src/supervisor/index.ts';
 import { brief, drain, settle, untilAbort } from './helpers.ts';
 

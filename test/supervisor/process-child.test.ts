@@ -4,7 +4,7 @@
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import type { ChildProcess } from 'node:child_process';
-import { ManualClock } from '../../src/clock.ts';
+import { ManualClock } from '../../src/base/clock.ts';
 import { ProcessExitError, Supervisor, processChild, type SupervisorEvent } from '../../src/supervisor/index.ts';
 import { waitFor as sharedWaitFor } from '../helpers/wait.ts';
 

@@ -1,7 +1,7 @@
 /** Restart delay and restart intensity (sliding window across the whole supervisor). */
 import { describe, expect, it } from 'vitest';
-import { ManualClock } from '../../src/clock.ts';
-import { CorralError } from '../../src/errors.ts';
+import { ManualClock } from '../../src/base/clock.ts';
+import { CorralError } from '../../src/base/errors.ts';
 import { RestartWindow, Supervisor } from '../../src/supervisor/index.ts';
 import { drain, settle, untilAbort } from './helpers.ts';
 

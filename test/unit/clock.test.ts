@@ -1,6 +1,6 @@
-/** The system clock honours delays longer than Node's timers can hold (src/clock.ts). */
+/** The system clock honours delays longer than Node's timers can hold (src/base/clock.ts). */
 import { describe, expect, it } from 'vitest';
-import { longTimeout, MAX_TIMER_MS, systemClock } from '../../src/clock.ts';
+import { longTimeout, MAX_TIMER_MS, systemClock } from '../../src/base/clock.ts';
 
 describe('systemClock with long delays', () => {
   it('does not fire a delay beyond 2^31 − 1 ms early', async () => {

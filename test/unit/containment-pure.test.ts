@@ -7,8 +7,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { curveKeyPair } from 'zeromq';
-import { ManualClock } from '../../src/clock.ts';
-import { silentLogger } from '../../src/logger.ts';
+import { ManualClock } from '../../src/base/clock.ts';
+import { silentLogger } from '../../src/base/logger.ts';
 import { ConnectionBook, NO_KEY } from '../../src/fabric/admission.ts';
 import { KeyAuthenticator } from '../../src/fabric/auth.ts';
 import {
@@ -22,7 +22,7 @@ import {
   z85Decode,
   z85Encode,
 } from '../../src/fabric/keys.ts';
-import { TokenBuckets, WindowCounter } from '../../src/rate-limits.ts';
+import { TokenBuckets, WindowCounter } from '../../src/base/rate-limits.ts';
 import { curveSharedSecret, newNonce, proofMatches, registrationProof, workerProof } from '../../src/fabric/proof.ts';
 import { FabricSecurity } from '../../src/fabric/security.ts';
 import type { ZapDecision } from '../../src/fabric/zap.ts';

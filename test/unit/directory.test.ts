@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { actorKey } from '../../src/actor-key.ts';
-import { ManualClock } from '../../src/clock.ts';
+import { actorKey } from '../../src/base/actor-key.ts';
+import { ManualClock } from '../../src/base/clock.ts';
 import { ActorDirectory, type InFlightTurn } from '../../src/runtime/directory.ts';
 
 describe('ActorDirectory', () => {

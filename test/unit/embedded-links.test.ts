@@ -1,12 +1,12 @@
 /**
- * The library links of the embedded PostgreSQL's platform package (src/db/embedded.ts,
+ * The library links of the embedded PostgreSQL's platform package (src/db/postgres/embedded.ts,
  * `hydrateLinks`): made when its postinstall did not run, as that script would make them.
  */
 import { lstat, mkdir, mkdtemp, readlink, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { hydrateLinks } from '../../src/db/embedded.ts';
+import { hydrateLinks } from '../../src/db/postgres/embedded.ts';
 
 let dir: string;
 beforeEach(async () => {

@@ -1,11 +1,11 @@
-/** The lock that serialises starts of the embedded PostgreSQL (src/db/file-lock.ts). */
+/** The lock that serialises starts of the embedded PostgreSQL (src/db/postgres/file-lock.ts). */
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdtemp, rm, utimes, writeFile } from 'node:fs/promises';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { isStale, withFileLock } from '../../src/db/file-lock.ts';
+import { isStale, withFileLock } from '../../src/db/postgres/file-lock.ts';
 
 let dir: string;
 beforeAll(async () => {

@@ -13,64 +13,88 @@ const ROOT = join(import.meta.dirname, '../..');
 
 /**
  * Each layer and the layers it may import from (besides itself), lowest first. `base` holds the
- * leaf modules every layer may use. The composition root (`daemon`) wires the runtime to the
- * fabric, the queue and the supervisor; `host` runs it inside an application's process (with its
- * database, metrics server, HTTP API and local workers) and builds the test environment; the CLI drives the
+ * leaf modules every layer may use. A feature has one home: `live` (the live stream's contract and
+ * its reader), `effects` (what a result carries besides its messages: the limits every side checks,
+ * the checks and writes of emits and deliveries), `outbox` (sinks, signing, the delivery loop, the
+ * operators' use-cases). The composition root (`daemon`) wires the runtime to the fabric, the queue,
+ * the outbox and the supervisor; `host` runs it inside an application's process (with its database,
+ * metrics server, HTTP API and local workers) and builds the test environment; the CLI drives the
  * host and the operator use-cases, and never reaches into the runtime itself.
  */
-const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
-  {
-    name: 'base',
-    paths: [
-      'src/errors.ts',
-      'src/clock.ts',
-      'src/actor-key.ts',
-      'src/backoff.ts',
-      'src/json-safety.ts',
-      'src/webhook-signature.ts',
-      'src/uuid.ts',
-      'src/serial-queue.ts',
-      'src/net.ts',
-      'src/logger.ts',
-      'src/defaults.ts',
-      'src/agent-scope.ts',
-      'src/rate-limits.ts',
-    ],
-    uses: [],
-  },
+export const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
+  { name: 'base', paths: ['src/base/'], uses: [] },
   { name: 'config', paths: ['src/config.ts'], uses: ['base'] },
   { name: 'supervisor', paths: ['src/supervisor/'], uses: ['base'] },
-  { name: 'fabric', paths: ['src/fabric/'], uses: ['base', 'config'] },
-  { name: 'worker', paths: ['src/worker/'], uses: ['base', 'config', 'fabric'] },
+  // the limits of a result's effects: the wire, the worker SDK and the daemon check the same
+  { name: 'effect-limits', paths: ['src/effects/limits.ts'], uses: ['base'] },
+  { name: 'fabric', paths: ['src/fabric/'], uses: ['base', 'config', 'effect-limits'] },
+  { name: 'worker', paths: ['src/worker/'], uses: ['base', 'config', 'fabric', 'effect-limits'] },
   { name: 'db', paths: ['src/db/'], uses: ['base', 'config'] },
   { name: 'queue', paths: ['src/queue/'], uses: ['base', 'config', 'db', 'fabric'] },
-  { name: 'ops', paths: ['src/ops/'], uses: ['base', 'config', 'db', 'queue'] },
-  { name: 'runtime', paths: ['src/runtime/'], uses: ['base', 'config', 'db', 'queue', 'fabric'] },
-  { name: 'client', paths: ['src/client/'], uses: ['base', 'config', 'db', 'queue', 'ops'] },
+  { name: 'effects', paths: ['src/effects/'], uses: ['base', 'config', 'db', 'queue', 'fabric', 'effect-limits'] },
+  { name: 'live', paths: ['src/live/'], uses: ['base', 'config', 'db'] },
+  { name: 'outbox', paths: ['src/outbox/'], uses: ['base', 'config', 'db'] },
+  { name: 'ops', paths: ['src/ops/'], uses: ['base', 'config', 'db', 'queue', 'outbox'] },
+  { name: 'runtime', paths: ['src/runtime/'], uses: ['base', 'config', 'db', 'queue', 'fabric', 'effects', 'effect-limits', 'outbox'] },
+  { name: 'client', paths: ['src/client/'], uses: ['base', 'config', 'db', 'queue', 'ops', 'live', 'outbox'] },
   // the HTTP API: the client's use-cases behind bearer tokens, for applications in any language
-  { name: 'http', paths: ['src/http/'], uses: ['base', 'config', 'db', 'queue', 'ops', 'client'] },
-  { name: 'daemon', paths: ['src/daemon.ts'], uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'ops', 'runtime'] },
+  { name: 'http', paths: ['src/http/'], uses: ['base', 'config', 'db', 'queue', 'ops', 'live', 'client'] },
+  {
+    name: 'daemon',
+    paths: ['src/daemon/'],
+    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'ops', 'runtime', 'outbox', 'effects'],
+  },
   {
     name: 'observability',
     paths: ['src/observability/'],
-    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'runtime', 'daemon'],
+    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'runtime', 'outbox', 'daemon'],
   },
   {
     name: 'host',
     paths: ['src/host/'],
-    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'client', 'http', 'daemon', 'observability'],
+    uses: [
+      'base',
+      'config',
+      'db',
+      'queue',
+      'fabric',
+      'supervisor',
+      'worker',
+      'ops',
+      'live',
+      'outbox',
+      'client',
+      'http',
+      'daemon',
+      'observability',
+    ],
   },
   {
     name: 'cli',
     paths: ['src/cli/'],
-    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'daemon', 'observability', 'host'],
+    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'live', 'outbox', 'daemon', 'observability', 'host'],
   },
   {
     // the package's entry points (`corral`, `corral/testing`; `corral/worker` is the worker layer's
     // src/worker/index.ts): what an application imports, re-exported from the layers below
     name: 'package',
     paths: ['src/index.ts', 'src/testing.ts'],
-    uses: ['base', 'config', 'db', 'queue', 'fabric', 'supervisor', 'worker', 'ops', 'client', 'runtime', 'daemon', 'host'],
+    uses: [
+      'base',
+      'config',
+      'db',
+      'queue',
+      'fabric',
+      'supervisor',
+      'worker',
+      'ops',
+      'live',
+      'outbox',
+      'client',
+      'runtime',
+      'daemon',
+      'host',
+    ],
   },
 ];
 
@@ -84,8 +108,13 @@ function filesUnder(dir: string): string[] {
   return out;
 }
 
+const specificity = (l: { paths: string[] }) => Math.max(...l.paths.map((p) => (p.endsWith('/') ? p.length : 10_000)));
+
 function layerOf(file: string): string | undefined {
-  return LAYERS.find((l) => l.paths.some((p) => (p.endsWith('/') ? file.startsWith(p) : file === p)))?.name;
+  // the most specific path first: a file named on its own beats its folder
+  return [...LAYERS]
+    .sort((a, b) => specificity(b) - specificity(a))
+    .find((l) => l.paths.some((p) => (p.endsWith('/') ? file.startsWith(p) : file === p)))?.name;
 }
 
 const IMPORT = /(?:^|[\s;])(?:import|export)\s[^'"`;]*?from\s*['"]([^'"]+)['"]|\bimport\s*\(\s*['"]([^'"]+)['"]\s*\)/g;

@@ -4,8 +4,8 @@
  * webhook-id (X2).
  */
 import { describe, expect, it } from 'vitest';
-import { checkDeliveries, derivedWebhookId, outboxRowsOf } from '../../src/runtime/outbox.ts';
-import { decideOutbox, outboxRetryDelayMs, parseRetryAfter, type AttemptResult } from '../../src/runtime/outbox-sender.ts';
+import { checkDeliveries, derivedWebhookId, outboxRowsOf } from '../../src/effects/deliver.ts';
+import { decideOutbox, outboxRetryDelayMs, parseRetryAfter, type AttemptResult } from '../../src/outbox/sender.ts';
 
 const policy = { limit: 3, delayS: 5, maxS: 120 };
 const ctx = { sink: 's', nowMs: Date.parse('2026-12-02T00:00:00Z'), random: () => 0.5 };

@@ -1,15 +1,15 @@
 import { describe, expect, it } from 'vitest';
-import { actorKey, formatActorKey, parseActorKey } from '../../src/actor-key.ts';
-import { backoffDelayMs, retryWindowSeconds } from '../../src/backoff.ts';
+import { actorKey, formatActorKey, parseActorKey } from '../../src/base/actor-key.ts';
+import { backoffDelayMs, retryWindowSeconds } from '../../src/base/backoff.ts';
 import { contextLimits, DEFAULTS, loadConfig } from '../../src/config.ts';
 import { DEFAULT_PROGRESS_INTERVAL_MS } from '../../src/fabric/protocol.ts';
-import { checkFence, type Fence, type FenceRows } from '../../src/db/fence.ts';
-import { CorralError } from '../../src/errors.ts';
+import { checkFence, type Fence, type FenceRows } from '../../src/db/turns/fence.ts';
+import { CorralError } from '../../src/base/errors.ts';
 import { handBackBackoffMs, WorkerPool } from '../../src/runtime/worker-pool.ts';
 import { localWorkerId } from '../../src/host/daemon.ts';
 import { StopRequests } from '../../src/cli/stop-requests.ts';
-import { agentInScope, agentPatternProblem } from '../../src/agent-scope.ts';
-import { daemonHeartbeatMs } from '../../src/db/daemons.ts';
+import { agentInScope, agentPatternProblem } from '../../src/base/agent-scope.ts';
+import { daemonHeartbeatMs } from '../../src/db/operations/daemons.ts';
 import { daemonState, effectiveWorkerStatus } from '../../src/ops/status.ts';
 import { piecesOf } from '../../src/worker/example.ts';
 
@@ -237,7 +237,7 @@ describe('WorkerPool', () => {
 
 describe('isConnectionError', () => {
   it('recognises connection loss, also when wrapped as the cause of a query error', async () => {
-    const { isConnectionError } = await import('../../src/errors.ts');
+    const { isConnectionError } = await import('../../src/base/errors.ts');
     const terminated = Object.assign(new Error('terminating connection due to administrator command'), { code: '57P01' });
     expect(isConnectionError(terminated)).toBe(true);
     expect(isConnectionError(Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:5432'), { code: 'ECONNREFUSED' }))).toBe(true);
@@ -255,7 +255,7 @@ describe('isConnectionError', () => {
 
 describe('database error classification', () => {
   it('looks through wrappers, in one place', async () => {
-    const { CorralError, isDatabaseUnavailable, isRetryableTransactionError, sqlState } = await import('../../src/errors.ts');
+    const { CorralError, isDatabaseUnavailable, isRetryableTransactionError, sqlState } = await import('../../src/base/errors.ts');
     const wrapped = (code: string) => new Error('Failed query: select 1', { cause: Object.assign(new Error('x'), { code }) });
     expect(sqlState(wrapped('40P01'))).toBe('40P01');
     expect(sqlState(new Error('plain'))).toBeUndefined();

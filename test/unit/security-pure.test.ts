@@ -2,8 +2,8 @@
 import { describe, expect, it } from 'vitest';
 import { isLocalEndpoint, loadConfig } from '../../src/config.ts';
 import { newToken, tokenHash, tokenMatches, z85Encode } from '../../src/fabric/keys.ts';
-import { loggableError } from '../../src/errors.ts';
-import { MAX_JSON_DEPTH, TOO_DEEP, pruneDeepJson, storableText, unstorableReason } from '../../src/json-safety.ts';
+import { loggableError } from '../../src/base/errors.ts';
+import { MAX_JSON_DEPTH, TOO_DEEP, pruneDeepJson, storableText, unstorableReason } from '../../src/base/json-safety.ts';
 
 describe('z85Encode', () => {
   it('matches the ZeroMQ RFC 32 test vector', () => {

@@ -9,8 +9,8 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { systemClock } from '../../src/clock.ts';
-import { CorralError } from '../../src/errors.ts';
+import { systemClock } from '../../src/base/clock.ts';
+import { CorralError } from '../../src/base/errors.ts';
 import { Broker, type BrokerEvent } from '../../src/fabric/broker.ts';
 import {
   addWorkerKey,
@@ -21,8 +21,8 @@ import {
   type WorkerKeyFile,
 } from '../../src/fabric/keys.ts';
 import { FabricSecurity } from '../../src/fabric/security.ts';
-import { silentLogger } from '../../src/logger.ts';
-import { freePort } from '../../src/net.ts';
+import { silentLogger } from '../../src/base/logger.ts';
+import { freePort } from '../../src/db/postgres/net.ts';
 import { createWorker, type CreateWorkerOptions, type TurnHandler, type Worker } from '../../src/worker/create.ts';
 import { SERVER_KEY_FAILURES } from '../../src/worker/refusals.ts';
 import { CORRAL, run } from '../cli/helpers.ts';
@@ -54,7 +54,7 @@ interface TestDaemonFabric {
   issue(workerId: string): { file: string; key: WorkerKeyFile };
 }
 
-/** A broker with the daemon's fabric security over a fresh CORRAL_HOME (as src/daemon.ts wires it); `insecure`: none. */
+/** A broker with the daemon's fabric security over a fresh CORRAL_HOME (as src/daemon/daemon.ts wires it); `insecure`: none. */
 async function startFabric(opts: { insecure?: boolean; endpoint?: string } = {}): Promise<TestDaemonFabric> {
   const home = tempDir();
   const security = opts.insecure ? undefined : new FabricSecurity({ homeDir: home, pollMs: 50, clock: systemClock, logger: silentLogger });

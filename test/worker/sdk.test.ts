@@ -3,7 +3,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { StaticTokenAuthenticator } from '../../src/fabric/auth.ts';
 import { Broker, type BrokerEvent, type BrokerOptions } from '../../src/fabric/broker.ts';
 import type { DaemonMessage, TurnRef } from '../../src/fabric/protocol.ts';
-import { silentLogger } from '../../src/logger.ts';
+import { silentLogger } from '../../src/base/logger.ts';
 import { createExampleHandler, runExampleWorker } from '../../src/worker/example.ts';
 import { createWorker, type TurnHandler, type Worker, type WorkerOptions } from '../../src/worker/sdk.ts';
 import { makeTurnRef, makeTurnStart, waitFor } from '../fabric/helpers.ts';

@@ -4,7 +4,7 @@
  * with a metrics port), run until a signal. This command only adds the signals and the exit code.
  */
 import type { Config } from '../../config.ts';
-import { CorralError } from '../../errors.ts';
+import { CorralError } from '../../base/errors.ts';
 import { createDaemon, type CorralDaemon } from '../../host/daemon.ts';
 import { commandLogger } from '../database.ts';
 import { parentWatchReason, watchParent } from '../parent-watch.ts';

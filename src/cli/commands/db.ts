@@ -1,6 +1,6 @@
 /** `corral db migrate | stop`: apply migrations; stop the embedded PostgreSQL. */
 import type { Config } from '../../config.ts';
-import { stopEmbeddedPostgres } from '../../db/embedded.ts';
+import { stopEmbeddedPostgres } from '../../db/postgres/embedded.ts';
 import { createBoss, setUpDatabase } from '../../queue/boss.ts';
 import { commandLogger, resolveDatabase } from '../context.ts';
 

@@ -5,11 +5,11 @@
  * Exit codes: 0 done, 1 error, 2 bad arguments (also: a bulk action without --yes), 3 nothing
  * matched (unknown id, filters matched nothing).
  */
-import { parseActorKey } from '../../actor-key.ts';
+import { parseActorKey } from '../../base/actor-key.ts';
 import type { Config } from '../../config.ts';
-import { CorralError } from '../../errors.ts';
+import { CorralError } from '../../base/errors.ts';
 import { describeActivation } from '../../ops/actor-state.ts';
-import { parseDurationMs } from '../../ops/duration.ts';
+import { parseDurationMs } from '../../base/duration.ts';
 import {
   assertJobId,
   discardDeadLetters,

@@ -10,7 +10,7 @@ import { resolve } from 'node:path';
 import type { Command } from 'commander';
 import type { Config } from '../../config.ts';
 import { intArg } from '../args.ts';
-import { CorralError } from '../../errors.ts';
+import { CorralError } from '../../base/errors.ts';
 
 type ConfigFn = () => Config;
 type RunFn = (p: Promise<number>) => void;

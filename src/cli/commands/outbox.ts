@@ -1,6 +1,6 @@
 /**
  * `corral outbox list | show | replay | discard`: the messages committed turns deliver to webhook
- * sinks (src/ops/outbox.ts). A replay sends dead or discarded messages again with their
+ * sinks (src/outbox/operations.ts). A replay sends dead or discarded messages again with their
  * `webhook-id` (receivers de-duplicate by it); a discard gives up on pending or dead ones (a
  * discarded message keeps its row and can be replayed).
  *
@@ -10,8 +10,8 @@
  */
 import type { Command } from 'commander';
 import type { Config } from '../../config.ts';
-import { CorralError } from '../../errors.ts';
-import type { OutboxActionResult, OutboxMessage, OutboxQuery } from '../../ops/outbox.ts';
+import { CorralError } from '../../base/errors.ts';
+import type { OutboxActionResult, OutboxMessage, OutboxQuery } from '../../outbox/operations.ts';
 import { intArg } from '../args.ts';
 import { EXIT } from '../exit.ts';
 import { withDatabase, type ConfigFn, type Io, type RunFn } from './table-commands.ts';
@@ -34,7 +34,7 @@ export interface OutboxActFlags extends OutboxFilterFlags {
   json?: boolean;
 }
 
-const ops = () => import('../../ops/outbox.ts');
+const ops = () => import('../../outbox/operations.ts');
 
 /** The query of the filter flags, checked before the database is opened (bad input → exit 2). */
 async function queryOf(f: OutboxFilterFlags): Promise<OutboxQuery> {

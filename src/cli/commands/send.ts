@@ -3,21 +3,21 @@
  * its id.
  *
  * The light path: one connection, no Drizzle, no pool, one query to check corral's schema, then
- * `corral.send_event`, the enqueue every other sender runs (src/db/send-event.ts: its checks,
+ * `corral.send_event`, the enqueue every other sender runs (src/db/enqueue/send-event.ts: its checks,
  * event ids and input policies). A database where the daemon has not installed that function
  * yet gets pg-boss's insert statement without starting pg-boss (see queue/direct-send.ts), and
  * one whose queue is not set up either the full pg-boss path, which creates it.
  */
 import pg from 'pg';
-import { parseActorKey } from '../../actor-key.ts';
+import { parseActorKey } from '../../base/actor-key.ts';
 import type { Config } from '../../config.ts';
-import { requireCorralSchema } from '../../db/health.ts';
-import { waitForSetup } from '../../db/setup-lock.ts';
-import { CorralError, toError } from '../../errors.ts';
+import { requireCorralSchema } from '../../db/postgres/health.ts';
+import { waitForSetup } from '../../db/postgres/setup-lock.ts';
+import { CorralError, toError } from '../../base/errors.ts';
 import { sendOneEvent } from '../../db/send-one.ts';
 import { directSend } from '../../queue/direct-send.ts';
 import { actorEventJob, type ActorEventJob } from '../../queue/event-job.ts';
-import type { Logger } from '../../logger.ts';
+import type { Logger } from '../../base/logger.ts';
 import { commandLogger, connectDatabase } from '../database.ts';
 import { readJsonInput, type JsonSource } from '../event-input.ts';
 

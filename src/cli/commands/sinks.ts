@@ -1,6 +1,6 @@
 /**
  * `corral sinks add | list | show | remove | enable`: the webhook sinks the outbox delivers to
- * (src/ops/sinks.ts). `add` prints the sink's signing secret once on standard output (the
+ * (src/outbox/sinks.ts). `add` prints the sink's signing secret once on standard output (the
  * receiver checks signatures with it); `show --secret` prints it again.
  *
  * Exit codes: 0 done, 1 error (a name taken), 2 bad arguments, 3 nothing matched (an unknown
@@ -9,7 +9,7 @@
 import { readFile } from 'node:fs/promises';
 import type { Command } from 'commander';
 import type { Config } from '../../config.ts';
-import { CorralError } from '../../errors.ts';
+import { CorralError } from '../../base/errors.ts';
 import { intArg } from '../args.ts';
 import { withDatabase, type ConfigFn, type Io, type RunFn } from './table-commands.ts';
 
@@ -34,7 +34,7 @@ export async function runSinksAdd(
 ): Promise<number> {
   if (!flags.url) throw new CorralError('invalid_argument', 'corral sinks add needs --url');
   const secret = flags.secretFile === undefined ? undefined : await readSecretFile(flags.secretFile);
-  const ops = await import('../../ops/sinks.ts');
+  const ops = await import('../../outbox/sinks.ts');
   const made = await withDatabase(config, (db) =>
     ops.addSink(db, { name, url: flags.url!, secret, timeout: flags.timeout, concurrency: flags.concurrency }),
   );
@@ -52,7 +52,7 @@ async function readSecretFile(path: string): Promise<string> {
 }
 
 export async function runSinksList(config: Config, flags: { json?: boolean }, io: Io): Promise<number> {
-  const ops = await import('../../ops/sinks.ts');
+  const ops = await import('../../outbox/sinks.ts');
   const list = await withDatabase(config, (db) => ops.listSinkViews(db));
   if (flags.json) {
     io.out.write(`${JSON.stringify({ sinks: list }, null, 2)}\n`);
@@ -82,7 +82,7 @@ export async function runSinksList(config: Config, flags: { json?: boolean }, io
 }
 
 export async function runSinksShow(config: Config, name: string, flags: { secret?: boolean; json?: boolean }, io: Io): Promise<number> {
-  const ops = await import('../../ops/sinks.ts');
+  const ops = await import('../../outbox/sinks.ts');
   const s = await withDatabase(config, (db) => ops.showSink(db, name, { secret: flags.secret ?? false }));
   if (flags.secret && !flags.json) {
     io.out.write(`${s.secret}\n`);
@@ -93,7 +93,7 @@ export async function runSinksShow(config: Config, name: string, flags: { secret
 }
 
 export async function runSinksRemove(config: Config, name: string, flags: { force?: boolean }, io: Io): Promise<number> {
-  const ops = await import('../../ops/sinks.ts');
+  const ops = await import('../../outbox/sinks.ts');
   const r = await withDatabase(config, (db) => ops.removeSink(db, name, { force: flags.force ?? false }));
   const dropped = r.pendingDropped > 0 ? ` (${r.pendingDropped} pending message${r.pendingDropped === 1 ? '' : 's'} dropped unsent)` : '';
   io.out.write(`sink ${name} removed${dropped}\n`);
@@ -101,7 +101,7 @@ export async function runSinksRemove(config: Config, name: string, flags: { forc
 }
 
 export async function runSinksEnable(config: Config, name: string, io: Io): Promise<number> {
-  const ops = await import('../../ops/sinks.ts');
+  const ops = await import('../../outbox/sinks.ts');
   const s = await withDatabase(config, (db) => ops.enableSink(db, name));
   io.out.write(`sink ${s.name} enabled\n`);
   return 0;

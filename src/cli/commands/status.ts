@@ -3,12 +3,12 @@
  * [--json]`: one actor's activation, pending events, recent turns and dead letters. Read-only.
  * Also home of the small text-table renderer the operator commands share.
  */
-import { parseActorKey } from '../../actor-key.ts';
+import { parseActorKey } from '../../base/actor-key.ts';
 import type { Config } from '../../config.ts';
-import { CorralError } from '../../errors.ts';
+import { CorralError } from '../../base/errors.ts';
 import { errorLine } from '../../ops/dead-letters.ts';
 import { optionsText } from '../../ops/input-policies.ts';
-import { describeDelivery, type TurnDelivery } from '../../ops/outbox.ts';
+import { describeDelivery, type TurnDelivery } from '../../outbox/operations.ts';
 import { describeActivation } from '../../ops/actor-state.ts';
 import { actorStatus, systemStatus, type SystemStatus } from '../../ops/status.ts';
 import { queuesOf } from '../../queue/names.ts';

@@ -1,7 +1,7 @@
 /** `corral steer <actor> '<json>' | --file F | -` and `corral cancel <actor>`: act on an actor's live turn. */
-import { formatActorKey, parseActorKey } from '../../actor-key.ts';
+import { formatActorKey, parseActorKey } from '../../base/actor-key.ts';
 import type { Config } from '../../config.ts';
-import { MAX_STEERING_BYTES } from '../../db/control.ts';
+import { MAX_STEERING_BYTES } from '../../db/turns/control.ts';
 import { cancelTurn, steerTurn } from '../../ops/turn-control.ts';
 import { openCommandContext, type CommandContext } from '../context.ts';
 import { readJsonInput, type JsonSource } from '../event-input.ts';

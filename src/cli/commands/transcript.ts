@@ -3,9 +3,9 @@
  * and cancelled ones (marked, with the event's user message); under each turn what it emitted and
  * what it delivered to sinks, with how each delivery stands now.
  */
-import { formatActorKey, parseActorKey } from '../../actor-key.ts';
+import { formatActorKey, parseActorKey } from '../../base/actor-key.ts';
 import type { Config } from '../../config.ts';
-import { describeDelivery, transcriptWithDeliveries } from '../../ops/outbox.ts';
+import { describeDelivery, transcriptWithDeliveries } from '../../outbox/operations.ts';
 import { openCommandContext } from '../context.ts';
 
 function contentText(content: unknown): string {

@@ -5,14 +5,11 @@
  * nothing is missed or shown twice; an answer that is not a stream (401, 403, 429 …) ends it with
  * the API's error.
  */
-import { formatActorKey, type ActorKey } from '../../actor-key.ts';
-import { backoffDelayMs } from '../../backoff.ts';
-import { CorralError } from '../../errors.ts';
-import { LIVE_EVENT_TYPES, type LiveEvent } from '../../ops/live-api.ts';
-
-const TYPES: ReadonlySet<string> = new Set(LIVE_EVENT_TYPES);
-/** Most bytes of one SSE event held while it arrives: a chunk is at most 64 KiB by default. */
-const MAX_EVENT_TEXT = 8 * 1024 * 1024;
+import { formatActorKey, type ActorKey } from '../../base/actor-key.ts';
+import { backoffDelayMs } from '../../base/backoff.ts';
+import { CorralError } from '../../base/errors.ts';
+import type { LiveEvent } from '../../live/events.ts';
+import { sseEvents } from '../../live/sse.ts';
 
 export interface RemoteWatchOptions {
   url: string;
@@ -89,37 +86,4 @@ async function apiError(res: Response, actor: string): Promise<CorralError> {
     code,
     `watching ${actor}: ${message} (HTTP ${res.status}${body.error?.code ? `, ${String(body.error.code)}` : ''})`,
   );
-}
-
-/** The events of an SSE body (`id:`, `event:`, `data:` lines; comments skipped), as live events. */
-export async function* sseEvents(body: ReadableStream<Uint8Array>): AsyncGenerator<LiveEvent> {
-  const decoder = new TextDecoder();
-  let buffer = '';
-  for await (const bytes of body) {
-    buffer += decoder.decode(bytes, { stream: true });
-    if (buffer.length > MAX_EVENT_TEXT) throw new CorralError('internal', 'the server sent an SSE event over 8 MiB');
-    for (let cut = buffer.indexOf('\n\n'); cut >= 0; cut = buffer.indexOf('\n\n')) {
-      const block = buffer.slice(0, cut);
-      buffer = buffer.slice(cut + 2);
-      const e = parseBlock(block);
-      if (e) yield e;
-    }
-  }
-}
-
-function parseBlock(block: string): LiveEvent | undefined {
-  let id: string | undefined;
-  let type: string | undefined;
-  const data: string[] = [];
-  for (const line of block.split('\n')) {
-    if (line.startsWith(':')) continue;
-    const colon = line.indexOf(':');
-    const field = colon < 0 ? line : line.slice(0, colon);
-    const value = colon < 0 ? '' : line.slice(colon + 1).replace(/^ /, '');
-    if (field === 'id') id = value;
-    else if (field === 'event') type = value;
-    else if (field === 'data') data.push(value);
-  }
-  if (id === undefined || type === undefined || !TYPES.has(type) || data.length === 0) return undefined;
-  return { id, type, data: JSON.parse(data.join('\n')) } as LiveEvent;
 }

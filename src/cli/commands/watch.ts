@@ -1,18 +1,19 @@
 /**
  * `corral watch <agent_uid>/<session_id> [--json] [--once] [--last-event-id ID]`: an actor's live
- * turns as they run (src/ops/live-stream.ts), from the database the other commands use: each
+ * turns as they run (src/live/stream.ts), from the database the other commands use: each
  * turn's start, what its worker streams, then the committed turn or its failure. `--json` prints
  * one event per line (`{"id","type","data"}`, the events of `corral.watch` and the HTTP API).
  * Runs until Ctrl-C (or, with `--once`, until a turn ended); a reader that falls too far behind
  * gets the `error` event and exit code 1. `--url` reads a remote daemon's HTTP API instead
  * (watch-remote.ts), with the token in CORRAL_TOKEN.
  */
-import { formatActorKey, parseActorKey, type ActorKey } from '../../actor-key.ts';
+import { formatActorKey, parseActorKey, type ActorKey } from '../../base/actor-key.ts';
 import type { Config } from '../../config.ts';
-import { TurnListener } from '../../db/turn-listener.ts';
-import { CorralError } from '../../errors.ts';
-import type { LiveEvent } from '../../ops/live-api.ts';
-import { LiveStream, parseLiveEventId } from '../../ops/live-stream.ts';
+import { TurnListener } from '../../db/turns/turn-listener.ts';
+import { CorralError } from '../../base/errors.ts';
+import type { LiveEvent } from '../../live/events.ts';
+import { parseLiveEventId } from '../../live/events.ts';
+import { LiveStream } from '../../live/stream.ts';
 import { queuesOf } from '../../queue/names.ts';
 import { openCommandContext } from '../context.ts';
 import { remoteLiveEvents } from './watch-remote.ts';
