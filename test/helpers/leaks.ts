@@ -64,6 +64,9 @@ export async function leaks(): Promise<string[]> {
     else out.push(`ZeroMQ ${s.constructor.name} socket not closed${s.lastEndpoint ? ` (${s.lastEndpoint})` : ''}`);
   }
   for (const name of undroppedDatabases()) out.push(`test database ${name} neither dropped nor kept`);
+  // a child killed a moment ago (killAll sends SIGKILL and does not wait) is gone a moment later:
+  // only one still running after that is left behind
+  await waitFor(() => liveChildren().length === 0, { timeoutMs: 2_000, intervalMs: 20 }).catch(() => undefined);
   const tracked = liveChildren();
   for (const c of tracked) out.push(`child process ${c.pid} still running: ${c.spawnargs.slice(1).join(' ')}`);
   // Children spawned elsewhere (src, or a test's own spawn) show up as process handles. The
