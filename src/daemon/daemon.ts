@@ -61,6 +61,7 @@ export interface DaemonDeps {
   extraChildren?: (endpoint: string) => ChildSpec<Daemon>[];
 }
 
+/** Where a daemon is in its life: the composed one here, and `CorralDaemon.state` (src/host/daemon.ts). */
 export type DaemonState = 'idle' | 'starting' | 'running' | 'stopping' | 'stopped';
 
 /** The daemon's parts, built and wired but not started. */

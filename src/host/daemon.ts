@@ -26,7 +26,7 @@ import { hostname } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { settlesWithin, systemClock, type Clock } from '../base/clock.ts';
 import { DEFAULTS, ENV_NAMES, loadConfig, type Config } from '../config.ts';
-import { Daemon } from '../daemon/daemon.ts';
+import { Daemon, type DaemonState } from '../daemon/daemon.ts';
 import { resolveDatabase, stopEmbeddedIfStartedHere, type ResolvedDatabase } from '../db/postgres/resolve.ts';
 import { markDaemonStarting } from '../db/postgres/setup-lock.ts';
 import { DEFAULT_WORKER_CAPACITY, STOP_WITH_PARENT_ENV } from '../base/defaults.ts';
@@ -81,8 +81,7 @@ export interface StopDaemonOptions {
   drainMs?: number;
 }
 
-/** Where a daemon is in its life (`CorralDaemon.state`). */
-export type DaemonState = 'idle' | 'starting' | 'running' | 'stopping' | 'stopped';
+export type { DaemonState };
 
 /** A daemon created by `createDaemon`. */
 export interface CorralDaemon {
