@@ -12,6 +12,7 @@
  * `--large` adds N = 100,000. A burst still running at --timeout-seconds is stopped and reported
  * as far as it ran (marked *): at 100k that is the case here, see docs/benchmarks.md. Embedded PostgreSQL unless DATABASE_URL is set.
  */
+import { DEFAULTS } from '../src/config.ts';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { DEFAULT_WORKER_CAPACITY } from '../src/base/defaults.ts';
@@ -126,7 +127,7 @@ interface BurstResult {
 /** The actor queue's job table (job_common unless the queue has its own partition). */
 async function jobTable(client: BenchClient): Promise<string> {
   const { rows } = await client.db.pool.query<{ t: string }>(`select table_name as t from pgboss.queue where name = $1`, [
-    client.queue.queueName,
+    DEFAULTS.queueName,
   ]);
   return rows[0]?.t ?? 'job_common';
 }

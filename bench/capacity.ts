@@ -18,13 +18,12 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import pg from 'pg';
-import { actorKey } from '../src/base/actor-key.ts';
 import { DEFAULTS } from '../src/config.ts';
 import { openDatabase } from '../src/db/client.ts';
 import { ensureEmbeddedPostgres, stopEmbeddedPostgres } from '../src/db/postgres/embedded.ts';
 import { migrateDatabase } from '../src/db/migrate.ts';
 import { createBoss, ensureQueues } from '../src/queue/boss.ts';
-import { createEventQueue } from '../src/queue/events.ts';
+import { sendEventsInBatches } from '../src/db/enqueue/send.ts';
 import { freePort } from '../src/db/postgres/net.ts';
 
 const CORRAL = fileURLToPath(new URL('../bin/corral.js', import.meta.url));
@@ -83,12 +82,11 @@ async function runOne(serverUrl: string, capacity: number, opts: ReturnType<type
       if ((rows[0]?.n ?? 0) >= opts.workers) break;
       await new Promise((r) => setTimeout(r, 100));
     }
-    const queue = createEventQueue(boss, DEFAULTS.queueName, { maxEventBytes: DEFAULTS.maxEventBytes });
     const data = opts.delayMs > 0 ? { text: 'x', delayMs: opts.delayMs } : { text: 'x' };
     const t0 = performance.now();
-    await queue.enqueueActorEvents(
+    await sendEventsInBatches(
       database.db,
-      Array.from({ length: opts.events }, (_, i) => ({ key: actorKey(`cap-${i}`, 's'), event: data })),
+      Array.from({ length: opts.events }, (_, i) => ({ agentUid: `cap-${i}`, sessionId: 's', data })),
     );
     for (;;) {
       const { rows } = await database.pool.query<{ n: number }>("select count(*)::int as n from corral.turns where status = 'succeeded'");

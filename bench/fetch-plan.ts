@@ -14,12 +14,11 @@
  */
 import { parseArgs } from 'node:util';
 import pg from 'pg';
-import { actorKey } from '../src/base/actor-key.ts';
 import { DEFAULTS } from '../src/config.ts';
 import { openDatabase } from '../src/db/client.ts';
 import { migrateDatabase } from '../src/db/migrate.ts';
 import { createBoss, ensureQueues } from '../src/queue/boss.ts';
-import { createEventQueue } from '../src/queue/events.ts';
+import { sendEventsInBatches } from '../src/db/enqueue/send.ts';
 import { Cleanup, progress } from './lib/common.ts';
 import { openBenchDatabase } from './lib/database.ts';
 import { freshDatabase } from './lib/daemon-process.ts';
@@ -99,7 +98,6 @@ async function main(): Promise<void> {
     const table = `pgboss.${rows[0]!.t}`;
     const client = openDatabase(db.url, { max: 2 });
     cleanup.defer('close client', () => client.close());
-    const queue = createEventQueue(boss, DEFAULTS.queueName, { maxEventBytes: DEFAULTS.maxEventBytes });
     let queued = 0;
     process.stdout.write(
       `key_strict_fifo fetch (batch ${DEFAULTS.fetchBatchSize}) on ${table}, ${perActor} queued event(s) per actor, EXPLAIN ANALYZE, rolled back\n`,
@@ -112,11 +110,12 @@ async function main(): Promise<void> {
     for (const target of backlogs) {
       while (queued < target) {
         const n = Math.min(5_000, target - queued);
-        await queue.enqueueActorEvents(
+        await sendEventsInBatches(
           client.db,
           Array.from({ length: n }, (_, i) => ({
-            key: actorKey(`plan-${Math.floor((queued + i) / perActor)}`, 's'),
-            event: { text: 'x' },
+            agentUid: `plan-${Math.floor((queued + i) / perActor)}`,
+            sessionId: 's',
+            data: { text: 'x' },
           })),
         );
         queued += n;

@@ -211,11 +211,11 @@ async function main(): Promise<number> {
         : actorKey(`idle-${Math.floor(((i + 0.5) * opts.actors) / opts.samples)}`, 's');
       await sleep(50);
       const t = performance.now();
-      const [ev] = await probe.queue.enqueueActorEvents(probe.db.db, [{ key, event: { text: 'wake' } }]);
+      const [id] = await probe.enqueue([{ key, event: { text: 'wake' } }]);
       await until(
         async () =>
           (await scalar(probe.db.pool, `select count(*)::int as n from corral.turns where event_id = $1 and status = 'succeeded'`, [
-            ev!.eventId,
+            id,
           ])) === 1,
         performance.now() + 30_000,
         `old actor ${key.sessionId} woken`,

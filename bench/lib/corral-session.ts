@@ -20,6 +20,7 @@ import { withCpu, type ServerCpu } from './database.ts';
 import type { Options } from './e2e-options.ts';
 import { processCpuMs } from './daemon-process.ts';
 import { safeKill, spawnCorral, type Proc } from '../../test/helpers/processes.ts';
+import { sendEventsInBatches } from '../../src/db/enqueue/send.ts';
 
 export interface RoundResult {
   events: number;
@@ -113,7 +114,10 @@ export async function pushAndWait(
 ): Promise<{ ids: string[]; t0: number; tEnq: number; tDone: number }> {
   const before = counter.count;
   const t0 = performance.now();
-  const enq = await daemon.events.enqueueActorEvents(client.db, events);
+  const enq = await sendEventsInBatches(
+    client.db,
+    events.map((e) => ({ agentUid: e.key.agentUid, sessionId: e.key.sessionId, data: e.event })),
+  );
   const tEnq = performance.now();
   const ids = enq.map((e) => e.eventId);
   let lastLog = performance.now();
@@ -417,7 +421,9 @@ export class CorralSession {
       const key = this.keys[i % this.keys.length]!;
       const target = this.counter.count + 1;
       const t0 = performance.now();
-      const ev = await this.daemon.events.enqueueActorEvent(this.client.db, key, { text: `wake ${i}` });
+      const ev = (
+        await sendEventsInBatches(this.client.db, [{ agentUid: key.agentUid, sessionId: key.sessionId, data: { text: `wake ${i}` } }])
+      )[0]!;
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([
         this.counter.reached(target),

@@ -14,7 +14,7 @@ import type { ActorKey } from '../../src/base/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { createBoss } from '../../src/queue/boss.ts';
-import { createEventQueue, type EventQueue } from '../../src/queue/events.ts';
+import { sendEventsInBatches } from '../../src/db/enqueue/send.ts';
 import { createDatabaseOn, type TestDatabase } from '../../test/helpers/databases.ts';
 import { childPids, freePort, safeKill, spawnCorral, type Proc } from '../../test/helpers/processes.ts';
 import { sleep, until, type Cleanup } from './common.ts';
@@ -111,7 +111,6 @@ export async function waitForWorkers(db: Database, n: number, timeoutMs = 60_000
 export interface BenchClient {
   db: Database;
   boss: PgBoss;
-  queue: EventQueue;
   /** Enqueues in chunks of `chunk` events (one insert each). */
   enqueue(events: { key: ActorKey; event: unknown }[], chunk?: number): Promise<string[]>;
   succeeded(): Promise<number>;
@@ -124,15 +123,16 @@ export async function openBenchClient(url: string, cleanup: Cleanup): Promise<Be
   const boss = createBoss(url, DEFAULTS, { max: 2 });
   await boss.start();
   cleanup.defer('stop bench pg-boss', () => boss.stop({ graceful: false, close: true, timeout: 5_000 }));
-  const queue = createEventQueue(boss, DEFAULTS.queueName, { maxEventBytes: DEFAULTS.maxEventBytes });
   return {
     db,
     boss,
-    queue,
     async enqueue(events, chunk = 5_000) {
       const ids: string[] = [];
       for (let i = 0; i < events.length; i += chunk) {
-        const res = await queue.enqueueActorEvents(db.db, events.slice(i, i + chunk));
+        const res = await sendEventsInBatches(
+          db.db,
+          events.slice(i, i + chunk).map((e) => ({ agentUid: e.key.agentUid, sessionId: e.key.sessionId, data: e.event })),
+        );
         for (const e of res) ids.push(e.eventId);
       }
       return ids;

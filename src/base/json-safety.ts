@@ -18,6 +18,7 @@
  *
  * Every check here is iterative: no depth, however hostile, can exhaust the stack.
  */
+import { CorralError } from './errors.ts';
 
 /** The most levels of nested arrays and objects in a JSON value corral stores or takes from a worker (`[[1]]` has 2). */
 export const MAX_JSON_DEPTH = 100;
@@ -166,4 +167,33 @@ function subtreeEnd(text: string, open: number): number {
     else if ((c === 0x5d || c === 0x7d) && --depth === 0) return i + 1;
   }
   return text.length;
+}
+
+/**
+ * The payload as it will be stored, checked before anything is written: JSON-serialisable,
+ * within the shape limits of src/base/json-safety.ts (nested at most MAX_JSON_DEPTH deep, no NUL, no
+ * lone surrogate, no number JSON cannot keep), and at most `maxBytes` of JSON. An event too large for the wire would otherwise hold a worker slot until
+ * its lease ran out, on every retry.
+ */
+export function toJsonPayload(event: unknown, maxBytes: number): unknown {
+  if (event === undefined) throw new CorralError('invalid_argument', 'an event payload is required');
+  const unstorable = unstorableReason(event);
+  if (unstorable) throw new CorralError('invalid_argument', `the event payload cannot be stored: ${unstorable}`);
+  let text: string;
+  try {
+    text = JSON.stringify(event);
+  } catch (e) {
+    throw new CorralError('invalid_argument', 'the event payload must be JSON-serialisable', { cause: e });
+  }
+  const bytes = Buffer.byteLength(text, 'utf8');
+  if (bytes > maxBytes) {
+    throw new CorralError('payload_too_large', `the event payload is ${bytes} bytes; the limit is ${maxBytes} (CORRAL_MAX_EVENT_BYTES)`, {
+      details: { bytes, maxBytes },
+    });
+  }
+  const payload = JSON.parse(text) as unknown;
+  // what is stored, checked again: a `toJSON` may have made something the value did not hold
+  const stored = unstorableReason(payload);
+  if (stored) throw new CorralError('invalid_argument', `the event payload cannot be stored: ${stored}`);
+  return payload;
 }

@@ -23,7 +23,6 @@ import { actOnOutbox, listOutboxMessages, showOutboxMessage } from '../outbox/op
 import { addSink, enableSink, listSinkViews, removeSink } from '../outbox/sinks.ts';
 import type { InputPolicyOptions } from '../db/views.ts';
 import { cancelTurn, steerTurn } from '../ops/turn-control.ts';
-import { toJsonPayload } from '../queue/event-job.ts';
 import { queuesOf } from '../queue/names.ts';
 import { toActorKey, type ActorRef } from './actor-ref.ts';
 import type {
@@ -142,11 +141,11 @@ class CorralClient implements Corral {
       return {
         agentUid: key.agentUid,
         sessionId: key.sessionId,
-        data: toJsonPayload(e.data, this.config.maxEventBytes),
+        data: e.data,
         idempotencyKey: checkedIdempotencyKey(e.idempotencyKey),
       };
     });
-    return sendEvents(opts.db ?? this.database.pool, input);
+    return sendEvents(opts.db ?? this.database.pool, input, { maxEventBytes: this.config.maxEventBytes });
   }
 
   /** The committed transcript of `actor`: its turns in order, each with its messages. */

@@ -24,9 +24,8 @@ import type { TimerHandle } from '../base/clock.ts';
 import type { Logger } from '../base/logger.ts';
 import { createBoss, queuesOf, setUpDatabase, type Queues } from '../queue/boss.ts';
 import { QueueConsumer } from '../queue/consumer.ts';
-import type { ActorEventJobData } from '../queue/events.ts';
+import type { ActorEventJobData } from '../queue/event-job.ts';
 import { keyHeadFetch, queueTable, type KeyHeadFetch } from '../db/boss/fetch.ts';
-import { createEventQueue, type EventQueue } from '../queue/events.ts';
 import { Recovery } from '../runtime/recovery.ts';
 import { Runtime } from '../runtime/runtime.ts';
 import type { SessionController } from '../runtime/directory.ts';
@@ -89,7 +88,6 @@ export class Daemon {
   private readonly heapTrimLoop: Periodic<boolean>;
   /** The daemon's own row in `corral.daemons`, touched every quarter of the stale timeout. */
   readonly heartbeat: Periodic<void>;
-  readonly events: EventQueue;
   readonly queues: Queues;
   private readonly deps: DaemonDeps;
   private readonly log: Logger;
@@ -116,7 +114,6 @@ export class Daemon {
       onError: (e) => this.log.warn({ err: e.message }, 'pg-boss background error'),
     });
     this.queues = queuesOf(config);
-    this.events = createEventQueue(this.boss, this.queues.events, { maxEventBytes: config.maxEventBytes });
     let consumer: QueueConsumer | undefined;
     this.runtime = new Runtime({
       db: this.database.db,

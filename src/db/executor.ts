@@ -4,13 +4,15 @@
  * `PoolClient` or `Pool`, a Drizzle database or transaction of any schema and driver, or an
  * `{ executeSql(text, values) }` adapter, as pg-boss takes.
  */
-import { PgDialect, type SQL } from './orm.ts';
+import type { SQL } from './orm.ts';
 
 import type { PgQueryable, SqlAdapter, StatementTarget } from './views.ts';
 
 export type { PgQueryable, SqlAdapter, DrizzleExecutable, StatementTarget } from './views.ts';
 
-const dialect = new PgDialect();
+/** Drizzle's dialect, loaded on first use: `runText` alone (`corral send`) needs no Drizzle. */
+let dialect: Promise<{ sqlToQuery(q: SQL): { sql: string; params: unknown[] } }> | undefined;
+const dialectOf = () => (dialect ??= import('./orm.ts').then((m) => new m.PgDialect()));
 
 function isFunction(v: unknown): v is (...args: unknown[]) => unknown {
   return typeof v === 'function';
@@ -36,11 +38,33 @@ export function isStatementTarget(v: unknown): v is StatementTarget {
  */
 export async function runStatement(target: StatementTarget, query: SQL): Promise<Record<string, unknown>[]> {
   const t = target as unknown as Record<string, unknown>;
-  const { sql: text, params } = dialect.sqlToQuery(query);
-  if (isFunction(t.executeSql)) return rowsOf(await (target as SqlAdapter).executeSql(text, params));
-  if (isFunction(t.query)) return rowsOf(await (target as PgQueryable).query(text, params));
-  const client = (t.session as { client?: unknown } | undefined)?.client as Record<string, unknown> | undefined;
-  if (client && isFunction(client.query)) return rowsOf(await (client as unknown as PgQueryable).query(text, params));
-  if (isFunction(t.execute)) return rowsOf(await (target as { execute(q: SQL): PromiseLike<unknown> }).execute(query));
+  if (!isFunction(t.executeSql) && !isFunction(t.query) && !clientOf(t) && isFunction(t.execute)) {
+    return rowsOf(await (target as { execute(q: SQL): PromiseLike<unknown> }).execute(query));
+  }
+  const { sql: text, params } = (await dialectOf()).sqlToQuery(query);
+  return runText(target, text, params);
+}
+
+/** Runs statement `text` with `params` ($1, $2 …) on `target`, as `runStatement` does, and returns its rows. */
+export async function runText(target: StatementTarget, text: string, params: readonly unknown[]): Promise<Record<string, unknown>[]> {
+  const t = target as unknown as Record<string, unknown>;
+  if (isFunction(t.executeSql)) return rowsOf(await (target as SqlAdapter).executeSql(text, [...params]));
+  if (isFunction(t.query)) return rowsOf(await (target as PgQueryable).query(text, [...params]));
+  const client = clientOf(t);
+  if (client) return rowsOf(await client.query(text, [...params]));
+  if (isFunction(t.execute)) {
+    // a Drizzle handle on another driver: the text as a Drizzle statement with the same parameters
+    const { sql } = await import('./orm.ts');
+    const parts = text.split(/\$\d+/);
+    const order = [...text.matchAll(/\$(\d+)/g)].map((m) => params[Number(m[1]) - 1]);
+    const strings = Object.assign([...parts], { raw: [...parts] }) as unknown as TemplateStringsArray;
+    return rowsOf(await (target as { execute(q: SQL): PromiseLike<unknown> }).execute(sql(strings, ...order)));
+  }
   throw new TypeError('not a database connection: expected a pg Client or PoolClient, a Drizzle transaction, or { executeSql }');
+}
+
+/** The node-postgres client a Drizzle handle holds, if it holds one. */
+function clientOf(t: Record<string, unknown>): PgQueryable | undefined {
+  const client = (t.session as { client?: unknown } | undefined)?.client as Record<string, unknown> | undefined;
+  return client && isFunction(client.query) ? (client as unknown as PgQueryable) : undefined;
 }

@@ -15,7 +15,7 @@ import { bossNotifyChannel, notifiesQueue } from '../db/boss/internals.ts';
 import type { Clock } from '../base/clock.ts';
 import { errorMessage, toError } from '../base/errors.ts';
 import type { Logger } from '../base/logger.ts';
-import type { ActorEventJobData } from './events.ts';
+import type { ActorEventJobData } from './event-job.ts';
 import { DUE_CHANNEL, type BatchMember } from '../db/turns/batches.ts';
 
 /**

@@ -9,8 +9,7 @@ import { DELIVERY_LIVE } from '../../src/db/schema.ts';
 import { migrateDatabase } from '../../src/db/migrate.ts';
 import { setInputPolicy, type InputPolicy, type InputPolicyOptions } from '../../src/db/enqueue/input-policies.ts';
 import { createBoss, ensureQueues } from '../../src/queue/boss.ts';
-import { createEventQueue, type EventQueue } from '../../src/queue/events.ts';
-import { DEFAULTS } from '../../src/config.ts';
+import { sendEventsInBatches } from '../../src/db/enqueue/send.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';
 import { QUEUE, queueConfig, type ChaosDatabase, type ChaosTimings } from './environment.ts';
 import { checkInvariants, type CheckResult } from './invariants.ts';
@@ -30,7 +29,6 @@ export class ScenarioDb {
   readonly database: Database;
   readonly pool: pg.Pool;
   private boss: PgBoss | undefined;
-  private events: EventQueue | undefined;
   readonly plan: PlannedEvent[] = [];
 
   private constructor(url: string) {
@@ -48,7 +46,6 @@ export class ScenarioDb {
     // Jobs copy the retry policy at insert time: the queue must carry the short delays before
     // the first event is enqueued (the daemon would only update it when it starts).
     await ensureQueues(s.boss, queueConfig(timings));
-    s.events = createEventQueue(s.boss, QUEUE.events, { maxEventBytes: DEFAULTS.maxEventBytes });
     return s;
   }
 
@@ -60,9 +57,9 @@ export class ScenarioDb {
   /** Enqueues `events` in one batch (one statement, array order), recording their ids. */
   async enqueue(events: PlannedEvent[]): Promise<void> {
     if (events.length === 0) return;
-    const res = await this.events!.enqueueActorEvents(
+    const res = await sendEventsInBatches(
       this.database.db,
-      events.map((e) => ({ key: e.actor, event: e.payload })),
+      events.map((e) => ({ agentUid: e.actor.agentUid, sessionId: e.actor.sessionId, data: e.payload })),
     );
     res.forEach((r, i) => {
       events[i]!.id = r.eventId;

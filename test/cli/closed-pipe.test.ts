@@ -18,6 +18,7 @@ import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.
 import { trackChild } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { CORRAL, ROOT, RUN_TS, run, type CliResult } from './helpers.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 let t: TestDaemon;
 let worker: Worker;
@@ -31,8 +32,8 @@ beforeAll(async () => {
   // A long transcript (about 400 KiB of text: the event and its echo), far more than a pipe
   // buffers; and a dead letter.
   const db = t.daemon.database.db;
-  await t.daemon.events.enqueueActorEvent(db, actorKey('pipe', 'long'), { text: 'abcdefgh'.repeat(25_600) });
-  await t.daemon.events.enqueueActorEvent(db, actorKey('pipe', 'fails'), { fail: true });
+  await sendEvent(db, actorKey('pipe', 'long'), { text: 'abcdefgh'.repeat(25_600) });
+  await sendEvent(db, actorKey('pipe', 'fails'), { fail: true });
   await waitFor(async () => (await readTranscript(db, actorKey('pipe', 'long'))).length > 0, { what: 'the long turn' });
   await waitFor(async () => (await actorStatus(db, queuesOf(t.config), actorKey('pipe', 'fails'))).deadLetters.length > 0, {
     what: 'the dead letter',

@@ -16,6 +16,7 @@ import { RawPeer } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { WebhookReceiver } from '../helpers/webhook-receiver.ts';
 import { corral, json } from './helpers.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 type Ref = Record<string, unknown> & { event_id: string };
 
@@ -35,7 +36,7 @@ describe('what each turn delivered', { timeout: 120_000 }, () => {
     for (const name of ['ok', 'flaky', 'gone']) await addSink(t.daemon.database.db, { name, url: rx.url(`/${name}`) });
     w = new RawPeer(t.daemon.broker.endpoint, 'ob-cli');
     await w.register(2);
-    ({ eventId } = await t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey('obv', 's1'), { text: 'hi' }));
+    ({ eventId } = await sendEvent(t.daemon.database.db, actorKey('obv', 's1'), { text: 'hi' }));
     const s = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     await w.send({ type: 'turn_accepted', turn_ref: s.turn_ref });
     await w.send({

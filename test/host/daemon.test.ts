@@ -22,6 +22,7 @@ import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { testLogger } from '../helpers/daemon.ts';
 import { postmastersOf } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 const homes = freshHomes('corral-host-');
 const cleanups: Array<() => unknown> = [];
@@ -81,7 +82,7 @@ describe('createDaemon', () => {
     await w.start();
     const inner = daemonInternals(d)!;
     const key = actorKey('host', 's1');
-    await inner.events.enqueueActorEvent(inner.database.db, key, { text: 'hi' });
+    await sendEvent(inner.database.db, key, { text: 'hi' });
     const reply = await waitFor(
       async () => (await readTranscript(inner.database.db, key)).flatMap((t) => t.messages).find((m) => m.role === 'assistant'),
       { what: 'the reply committed' },
@@ -194,7 +195,7 @@ describe('createDaemon', () => {
       what: 'the local worker registered',
     });
     const key = actorKey('local', 's');
-    await inner.events.enqueueActorEvent(inner.database.db, key, { text: 'x' });
+    await sendEvent(inner.database.db, key, { text: 'x' });
     await waitFor(async () => (await readTranscript(inner.database.db, key)).some((t) => t.messages.some((m) => m.role === 'assistant')), {
       timeoutMs: 30_000,
       what: 'the example reply',

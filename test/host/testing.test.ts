@@ -17,6 +17,7 @@ import { createWorker, type TurnHandler } from '../../src/worker/create.ts';
 import { createTestDatabase } from '../helpers/db.ts';
 import { postmastersOf } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 const cleanups: Array<() => unknown> = [];
 afterEach(async () => {
@@ -26,7 +27,7 @@ afterEach(async () => {
 /** Enqueues `data` for `key` through the daemon's own queue (a client does the same with `databaseUrl`). */
 async function send(env: TestEnvironment, key: ActorKey, data: unknown): Promise<void> {
   const inner = daemonInternals(env.daemon)!;
-  await inner.events.enqueueActorEvent(inner.database.db, key, data);
+  await sendEvent(inner.database.db, key, data);
 }
 
 async function reply(env: TestEnvironment, key: ActorKey): Promise<unknown> {

@@ -21,6 +21,7 @@ import { waitFor } from '../helpers/wait.ts';
 import { deadLetterCount } from '../ops/helpers.ts';
 import { WebhookReceiver } from '../helpers/webhook-receiver.ts';
 import { addSink } from '../../src/outbox/sinks.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 /** The value of one sample in Prometheus text (`name{labels} value`), or undefined. */
 function sample(text: string, name: string, labels = ''): number | undefined {
@@ -42,7 +43,7 @@ describe('metrics and observability endpoints', () => {
   };
   const commitAll = async (session: string, texts: string[]) => {
     const key = actorKey('metrics', session);
-    for (const text of texts) await daemon.events.enqueueActorEvent(daemon.database.db, key, { text });
+    for (const text of texts) await sendEvent(daemon.database.db, key, { text });
     await waitFor(async () => (await readTranscript(daemon.database.db, key)).length === texts.length, { what: 'commits' });
   };
 
@@ -109,7 +110,7 @@ describe('metrics and observability endpoints', () => {
   });
 
   it('counts dead letters and shows the dead-letter queue depth', async () => {
-    const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('metrics', 'fail'), { fail: true });
+    const { eventId } = await sendEvent(daemon.database.db, actorKey('metrics', 'fail'), { fail: true });
     await waitFor(async () => (await deadLetterCount(daemon.database.db, [eventId])) === 1, { what: 'dead letter' });
     await waitFor(async () => sample(await scrape(), 'corral_events_dead_lettered_total') === 1, { what: 'counter' });
     const text = await scrape();
@@ -147,7 +148,7 @@ describe('metrics and observability endpoints', () => {
       rx.respond = (r, n) => (r.path === '/gone' ? { status: 410 } : n === 1 ? { status: 503 } : { status: 200 });
       await addSink(daemon.database.db, { name: 'm-ok', url: rx.url('/ok') });
       await addSink(daemon.database.db, { name: 'm-gone', url: rx.url('/gone') });
-      await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('metrics', 'outbox-2'), {
+      await sendEvent(daemon.database.db, actorKey('metrics', 'outbox-2'), {
         text: 'y',
         deliver: [{ sink: 'm-ok' }, { sink: 'm-gone' }],
       });

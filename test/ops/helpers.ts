@@ -10,6 +10,7 @@ import type { Worker } from '../../src/worker/sdk.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
 import type { TestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 export interface Running {
   t: TestDaemon;
@@ -48,7 +49,7 @@ export async function enqueueAndWait(
   const db = r.t.daemon.database.db;
   const ids: string[] = [];
   await db.transaction(async (tx) => {
-    for (const e of events) ids.push((await r.t.daemon.events.enqueueActorEvent(tx, e.key, e.payload)).eventId);
+    for (const e of events) ids.push((await sendEvent(tx, e.key, e.payload)).eventId);
   });
   await waitFor(async () => (await deadLetterCount(db, ids)) >= expectDead, { what: 'dead letters', timeoutMs: 30_000 });
   return ids;

@@ -2,8 +2,7 @@
  * pg-boss's internals that corral relies on (src/db/boss/internals.ts, S1–S10) are those of the
  * installed pg-boss, on a schema that pg-boss installed. Run after every pg-boss upgrade (see
  * docs/migrations.md, "Upgrading pg-boss"): each assertion names the piece it guards, so a failure
- * says which of corral's statements to revisit. With test/queue/direct-send.test.ts (a direct
- * insert writes the row `boss.send` writes), test/queue/key-head-fetch.test.ts (corral's claim takes
+ * says which of corral's statements to revisit. With test/queue/key-head-fetch.test.ts (corral's claim takes
  * what pg-boss's fetch takes) and test/queue/notify-channel.test.ts (the channel is the one
  * pg-boss's SQL computes), this is the whole check of that surface. S11 (the SQL enqueue) is checked
  * here whole: the function's body, the row it writes column by column, its NOTIFY.

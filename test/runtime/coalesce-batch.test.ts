@@ -16,6 +16,7 @@ import { eventStatus } from '../../src/db/turns/event-status.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendMany } from '../helpers/send.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; actor_epoch: number; delivery_id: string };
 type WireEvent = { id: string; data: { text: string }; enqueued_at: string };
@@ -41,7 +42,7 @@ const fail = (ref: unknown) => ({ type: 'turn_error', turn_ref: ref, error: { co
 const texts = (start: Msg) => ((start.events as WireEvent[] | undefined) ?? [start.event as WireEvent]).map((e) => e.data.text);
 
 async function send(t: TestDaemon, key: ActorKey, ...list: string[]): Promise<string[]> {
-  const sent = await t.daemon.events.enqueueActorEvents(
+  const sent = await sendMany(
     t.daemon.database.db,
     list.map((text) => ({ key, event: { text } })),
   );

@@ -9,6 +9,7 @@ import pg from 'pg';
 import { actorKey } from '../../src/base/actor-key.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; revision: number; session_id: string };
 type Ctx = {
@@ -42,7 +43,7 @@ describe('turn context and worker RPC', () => {
   });
 
   async function start(session: string, data: unknown): Promise<Msg> {
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db(), actorKey('ctx', session), data);
+    const { eventId } = await sendEvent(db(), actorKey('ctx', session), data);
     const s = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     await w.send({ type: 'turn_accepted', turn_ref: s.turn_ref });
     return s;
@@ -206,7 +207,7 @@ describe('contexts kept between turns (src/runtime/context-cache.ts)', () => {
   });
 
   async function start(session: string, data: unknown): Promise<Msg> {
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db(), actorKey('kept', session), data);
+    const { eventId } = await sendEvent(db(), actorKey('kept', session), data);
     return w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
   }
 
@@ -306,7 +307,7 @@ describe('contexts kept between turns, when the daemon idles', () => {
       await w.register(1);
       const db = t.daemon.database.db;
       const run = async (n: number) => {
-        const { eventId } = await t.daemon.events.enqueueActorEvent(db, actorKey('idle', 's'), { n });
+        const { eventId } = await sendEvent(db, actorKey('idle', 's'), { n });
         const s = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
         await w.send({ type: 'turn_result', turn_ref: s.turn_ref, messages: [{ role: 'assistant', content: n }] });
         await w.next('turn_committed', (m) => (m.turn_ref as Ref).event_id === eventId);

@@ -8,6 +8,7 @@ import { actorKey } from '../../src/base/actor-key.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { corral } from '../cli/helpers.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; session_id: string; activation_uid: string };
 
@@ -28,7 +29,7 @@ describe('durable effects', () => {
   });
 
   async function start(session: string, data: unknown = { n: 1 }): Promise<Msg> {
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db(), actorKey('fx', session), data);
+    const { eventId } = await sendEvent(db(), actorKey('fx', session), data);
     const s = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     await w.send({ type: 'turn_accepted', turn_ref: s.turn_ref });
     return s;

@@ -9,6 +9,7 @@ import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 describe('example worker on a real daemon', () => {
   let t: TestDaemon;
@@ -40,9 +41,9 @@ describe('example worker on a real daemon', () => {
 
   it('says how many earlier messages it saw and reads the conversation back through history.read', async () => {
     const key = actorKey('ex', 'ctx');
-    await t.daemon.events.enqueueActorEvent(db(), key, { text: 'one' });
+    await sendEvent(db(), key, { text: 'one' });
     await transcriptOf(key, 1);
-    await t.daemon.events.enqueueActorEvent(db(), key, { text: 'two', history: true });
+    await sendEvent(db(), key, { text: 'two', history: true });
     const tr = await transcriptOf(key, 2);
     expect(reply(tr[0]!)).toEqual({ text: 'echo: one' });
     expect(reply(tr[1]!)).toEqual({ text: 'echo: two', seen: 2, history_total: 2 });
@@ -51,10 +52,10 @@ describe('example worker on a real daemon', () => {
   it('emits an event to another actor with the commit, and a reminder to itself after its delay', async () => {
     const key = actorKey('ex', 'fx');
     const other = actorKey('ex', 'other');
-    await t.daemon.events.enqueueActorEvent(db(), key, { text: 'hey', emit: { actor: 'ex/other', data: { text: 'from fx' } } });
+    await sendEvent(db(), key, { text: 'hey', emit: { actor: 'ex/other', data: { text: 'from fx' } } });
     const otr = await transcriptOf(other, 1);
     expect(reply(otr[0]!).text).toBe('echo: from fx');
-    await t.daemon.events.enqueueActorEvent(db(), key, { text: 'later', remindInMs: 800 });
+    await sendEvent(db(), key, { text: 'later', remindInMs: 800 });
     const tr = await transcriptOf(key, 3);
     const [, timerTurn, reminder] = tr;
     expect(reminder!.messages[0]!.content).toEqual({ reminder: 'later' });

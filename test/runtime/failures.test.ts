@@ -7,6 +7,7 @@ import { readTranscript } from '../../src/db/turns/transcript.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent, sendMany } from '../helpers/send.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; actor_epoch: number; revision: number };
 
@@ -34,7 +35,7 @@ describe('retries and dead letters', () => {
     const { t, w, db } = await setup({ watchdogIntervalMs: 100_000 });
     expect([t.config.retryDelaySeconds, t.config.retryDelayMaxSeconds, t.config.retryLimit]).toEqual([5, 120, 5]);
     const key = actorKey('retry', 's');
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'x' });
+    const { eventId } = await sendEvent(db, key, { text: 'x' });
     const epochs: number[] = [];
     const delays: number[] = [];
     for (let attempt = 1; attempt <= 6; attempt++) {
@@ -87,7 +88,7 @@ describe('retries and dead letters', () => {
     const { t, w, db } = await setup();
     expect(t.config.retryLimit).toBe(5);
     const key = actorKey('final', 's');
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'x' });
+    const { eventId } = await sendEvent(db, key, { text: 'x' });
     const start = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     await w.send({
       type: 'turn_error',
@@ -109,9 +110,9 @@ describe('retries and dead letters', () => {
   });
 
   it('continue mode: a dead-lettered event leaves the queue and later events of the actor proceed', async () => {
-    const { t, w, db } = await setup({ retryLimit: 0, deadLetterMode: 'continue' });
+    const { w, db } = await setup({ retryLimit: 0, deadLetterMode: 'continue' });
     const key = actorKey('dl', 'continue');
-    const [bad, good] = await t.daemon.events.enqueueActorEvents(db, [
+    const [bad, good] = await sendMany(db, [
       { key, event: { n: 1 } },
       { key, event: { n: 2 } },
     ]);
@@ -132,7 +133,7 @@ describe('retries and dead letters', () => {
     const { t, w, db } = await setup({ retryLimit: 0, deadLetterMode: 'block' });
     const key = actorKey('dl', 'block');
     const other = actorKey('dl', 'other');
-    const [bad, held] = await t.daemon.events.enqueueActorEvents(db, [
+    const [bad, held] = await sendMany(db, [
       { key, event: { n: 1 } },
       { key, event: { n: 2 } },
     ]);
@@ -144,13 +145,13 @@ describe('retries and dead letters', () => {
       );
       return r.rows[0]?.b === bad!.eventId;
     });
-    const o = await t.daemon.events.enqueueActorEvent(db, other, { n: 3 });
+    const o = await sendEvent(db, other, { n: 3 });
     const so = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === o.eventId);
     await w.send(ok(so.turn_ref as Ref));
     await w.next('turn_committed');
     // the held event is never dispatched: an event enqueued after it (another actor) is, so the
     // consumer has passed over the held one
-    const later = await t.daemon.events.enqueueActorEvent(db, other, { n: 4 });
+    const later = await sendEvent(db, other, { n: 4 });
     t.daemon.consumer.wake();
     const sl = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === later.eventId);
     await w.send(ok(sl.turn_ref as Ref));
@@ -170,7 +171,7 @@ describe('leases and the watchdog', () => {
   it('fails an expired in-flight activation; the event is retried under a higher epoch and a late result is rejected', async () => {
     const { t, w, db } = await setup({ retryDelaySeconds: 1, retryDelayMaxSeconds: 1 });
     const key = actorKey('lease', 's');
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'slow' });
+    const { eventId } = await sendEvent(db, key, { text: 'slow' });
     const first = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     const ref1 = first.turn_ref as Ref;
     await w.send({ type: 'turn_accepted', turn_ref: ref1 });
@@ -210,7 +211,7 @@ describe('leases and the watchdog', () => {
   it('progress messages keep a healthy long turn alive past its initial lease', async () => {
     const { t, w, db } = await setup({ leaseMs: 2_000, progressIntervalMs: 100 });
     const key = actorKey('lease', 'long');
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'long' });
+    const { eventId } = await sendEvent(db, key, { text: 'long' });
     const start = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     const ref = start.turn_ref as Ref;
     await w.send({ type: 'turn_accepted', turn_ref: ref });
@@ -246,7 +247,7 @@ describe('leases and the watchdog', () => {
   it('stops a warm activation idle past the idle timeout', async () => {
     const { t, w, db } = await setup({ idleTimeoutMs: 200 });
     const key = actorKey('idle', 's');
-    await t.daemon.events.enqueueActorEvent(db, key, { text: 'x' });
+    await sendEvent(db, key, { text: 'x' });
     const start = await w.next('turn_start');
     await w.send(ok(start.turn_ref as Ref));
     await w.next('turn_committed');
@@ -262,7 +263,7 @@ describe('steering and cancellation', () => {
   it('cancel: the worker is told to stop, the turn is recorded cancelled with its user message, a late result is rejected, the actor moves on', async () => {
     const { t, w, db } = await setup();
     const key = actorKey('cancel', 's');
-    const [a, b] = await t.daemon.events.enqueueActorEvents(db, [
+    const [a, b] = await sendMany(db, [
       { key, event: { n: 1 } },
       { key, event: { n: 2 } },
     ]);
@@ -298,7 +299,7 @@ describe('recovery', () => {
   it('repairs a started turn whose fence rows are gone: the turn is failed and the event retried under a new epoch', async () => {
     const { t, w, db } = await setup({ retryDelaySeconds: 1, retryDelayMaxSeconds: 1 });
     const key = actorKey('recover', 's');
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'x' });
+    const { eventId } = await sendEvent(db, key, { text: 'x' });
     const s1 = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     const ref1 = s1.turn_ref as Ref;
     // lose the runtime projections (as if a process and its rows vanished)
@@ -343,7 +344,7 @@ describe('dispatch', () => {
       },
     );
     const key = actorKey('dispatch', 's');
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db, key, { text: 'x' });
+    const { eventId } = await sendEvent(db, key, { text: 'x' });
     const start = await other.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     await other.send(ok(start.turn_ref as Ref));
     await other.next('turn_committed');
@@ -362,7 +363,7 @@ describe('graceful stop', () => {
   it('fetches nothing new and lets in-flight turns finish before stopping', async () => {
     const { t: daemon, w, db } = await setup();
     const key = actorKey('drain', 's');
-    const [first, second] = await daemon.daemon.events.enqueueActorEvents(db, [
+    const [first, second] = await sendMany(db, [
       { key, event: { n: 1 } },
       { key, event: { n: 2 } },
     ]);
@@ -386,7 +387,7 @@ describe('graceful stop', () => {
 describe('job heartbeats', () => {
   it('the daemon touches the pg-boss jobs of its in-flight turns, so pg-boss does not fail them', async () => {
     const { t, w, db } = await setup();
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db, actorKey('keeper', 's'), { text: 'x' });
+    const { eventId } = await sendEvent(db, actorKey('keeper', 's'), { text: 'x' });
     await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     const heartbeat = async () =>
       (
@@ -408,7 +409,7 @@ describe('job heartbeats', () => {
 describe('retention', () => {
   it('deletes completed events past the retention and never a failed one', async () => {
     const { t, w, db } = await setup({ retryLimit: 0, deadLetterMode: 'block', completedRetentionSeconds: 3600 });
-    const [done, held] = await t.daemon.events.enqueueActorEvents(db, [
+    const [done, held] = await sendMany(db, [
       { key: actorKey('ret', 'ok'), event: { n: 1 } },
       { key: actorKey('ret', 'bad'), event: { n: 2 } },
     ]);

@@ -5,6 +5,7 @@ import { isUniqueViolation } from '../../src/base/errors.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; revision: number; actor_epoch: number };
 
@@ -22,7 +23,7 @@ describe('fenced commit', () => {
   }
 
   async function startTurn(session: string, payload: unknown = { text: 'hi' }): Promise<{ start: Msg; ref: Ref }> {
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db(), actorKey('fence', session), payload);
+    const { eventId } = await sendEvent(db(), actorKey('fence', session), payload);
     const start = await worker.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     const ref = start.turn_ref as Ref;
     await worker.send({ type: 'turn_accepted', turn_ref: ref });

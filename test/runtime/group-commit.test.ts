@@ -13,6 +13,7 @@ import { fromWire } from '../../src/runtime/fence.ts';
 import type { CommitRequest } from '../../src/runtime/turn-commit.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
+import { sendMany } from '../helpers/send.ts';
 
 type Ref = Parameters<typeof fromWire>[0];
 
@@ -31,7 +32,7 @@ describe('group commit', () => {
   }
 
   async function startTurns(prefix: string, n: number): Promise<Ref[]> {
-    const events = await t.daemon.events.enqueueActorEvents(
+    const events = await sendMany(
       db(),
       Array.from({ length: n }, (_, i) => ({ key: actorKey(`${prefix}-${i}`, 's'), event: { text: `t${i}` } })),
     );

@@ -12,6 +12,7 @@ import { createExampleHandler } from '../../src/worker/example.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { RawPeer } from '../helpers/raw-peer.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 const cleanups: Array<() => Promise<unknown> | unknown> = [];
 afterAll(async () => {
@@ -42,7 +43,7 @@ describe('dispatch past dead routes', () => {
     cleanups.push(() => alive.stop());
     await waitFor(() => runtime.workers.isReady('alive'), { what: 'live worker registered' });
 
-    const { eventId } = await t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey('dead-routes', 's'), { text: 'x' });
+    const { eventId } = await sendEvent(t.daemon.database.db, actorKey('dead-routes', 's'), { text: 'x' });
     const committed = await waitFor(
       async () =>
         (
@@ -74,7 +75,7 @@ describe('maximum turn duration', () => {
     cleanups.push(() => w.stop());
     await waitFor(() => t.daemon.runtime.workers.isReady('slow'), { what: 'worker registered' });
     const started = Date.now();
-    const { eventId } = await t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey('slow', 's'), { delayMs: 60_000 });
+    const { eventId } = await sendEvent(t.daemon.database.db, actorKey('slow', 's'), { delayMs: 60_000 });
     const failed = await waitFor(
       async () =>
         (

@@ -7,6 +7,7 @@ import type { Worker } from '../../src/worker/sdk.ts';
 import { checkInvariants } from '../chaos/invariants.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent, sendMany } from '../helpers/send.ts';
 
 describe('the durable actor loop, end to end', () => {
   let t: TestDaemon;
@@ -36,14 +37,14 @@ describe('the durable actor loop, end to end', () => {
       for (let i = 0; i < 4; i++) {
         for (const a of actors) {
           const text = `${formatActorKey(a)}#${i}`;
-          const ev = await daemon.events.enqueueActorEvent(tx, a, { text });
+          const ev = await sendEvent(tx, a, { text });
           expected.set(formatActorKey(a), [...(expected.get(formatActorKey(a)) ?? []), `echo: ${text}`]);
           ids.set(formatActorKey(a), [...(ids.get(formatActorKey(a)) ?? []), ev.eventId]);
         }
       }
     });
     // A batch insert, and single sends outside any transaction.
-    const batch = await daemon.events.enqueueActorEvents(
+    const batch = await sendMany(
       db,
       actors.map((a) => ({ key: a, event: { text: `${formatActorKey(a)}#4` } })),
     );
@@ -51,7 +52,7 @@ describe('the durable actor loop, end to end', () => {
       expected.get(formatActorKey(a))!.push(`echo: ${formatActorKey(a)}#4`);
       ids.get(formatActorKey(a))!.push(batch[i]!.eventId);
       const text = `${formatActorKey(a)}#5`;
-      const ev = await daemon.events.enqueueActorEvent(db, a, { text });
+      const ev = await sendEvent(db, a, { text });
       expected.get(formatActorKey(a))!.push(`echo: ${text}`);
       ids.get(formatActorKey(a))!.push(ev.eventId);
     }

@@ -15,6 +15,7 @@ import { sleep, waitFor } from '../helpers/wait.ts';
 import { WebhookReceiver } from '../helpers/webhook-receiver.ts';
 import { corral } from '../cli/helpers.ts';
 import { createMetrics, databaseSource } from '../../src/observability/metrics.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; session_id: string; activation_uid: string };
 
@@ -43,7 +44,7 @@ describe('outbox', () => {
   });
 
   async function start(session: string, data: unknown = { n: 1 }): Promise<Msg> {
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db(), actorKey('ob', session), data);
+    const { eventId } = await sendEvent(db(), actorKey('ob', session), data);
     const s = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     await w.send({ type: 'turn_accepted', turn_ref: s.turn_ref });
     return s;

@@ -16,6 +16,7 @@ import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';
 import { testLogger } from '../helpers/daemon.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 /** How long the server stays down: the point of the step, not a wait for something to happen. */
 const DOWN_MS = 1_500;
@@ -58,7 +59,7 @@ describe('a PostgreSQL restart under a running daemon', () => {
 
     const acknowledged: string[] = [];
     const enqueue = async (session: string, event: object) => {
-      const { eventId } = await d.events.enqueueActorEvent(d.database.db, actorKey('pgr', session), event);
+      const { eventId } = await sendEvent(d.database.db, actorKey('pgr', session), event);
       acknowledged.push(eventId);
       return eventId;
     };

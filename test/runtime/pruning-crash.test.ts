@@ -46,7 +46,8 @@ const HISTORY_WORKER = 'history-worker';
 const actorName = (i: number) => `a${String(i).padStart(2, '0')}`;
 const eventData = (actor: number, round: number) => ({
   text: `${actorName(actor)}-e${round}`,
-  delayMs: 100 + ((actor * 37 + round * 11) % 200),
+  // long enough that turns are nearly always in flight while the rounds come (a second apart)
+  delayMs: 400 + ((actor * 37 + round * 11) % 300),
 });
 
 /**
@@ -338,24 +339,29 @@ describe('kill -9 of the daemon while it prunes runtime rows', () => {
       ).rows[0]!;
     const history = (p: { deliveries: number; activations: number }) => p.deliveries + p.activations;
 
-    daemon = startDaemon('daemon-1');
-
-    // the events, round by round (each round one statement over every actor) while the daemons run
+    // the events, round by round (each round one statement over every actor) while the daemons run;
+    // the first round is queued before the daemon starts, so its first pass meets turns at once
     corral = await connect({ databaseUrl: db.url, maxConnections: 2 });
     const sent: string[][] = Array.from({ length: ACTORS }, () => []);
     const sender = corral;
     // the last rounds wait for the second pass to reach the activations, so turns are in flight then
     const gate = new Promise<void>((r) => (openGate = r));
+    let firstRound = () => undefined as void;
+    const firstSent = new Promise<void>((r) => (firstRound = r));
     const sending$ = loop(
       (async () => {
         for (let r = 0; r < ROUNDS && running; r++) {
           if (r === GATED_ROUND) await gate;
           const round = Array.from({ length: ACTORS }, (_, a) => ({ actor: `crash/${actorName(a)}`, data: eventData(a, r) }));
           (await sender.sendMany(round)).forEach((res, a) => sent[a]!.push(res.eventId));
+          if (r === 0) firstRound();
           await sleep(ROUND_GAP_MS);
         }
       })(),
     );
+
+    await firstSent;
+    daemon = startDaemon('daemon-1');
 
     /** The killed daemon's database sessions have ended (a statement it had sent runs to its end first). */
     const sessionsGone = () =>

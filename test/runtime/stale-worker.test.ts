@@ -10,6 +10,7 @@ import { createWorker, type Worker } from '../../src/worker/sdk.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string };
 
@@ -40,8 +41,8 @@ describe('a stale worker', () => {
     // a raw peer sends nothing unless told: it registers, takes two turns, accepts one, then is silent
     silent = new RawPeer(daemon.broker.endpoint, 'stale-a');
     await silent.register(2);
-    const unaccepted = await daemon.events.enqueueActorEvent(db, actorKey('stale', 'unaccepted'), { text: 'moves' });
-    const accepted = await daemon.events.enqueueActorEvent(db, actorKey('stale', 'accepted'), { text: 'stays' });
+    const unaccepted = await sendEvent(db, actorKey('stale', 'unaccepted'), { text: 'moves' });
+    const accepted = await sendEvent(db, actorKey('stale', 'accepted'), { text: 'stays' });
     const startOf = (eventId: string) => (m: Msg) => (m.turn_ref as Ref).event_id === eventId;
     const first = (await silent.next('turn_start', startOf(unaccepted.eventId))).turn_ref as Ref;
     const kept = (await silent.next('turn_start', startOf(accepted.eventId))).turn_ref as Ref;

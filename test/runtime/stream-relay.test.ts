@@ -12,6 +12,7 @@ import { parseChunkNotice, streamChannelOf } from '../../src/db/live/chunks.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string };
 
@@ -21,7 +22,7 @@ let other: RawPeer;
 const db = () => t.daemon.database.db;
 
 async function startTurn(session: string): Promise<Ref> {
-  const { eventId } = await t.daemon.events.enqueueActorEvent(db(), actorKey('relay', session), { text: 'hi' });
+  const { eventId } = await sendEvent(db(), actorKey('relay', session), { text: 'hi' });
   const start: Msg = await worker.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
   const ref = start.turn_ref as Ref;
   await worker.send({ type: 'turn_accepted', turn_ref: ref });

@@ -12,6 +12,7 @@ import { sql } from '../../src/db/orm.ts';
 import { clearTranscriptRetention, pruneTranscripts, setTranscriptRetention } from '../../src/db/operations/transcript-retention.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string };
 type Ctx = { messages: { seq: number; role: string; content: unknown }[]; first_seq?: number; current_seq: number };
@@ -33,7 +34,7 @@ describe('transcript retention and the turn context', () => {
   });
 
   async function turn(agent: string, session: string, text: string, during?: (s: Msg) => Promise<void>): Promise<Ctx> {
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db(), actorKey(agent, session), { text });
+    const { eventId } = await sendEvent(db(), actorKey(agent, session), { text });
     const s: Msg = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     await during?.(s);
     await w.send({ type: 'turn_result', turn_ref: s.turn_ref, messages: [{ role: 'assistant', content: { text: `echo: ${text}` } }] });

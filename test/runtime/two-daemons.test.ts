@@ -18,7 +18,7 @@ import { actorKey } from '../../src/base/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { createBoss } from '../../src/queue/boss.ts';
-import { createEventQueue } from '../../src/queue/events.ts';
+import { sendMany } from '../helpers/send.ts';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
 import { freePort, killAll, spawnCorral, type Proc } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
@@ -119,9 +119,8 @@ describe('two daemons on one database', () => {
     boss = createBoss(db.url, DEFAULTS, { max: 2 });
     await boss.start();
     database = openDatabase(db.url, { max: 2 });
-    const queue = createEventQueue(boss, DEFAULTS.queueName, { maxEventBytes: DEFAULTS.maxEventBytes });
     for (let k = 0; k < EVENTS_PER_ACTOR; k++) {
-      await queue.enqueueActorEvents(
+      await sendMany(
         database.db,
         Array.from({ length: ACTORS }, (_, i) => ({ key: actorKey('two', `s${i}`), event: { text: `wave ${k}`, k } })),
       );

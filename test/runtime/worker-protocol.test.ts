@@ -9,6 +9,7 @@ import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
 import type { Config } from '../../src/config.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; revision: number };
 
@@ -45,7 +46,7 @@ describe('worker protocol', () => {
   it('re-dispatches the turns of a restarted worker at once, to itself when it is the only worker, spending no attempt', async () => {
     const { t, w, db } = await setup();
     await w.register(1, { instance: 'run-1' });
-    const { eventId } = await t.daemon.events.enqueueActorEvent(db, actorKey('restart', 's'), { text: 'x' });
+    const { eventId } = await sendEvent(db, actorKey('restart', 's'), { text: 'x' });
     const first = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === eventId);
     await w.send({ type: 'turn_accepted', turn_ref: first.turn_ref });
     await w.close();
@@ -72,12 +73,12 @@ describe('worker protocol', () => {
   it('answers an accepted turn_error with turn_failed (retry / dead-lettered) and a hand-back with handed_back', async () => {
     const { t, w, db } = await setup();
     await w.register(2);
-    const a = await t.daemon.events.enqueueActorEvent(db, actorKey('answer', 'retry'), { n: 1 });
+    const a = await sendEvent(db, actorKey('answer', 'retry'), { n: 1 });
     const sa = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === a.eventId);
     await w.send({ type: 'turn_error', turn_ref: sa.turn_ref, error: { code: 'boom', message: 'x', retryable: true } });
     expect(await w.next('turn_failed')).toMatchObject({ turn_ref: sa.turn_ref, retry: true, dead_lettered: false });
 
-    const b = await t.daemon.events.enqueueActorEvent(db, actorKey('answer', 'final'), { n: 2 });
+    const b = await sendEvent(db, actorKey('answer', 'final'), { n: 2 });
     const sb = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === b.eventId);
     await w.send({ type: 'turn_error', turn_ref: sb.turn_ref, error: { code: 'bad_input', message: 'x', retryable: false } });
     expect(await w.next('turn_failed')).toMatchObject({ turn_ref: sb.turn_ref, retry: false, dead_lettered: true });
@@ -85,7 +86,7 @@ describe('worker protocol', () => {
     await w.send({ type: 'turn_error', turn_ref: sb.turn_ref, error: { code: 'bad_input', message: 'x', retryable: false } });
     expect((await w.next('turn_rejected')).reason).toBe('already_failed');
 
-    const c = await t.daemon.events.enqueueActorEvent(db, actorKey('answer', 'handback'), { n: 3 });
+    const c = await sendEvent(db, actorKey('answer', 'handback'), { n: 3 });
     const sc = await w.next('turn_start', (m) => (m.turn_ref as Ref).event_id === c.eventId);
     await w.send({ type: 'turn_error', turn_ref: sc.turn_ref, error: { code: 'over_capacity', message: 'full', retryable: true } });
     expect(await w.next('turn_failed')).toMatchObject({ turn_ref: sc.turn_ref, retry: true, dead_lettered: false, handed_back: true });

@@ -8,6 +8,7 @@ import pg from 'pg';
 import { actorKey } from '../../src/base/actor-key.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string };
 
@@ -34,7 +35,7 @@ describe('worker slots', () => {
     await t.stop();
   });
 
-  const enqueue = (session: string) => t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey('slots', session), { session });
+  const enqueue = (session: string) => sendEvent(t.daemon.database.db, actorKey('slots', session), { session });
   const startOf = (eventId: string) => (m: Msg) => (m.turn_ref as Ref).event_id === eventId;
 
   it("frees a capacity-1 worker's slot when its result arrives, before the commit ends", async () => {

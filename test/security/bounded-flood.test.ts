@@ -23,6 +23,7 @@ import { DEEP_BODIES, deepText, resultFrame, respondToTurns, type Ref } from '..
 import { RawPeer } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { makeTurnRef } from '../fabric/helpers.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 const MAX_MESSAGE_BYTES = 1024 * 1024;
 const RSS_GROWTH_MB = 150;
@@ -128,7 +129,7 @@ describe('a flood of deep frames and poison results', () => {
       });
       peak = Math.max(peak, rss());
       if (i % 2 === 0 && legitEvents.length < LEGIT_EVENTS) {
-        const { eventId } = await t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey('legit', `s${i}`), { text: `hi ${i}` });
+        const { eventId } = await sendEvent(t.daemon.database.db, actorKey('legit', `s${i}`), { text: `hi ${i}` });
         legitEvents.push(eventId);
       }
     }
@@ -158,7 +159,7 @@ describe('a flood of deep frames and poison results', () => {
     }
 
     // still serving: a new turn commits
-    const { eventId } = await t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey('legit', 'after'), { text: 'after' });
+    const { eventId } = await sendEvent(t.daemon.database.db, actorKey('legit', 'after'), { text: 'after' });
     await waitFor(async () => (await committed([eventId])) === 1, { what: 'a turn after the flood', timeoutMs: 15_000 });
     await responder.stop();
     expect(responder.errors).toEqual([]);

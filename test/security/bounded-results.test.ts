@@ -30,6 +30,7 @@ import {
 } from '../helpers/hostile-peer.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent, sendMany } from '../helpers/send.ts';
 
 /**
  * A refusal comes at once, from the send to the answer: this bound tells "refused on arrival" from
@@ -72,7 +73,7 @@ describe('results bounded before they cost anything', () => {
   }
 
   const enqueue = (agent: string, session: string, data: unknown = { session }) =>
-    t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey(agent, session), data);
+    sendEvent(t.daemon.database.db, actorKey(agent, session), data);
   const startOf = (eventId: string, attempt?: number) => (m: Msg) =>
     (m.turn_ref as Ref).event_id === eventId && (attempt === undefined || m.attempt === attempt);
 
@@ -211,7 +212,7 @@ describe('results bounded before they cost anything', () => {
       if (m.attempt === 1 || opts.poisonAlways) await sequences[names[n++ % names.length]!]!(w, ref);
       else await w.send(validResult(ref));
     });
-    const events = await t.daemon.events.enqueueActorEvents(
+    const events = await sendMany(
       t.daemon.database.db,
       Array.from({ length: opts.events }, (_, i) => ({ key: actorKey(id, `s${i}`), event: { i } })),
     );

@@ -23,6 +23,7 @@ import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.
 import { waitFor } from '../helpers/wait.ts';
 import { makeTurnRef } from '../fabric/helpers.ts';
 import { RawPeer } from '../helpers/raw-peer.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 const MAX_MESSAGE_BYTES = 64 * 1024;
 const MAX_EVENT_BYTES = 16 * 1024;
@@ -68,7 +69,7 @@ describe('fabric security against hostile peers', () => {
 
   async function commitWithin(session: string, ms = LEGIT_COMMIT_MS): Promise<string> {
     const { daemon } = t;
-    const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('legit', session), { text: session });
+    const { eventId } = await sendEvent(daemon.database.db, actorKey('legit', session), { text: session });
     const row = await waitFor(
       async () => {
         const r = await daemon.database.pool.query<{ worker_id: string }>(
@@ -212,12 +213,12 @@ describe('fabric security against hostile peers', () => {
     // keep the legit workers busy, then add rev-1: the next turn can only land on it
     const { daemon } = t;
     const busy = await Promise.all(
-      ['legit-1', 'legit-2'].map((s) => daemon.events.enqueueActorEvent(daemon.database.db, actorKey('busy', s), { delayMs: 2_500 })),
+      ['legit-1', 'legit-2'].map((s) => sendEvent(daemon.database.db, actorKey('busy', s), { delayMs: 2_500 })),
     );
     await waitFor(() => busy.every((b) => daemon.runtime.workers.workerOf(b.eventId) !== undefined), { what: 'legit workers busy' });
     const heard: DaemonMessage[] = [];
     await startLegit('rev-1', { onReceive: (m) => void heard.push(m) });
-    const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('revoke', 's'), { delayMs: 2_000, text: 'r' });
+    const { eventId } = await sendEvent(daemon.database.db, actorKey('revoke', 's'), { delayMs: 2_000, text: 'r' });
     await waitFor(() => daemon.runtime.workers.workerOf(eventId) === 'rev-1', { what: 'turn on rev-1', timeoutMs: 10_000 });
     // the route is chosen before the frame is sent: wait for rev-1 to have heard its turn
     await waitFor(() => heard.some((m) => m.type === 'turn_start' && m.event.id === eventId), { what: 'turn_start heard by rev-1' });
@@ -286,12 +287,10 @@ describe('fabric security against hostile peers', () => {
   it('refuses an oversized event at enqueue and writes nothing', async () => {
     const { daemon } = t;
     const key = actorKey('big', 's');
-    await expect(daemon.events.enqueueActorEvent(daemon.database.db, key, { text: 'x'.repeat(MAX_EVENT_BYTES + 1) })).rejects.toMatchObject(
-      {
-        code: 'payload_too_large',
-      },
-    );
-    await expect(daemon.events.enqueueActorEvent(daemon.database.db, key, { text: 'nul \u0000' })).rejects.toMatchObject({
+    await expect(sendEvent(daemon.database.db, key, { text: 'x'.repeat(MAX_EVENT_BYTES + 1) })).rejects.toMatchObject({
+      code: 'payload_too_large',
+    });
+    await expect(sendEvent(daemon.database.db, key, { text: 'nul \u0000' })).rejects.toMatchObject({
       code: 'invalid_argument',
     });
     const jobs = await daemon.database.pool.query(`select 1 from pgboss.job where singleton_key = 'big/s'`);

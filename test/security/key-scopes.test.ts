@@ -13,6 +13,7 @@ import { createExampleHandler } from '../../src/worker/example.ts';
 import { createWorker, type Worker } from '../../src/worker/sdk.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 describe('key scopes', () => {
   let home: string;
@@ -50,7 +51,7 @@ describe('key scopes', () => {
   });
 
   it('a result emitting to an agent outside the scope is rejected emit_denied, and nothing is enqueued for it', async () => {
-    const { eventId } = await t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey('support-eu', 'emitter'), {
+    const { eventId } = await sendEvent(t.daemon.database.db, actorKey('support-eu', 'emitter'), {
       text: 'x',
       emit: { actor: 'billing/stolen', data: { text: 'injected' } },
     });
@@ -75,8 +76,8 @@ describe('key scopes', () => {
 
   it('a turn of an agent outside the scope waits for a worker that may take it, and is never offered to the scoped one', async () => {
     const db = t.daemon.database.db;
-    const outside = await t.daemon.events.enqueueActorEvent(db, actorKey('billing', 'invoice'), { text: 'outside' });
-    const inside = await t.daemon.events.enqueueActorEvent(db, actorKey('support-us', 'ticket'), { text: 'inside' });
+    const outside = await sendEvent(db, actorKey('billing', 'invoice'), { text: 'outside' });
+    const inside = await sendEvent(db, actorKey('support-us', 'ticket'), { text: 'inside' });
     await waitFor(
       async () => (await query(`select 1 from corral.turns where event_id = $1 and status = 'succeeded'`, [inside.eventId])).length === 1,
       { what: 'the turn in scope to commit', timeoutMs: 15_000, intervalMs: 50 },

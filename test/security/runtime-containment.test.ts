@@ -10,6 +10,7 @@ import { sql } from '../../src/db/orm.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent, sendMany } from '../helpers/send.ts';
 
 let t: TestDaemon | undefined;
 const peers: RawPeer[] = [];
@@ -65,7 +66,7 @@ describe('a worker that hands back every turn', () => {
     serve(bad, handBack);
     serve(good, commitIt);
     const events = Array.from({ length: 100 }, (_, i) => ({ key: actorKey(`handback-${i}`, 's'), event: { i } }));
-    const enqueued = await t.daemon.events.enqueueActorEvents(db, events);
+    const enqueued = await sendMany(db, events);
     const committed = async () =>
       Number(
         (await db.execute<{ n: string }>(sql`select count(*) as n from corral.turns where status = 'succeeded' and worker_id = 'good'`))
@@ -95,7 +96,7 @@ describe('a turn caught in a move', () => {
   it('is sent again at once to the connection the worker registered from, when the worker had not accepted it', async () => {
     t = await startTestDaemon({ leaseMs: 600_000 });
     const first = await peer('mover', 1, { instance: 'run-1' });
-    const { eventId } = await t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey('move', 's'), { text: 'x' });
+    const { eventId } = await sendEvent(t.daemon.database.db, actorKey('move', 's'), { text: 'x' });
     const lost = await first.next('turn_start');
     // the same run registers again from a new connection (a reconnect): the first one got the
     // turn_start, the new one did not
@@ -109,7 +110,7 @@ describe('a turn caught in a move', () => {
   it('is not sent again once accepted (the worker has it)', async () => {
     t = await startTestDaemon({ leaseMs: 600_000 });
     const first = await peer('keeper', 1, { instance: 'run-1' });
-    await t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey('keep', 's'), { text: 'x' });
+    await sendEvent(t.daemon.database.db, actorKey('keep', 's'), { text: 'x' });
     const start = await first.next('turn_start');
     await first.send({ type: 'turn_accepted', turn_ref: start.turn_ref });
     await waitFor(() => t!.daemon.runtime.dispatcher.turnOf((start.turn_ref as { event_id: string }).event_id)?.accepted, {
@@ -129,7 +130,7 @@ describe('worker RPC budget', () => {
   it('answers busy beyond the per-second budget, and serves again once it refilled', async () => {
     t = await startTestDaemon({ rpcPerSecond: 5, rpcConcurrency: 50 });
     const p = await peer('rpc', 1);
-    await t.daemon.events.enqueueActorEvent(t.daemon.database.db, actorKey('rpc', 's'), { text: 'x' });
+    await sendEvent(t.daemon.database.db, actorKey('rpc', 's'), { text: 'x' });
     const start = await p.next('turn_start');
     for (let i = 0; i < 20; i++) {
       await p.send({ type: 'rpc_request', id: `r${i}`, method: 'actor.status', turn_ref: start.turn_ref });

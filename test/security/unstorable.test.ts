@@ -11,6 +11,7 @@ import { createWorker, type Worker } from '../../src/worker/sdk.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
 import { CORRAL, run } from '../cli/helpers.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { sendEvent } from '../helpers/send.ts';
 
 describe('unstorable content', () => {
   let t: TestDaemon;
@@ -43,7 +44,7 @@ describe('unstorable content', () => {
   for (const kind of ['nul', 'surrogate'] as const) {
     it(`fails a turn whose outcome has ${kind === 'nul' ? 'a NUL' : 'a lone surrogate'} at once, without sending it`, async () => {
       const { daemon } = t;
-      const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('unstorable', kind), { kind });
+      const { eventId } = await sendEvent(daemon.database.db, actorKey('unstorable', kind), { kind });
       const started = Date.now();
       const failed = await waitFor(() => received.find((m) => m.type === 'turn_failed' && m.turn_ref.event_id === eventId), {
         what: 'turn_failed',
@@ -70,7 +71,7 @@ describe('unstorable content', () => {
     const { daemon } = t;
     let deep: unknown = 'x';
     for (let i = 0; i < 10_000; i++) deep = { a: deep };
-    await expect(daemon.events.enqueueActorEvent(daemon.database.db, actorKey('unstorable', 'deep'), deep)).rejects.toMatchObject({
+    await expect(sendEvent(daemon.database.db, actorKey('unstorable', 'deep'), deep)).rejects.toMatchObject({
       code: 'invalid_argument',
       message: expect.stringMatching(/nested deeper than 100 levels/),
     });
@@ -86,7 +87,7 @@ describe('unstorable content', () => {
 
   it('a clean result still commits', async () => {
     const { daemon } = t;
-    const { eventId } = await daemon.events.enqueueActorEvent(daemon.database.db, actorKey('unstorable', 'clean'), { kind: 'ok' });
+    const { eventId } = await sendEvent(daemon.database.db, actorKey('unstorable', 'clean'), { kind: 'ok' });
     await waitFor(
       async () =>
         (await daemon.database.pool.query(`select 1 from corral.turns where event_id = $1 and status = 'succeeded'`, [eventId])).rowCount,

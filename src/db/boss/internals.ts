@@ -6,14 +6,13 @@
  * The surface, where it is used, and why instead of a public API:
  *
  *  S1 Plans: `pg-boss/dist/plans.js`'s `getVersion`, `getQueues` and `insertJobs` (`bossPlans`,
- *     imported here and nowhere else), and the payload its `send` builds (`sendPayload`).
- *     queue/direct-send.ts: `corral send` enqueues without starting pg-boss, whose module graph
- *     and start-up round trips cost more than the insert. pg-boss has no public "insert on this
- *     connection without start()".
- *  S2 The schema version (`BOSS_SCHEMA_VERSION`, pg-boss's package.json `pgboss.schema`): the
- *     direct path writes only into a schema at this version; any other takes the full path
- *     (`start()` migrates it). A constant, not read from the installed package, so the direct
- *     path never writes into a schema of a version this module has not been checked against.
+ *     imported here and nowhere else), and the payload its `send` builds (`sendPayload`): the SQL
+ *     enqueue (S11) is pg-boss's own insert, made into a function, so that every sender (the
+ *     client, the HTTP API, `corral send`, SQL producers) enqueues in one statement on its own
+ *     connection. pg-boss has no public "insert on this connection without start()".
+ *  S2 The schema version (`BOSS_SCHEMA_VERSION`, pg-boss's package.json `pgboss.schema`): S11 is
+ *     made only on a schema at this version. A constant, not read from the installed package, so
+ *     no insert is ever made for a schema of a version this module has not been checked against.
  *  S3 Tables (`BOSS_TABLE`): `<schema>.job`, partitioned by queue name (every statement names the
  *     queue first); the queue's own job table, named by `queue.table_name` (`job_common` unless the
  *     queue is partitioned: `queueTable`); `<schema>.queue`; `<schema>.version`; pg-boss's clock
@@ -72,8 +71,7 @@
  *     `started_on`, so the next claim does not count an attempt. pg-boss has no "give back unspent".
  *
  * Tests: test/queue/boss-internals.test.ts checks S1–S15 piece by piece, each failure naming its
- * piece; test/queue/direct-send.test.ts compares a direct insert with `boss.send`'s row, column by
- * column; test/queue/key-head-fetch.test.ts compares the claim with pg-boss's own fetch on one
+ * piece, S11's row against `boss.send`'s column by column; test/queue/key-head-fetch.test.ts compares the claim with pg-boss's own fetch on one
  * backlog; test/queue/notify-channel.test.ts compares the channel with pg-boss's SQL expression.
  *
  * It loads neither Drizzle nor pg-boss (only `pg`; the plans on first use): short commands import it.

@@ -38,7 +38,7 @@
  */
 import { createHash } from 'node:crypto';
 import { ACTOR_PART } from '../../base/actor-key.ts';
-import { CorralError, sqlState } from '../../base/errors.ts';
+
 import { MAX_JSON_DEPTH } from '../../base/json-safety.ts';
 import {
   EVENT_JOBS_INSERT_FUNCTION,
@@ -48,13 +48,12 @@ import {
   type BossSqlRunner,
   type InsertTarget,
 } from '../boss/internals.ts';
-import { runStatement, type StatementTarget } from '../executor.ts';
 import { DEBOUNCE_FUNCTION, debounceFunctionSql, DUE_CHANNEL } from '../turns/batches.ts';
 import { CONTROL_CHANNEL } from '../turns/control.ts';
-import { sql } from '../orm.ts';
 import { AVAILABLE_INPUT_POLICIES, MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, SEND_ERRORS, type InputPolicy } from '../views.ts';
 
 export { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, SEND_ERRORS };
+export { sendEvents, sendError, type EventToSend, type SentEvent } from './send.ts';
 
 export interface SendEventSettings {
   bossSchema: string;
@@ -354,64 +353,3 @@ export async function installSendEvent(db: BossSqlRunner, s: SendEventSettings):
 
 /** Arbitrary, stable: "send" in ASCII. */
 const SEND_INSTALL_LOCK_KEY = 0x73656e64;
-
-/** One event for `sendEvents`: its data is already JSON (checked by the caller or not: the function checks again). */
-export interface EventToSend {
-  agentUid: string;
-  sessionId: string;
-  data: unknown;
-  idempotencyKey?: string | undefined;
-}
-
-export interface SentEvent {
-  eventId: string;
-  /** The key had enqueued this event already: nothing was enqueued now. */
-  duplicate: boolean;
-}
-
-/** Runs `corral.send_events` on `db` (in its transaction, if it is in one), for `events` in order. */
-export async function sendEvents(db: StatementTarget, events: readonly EventToSend[]): Promise<SentEvent[]> {
-  if (events.length === 0) return [];
-  const input = events.map((e) => ({
-    agent_uid: e.agentUid,
-    session_id: e.sessionId,
-    data: e.data,
-    ...(e.idempotencyKey === undefined ? {} : { idempotency_key: e.idempotencyKey }),
-  }));
-  let rows: Record<string, unknown>[];
-  try {
-    rows = await runStatement(
-      db,
-      sql`select ord, event_id, duplicate from corral.send_events(${JSON.stringify(input)}::jsonb) order by ord`,
-    );
-  } catch (e) {
-    throw sendError(e) ?? e;
-  }
-  if (rows.length !== events.length)
-    throw new CorralError('internal', `corral.send_events answered ${rows.length} of ${events.length} events`);
-  return rows.map((r) => ({ eventId: String(r.event_id), duplicate: r.duplicate === true || r.duplicate === 't' }));
-}
-
-/** A database error of the functions as a `CorralError` (undefined for any other error). */
-export function sendError(e: unknown): CorralError | undefined {
-  const state = sqlState(e);
-  const message = messageOf(e);
-  const code = state ? SEND_ERRORS[state] : undefined;
-  if (code) return new CorralError(code, message, { cause: e });
-  if (state === '42883' && /send_events|next_event_id|insert_event_jobs/.test(message)) {
-    return new CorralError(
-      'database_unavailable',
-      'the database has no corral.send_events yet: start `corral daemon` or run `corral db migrate` (they install it once the queue exists)',
-      { cause: e },
-    );
-  }
-  return undefined;
-}
-
-/** The driver's message, looking through Drizzle's wrapper (whose own message repeats the statement). */
-function messageOf(e: unknown, depth = 0): string {
-  const err = e as { message?: unknown; cause?: unknown } | null;
-  if (!err || depth > 5) return String(e);
-  if (err.cause !== undefined && err.cause !== err && sqlState(err.cause) !== undefined) return messageOf(err.cause, depth + 1);
-  return typeof err.message === 'string' ? err.message : String(e);
-}
