@@ -529,8 +529,9 @@ class WorkerRuntime implements Worker {
 
   private heartbeatTick(): void {
     try {
-      if (this.state !== 'running') return;
-      if (!this.registered) return this.sendReady(false);
+      // a draining worker keeps beating: the daemon must not declare it stale while its turns finish
+      if (this.state !== 'running' && this.state !== 'stopping') return;
+      if (!this.registered) return this.state === 'running' ? this.sendReady(false) : undefined;
       // Skip if the last one has not left yet (daemon unreachable): don't pile them up.
       if (this.heartbeatQueued) return;
       this.heartbeatQueued = true;

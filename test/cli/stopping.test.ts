@@ -150,6 +150,67 @@ describe('Ctrl-C and SIGTERM to the whole process group drain first', () => {
   }, 240_000);
 });
 
+describe('a standalone `corral worker`', () => {
+  it('SIGTERM drains it: no new turn, the running one commits on its attempt, then it exits 0; a second signal forces', async () => {
+    const db = await createTestDatabase();
+    databases.push(db);
+    const home = await freshHome();
+    const env = {
+      DATABASE_URL: db.url,
+      CORRAL_HOME: home,
+      CORRAL_ENDPOINT: `tcp://127.0.0.1:${await freePort()}`,
+      CORRAL_DRAIN_MS: '10000',
+      // a worker that stopped is forgotten within a second or two, so the next turn goes to the next one
+      CORRAL_WORKER_STALE_MS: '1500',
+      CORRAL_WORKER_HEARTBEAT_MS: '300',
+      CORRAL_WATCHDOG_INTERVAL_MS: '200',
+    };
+    const daemon = spawnCorral(['daemon'], env, 'daemon');
+    await waitFor(() => daemon.log().includes('corral daemon running'), { timeoutMs: 60_000, what: () => `the daemon:\n${daemon.log()}` });
+    const worker = spawnCorral(['worker', '--id', 'solo-1'], env, 'worker');
+    await waitFor(() => daemon.log().includes('"worker ready"'), { timeoutMs: 30_000, what: () => `the worker:\n${worker.log()}` });
+    const sent = await run([CORRAL, 'send', 'solo/s', JSON.stringify({ delayMs: TURN_MS, text: 'x' })], env);
+    expect(sent.code, sent.stderr).toBe(0);
+    await waitFor(() => daemon.log().includes('"turn started"'), { timeoutMs: 30_000, what: 'the turn to start' });
+    const signalledAt = Date.now();
+    worker.child.kill('SIGTERM');
+    expect(await exitOf(worker, DRAIN_MS + 5_000), worker.log()).toBe(0);
+    expect(Date.now() - signalledAt).toBeLessThan(DRAIN_MS);
+    expect(worker.log()).toMatch(/"draining: turns in flight may finish/);
+    // its turn commits on its first attempt (the result it sent before exiting): never handed back, never retried
+    const turns = await waitFor(
+      async () => {
+        const t = json<{ recentTurns: { attempt: number; status: string }[] }>(
+          await run([CORRAL, 'actor', 'solo/s', '--json'], env),
+        ).recentTurns;
+        return t.every((x) => x.status !== 'started') ? t : undefined;
+      },
+      { timeoutMs: 10_000, intervalMs: 200, what: 'the turn to end' },
+    );
+    expect(turns.map((t) => [t.attempt, t.status])).toEqual([[1, 'succeeded']]);
+
+    // a second request a second or more after the first does not wait for the turn
+    await waitFor(() => /"workerId":"solo-1"[^\n]*"worker (stale: no heartbeat|gone)"/.test(daemon.log()), {
+      timeoutMs: 15_000,
+      what: 'the daemon to forget the stopped worker',
+    });
+    const second = spawnCorral(['worker', '--id', 'solo-2'], env, 'worker-2');
+    await waitFor(() => daemon.log().split('"worker ready"').length - 1 >= 2, { timeoutMs: 30_000, what: 'the second worker' });
+    expect((await run([CORRAL, 'send', 'solo/s2', JSON.stringify({ delayMs: 30_000 })], env)).code).toBe(0);
+    await waitFor(() => /"workerId":"solo-2"[^\n]*"turn started"/.test(daemon.log()), {
+      timeoutMs: 30_000,
+      what: 'the long turn to start on it',
+    });
+    second.child.kill('SIGTERM');
+    await waitFor(() => second.log().includes('draining'), { timeoutMs: 10_000, what: 'the drain' });
+    await new Promise((r) => setTimeout(r, 1_100));
+    second.child.kill('SIGTERM');
+    expect(await exitOf(second, 10_000)).toBe(130);
+    daemon.child.kill('SIGTERM');
+    await exitOf(daemon);
+  }, 120_000);
+});
+
 describe('a daemon that cannot start', () => {
   async function testDatabase(): Promise<TestDatabase> {
     const db = await createTestDatabase();

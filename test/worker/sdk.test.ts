@@ -540,6 +540,18 @@ describe('worker SDK end to end', () => {
     });
   });
 
+  it('stop({ graceMs }) lets a running turn finish while it keeps heartbeating, so the daemon does not declare it stale', async () => {
+    const h = await startBroker();
+    const worker = await startWorker(h);
+    const ref = await dispatch(h, { delayMs: 600, text: 'draining' });
+    await waitFor(() => worker.inFlight() === 1, 'the turn running');
+    const beatsBefore = h.of('worker_heartbeat').length;
+    await worker.stop({ graceMs: 5_000 });
+    // the turn finished and its result went out; heartbeats kept coming meanwhile (every 100 ms)
+    await waitFor(() => h.of('turn_result', ref.delivery_id).length, 'the result');
+    expect(h.of('worker_heartbeat').length - beatsBefore).toBeGreaterThanOrEqual(3);
+  });
+
   it('ignores unknown daemon message types and keeps working', async () => {
     const h = await startBroker();
     await startWorker(h);

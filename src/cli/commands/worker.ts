@@ -1,9 +1,14 @@
-/** `corral worker`: runs the bundled example worker until SIGINT/SIGTERM. */
+/**
+ * `corral worker`: runs the bundled example worker until SIGINT/SIGTERM, which drain it as they do
+ * the daemon: it takes no new turn and lets the running ones finish and commit for
+ * `CORRAL_DRAIN_MS`, then stops; a real second request exits at once (130).
+ */
 import type { Config } from '../../config.ts';
 import type { WorkerCredentials } from '../../worker/credentials.ts';
 import { runExampleWorker } from '../../worker/example.ts';
 import { commandLogger } from '../database.ts';
 import { parentWatchReason, watchParent } from '../parent-watch.ts';
+import { StopRequests, type StopSource } from '../stop-requests.ts';
 
 export interface WorkerCommandOptions {
   id?: string;
@@ -55,19 +60,39 @@ export async function runWorkerCommand(config: Config, opts: WorkerCommandOption
     );
   }
   const launcher = parentWatchReason(process.env, 'worker');
+  const requests = new StopRequests();
+  let stopping: Promise<void> | undefined;
   let stopWatching = () => undefined as void;
   await new Promise<void>((resolve) => {
-    const stop = () => resolve();
-    process.once('SIGINT', stop);
-    process.once('SIGTERM', stop);
+    const requestStop = (source: StopSource, detail: Record<string, unknown>): void => {
+      const decision = requests.next(source);
+      if (decision === 'force') {
+        logger.warn({ workerId, ...detail }, 'second request to stop: exiting now (the daemon moves the turns still running)');
+        process.exit(130);
+      }
+      if (decision === 'ignore') return;
+      // as the daemon does: no new turn, the running ones may finish and commit for CORRAL_DRAIN_MS;
+      // a local worker is stopped by its daemon once the daemon has drained: it stops at once
+      const drainMs = launcher ? 0 : config.drainMs;
+      logger.info(
+        { workerId, inFlight: worker.inFlight(), drainMs, ...detail },
+        'draining: turns in flight may finish (signal again to force)',
+      );
+      stopping = worker.stop({ graceMs: drainMs });
+      resolve();
+    };
+    const onSignal = (signal: NodeJS.Signals) => requestStop('signal', { signal });
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
     if (launcher) {
       stopWatching = watchParent(() => {
         logger.warn({ workerId, launcher }, 'the daemon that started this worker is gone: stopping');
-        stop();
+        requestStop('parent-gone', { launcher });
       });
     }
   });
   stopWatching();
-  await worker.stop({ graceMs: 0 });
+  await stopping;
+  logger.info({ workerId }, 'example worker stopped');
   return 0;
 }
