@@ -20,17 +20,67 @@ import type { Fence } from '../db/turns/fence.ts';
 import type { StartedTurn } from './turn-begin.ts';
 
 /** An actor's turn in flight in this process: one attempt of one event. */
+/**
+ * Where an in-flight turn stands on the dispatch side. Only `dispatchTo` moves it:
+ *  D1 `parked`: no worker holds it; it waits for a free slot. From any state.
+ *  D2 `assigned`: a worker's slot is taken for it (a new worker, or the same one again): its
+ *     `turn_start` is not known to have gone out. From any state.
+ *  D3 `sent`: its `turn_start` went out to that worker (again, when it is sent again). Only from
+ *     `assigned` or `sent`.
+ *  D4 `accepted`: that worker said `turn_accepted`: it has the turn. Only from `assigned` or
+ *     `sent`, and only for the worker holding it.
+ */
+export type DispatchState = { kind: 'parked' } | { kind: 'assigned' | 'sent' | 'accepted'; workerId: string };
+
+/** A move of `dispatchTo`. */
+export type DispatchMove = { to: 'parked' } | { to: 'assigned'; workerId: string } | { to: 'sent' } | { to: 'accepted'; workerId: string };
+
 export interface InFlightTurn {
   fence: Fence;
-  /** The worker holding it, or null while it waits for a free one (parked). */
-  workerId: string | null;
+  /** Where it stands (D1–D4); moved by `dispatchTo` only. */
+  readonly dispatch: DispatchState;
   started: StartedTurn;
   /** When its turn_start was first sent (clock ms), for the commit-latency histogram. */
-  sentAtMs?: number;
+  readonly firstSentAtMs?: number;
   /** When this process began the attempt (clock ms), for the maximum turn duration. */
   startedAtMs: number;
-  /** Its worker said `turn_accepted` for this delivery: it has the turn. */
-  accepted?: boolean;
+}
+
+/**
+ * Moves `turn` as `move` says (D1–D4); false, changing nothing, when its state does not allow
+ * the move (an accept from another worker, a `sent` for a parked turn). `nowMs` is recorded as
+ * the first send's time.
+ */
+export function dispatchTo(turn: InFlightTurn, move: DispatchMove, nowMs: number): boolean {
+  const t = turn as { dispatch: DispatchState; firstSentAtMs?: number };
+  const s = t.dispatch;
+  switch (move.to) {
+    case 'parked':
+      t.dispatch = { kind: 'parked' };
+      return true;
+    case 'assigned':
+      t.dispatch = { kind: 'assigned', workerId: move.workerId };
+      return true;
+    case 'sent':
+      if (s.kind !== 'assigned' && s.kind !== 'sent') return false;
+      t.dispatch = { kind: 'sent', workerId: s.workerId };
+      t.firstSentAtMs ??= nowMs;
+      return true;
+    case 'accepted':
+      if ((s.kind !== 'assigned' && s.kind !== 'sent') || s.workerId !== move.workerId) return false;
+      t.dispatch = { kind: 'accepted', workerId: s.workerId };
+      return true;
+  }
+}
+
+/** The worker holding `turn`, or null while it is parked. */
+export function workerOf(turn: InFlightTurn): string | null {
+  return turn.dispatch.kind === 'parked' ? null : turn.dispatch.workerId;
+}
+
+/** A new turn's first state: its worker's slot taken, or parked. */
+export function firstDispatch(workerId: string | null): DispatchState {
+  return workerId === null ? { kind: 'parked' } : { kind: 'assigned', workerId };
 }
 
 export class SessionController {

@@ -25,7 +25,7 @@ import { FenceRejected, toError } from '../base/errors.ts';
 import { withRawField, type DaemonMessage } from '../fabric/protocol.ts';
 import type { Logger } from '../base/logger.ts';
 import type { RuntimeParts } from './transport.ts';
-import type { InFlightTurn, SessionController } from './directory.ts';
+import { dispatchTo, firstDispatch, workerOf, type InFlightTurn, type SessionController } from './directory.ts';
 import { attemptFields, fenceFields, toWire, type AttemptRef, type Fence } from './fence.ts';
 import { GroupWriter } from './group-writer.ts';
 import type { FailOutcome } from './attempt-failure.ts';
@@ -117,7 +117,7 @@ export class Dispatcher {
       if (workerId) this.opts.workers.release(job.id);
       throw e;
     }
-    controller.hold({ fence: started.fence, workerId, started, startedAtMs: this.opts.clock.nowMs() });
+    controller.hold({ fence: started.fence, dispatch: firstDispatch(workerId), started, startedAtMs: this.opts.clock.nowMs() });
     this.holders.set(job.id, controller);
     this.log.info({ ...fenceFields(started.fence), workerId, attempt: started.attempt }, 'turn started');
     if (workerId === null) {
@@ -132,24 +132,25 @@ export class Dispatcher {
     const tried = new Set<string>();
     for (;;) {
       const f = this.turnOf(eventId);
-      if (!f || f.workerId === null) return;
-      const res = await this.opts.transport.send(f.workerId, turnStart(f));
+      const workerId = f && workerOf(f);
+      if (!f || !workerId) return;
+      const res = await this.opts.transport.send(workerId, turnStart(f));
       if (res.ok) {
         this.opts.metrics.dispatched();
-        if (f.sentAtMs === undefined) {
-          f.sentAtMs = this.opts.clock.nowMs();
-          const enqueuedMs = Date.parse(f.started.enqueuedAt);
-          if (f.started.attempt === 1 && Number.isFinite(enqueuedMs)) {
-            this.opts.metrics.dispatchLatency?.((f.sentAtMs - enqueuedMs) / 1000);
-          }
+        const first = f.firstSentAtMs === undefined;
+        // an accept that came back before this await ended has moved it past `sent` already
+        if (workerOf(f) === workerId) dispatchTo(f, { to: 'sent' }, this.opts.clock.nowMs());
+        const enqueuedMs = Date.parse(f.started.enqueuedAt);
+        if (first && f.firstSentAtMs !== undefined && f.started.attempt === 1 && Number.isFinite(enqueuedMs)) {
+          this.opts.metrics.dispatchLatency?.((f.firstSentAtMs - enqueuedMs) / 1000);
         }
         return;
       }
-      this.log.warn({ ...fenceFields(f.fence), workerId: f.workerId, reason: res.reason }, 'turn_start send failed');
-      tried.add(f.workerId);
+      this.log.warn({ ...fenceFields(f.fence), workerId, reason: res.reason }, 'turn_start send failed');
+      tried.add(workerId);
       // Its route is gone: out of dispatch until it registers again. Its other turns keep their
       // deliveries; a reconnect of the same run can still finish them.
-      if (res.reason === 'unknown_route' || res.reason === 'closed') this.opts.workers.forget(f.workerId);
+      if (res.reason === 'unknown_route' || res.reason === 'closed') this.opts.workers.forget(workerId);
       const capped = tried.size >= MAX_DEAD_ROUTES_PER_DISPATCH;
       const next = capped ? undefined : this.opts.workers.acquire(eventId, f.fence.agentUid, tried);
       if (next === undefined) {
@@ -165,7 +166,7 @@ export class Dispatcher {
 
   private park(eventId: string, f: InFlightTurn): void {
     this.opts.workers.release(eventId);
-    f.workerId = null;
+    dispatchTo(f, { to: 'parked' }, this.opts.clock.nowMs());
     if (!this.parked.includes(eventId)) this.parked.push(eventId);
   }
 
@@ -179,8 +180,7 @@ export class Dispatcher {
     if (!f) return;
     try {
       f.fence = await this.opts.begin.redirect(f.fence, workerId, reason, endState);
-      f.workerId = workerId;
-      f.accepted = false;
+      dispatchTo(f, workerId === null ? { to: 'parked' } : { to: 'assigned', workerId }, this.opts.clock.nowMs());
     } catch (e) {
       if (e instanceof FenceRejected) {
         // The attempt is over (the watchdog failed it); its retry comes back through the queue.
@@ -237,20 +237,17 @@ export class Dispatcher {
    */
   reassign(eventId: string, reason: string, fromWorker?: string, mayReturn = false): void {
     const f = this.turnOf(eventId);
-    if (!f || (fromWorker !== undefined && f.workerId !== fromWorker)) return;
+    if (!f || (fromWorker !== undefined && workerOf(f) !== fromWorker)) return;
     this.opts.background.track(
       this.opts.directory.wake(f.fence).run(async () => {
         const current = this.turnOf(eventId);
         if (!current) return;
-        const next = this.opts.workers.acquire(
-          eventId,
-          current.fence.agentUid,
-          new Set(current.workerId && !mayReturn ? [current.workerId] : []),
-        );
+        const holding = workerOf(current);
+        const next = this.opts.workers.acquire(eventId, current.fence.agentUid, new Set(holding && !mayReturn ? [holding] : []));
         if (next === undefined) {
           // the worker it was on gave it back or is gone: that delivery ends now, so the worker
           // holds no live delivery without a slot while the turn waits for another one
-          if (current.workerId !== null) await this.redirect(eventId, null, reason, 'superseded');
+          if (holding !== null) await this.redirect(eventId, null, reason, 'superseded');
           const waiting = this.turnOf(eventId);
           if (waiting) this.park(eventId, waiting);
           // a worker may have registered while the redirect was written: it found nothing parked
@@ -267,8 +264,7 @@ export class Dispatcher {
   /** The worker of the delivery in flight here for `eventId` has it (it said `turn_accepted`). */
   markAccepted(workerId: string, eventId: string, deliveryId: string): void {
     const f = this.turnOf(eventId);
-    if (!f || f.workerId !== workerId || f.fence.deliveryId !== deliveryId || f.accepted) return;
-    f.accepted = true;
+    if (!f || f.fence.deliveryId !== deliveryId || !dispatchTo(f, { to: 'accepted', workerId }, this.opts.clock.nowMs())) return;
     this.opts.workers.accepted(workerId);
     // its window grew: a parked turn, or the queue, may have a slot now
     this.dispatchParked();
@@ -287,7 +283,7 @@ export class Dispatcher {
     for (const eventId of lostEvents) this.reassign(eventId, 'worker restarted', undefined, true);
     for (const [eventId, c] of this.holders) {
       const f = c.turn;
-      if (!f || f.workerId !== workerId || f.accepted || f.sentAtMs === undefined) continue;
+      if (!f || f.dispatch.kind !== 'sent' || f.dispatch.workerId !== workerId) continue;
       this.opts.background.track(
         c.run(() => this.send(eventId)),
         fenceFields(f.fence),
@@ -308,7 +304,7 @@ export class Dispatcher {
       const f = c.turn;
       if (!f || now - f.startedAtMs < maxTurnMs) continue;
       const fence = f.fence;
-      const workerId = f.workerId;
+      const workerId = workerOf(f);
       const outcome = await c.run(() => this.opts.failures.failOverdue(fence, maxTurnMs));
       if (!outcome) continue;
       failed++;
@@ -339,7 +335,7 @@ export class Dispatcher {
    */
   workerFinished(workerId: string, ref: Fence, free: boolean): void {
     const f = this.turnOf(ref.eventId);
-    if (!f || f.workerId !== workerId) return;
+    if (!f || workerOf(f) !== workerId) return;
     if (f.fence.deliveryId !== ref.deliveryId || f.fence.activationUid !== ref.activationUid || f.fence.actorEpoch !== ref.actorEpoch)
       return;
     if (this.opts.workers.workerOf(ref.eventId) !== workerId) return;
@@ -404,7 +400,7 @@ export class Dispatcher {
       this.opts.directory.wake(msg.fence).run(async () => {
         const current = this.turnOf(msg.fence.eventId);
         if (!current || current.fence.deliveryId !== msg.fence.deliveryId) return;
-        const workerId = current.workerId;
+        const workerId = workerOf(current);
         if (msg.kind === 'steer') {
           if (msg.fence.revision > current.fence.revision) current.fence = msg.fence;
           if (workerId) await this.tell(workerId, { v: 1, type: 'turn_steer', turn_ref: toWire(current.fence), input: msg.input as never });
@@ -446,7 +442,7 @@ export class Dispatcher {
         const current = controller.turn;
         if (!current || takesEvent(current, msg.eventId)) return;
         if (!(await this.opts.retry(() => this.opts.failures.interrupt(current.fence), { actor: controller.name }))) return;
-        const workerId = current.workerId;
+        const workerId = workerOf(current);
         if (workerId) {
           await this.tell(workerId, { v: 1, type: 'turn_cancel', turn_ref: toWire(current.fence), reason: 'interrupted' });
         }

@@ -165,7 +165,7 @@ export class ReplyPipeline {
         this.opts.workers.committed(e.workerId);
         const held = this.opts.dispatcher.turnOf(fence.eventId);
         if (held?.started.batch) this.opts.metrics.coalesced?.(held.started.batch.length);
-        const sentAtMs = held?.sentAtMs;
+        const sentAtMs = held?.firstSentAtMs;
         if (sentAtMs !== undefined) this.opts.metrics.commitLatency?.((this.opts.clock.nowMs() - sentAtMs) / 1000);
         this.log.info({ ...fenceFields(fence), workerId: e.workerId }, 'turn committed');
       } else {

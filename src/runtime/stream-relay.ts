@@ -30,7 +30,7 @@ import { errorMessage } from '../base/errors.ts';
 import { unstorableReason } from '../base/json-safety.ts';
 import type { Logger } from '../base/logger.ts';
 import type { BrokerEvent } from '../fabric/broker.ts';
-import type { InFlightTurn } from './directory.ts';
+import { workerOf, type InFlightTurn } from './directory.ts';
 import type { WireTurnRef } from './fence.ts';
 
 type ChunkEvent = Extract<BrokerEvent, { kind: 'turn_chunk' }>;
@@ -67,7 +67,7 @@ export interface StreamRelayOptions {
 
 /** R1: whether `ref` is the live attempt `turn` of this process, sent by the worker that holds it. */
 export function holdsLiveTurn(turn: InFlightTurn | undefined, workerId: string, ref: WireTurnRef): turn is InFlightTurn {
-  if (!turn || turn.workerId !== workerId) return false;
+  if (!turn || workerOf(turn) !== workerId) return false;
   const f = turn.fence;
   // a chunk sent just before a steer reached the worker carries the revision before it: same attempt
   return (

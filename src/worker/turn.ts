@@ -150,6 +150,26 @@ export interface TurnDeps {
 
 const MAX_ERROR_MESSAGE = 4096;
 
+/**
+ * Where a turn stands in the worker. Only `moveTo` changes it:
+ *  W1 `running`: its handler runs; progress and chunks go out.
+ *  W2 `cancelled`: the daemon wrote it off (`turn_cancel`, a terminal `turn_rejected`): the
+ *     handler is aborted and nothing more is sent (invariant 2). From `running` or `stopping`.
+ *  W3 `stopping`: the worker stops: the handler is aborted, and its failure is reported as the
+ *     retryable `worker_stopping`; progress still goes out. From `running`.
+ *  W4 `settled` / `settled_silent`: the handler ended; the final message is queued, unless the
+ *     turn was cancelled (silent). Nothing more is sent. From any of the above, once.
+ */
+type TurnState = 'running' | 'cancelled' | 'stopping' | 'settled' | 'settled_silent';
+
+const TURN_MOVES: Record<TurnState, readonly TurnState[]> = {
+  running: ['cancelled', 'stopping', 'settled'],
+  stopping: ['cancelled', 'settled'],
+  cancelled: ['settled_silent'],
+  settled: [],
+  settled_silent: [],
+};
+
 export class RunningTurn {
   readonly deliveryId: string;
   /** Resolves when the handler has settled and the final message (if any) is queued. */
@@ -162,15 +182,14 @@ export class RunningTurn {
   private readonly listeners = new Set<SteerListener>();
   private pendingSteers: Array<{ input: JsonValue; ref: TurnRef }> = [];
   private progressTimer: TimerHandle | null = null;
-  private silenced = false;
-  private stopping = false;
+  /** Where the turn stands (W1–W4, `moveTo`). */
+  private state: TurnState = 'running';
   /** The last turn_chunk's seq. */
   private chunkSeq = 0;
   /** The turn_chunk frame bytes sent for this attempt. */
   private streamedBytes = 0;
   /** The stream budget is spent (counted here, or told by the daemon): no chunk is sent any more. */
   private streamClosed = false;
-  private settled = false;
 
   constructor(start: TurnStart, deps: TurnDeps) {
     this.start = start;
@@ -197,7 +216,7 @@ export class RunningTurn {
 
   /** Adopt the steered turn_ref and hand the input to the handler. */
   steer(newRef: TurnRef, input: JsonValue): void {
-    if (this.settled) return;
+    if (this.state === 'settled' || this.state === 'settled_silent') return;
     this.ref = newRef;
     this.log.debug({ revision: newRef.revision }, 'turn steered');
     // Acknowledge promptly with the new ref so the daemon knows the worker follows it.
@@ -211,8 +230,7 @@ export class RunningTurn {
 
   /** Abort and stay silent (invariant 2). */
   cancel(reason: string): void {
-    if (this.settled || this.silenced) return;
-    this.silenced = true;
+    if (!this.moveTo('cancelled')) return;
     this.log.info({ reason }, 'turn cancelled');
     this.controller.abort(abortError(`turn cancelled: ${reason}`, 'cancelled'));
   }
@@ -229,9 +247,20 @@ export class RunningTurn {
 
   /** Abort because the worker is stopping; the handler's failure is reported as retryable. */
   abortForStop(): void {
-    if (this.settled) return;
-    this.stopping = true;
+    if (!this.moveTo('stopping')) return;
     this.controller.abort(abortError('worker stopping', 'worker_stopping'));
+  }
+
+  /** The one transition (W1–W4): false, changing nothing, when the turn cannot move there from where it is. */
+  private moveTo(next: TurnState): boolean {
+    if (!TURN_MOVES[this.state].includes(next)) return false;
+    this.state = next;
+    return true;
+  }
+
+  /** Whether anything but the final message may still go out for this turn (progress, chunks). */
+  private sends(): boolean {
+    return this.state === 'running' || this.state === 'stopping';
   }
 
   private context(): TurnContext {
@@ -287,11 +316,11 @@ export class RunningTurn {
     } catch (e) {
       final = { v: PROTOCOL_VERSION, type: 'turn_error', turn_ref: this.ref, error: this.errorBody(e) };
     }
-    this.settled = true;
+    this.moveTo(this.state === 'cancelled' ? 'settled_silent' : 'settled');
     this.progressTimer.cancel();
     this.progressTimer = null;
     this.deps.finished(this);
-    if (this.silenced) {
+    if (this.state === 'settled_silent') {
       this.log.debug({ outcome: final.type }, 'turn was cancelled; outcome not sent');
       return;
     }
@@ -349,7 +378,7 @@ export class RunningTurn {
 
   private errorBody(e: unknown): TurnErrorBody {
     const err = toError(e) as HandlerError;
-    if (this.stopping && this.controller.signal.aborted) {
+    if (this.state === 'stopping' && this.controller.signal.aborted) {
       return { code: 'worker_stopping', message: 'worker stopped before the turn finished', retryable: true };
     }
     const code = typeof err.code === 'string' && err.code.length > 0 ? err.code.slice(0, 128) : 'handler_error';
@@ -358,7 +387,7 @@ export class RunningTurn {
   }
 
   private sendProgress(note?: string): void {
-    if (this.settled || this.silenced) return;
+    if (!this.sends()) return;
     this.deps.send({
       v: PROTOCOL_VERSION,
       type: 'turn_progress',
@@ -368,7 +397,7 @@ export class RunningTurn {
   }
 
   private sendChunk(data: unknown): boolean {
-    if (this.settled || this.silenced || this.streamClosed) return false;
+    if (!this.sends() || this.streamClosed) return false;
     const msg = {
       v: PROTOCOL_VERSION,
       type: 'turn_chunk',

@@ -113,9 +113,12 @@ describe('a turn caught in a move', () => {
     await sendEvent(t.daemon.database.db, actorKey('keep', 's'), { text: 'x' });
     const start = await first.next('turn_start');
     await first.send({ type: 'turn_accepted', turn_ref: start.turn_ref });
-    await waitFor(() => t!.daemon.runtime.dispatcher.turnOf((start.turn_ref as { event_id: string }).event_id)?.accepted, {
-      what: 'the accept',
-    });
+    await waitFor(
+      () => t!.daemon.runtime.dispatcher.turnOf((start.turn_ref as { event_id: string }).event_id)?.dispatch.kind === 'accepted',
+      {
+        what: 'the accept',
+      },
+    );
     const second = await peer('keeper', 1, { instance: 'run-1' });
     // a heartbeat round trip later, nothing was re-sent
     await second.send({ type: 'worker_heartbeat', worker_id: 'keeper', in_flight: 1 });

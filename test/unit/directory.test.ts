@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { actorKey } from '../../src/base/actor-key.ts';
 import { ManualClock } from '../../src/base/clock.ts';
-import { ActorDirectory, type InFlightTurn } from '../../src/runtime/directory.ts';
+import { ActorDirectory, dispatchTo, firstDispatch, workerOf, type InFlightTurn } from '../../src/runtime/directory.ts';
 
 describe('ActorDirectory', () => {
   it('starts one controller per actor key, idempotently, even for concurrent wakes', async () => {
@@ -62,5 +62,39 @@ describe('ActorDirectory', () => {
     expect(dir.wake(actorKey('a', 's'))).toBe(c);
     await clock.advance(2_000);
     expect(dir.size).toBe(1);
+  });
+});
+
+describe('the dispatch state of an in-flight turn (D1–D4)', () => {
+  const turn = (workerId: string | null): InFlightTurn =>
+    ({ fence: {}, dispatch: firstDispatch(workerId), started: {}, startedAtMs: 0 }) as unknown as InFlightTurn;
+
+  it('a turn goes assigned → sent → accepted, its first send time kept across sends and workers', () => {
+    const t = turn('w1');
+    expect(t.dispatch).toEqual({ kind: 'assigned', workerId: 'w1' });
+    expect(dispatchTo(t, { to: 'sent' }, 10)).toBe(true);
+    expect(dispatchTo(t, { to: 'sent' }, 20)).toBe(true);
+    expect([t.dispatch, t.firstSentAtMs]).toEqual([{ kind: 'sent', workerId: 'w1' }, 10]);
+    expect(dispatchTo(t, { to: 'accepted', workerId: 'w1' }, 30)).toBe(true);
+    expect(workerOf(t)).toBe('w1');
+    // redirected: another worker's slot, not accepted, sent again, the first send's time kept
+    expect(dispatchTo(t, { to: 'assigned', workerId: 'w2' }, 40)).toBe(true);
+    expect(dispatchTo(t, { to: 'sent' }, 50)).toBe(true);
+    expect([t.dispatch, t.firstSentAtMs]).toEqual([{ kind: 'sent', workerId: 'w2' }, 10]);
+  });
+
+  it('refuses an accept from another worker, an accept after one, and a send of a parked turn', () => {
+    const t = turn('w1');
+    expect(dispatchTo(t, { to: 'accepted', workerId: 'w2' }, 0)).toBe(false);
+    expect(dispatchTo(t, { to: 'accepted', workerId: 'w1' }, 0)).toBe(true);
+    expect(dispatchTo(t, { to: 'accepted', workerId: 'w1' }, 0)).toBe(false);
+    expect(dispatchTo(t, { to: 'sent' }, 0)).toBe(false);
+    expect(t.dispatch).toEqual({ kind: 'accepted', workerId: 'w1' });
+    expect(dispatchTo(t, { to: 'parked' }, 0)).toBe(true);
+    expect(workerOf(t)).toBe(null);
+    expect(dispatchTo(t, { to: 'sent' }, 0)).toBe(false);
+    expect(dispatchTo(t, { to: 'accepted', workerId: 'w1' }, 0)).toBe(false);
+    const parked = turn(null);
+    expect([parked.dispatch, parked.firstSentAtMs]).toEqual([{ kind: 'parked' }, undefined]);
   });
 });
