@@ -50,6 +50,7 @@ import { openBenchDatabase, withCpu } from './lib/database.ts';
 import { parseOptions, USAGE, type Options } from './lib/e2e-options.ts';
 import { RAW_BATCH, rawBaseline, type RawResult } from './lib/raw.ts';
 import { printTable, type Report } from './lib/report.ts';
+import { createDatabaseOn } from '../test/helpers/databases.ts';
 
 async function main(): Promise<number> {
   let opts: Options;
@@ -131,8 +132,12 @@ async function main(): Promise<number> {
 
     const session = new CorralSession(db.url, home, opts, db.serverCpuMs);
     // The same rounds without CURVE, interleaved with the CURVE rounds: the cost of encryption
-    // and admission, measured in the same run under the same conditions.
-    const plain = new CorralSession(db.url, home, opts, db.serverCpuMs, false);
+    // and admission, measured in the same run under the same conditions. In a database of its
+    // own on the same server: a database's SQL enqueue (corral.send_events) is for its one queue.
+    const plainDb = await createDatabaseOn(db.url, `corral_bench_plain_${randomBytes(4).toString('hex')}`);
+    cleanup.defer('drop the database without CURVE', () => plainDb.drop());
+    await migrateDatabase(plainDb.url);
+    const plain = new CorralSession(plainDb.url, home, opts, db.serverCpuMs, false);
     const statements = opts.statements && db.source === 'embedded' ? new StatementTracker(admin) : undefined;
     if (opts.statements && !statements) progress('--statements needs the embedded database; ignored');
     cleanup.defer('stop corral', () => session.stop());
