@@ -38,6 +38,7 @@ import { HeapTrim, memoryReducingGc } from '../runtime/heap-trim.ts';
 import { sweepRetention, type SweepResult } from '../queue/retention.ts';
 import type { RuntimeMetrics } from '../runtime/metrics.ts';
 import { Supervisor, type ChildSpec, type ShutdownResult, type SupervisorHandle } from '../supervisor/index.ts';
+import type { DaemonState } from './state.ts';
 
 /** How often retention runs: a pass with nothing due is a few index probes, one with work drains it (src/queue/retention.ts). */
 const RETENTION_INTERVAL_MS = 60_000;
@@ -60,8 +61,7 @@ export interface DaemonDeps {
   extraChildren?: (endpoint: string) => ChildSpec<Daemon>[];
 }
 
-/** Where a daemon is in its life: the composed one here, and `CorralDaemon.state` (src/host/daemon.ts). */
-export type DaemonState = 'idle' | 'starting' | 'running' | 'stopping' | 'stopped';
+export type { DaemonState };
 
 /** The daemon's parts, built and wired but not started. */
 export class Daemon {
