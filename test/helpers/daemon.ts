@@ -6,7 +6,7 @@ import { createTestDatabase, type TestDatabase } from './db.ts';
 
 export const testLogger = process.env.CORRAL_TEST_LOG ? createLogger({ level: 'debug' }) : silentLogger;
 
-/** A database the caller made and drops: its own `createTestDatabase()`, or a file's `useTestDatabase()`. */
+/** A database the caller made and drops: a file's `useTestDatabase()`, or one of `useTestDatabases()`. */
 export type GivenDatabase = Pick<TestDatabase, 'url' | 'name'>;
 
 export interface TestDaemon<D extends GivenDatabase = TestDatabase> {
