@@ -10,20 +10,21 @@
  */
 import { rm } from 'node:fs/promises';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabases } from '../helpers/db.ts';
 import { killAll } from '../helpers/processes.ts';
 import type { ChaosEnvironment } from './environment.ts';
 import { describeFailure, makeLogRoot, runScenario, type Scenario } from './runner.ts';
 import { coalesceKill, coalesceTwoDaemons, daemonKill, duplicateResults, workerKill, workerStop } from './scenarios.ts';
 
-/** The scenario databases; a passed scenario drops its own, a failed one's is kept (see afterEach). */
-const databases: TestDatabase[] = [];
+/**
+ * The scenario databases, one per test: a passed scenario drops its own; after each test what is
+ * left is dropped, or kept and named when the scenario failed (useTestDatabases).
+ */
+const databases = useTestDatabases();
 const env: ChaosEnvironment = {
   describe: "the test run's shared PostgreSQL (not restarted by tests)",
   async createDatabase() {
-    const db = await createTestDatabase();
-    databases.push(db);
-    return { ...db, migrated: true };
+    return { ...(await databases.fresh()), migrated: true };
   },
 };
 
@@ -53,10 +54,8 @@ async function run(scenario: Scenario, seedOffset: number) {
 
 describe('crash tests (real processes, real PostgreSQL, real ZeroMQ)', () => {
   let failures = 0;
-  afterEach(async () => {
+  afterEach(() => {
     if (keepLogs) failures++;
-    // drops what is left, or keeps and names the database of a failed scenario
-    for (const db of databases.splice(0)) await db.drop();
   });
   afterAll(async () => {
     killAll();

@@ -9,7 +9,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { sql } from '../../src/db/orm.ts';
 import { actorKey } from '../../src/base/actor-key.ts';
 import { readTranscript } from '../../src/db/turns/transcript.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabases, type TestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { deadLetterCount, enqueueAndWait, startFailingRuntime, type Running } from '../ops/helpers.ts';
 import { corral, json } from './helpers.ts';
@@ -18,6 +18,7 @@ const K = actorKey('blk-a', 's1');
 
 // Several CLI processes per test: generous timeouts for loaded 2-core CI machines.
 describe('dead-letter mode block (CLI, daemon running)', { timeout: 180_000 }, () => {
+  const databases = useTestDatabases();
   let tdb: TestDatabase;
   let r: Running;
   let a1: string;
@@ -41,7 +42,7 @@ describe('dead-letter mode block (CLI, daemon running)', { timeout: 180_000 }, (
     ).rows[0]?.id;
 
   beforeEach(async () => {
-    tdb = await createTestDatabase();
+    tdb = await databases.fresh();
     r = await startFailingRuntime(tdb, { deadLetterMode: 'block' }, 'blk-w1');
     const ids = await enqueueAndWait(
       r,
@@ -58,7 +59,6 @@ describe('dead-letter mode block (CLI, daemon running)', { timeout: 180_000 }, (
 
   afterEach(async () => {
     await r?.stop();
-    await tdb?.drop();
   });
 
   it('status and actor show the held actor', async () => {

@@ -3,9 +3,8 @@
  * string, a server that does not answer, a database without corral's schema. One clear message
  * each, the same whichever command met it, a password never shown, and nothing written.
  */
-import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { describe, expect, it } from 'vitest';
+import { useTestDatabase } from '../helpers/db.ts';
 import { corral, type CliResult } from './helpers.ts';
 
 /** Every command that reads or writes corral's tables or queue. */
@@ -65,25 +64,13 @@ describe('a server that does not answer', () => {
 });
 
 describe('a database without corral’s schema', () => {
-  let empty: TestDatabase;
-  beforeAll(async () => {
-    empty = await createTestDatabase({ empty: true });
-  });
-  afterAll(async () => {
-    await empty?.drop();
-  });
+  const empty = useTestDatabase({ empty: true });
 
   const schemas = async (): Promise<string[]> => {
-    const c = new pg.Client({ connectionString: empty.url });
-    await c.connect();
-    try {
-      const { rows } = await c.query<{ nspname: string }>(
-        "select nspname from pg_namespace where nspname not like 'pg\\_%' and nspname not in ('information_schema', 'public') order by 1",
-      );
-      return rows.map((r) => r.nspname);
-    } finally {
-      await c.end();
-    }
+    const { rows } = await empty.client.query<{ nspname: string }>(
+      "select nspname from pg_namespace where nspname not like 'pg\\_%' and nspname not in ('information_schema', 'public') order by 1",
+    );
+    return rows.map((r) => r.nspname);
   };
 
   it('every command refuses it with the same message, and creates nothing in it', async () => {

@@ -4,11 +4,10 @@
  * semantics are covered in-process by test/ops/dead-letters.test.ts; this file checks the
  * command-line contract. Independent read-only commands run concurrently to keep it quick.
  */
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { sql } from '../../src/db/orm.ts';
 import { actorKey } from '../../src/base/actor-key.ts';
-import { openDatabase, type Database } from '../../src/db/client.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { makeDeadLetters } from '../ops/helpers.ts';
 import { corral, json, script } from './helpers.ts';
 
@@ -25,8 +24,7 @@ const UNKNOWN = '00000000-0000-4000-8000-000000000000';
 
 // Several CLI processes per test: generous timeouts for loaded 2-core CI machines.
 describe('corral dlq (CLI)', { timeout: 180_000 }, () => {
-  let tdb: TestDatabase;
-  let database: Database;
+  const tdb = useTestDatabase();
   let a: string[];
   let b: string;
   let list: ListJson['deadLetters'];
@@ -34,7 +32,6 @@ describe('corral dlq (CLI)', { timeout: 180_000 }, () => {
   const idOf = (eventId: string) => list.find((d) => d.eventId === eventId)!.id;
 
   beforeAll(async () => {
-    tdb = await createTestDatabase();
     const ids = await makeDeadLetters(tdb, [
       { key: actorKey('cli-a', 's1'), payload: { fail: true, n: 1 } },
       { key: actorKey('cli-a', 's1'), payload: { fail: true, n: 2 } },
@@ -42,12 +39,6 @@ describe('corral dlq (CLI)', { timeout: 180_000 }, () => {
     ]);
     a = ids.slice(0, 2);
     b = ids[2]!;
-    database = openDatabase(tdb.url, { max: 2 });
-  });
-
-  afterAll(async () => {
-    await database?.close();
-    await tdb?.drop();
   });
 
   it('lists (table, JSON, filters) and answers bad input with exit codes 1, 2 and 3', async () => {
@@ -108,7 +99,7 @@ describe('corral dlq (CLI)', { timeout: 180_000 }, () => {
     const out = json<ActJson>(r);
     expect(out.results.map((x) => [x.eventId, x.status, x.outcome])).toEqual(a.map((e) => [e, 'replayed', 'reinserted']));
     expect(r.stderr).toContain('replay: 2/2'); // plain progress lines when stderr is not a TTY
-    const jobs = await database.db.execute<{ id: string }>(
+    const jobs = await tdb.database.db.execute<{ id: string }>(
       sql`select id from pgboss.job where name = 'actor-events' and singleton_key = 'cli-a/s1' order by created_on, id`,
     );
     expect(jobs.rows.map((j) => j.id)).toEqual(a);
@@ -117,7 +108,7 @@ describe('corral dlq (CLI)', { timeout: 180_000 }, () => {
     expect(again.code).toBe(3); // one id is unknown
     expect(again.stdout).toContain(`already replayed  ${idOf(a[0]!)} event ${a[0]} of cli-a/s1 (reinserted)\n`);
     expect(again.stdout).toContain(`not found         ${UNKNOWN}\n`);
-    const count = await database.db.execute<{ n: number }>(
+    const count = await tdb.database.db.execute<{ n: number }>(
       sql`select count(*)::int as n from pgboss.job where name = 'actor-events' and id = ${a[0]!}`,
     );
     expect(count.rows[0]!.n).toBe(1);
@@ -127,7 +118,7 @@ describe('corral dlq (CLI)', { timeout: 180_000 }, () => {
     const r = await dlq('discard', idOf(b));
     expect(r.code, r.stderr).toBe(0);
     expect(r.stdout).toContain(`discarded         ${idOf(b)} event ${b} of cli-b/s1 (discarded)\n`);
-    const rec = await database.db.execute<{ action: string; payload: unknown }>(
+    const rec = await tdb.database.db.execute<{ action: string; payload: unknown }>(
       sql`select action, payload from corral.dead_letter_actions where event_id = ${b}`,
     );
     expect(rec.rows).toEqual([{ action: 'discard', payload: { fail: true, failCode: 'Boom_Special' } }]);

@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { CORRAL, ROOT, freshHomes, run } from './helpers.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabases } from '../helpers/db.ts';
 import {
   childPids,
   descendants,
@@ -35,17 +35,11 @@ const freshHome = () => homes.make();
 /** The environment of a user with no DATABASE_URL: the embedded server under `home`. */
 const embeddedEnv = (home: string, port: number) => ({ CORRAL_HOME: home, DATABASE_URL: '', CORRAL_ENDPOINT: `tcp://127.0.0.1:${port}` });
 
-/** Databases the tests below create on the run's server (dropped after each test). */
-const databases: TestDatabase[] = [];
-async function testDatabase(): Promise<TestDatabase> {
-  const db = await createTestDatabase();
-  databases.push(db);
-  return db;
-}
+/** Databases the tests below create on the run's server (dropped after each test, once the afterEach below killed its processes). */
+const databases = useTestDatabases();
 
-afterEach(async () => {
+afterEach(() => {
   killAll();
-  for (const db of databases.splice(0)) await db.drop();
 });
 afterAll(() => homes.removeAll());
 
@@ -120,7 +114,7 @@ describe('a fresh CORRAL_HOME', () => {
   }, 180_000);
 
   it('a command on a database whose set-up lock another session holds waits for it, and gives up with a clear error', async () => {
-    const db = await testDatabase();
+    const db = await databases.fresh();
     const env = { DATABASE_URL: db.url, CORRAL_HOME: await freshHome() };
     // an empty database, as a daemon finds it before its migrations ran
     const admin = new pg.Client({ connectionString: db.url });
@@ -213,7 +207,7 @@ describe('a fresh CORRAL_HOME', () => {
 
 describe('SIGTERM to the process the user started', () => {
   async function startUnder(command: string, args: string[]): Promise<{ launcher: ChildProcess; log: () => string }> {
-    const db = await testDatabase();
+    const db = await databases.fresh();
     const port = await freePort();
     let log = '';
     const launcher = spawn(command, args, {
@@ -269,7 +263,7 @@ describe('SIGTERM to the process the user started', () => {
   }, 120_000);
 
   it('a daemon killed with -9 takes its local workers with it', async () => {
-    const db = await testDatabase();
+    const db = await databases.fresh();
     const daemon = spawnCorral(['daemon', '--workers', '1'], {
       DATABASE_URL: db.url,
       CORRAL_HOME: await freshHome(),

@@ -5,26 +5,14 @@
  * with exit code 2 before the database is touched. test/client/input-policy.test.ts covers the
  * policies on a running daemon.
  */
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openDatabase, type Database } from '../../src/db/client.ts';
+import { describe, expect, it } from 'vitest';
 import { listInputPolicies } from '../../src/db/enqueue/input-policies.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { CORRAL, corral, json, run } from './helpers.ts';
 
 describe('corral policy (CLI)', { timeout: 180_000 }, () => {
-  let tdb: TestDatabase;
-  let database: Database;
+  const tdb = useTestDatabase();
   const policy = (...args: string[]) => corral(['policy', ...args], tdb.url);
-
-  beforeAll(async () => {
-    tdb = await createTestDatabase();
-    database = openDatabase(tdb.url, { max: 1 });
-  });
-
-  afterAll(async () => {
-    await database?.close();
-    await tdb?.drop();
-  });
 
   it('sets, replaces, lists and clears policies of agents and actors', async () => {
     const empty = await policy('list');
@@ -69,7 +57,7 @@ describe('corral policy (CLI)', { timeout: 180_000 }, () => {
     const none = await policy('clear', 'support-bot/vip');
     expect(none.code).toBe(3);
     expect(none.stderr).toBe('corral: support-bot/vip has no input policy of its own\n');
-    expect((await listInputPolicies(database.db)).map((p) => `${p.agentUid}/${p.sessionId ?? '*'}=${p.policy}`)).toEqual([
+    expect((await listInputPolicies(tdb.database.db)).map((p) => `${p.agentUid}/${p.sessionId ?? '*'}=${p.policy}`)).toEqual([
       'support-bot/*=reject',
       'triage/*=reject',
     ]);
@@ -78,11 +66,11 @@ describe('corral policy (CLI)', { timeout: 180_000 }, () => {
     const co = await policy('set', 'chat', 'coalesce', '--debounce', '300ms', '--max-wait', '5s', '--max-events', '20');
     expect(co.code, co.stderr).toBe(0);
     expect(co.stdout).toBe('input policy of chat: coalesce (debounce 300ms, max-wait 5000ms, max-events 20) (was: the default)\n');
-    const stored = (await listInputPolicies(database.db)).find((p) => p.agentUid === 'chat');
+    const stored = (await listInputPolicies(tdb.database.db)).find((p) => p.agentUid === 'chat');
     expect(stored?.options).toEqual({ debounceMs: 300, maxWaitMs: 5_000, maxEvents: 20 });
     const plain = await policy('set', 'chat', 'interrupt');
     expect(plain.stdout, 'a set replaces the options too').toBe('input policy of chat: interrupt (was: coalesce)\n');
-    expect((await listInputPolicies(database.db)).find((p) => p.agentUid === 'chat')?.options).toEqual({});
+    expect((await listInputPolicies(tdb.database.db)).find((p) => p.agentUid === 'chat')?.options).toEqual({});
   });
 
   it('corral send exits 4 while a reject actor has an event waiting, enqueueing nothing; corral actor names the policy', async () => {
@@ -95,7 +83,7 @@ describe('corral policy (CLI)', { timeout: 180_000 }, () => {
     expect(second.stderr).toMatch(
       /^corral: actor busy\/one is busy \(a turn runs or events wait\) and its input policy is reject: nothing was enqueued\n$/,
     );
-    const { rows } = await database.pool.query<{ n: number }>(
+    const { rows } = await tdb.database.pool.query<{ n: number }>(
       `select count(*)::int as n from pgboss.job where name = 'actor-events' and singleton_key = 'busy/one'`,
     );
     expect(rows[0]!.n).toBe(1);

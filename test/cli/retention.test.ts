@@ -3,10 +3,9 @@
  * output (table, JSON), and bad input answered with exit code 2 before the database is touched.
  * What the pruning deletes is covered by test/db/transcript-retention.test.ts.
  */
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { listTranscriptRetention } from '../../src/db/operations/transcript-retention.ts';
-import { openDatabase, type Database } from '../../src/db/client.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { CORRAL, corral, json, run } from './helpers.ts';
 
 interface Policy {
@@ -17,19 +16,8 @@ interface Policy {
 }
 
 describe('corral retention (CLI)', { timeout: 180_000 }, () => {
-  let tdb: TestDatabase;
-  let database: Database;
+  const tdb = useTestDatabase();
   const retention = (...args: string[]) => corral(['retention', ...args], tdb.url);
-
-  beforeAll(async () => {
-    tdb = await createTestDatabase();
-    database = openDatabase(tdb.url, { max: 1 });
-  });
-
-  afterAll(async () => {
-    await database?.close();
-    await tdb?.drop();
-  });
 
   it('sets, replaces, lists and clears a policy', async () => {
     const empty = await retention('list');
@@ -48,7 +36,7 @@ describe('corral retention (CLI)', { timeout: 180_000 }, () => {
       previousKeepSeconds: 90 * 86_400,
     });
     expect(other.code, other.stderr).toBe(0);
-    expect((await listTranscriptRetention(database.db)).map((p) => [p.agentUid, p.keepSeconds])).toEqual([
+    expect((await listTranscriptRetention(tdb.database.db)).map((p) => [p.agentUid, p.keepSeconds])).toEqual([
       ['support-bot', 36 * 3600],
       ['triage', 1800],
     ]);
@@ -73,7 +61,7 @@ describe('corral retention (CLI)', { timeout: 180_000 }, () => {
     const again = await retention('clear', 'triage');
     expect(again.code).toBe(3);
     expect(again.stderr).toBe('corral: agent triage has no transcript retention: its transcript is kept\n');
-    expect((await listTranscriptRetention(database.db)).map((p) => p.agentUid)).toEqual(['support-bot']);
+    expect((await listTranscriptRetention(tdb.database.db)).map((p) => p.agentUid)).toEqual(['support-bot']);
   });
 
   it('answers bad input with exit code 2 and a clear message, before the database is touched', async () => {

@@ -10,7 +10,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer, type Server } from 'node:net';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { CORRAL, ROOT, freshHomes, json, run } from './helpers.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabases } from '../helpers/db.ts';
 import {
   commandOf,
   descendants,
@@ -32,7 +32,8 @@ const TURN_MS = 2_000;
 const homes = freshHomes('corral-stopping-');
 const freshHome = () => homes.make();
 
-const databases: TestDatabase[] = [];
+// registered before the afterEach below, so its drops run after that one has killed the processes
+const databases = useTestDatabases();
 const groups: number[] = [];
 const servers: Server[] = [];
 
@@ -43,7 +44,6 @@ afterEach(async () => {
   }
   killAll();
   for (const s of servers.splice(0)) await new Promise((r) => s.close(r));
-  for (const db of databases.splice(0)) await db.drop();
 });
 afterAll(() => homes.removeAll());
 
@@ -152,8 +152,7 @@ describe('Ctrl-C and SIGTERM to the whole process group drain first', () => {
 
 describe('a standalone `corral worker`', () => {
   it('SIGTERM drains it: no new turn, the running one commits on its attempt, then it exits 0; a second signal forces', async () => {
-    const db = await createTestDatabase();
-    databases.push(db);
+    const db = await databases.fresh();
     const home = await freshHome();
     const env = {
       DATABASE_URL: db.url,
@@ -212,12 +211,6 @@ describe('a standalone `corral worker`', () => {
 });
 
 describe('a daemon that cannot start', () => {
-  async function testDatabase(): Promise<TestDatabase> {
-    const db = await createTestDatabase();
-    databases.push(db);
-    return db;
-  }
-
   async function expectQuickFailure(daemon: Proc, message: RegExp): Promise<void> {
     const startedAt = Date.now();
     const code = await exitOf(daemon);
@@ -228,7 +221,7 @@ describe('a daemon that cannot start', () => {
   }
 
   it('exits non-zero within 5 s when its endpoint or its metrics port is in use', async () => {
-    const db = await testDatabase();
+    const db = await databases.fresh();
     const env = { DATABASE_URL: db.url, CORRAL_HOME: await freshHome(), CORRAL_ENDPOINT: `tcp://127.0.0.1:${await freePort()}` };
     const first = spawnCorral(['daemon'], env, 'first');
     await waitFor(() => first.log().includes('corral daemon running'), { timeoutMs: 60_000, what: 'the first daemon' });
@@ -254,8 +247,7 @@ describe('a daemon that cannot start', () => {
 
 describe('liveness in `corral status`', () => {
   it('a daemon killed with -9 shows as not alive, and its workers as stale, within 2 × the stale timeout', async () => {
-    const db = await createTestDatabase();
-    databases.push(db);
+    const db = await databases.fresh();
     const staleMs = 3_000;
     const env = {
       DATABASE_URL: db.url,
@@ -295,8 +287,7 @@ describe('liveness in `corral status`', () => {
   }, 120_000);
 
   it('a daemon stopped cleanly shows as stopped, its workers as gone, and no warm activation outlives it', async () => {
-    const db = await createTestDatabase();
-    databases.push(db);
+    const db = await databases.fresh();
     const env = { DATABASE_URL: db.url, CORRAL_HOME: await freshHome(), CORRAL_ENDPOINT: `tcp://127.0.0.1:${await freePort()}` };
     const daemon = spawnCorral(['daemon', '--workers', '1'], env, 'daemon');
     await waitFor(() => daemon.log().includes('"worker ready"'), { timeoutMs: 60_000, what: 'the worker' });

@@ -2,36 +2,25 @@
  * The client's `sinks` and `outbox`: the operators' use-cases (src/outbox/sinks.ts, src/outbox/operations.ts)
  * as an application calls them, on a real database; the messages written by SQL, in every state.
  */
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connect, type Corral } from '../../src/client/index.ts';
-import { openDatabase, type Database } from '../../src/db/client.ts';
 import { setSinkDisabled } from '../../src/db/outbox/sinks.ts';
 import { errorCodeOf } from '../helpers/capture.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { insertOutboxMessage, type OutboxRowInput } from '../ops/helpers.ts';
 
 const codeOf = errorCodeOf;
 
 describe('the client: sinks and outbox', () => {
-  let tdb: TestDatabase;
-  let database: Database;
-  let raw: pg.Client;
+  const tdb = useTestDatabase();
   let corral: Corral;
-  const insert = (r: OutboxRowInput) => insertOutboxMessage(raw, r);
+  const insert = (r: OutboxRowInput) => insertOutboxMessage(tdb.client, r);
 
   beforeAll(async () => {
-    tdb = await createTestDatabase();
-    database = openDatabase(tdb.url, { max: 1 });
-    raw = new pg.Client({ connectionString: tdb.url });
-    await raw.connect();
     corral = await connect({ databaseUrl: tdb.url, maxConnections: 2 });
   });
   afterAll(async () => {
     await corral?.close();
-    await raw?.end();
-    await database?.close();
-    await tdb?.drop();
   });
 
   it('adds, lists, enables and removes sinks; lists, shows, replays and discards messages', async () => {
@@ -48,7 +37,7 @@ describe('the client: sinks and outbox', () => {
     expect((await corral.outbox.replay({ ids: [dead] })).done).toEqual([dead]);
     expect(await codeOf(corral.outbox.discard({ sink: 'app' } as never))).toBe('invalid_argument');
     expect((await corral.outbox.discard({ all: true, sink: 'app' })).done).toEqual([dead, pending]);
-    await setSinkDisabled(database.db, 'app', 'HTTP 410 Gone');
+    await setSinkDisabled(tdb.database.db, 'app', 'HTTP 410 Gone');
     expect((await corral.sinks.enable('app')).disabledAt).toBeNull();
     await insert({ sink: 'app', state: 'pending' });
     expect(await codeOf(corral.sinks.remove('app'))).toBe('invalid_argument');

@@ -7,14 +7,12 @@
  * itself reads about as many index entries as it claims, where a lookup through `job_i11` would
  * read the whole backlog per claimed job.
  */
-import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULTS } from '../../src/config.ts';
 import { CLAIM_FUNCTION, CLAIM_SIGNATURE, claimStatement, queueTable } from '../../src/db/boss/fetch.ts';
-import { openDatabase } from '../../src/db/client.ts';
 import { loadFenceRowsMany } from '../../src/db/turns/fence.ts';
 import { queuesOf } from '../../src/queue/names.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { genericPlan, planNodes, statementsOf, type PlanNode } from '../helpers/plans.ts';
 
 const q = queuesOf(DEFAULTS);
@@ -22,24 +20,20 @@ const HISTORY = 200_000;
 const BACKLOG = 20_000;
 const LIMIT = 50;
 
-let tdb: TestDatabase;
-let c: pg.Client;
+const tdb = useTestDatabase();
 let table: string;
 
 beforeAll(async () => {
-  tdb = await createTestDatabase();
-  c = new pg.Client({ connectionString: tdb.url });
-  await c.connect();
-  table = await queueTable(c, q);
+  table = await queueTable(tdb.client, q);
   const t = `${q.schema}.${table}`;
-  await c.query(`
+  await tdb.client.query(`
     insert into ${t} (id, name, data, state, policy, singleton_key, created_on, started_on, completed_on)
     select gen_random_uuid(), '${q.events}', '{}'::jsonb, 'completed', 'key_strict_fifo', 'history/s' || g,
            now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
       from generate_series(1, ${HISTORY}) g`);
   // analyzed with nothing queued, then a backlog of new actors arrives
-  await c.query(`analyze ${t}`);
-  await c.query(`
+  await tdb.client.query(`analyze ${t}`);
+  await tdb.client.query(`
     insert into ${t} (id, name, data, state, policy, singleton_key)
     select gen_random_uuid(), '${q.events}', '{}'::jsonb, 'created', 'key_strict_fifo', 'backlog/s' || g
       from generate_series(1, ${BACKLOG}) g`);
@@ -47,23 +41,18 @@ beforeAll(async () => {
 
 /** Index entries of the job table read so far (pg_stat_user_indexes, flushed). */
 async function reads(): Promise<number> {
-  await c.query('select pg_stat_force_next_flush()');
-  await c.query('select pg_stat_clear_snapshot()');
-  const { rows } = await c.query<{ n: string }>(
+  await tdb.client.query('select pg_stat_force_next_flush()');
+  await tdb.client.query('select pg_stat_clear_snapshot()');
+  const { rows } = await tdb.client.query<{ n: string }>(
     `select coalesce(sum(idx_tup_read), 0) as n from pg_stat_user_indexes where schemaname = $1 and relname = $2`,
     [q.schema, table],
   );
   return Number(rows[0]!.n);
 }
 
-afterAll(async () => {
-  await c?.end();
-  await tdb?.drop();
-});
-
 describe('the claim on statistics that see no queued job', () => {
   it('the statistics are the worst case: state reads {completed} only', async () => {
-    const { rows } = await c.query<{ vals: string }>(
+    const { rows } = await tdb.client.query<{ vals: string }>(
       `select most_common_vals::text as vals from pg_stats where schemaname = $1 and tablename = $2 and attname = 'state'`,
       [q.schema, table],
     );
@@ -71,20 +60,21 @@ describe('the claim on statistics that see no queued job', () => {
   });
 
   it("under the function's settings the generic plan never sorts or scans the table, and heads come from job_i10", async () => {
-    const { rows } = await c.query<{ config: string[] | null }>(`select proconfig as config from pg_proc where oid = $1::regprocedure`, [
-      CLAIM_SIGNATURE,
-    ]);
+    const { rows } = await tdb.client.query<{ config: string[] | null }>(
+      `select proconfig as config from pg_proc where oid = $1::regprocedure`,
+      [CLAIM_SIGNATURE],
+    );
     const settings = rows[0]?.config ?? [];
     expect(settings).toEqual(expect.arrayContaining(['enable_sort=off', 'enable_seqscan=off', 'enable_bitmapscan=off']));
-    await c.query('begin');
+    await tdb.client.query('begin');
     try {
       for (const s of settings) {
         const [k, v] = s.split('=');
-        await c.query(`set local ${k} = ${v}`);
+        await tdb.client.query(`set local ${k} = ${v}`);
       }
-      await c.query('set local plan_cache_mode = force_generic_plan');
-      await c.query(`prepare claim_plan(text, int) as ${claimStatement(q.schema, table)}`);
-      const res = await c.query<{ 'QUERY PLAN': { Plan: PlanNode }[] }>(
+      await tdb.client.query('set local plan_cache_mode = force_generic_plan');
+      await tdb.client.query(`prepare claim_plan(text, int) as ${claimStatement(q.schema, table)}`);
+      const res = await tdb.client.query<{ 'QUERY PLAN': { Plan: PlanNode }[] }>(
         `explain (format json) execute claim_plan('${q.events}', ${LIMIT})`,
       );
       const all = planNodes(res.rows[0]!['QUERY PLAN'][0]!.Plan);
@@ -99,19 +89,19 @@ describe('the claim on statistics that see no queued job', () => {
       expect(indexes, 'the head lookup probes job_i10').toContain(`${table}_i10`);
       expect(indexes, 'the walk in fetch order is job_i11').toContain(`${table}_i11`);
     } finally {
-      await c.query('rollback');
+      await tdb.client.query('rollback');
     }
   });
 
   it('the function claims a full batch reading about as many index entries as it claims, not the backlog', async () => {
     const before = await reads();
-    await c.query('begin');
+    await tdb.client.query('begin');
     let claimed: number;
     try {
-      const res = await c.query(`select * from ${CLAIM_FUNCTION}($1, $2)`, [q.events, LIMIT]);
+      const res = await tdb.client.query(`select * from ${CLAIM_FUNCTION}($1, $2)`, [q.events, LIMIT]);
       claimed = res.rowCount ?? 0;
     } finally {
-      await c.query('rollback');
+      await tdb.client.query('rollback');
     }
     const read = (await reads()) - before;
     expect(claimed).toBe(LIMIT);
@@ -122,19 +112,14 @@ describe('the claim on statistics that see no queued job', () => {
   it("a reply's attempt check reaches its job by the key, not through the live jobs' partial index", async () => {
     // on these statistics no job is active: a walk of every live job's index entry would look as
     // cheap as the key's own index (measured: 5 ms per reply after a few bursts on a week of history)
-    const database = openDatabase(tdb.url, { max: 1 });
-    try {
-      const [s] = await statementsOf(() => loadFenceRowsMany(database.db, { schema: q.schema, queue: q.events }, [crypto.randomUUID()]));
-      const jobs = planNodes(await genericPlan(c, s!)).filter(
-        (n) => n['Index Name']?.startsWith(`${table}_`) || n['Relation Name'] === table,
-      );
-      expect(
-        jobs.map((n) => n['Index Name'] ?? n['Node Type']),
-        'the job table is read by its key',
-      ).toEqual([`${table}_pkey`]);
-    } finally {
-      await database.close();
-    }
+    const [s] = await statementsOf(() => loadFenceRowsMany(tdb.database.db, { schema: q.schema, queue: q.events }, [crypto.randomUUID()]));
+    const jobs = planNodes(await genericPlan(tdb.client, s!)).filter(
+      (n) => n['Index Name']?.startsWith(`${table}_`) || n['Relation Name'] === table,
+    );
+    expect(
+      jobs.map((n) => n['Index Name'] ?? n['Node Type']),
+      'the job table is read by its key',
+    ).toEqual([`${table}_pkey`]);
   });
 
   it("a reject policy's busy check (corral.actor_busy) reads a few index entries, not the backlog", async () => {
@@ -144,7 +129,7 @@ describe('the claim on statistics that see no queued job', () => {
       ['nobody/s7', false],
     ] as const) {
       const before = await reads();
-      const { rows } = await c.query<{ busy: boolean }>('select corral.actor_busy($1) as busy', [key]);
+      const { rows } = await tdb.client.query<{ busy: boolean }>('select corral.actor_busy($1) as busy', [key]);
       const read = (await reads()) - before;
       expect(rows[0]!.busy, key).toBe(busy);
       // a lookup through job_i14 or job_i11 would walk the 20,000 queued jobs
@@ -157,19 +142,19 @@ describe('the claim on statistics that see no queued job', () => {
     const data = (n: number) =>
       JSON.stringify({ agentUid: 'batch', sessionId: 's1', payload: { n }, enqueuedAt: '2026-01-01T00:00:00.000Z' });
     const ids: string[] = [];
-    await c.query('begin');
+    await tdb.client.query('begin');
     try {
       for (let n = 0; n < 6; n++) {
-        const { rows } = await c.query<{ id: string }>(
+        const { rows } = await tdb.client.query<{ id: string }>(
           `insert into ${t} (id, name, data, state, policy, singleton_key, created_on)
            values (gen_random_uuid(), $1, $2::jsonb, 'created', 'key_strict_fifo', 'batch/s1', now() + $3 * interval '1 ms') returning id`,
           [q.events, data(n), n],
         );
         ids.push(rows[0]!.id);
       }
-      await c.query(`insert into corral.input_policies (agent_uid, policy, max_events) values ('batch', 'coalesce', 4)`);
+      await tdb.client.query(`insert into corral.input_policies (agent_uid, policy, max_events) values ('batch', 'coalesce', 4)`);
       const before = await reads();
-      const { rows } = await c.query<{ batch: { event_id: string; data: { n: number } }[] }>(
+      const { rows } = await tdb.client.query<{ batch: { event_id: string; data: { n: number } }[] }>(
         'select corral.actor_batch($1, $2, 0, $3::jsonb, true, 1000000) as batch',
         [q.events, ids[0], data(0)],
       );
@@ -181,7 +166,7 @@ describe('the claim on statistics that see no queued job', () => {
       expect(rows[0]!.batch.map((m) => m.event_id)).toEqual(ids.slice(1, 4));
       expect(read, 'index entries read for a batch of four').toBeLessThan(20);
     } finally {
-      await c.query('rollback');
+      await tdb.client.query('rollback');
     }
   });
 });

@@ -5,19 +5,17 @@
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../../src/db/client.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 
 describe('database pool', () => {
-  let tdb: TestDatabase | undefined;
+  const tdb = useTestDatabase();
   let d: Database | undefined;
 
   afterEach(async () => {
     await d?.close();
-    await tdb?.drop();
   });
 
   it('gives named statements a generic plan on every connection', async () => {
-    tdb = await createTestDatabase();
     d = openDatabase(tdb.url, { max: 3 });
     const clients = await Promise.all([d.pool.connect(), d.pool.connect(), d.pool.connect()]);
     try {
@@ -30,7 +28,6 @@ describe('database pool', () => {
   });
 
   it.skipIf(process.env.DATABASE_URL !== undefined)('reaches the embedded server through its Unix-domain socket', async () => {
-    tdb = await createTestDatabase();
     expect(decodeURIComponent(new URL(tdb.url).hostname)).toMatch(/^\/.*\/run$/);
     d = openDatabase(tdb.url);
     const r = await d.pool.query<{ addr: string | null; dirs: string }>(

@@ -5,38 +5,21 @@
  * (the claim just before took what it could; the rest waits for a send to end, which wakes the
  * loop), so an idle sender, or one whose receiver is slow, sleeps instead of claiming in a loop.
  */
-import pg from 'pg';
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { openDatabase, type Database } from '../../src/db/client.ts';
+import { beforeEach, describe, expect, it } from 'vitest';
 import { nextOutboxDueMs } from '../../src/db/outbox/messages.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 
-let tdb: TestDatabase;
-let database: Database;
-let c: pg.Client;
-
-beforeAll(async () => {
-  tdb = await createTestDatabase();
-  database = openDatabase(tdb.url, { max: 2 });
-  c = new pg.Client({ connectionString: tdb.url });
-  await c.connect();
-});
-
-afterAll(async () => {
-  await c?.end();
-  await database?.close();
-  await tdb?.drop();
-});
+const tdb = useTestDatabase();
 
 beforeEach(async () => {
-  await c.query(`delete from corral.outbox`);
-  await c.query(`delete from corral.sinks`);
-  await c.query(`insert into corral.sinks (name, url, secret) values ('s', 'http://127.0.0.1:9/', 'whsec_dGVzdGluZyB0ZXN0aW5n')`);
+  await tdb.client.query(`delete from corral.outbox`);
+  await tdb.client.query(`delete from corral.sinks`);
+  await tdb.client.query(`insert into corral.sinks (name, url, secret) values ('s', 'http://127.0.0.1:9/', 'whsec_dGVzdGluZyB0ZXN0aW5n')`);
 });
 
 /** A pending message of actor `a/<session>` on sink `s`, due or claimed as given (SQL intervals from now). */
 async function message(session: string, opts: { dueIn?: string; claimedFor?: string } = {}): Promise<void> {
-  await c.query(
+  await tdb.client.query(
     `insert into corral.outbox (sink, webhook_id, agent_uid, session_id, turn_id, event_id, position, body, next_attempt_at, claimed_until)
      values ('s', gen_random_uuid()::text, 'a', $1, gen_random_uuid(), gen_random_uuid(), 0, '{}',
              now() + coalesce($2::interval, '0'), now() + $3::interval)`,
@@ -46,34 +29,34 @@ async function message(session: string, opts: { dueIn?: string; claimedFor?: str
 
 describe('nextOutboxDueMs', () => {
   it('is null for an empty outbox, and for messages that are not pending or whose sink is disabled', async () => {
-    expect(await nextOutboxDueMs(database.db)).toBeNull();
+    expect(await nextOutboxDueMs(tdb.database.db)).toBeNull();
     await message('x');
-    await c.query(`update corral.outbox set state = 'delivered'`);
-    expect(await nextOutboxDueMs(database.db)).toBeNull();
+    await tdb.client.query(`update corral.outbox set state = 'delivered'`);
+    expect(await nextOutboxDueMs(tdb.database.db)).toBeNull();
     await message('y');
-    await c.query(`update corral.sinks set disabled_at = now()`);
-    expect(await nextOutboxDueMs(database.db)).toBeNull();
+    await tdb.client.query(`update corral.sinks set disabled_at = now()`);
+    expect(await nextOutboxDueMs(tdb.database.db)).toBeNull();
   });
 
   it('is the time to the nearest retry; a message due already does not count', async () => {
     await message('y');
-    expect(await nextOutboxDueMs(database.db)).toBeNull();
+    expect(await nextOutboxDueMs(tdb.database.db)).toBeNull();
     await message('x', { dueIn: '3 seconds' });
-    const ms = await nextOutboxDueMs(database.db);
+    const ms = await nextOutboxDueMs(tdb.database.db);
     expect(ms).toBeGreaterThan(2_000);
     expect(ms).toBeLessThanOrEqual(3_000);
     await message('z', { dueIn: '1 second' });
-    expect(await nextOutboxDueMs(database.db)).toBeLessThanOrEqual(1_000);
+    expect(await nextOutboxDueMs(tdb.database.db)).toBeLessThanOrEqual(1_000);
   });
 
   it('does not count a message behind a claimed one of its actor: that one’s claim is the next time', async () => {
     await message('x', { claimedFor: '8 seconds' });
     await message('x');
-    const ms = await nextOutboxDueMs(database.db);
+    const ms = await nextOutboxDueMs(tdb.database.db);
     expect(ms).toBeGreaterThan(7_000);
     expect(ms).toBeLessThanOrEqual(8_000);
     // a claim lapsing sooner is the next time
     await message('y', { claimedFor: '2 seconds' });
-    expect(await nextOutboxDueMs(database.db)).toBeLessThanOrEqual(2_000);
+    expect(await nextOutboxDueMs(tdb.database.db)).toBeLessThanOrEqual(2_000);
   });
 });

@@ -6,10 +6,8 @@
  * reads no big table sequentially. The statements are captured as they run (text and values),
  * then prepared and explained on a connection of the same setting.
  */
-import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { listExpiredInFlight, stopIdleActivations } from '../../src/db/turns/activations.ts';
-import { openDatabase, type Database } from '../../src/db/client.ts';
 import { unacceptedDeliveriesOf } from '../../src/db/turns/deliveries.ts';
 import { completedJobsOlderThan, unsettledFailedJobs } from '../../src/db/boss/jobs.ts';
 import { pruneIdempotencyKeys } from '../../src/db/enqueue/idempotency.ts';
@@ -19,7 +17,7 @@ import { orphanedStartedTurns } from '../../src/db/turns/transcript.ts';
 import { pruneTranscripts } from '../../src/db/operations/transcript-retention.ts';
 import { DEFAULTS } from '../../src/config.ts';
 import { queuesOf } from '../../src/queue/names.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { planNodes, statementsOf, type Captured, type PlanNode } from '../helpers/plans.ts';
 
 const HISTORY = 200_000;
@@ -35,9 +33,7 @@ const BIG_TABLES = new Set([
   'outbox',
 ]);
 
-let tdb: TestDatabase;
-let database: Database;
-let explainer: pg.Client;
+const tdb = useTestDatabase();
 
 const seqScansOf = (plan: PlanNode): string[] =>
   planNodes(plan).flatMap((n) => (n['Node Type'] === 'Seq Scan' && n['Relation Name'] ? [n['Relation Name']] : []));
@@ -45,15 +41,15 @@ const seqScansOf = (plan: PlanNode): string[] =>
 /** The generic plan of `s`, as a daemon connection would run it. */
 async function genericPlan(s: Captured, n: number): Promise<PlanNode> {
   const name = `periodic_${n}`;
-  await explainer.query(`prepare ${name} as ${s.text}`);
+  await tdb.client.query(`prepare ${name} as ${s.text}`);
   try {
     const params = s.values.map((v) => (v === null ? 'null' : `'${String(v).replaceAll("'", "''")}'`)).join(', ');
-    const r = await explainer.query<{ 'QUERY PLAN': { Plan: PlanNode }[] }>(
+    const r = await tdb.client.query<{ 'QUERY PLAN': { Plan: PlanNode }[] }>(
       `explain (format json) execute ${name}${s.values.length ? `(${params})` : ''}`,
     );
     return r.rows[0]!['QUERY PLAN'][0]!.Plan;
   } finally {
-    await explainer.query(`deallocate ${name}`);
+    await tdb.client.query(`deallocate ${name}`);
   }
 }
 
@@ -67,13 +63,10 @@ async function expectNoSequentialScans(what: string, fn: () => Promise<unknown>)
 }
 
 beforeAll(async () => {
-  tdb = await createTestDatabase();
-  database = openDatabase(tdb.url, { max: 2 });
-  explainer = new pg.Client({ connectionString: tdb.url });
-  await explainer.connect();
-  await explainer.query('set plan_cache_mode = force_generic_plan');
+  // the file's client explains the statements, planning them as a daemon connection does
+  await tdb.client.query('set plan_cache_mode = force_generic_plan');
   // history: finished activations, deliveries and turns of 200,000 events; a few live ones
-  await explainer.query(`
+  await tdb.client.query(`
     insert into corral.conversations (id, agent_uid, session_id) values ('00000000-0000-4000-8000-000000000001', 'history', 's');
     insert into corral.activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at, owner_id, status, end_reason, updated_at)
       select gen_random_uuid(), 'history', 's' || g, 1, gen_random_uuid(), now() - interval '1 day', 'gone-daemon', 'stopped', 'idle', now() - interval '1 day'
@@ -122,71 +115,65 @@ beforeAll(async () => {
   `);
 }, 120_000);
 
-afterAll(async () => {
-  await explainer?.end();
-  await database?.close();
-  await tdb?.drop();
-});
-
 describe('periodic statements on a history of 200,000 finished turns, right after ANALYZE', () => {
   it('the watchdog lists expired leases without reading the history', async () => {
-    await expectNoSequentialScans('listExpiredInFlight', () => listExpiredInFlight(database.db));
+    await expectNoSequentialScans('listExpiredInFlight', () => listExpiredInFlight(tdb.database.db));
   });
 
   it('the watchdog stops idle activations without reading the history', async () => {
-    await expectNoSequentialScans('stopIdleActivations', () => stopIdleActivations(database.db, 300_000, 100));
+    await expectNoSequentialScans('stopIdleActivations', () => stopIdleActivations(tdb.database.db, 300_000, 100));
   });
 
   it("the watchdog lists a stale worker's unaccepted deliveries without reading its history", async () => {
-    await expectNoSequentialScans('unacceptedDeliveriesOf', () => unacceptedDeliveriesOf(database.db, 'gone-worker'));
+    await expectNoSequentialScans('unacceptedDeliveriesOf', () => unacceptedDeliveriesOf(tdb.database.db, 'gone-worker'));
   });
 
   it('the retention sweep finds nothing due (every completed job a day old) without reading the job table', async () => {
     const retention = DEFAULTS.completedRetentionSeconds;
     await expectNoSequentialScans('completedJobsOlderThan', () =>
-      completedJobsOlderThan(database.db, 'pgboss', 'actor-events', retention, 1000),
+      completedJobsOlderThan(tdb.database.db, 'pgboss', 'actor-events', retention, 1000),
     );
-    await expectNoSequentialScans('pruneIdempotencyKeys', () => pruneIdempotencyKeys(database.db, queuesOf(DEFAULTS), retention, 1000));
+    await expectNoSequentialScans('pruneIdempotencyKeys', () => pruneIdempotencyKeys(tdb.database.db, queuesOf(DEFAULTS), retention, 1000));
   });
 
   it('the pruning of runtime rows finds nothing due (every row younger than its window) without reading the tables', async () => {
-    await expectNoSequentialScans('pruneDeliveries', () => pruneDeliveries(database.db, 2 * 86_400, 1000));
-    await expectNoSequentialScans('pruneActivations', () => pruneActivations(database.db, 2 * 86_400, 1000));
+    await expectNoSequentialScans('pruneDeliveries', () => pruneDeliveries(tdb.database.db, 2 * 86_400, 1000));
+    await expectNoSequentialScans('pruneActivations', () => pruneActivations(tdb.database.db, 2 * 86_400, 1000));
   });
 
   it("transcript retention finds nothing due (every turn younger than its agent's window) without reading the tables", async () => {
-    await expectNoSequentialScans('pruneTranscripts', () => pruneTranscripts(database.db));
+    await expectNoSequentialScans('pruneTranscripts', () => pruneTranscripts(tdb.database.db));
   });
 
   it('the outbox claims, finds its next due message and prunes (nothing due) without reading what it delivered', async () => {
-    await expectNoSequentialScans('claimOutbox', () => claimOutbox(database.db, { owner: 'd', limit: 64, free: {}, graceMs: 5000 }));
-    await expectNoSequentialScans('nextOutboxDueMs', () => nextOutboxDueMs(database.db));
-    await expectNoSequentialScans('pruneOutbox', () => pruneOutbox(database.db, DEFAULTS.completedRetentionSeconds, 1000));
-    expect(await claimOutbox(database.db, { owner: 'd', limit: 64, free: {}, graceMs: 5000 }), 'none is due yet').toEqual([]);
+    await expectNoSequentialScans('claimOutbox', () => claimOutbox(tdb.database.db, { owner: 'd', limit: 64, free: {}, graceMs: 5000 }));
+    await expectNoSequentialScans('nextOutboxDueMs', () => nextOutboxDueMs(tdb.database.db));
+    await expectNoSequentialScans('pruneOutbox', () => pruneOutbox(tdb.database.db, DEFAULTS.completedRetentionSeconds, 1000));
+    expect(await claimOutbox(tdb.database.db, { owner: 'd', limit: 64, free: {}, graceMs: 5000 }), 'none is due yet').toEqual([]);
   });
 
   it('recovery finds orphaned started turns without reading the history', async () => {
-    await expectNoSequentialScans('orphanedStartedTurns', () => orphanedStartedTurns(database.db, 1000));
+    await expectNoSequentialScans('orphanedStartedTurns', () => orphanedStartedTurns(tdb.database.db, 1000));
   });
 
   it('recovery finds the dead letters pg-boss made by itself without reading the history', async () => {
-    await expectNoSequentialScans('unsettledFailedJobs', () => unsettledFailedJobs(database.db, 'pgboss', 'actor-events', 1000));
-    expect(await unsettledFailedJobs(database.db, 'pgboss', 'actor-events', 1000), 'none in a history of completed jobs').toEqual([]);
+    await expectNoSequentialScans('unsettledFailedJobs', () => unsettledFailedJobs(tdb.database.db, 'pgboss', 'actor-events', 1000));
+    expect(await unsettledFailedJobs(tdb.database.db, 'pgboss', 'actor-events', 1000), 'none in a history of completed jobs').toEqual([]);
   });
 
   // last: it adds live rows the other statements would see
   it('the idle stop reads the activations idle long enough, not every warm one', async () => {
-    await explainer.query(`
+    await tdb.client.query(`
       insert into corral.activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at, owner_id, status)
         select gen_random_uuid(), 'warm', 's' || g, 1, gen_random_uuid(), now() + interval '1 minute', 'daemon', 'active'
           from generate_series(1, 20000) g;
       analyze corral.activations;
     `);
-    const statements = await statementsOf(() => stopIdleActivations(database.db, 300_000, 100));
+    const statements = await statementsOf(() => stopIdleActivations(tdb.database.db, 300_000, 100));
     const indexes = new Set<string>();
     for (const [i, s] of statements.entries())
       for (const n of planNodes(await genericPlan(s, i))) if (n['Index Name']?.startsWith('activations_')) indexes.add(n['Index Name']);
     expect([...indexes], 'through the idle index only').toEqual(['activations_idle']);
-    expect(await stopIdleActivations(database.db, 300_000, 100), 'nothing due among 20,000 warm activations').toBe(0);
+    expect(await stopIdleActivations(tdb.database.db, 300_000, 100), 'nothing due among 20,000 warm activations').toBe(0);
   });
 });

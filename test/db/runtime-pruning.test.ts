@@ -5,16 +5,13 @@
  * refused as any stale reply.
  */
 import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openDatabase, type Database } from '../../src/db/client.ts';
+import { describe, expect, it } from 'vitest';
 import { pruneActivations, pruneDeliveries } from '../../src/db/operations/runtime-pruning.ts';
 import { pruneRuntimeRows } from '../../src/queue/retention.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 
 const DAY = 86_400;
-let tdb: TestDatabase;
-let database: Database;
-let c: pg.Client;
+const tdb = useTestDatabase();
 
 /** An activation of `session` at `epoch`, its delivery and its turn, `agedDays` old. */
 async function history(
@@ -22,7 +19,7 @@ async function history(
   epoch: number,
   opts: { activation: string; delivery: string; turn: string; agedDays: number },
 ): Promise<{ activation: string; delivery: string }> {
-  const r = await c.query<{ activation_uid: string; delivery_id: string }>(
+  const r = await tdb.client.query<{ activation_uid: string; delivery_id: string }>(
     `with conv as (
        insert into corral.conversations (id, agent_uid, session_id) values (gen_random_uuid(), 'prune', $1)
        on conflict (agent_uid, session_id) do update set updated_at = now() returning id
@@ -49,20 +46,7 @@ async function history(
 }
 
 const exists = async (table: 'deliveries' | 'activations', column: string, id: string) =>
-  ((await c.query(`select 1 from corral.${table} where ${column} = $1`, [id])).rowCount ?? 0) === 1;
-
-beforeAll(async () => {
-  tdb = await createTestDatabase();
-  database = openDatabase(tdb.url, { max: 2 });
-  c = new pg.Client({ connectionString: tdb.url });
-  await c.connect();
-});
-
-afterAll(async () => {
-  await c?.end();
-  await database?.close();
-  await tdb?.drop();
-});
+  ((await tdb.client.query(`select 1 from corral.${table} where ${column} = $1`, [id])).rowCount ?? 0) === 1;
 
 describe('pruning runtime rows', () => {
   it('deletes finished deliveries and ended activations past the window, keeps what is live, recent, started or latest', async () => {
@@ -78,9 +62,9 @@ describe('pruning runtime rows', () => {
     await history('orphan', 2, { activation: 'stopped', delivery: 'completed', turn: 'succeeded', agedDays: 3 });
     // a live turn, with an old lease: nothing of it is finished
     const live = await history('live', 1, { activation: 'active', delivery: 'accepted', turn: 'started', agedDays: 3 });
-    const turnsBefore = (await c.query('select count(*)::int as n from corral.turns')).rows[0] as { n: number };
+    const turnsBefore = (await tdb.client.query('select count(*)::int as n from corral.turns')).rows[0] as { n: number };
 
-    const pruned = await pruneRuntimeRows({ db: database.db, runtimeRetentionSeconds: DAY, batchSize: 2 });
+    const pruned = await pruneRuntimeRows({ db: tdb.database.db, runtimeRetentionSeconds: DAY, batchSize: 2 });
     // deliveries: old1, old2, latest, orphan's epoch 2 (4); activations: old1, old2 (2)
     expect(pruned).toBe(6);
 
@@ -97,12 +81,12 @@ describe('pruning runtime rows', () => {
     expect(await exists('deliveries', 'delivery_id', live.delivery)).toBe(true);
     expect(await exists('activations', 'activation_uid', live.activation)).toBe(true);
     // the transcript is untouched
-    expect((await c.query('select count(*)::int as n from corral.turns')).rows[0]).toEqual(turnsBefore);
+    expect((await tdb.client.query('select count(*)::int as n from corral.turns')).rows[0]).toEqual(turnsBefore);
 
     // a second pass has nothing left to do; a window of 0 keeps everything
-    expect(await pruneDeliveries(database.db, DAY, 100)).toBe(0);
-    expect(await pruneActivations(database.db, DAY, 100)).toBe(0);
-    expect(await pruneRuntimeRows({ db: database.db, runtimeRetentionSeconds: 0 })).toBe(0);
+    expect(await pruneDeliveries(tdb.database.db, DAY, 100)).toBe(0);
+    expect(await pruneActivations(tdb.database.db, DAY, 100)).toBe(0);
+    expect(await pruneRuntimeRows({ db: tdb.database.db, runtimeRetentionSeconds: 0 })).toBe(0);
   });
 
   it('skips rows another transaction holds, and gets them on the next pass', async () => {
@@ -113,10 +97,10 @@ describe('pruning runtime rows', () => {
     try {
       await other.query('begin');
       await other.query('select 1 from corral.deliveries where delivery_id = $1 for update', [held.delivery]);
-      expect(await pruneDeliveries(database.db, DAY, 100)).toBe(0);
+      expect(await pruneDeliveries(tdb.database.db, DAY, 100)).toBe(0);
       await other.query('commit');
-      expect(await pruneDeliveries(database.db, DAY, 100)).toBe(1);
-      expect(await pruneActivations(database.db, DAY, 100)).toBe(1);
+      expect(await pruneDeliveries(tdb.database.db, DAY, 100)).toBe(1);
+      expect(await pruneActivations(tdb.database.db, DAY, 100)).toBe(1);
     } finally {
       await other.end();
     }

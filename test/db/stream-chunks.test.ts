@@ -5,8 +5,7 @@
  * are not live.
  */
 import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openDatabase, type Database } from '../../src/db/client.ts';
+import { describe, expect, it } from 'vitest';
 import {
   MAX_NOTIFY_BYTES,
   chunkLine,
@@ -18,16 +17,14 @@ import {
   streamChannelOf,
   type ChunkRow,
 } from '../../src/db/live/chunks.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 
-let tdb: TestDatabase;
-let database: Database;
-let c: pg.Client;
+const tdb = useTestDatabase();
 
 /** A delivery of actor `s/<session>` in `state`. */
 async function delivery(session: string, state: string): Promise<string> {
-  const r = await c.query<{ delivery_id: string }>(
+  const r = await tdb.client.query<{ delivery_id: string }>(
     `with a as (
        insert into corral.activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at, owner_id, status,
                                        end_reason, ended_at)
@@ -53,39 +50,26 @@ const chunk = (deliveryId: string, session: string, seq: number, data: unknown):
   channel: streamChannelOf(`s/${session}`),
 });
 
-beforeAll(async () => {
-  tdb = await createTestDatabase();
-  database = openDatabase(tdb.url, { max: 2 });
-  c = new pg.Client({ connectionString: tdb.url });
-  await c.connect();
-});
-
-afterAll(async () => {
-  await c?.end();
-  await database?.close();
-  await tdb?.drop();
-});
-
 describe('stream chunks', () => {
   it('stores the chunks of a live delivery only (S1), and reads them back in order after a seq', async () => {
     const live = await delivery('a', 'accepted');
     const ended = await delivery('a', 'superseded');
-    const stored = await insertChunks(database.db, [
+    const stored = await insertChunks(tdb.database.db, [
       chunk(live, 'a', 1, { delta: 'He' }),
       chunk(ended, 'a', 1, { delta: 'stale' }),
       chunk(live, 'a', 2, { delta: 'llo' }),
       chunk('00000000-0000-4000-8000-000000000000', 'a', 1, 'no delivery'),
     ]);
     expect(stored).toBe(2);
-    expect(await readChunks(database.db, live, 0)).toEqual([
+    expect(await readChunks(tdb.database.db, live, 0)).toEqual([
       { seq: 1, data: '{"delta": "He"}' },
       { seq: 2, data: '{"delta": "llo"}' },
     ]);
-    expect(await readChunks(database.db, live, 1)).toEqual([{ seq: 2, data: '{"delta": "llo"}' }]);
-    expect(await readChunks(database.db, ended, 0)).toEqual([]);
+    expect(await readChunks(tdb.database.db, live, 1)).toEqual([{ seq: 2, data: '{"delta": "llo"}' }]);
+    expect(await readChunks(tdb.database.db, ended, 0)).toEqual([]);
     // a chunk written twice (a retried insert) is stored once
-    expect(await insertChunks(database.db, [chunk(live, 'a', 2, { delta: 'again' })])).toBe(0);
-    expect(await deleteChunks(database.db, [live])).toBe(2);
+    expect(await insertChunks(tdb.database.db, [chunk(live, 'a', 2, { delta: 'again' })])).toBe(0);
+    expect(await deleteChunks(tdb.database.db, [live])).toBe(2);
   });
 
   it('notifies a stored chunk on its stream channel only while watched, inline or by reference (S2)', async () => {
@@ -98,10 +82,10 @@ describe('stream chunks', () => {
       listener.on('notification', (n) => n.channel === channel && heard.push(n.payload ?? ''));
       await listener.query(`listen ${channel}`);
       // not registered as watched: nothing is sent
-      await insertChunks(database.db, [chunk(d, 'b', 1, 'quiet')]);
+      await insertChunks(tdb.database.db, [chunk(d, 'b', 1, 'quiet')]);
       await listener.query(`insert into corral.turn_watchers (channel, pid) values ($1, pg_backend_pid())`, [channel]);
       const big = 'x'.repeat(MAX_NOTIFY_BYTES);
-      await insertChunks(database.db, [chunk(d, 'b', 2, { delta: 'hi' }), chunk(d, 'b', 3, big)]);
+      await insertChunks(tdb.database.db, [chunk(d, 'b', 2, { delta: 'hi' }), chunk(d, 'b', 3, big)]);
       await waitFor(() => heard.length === 2, { what: 'two notifications' });
       expect(heard[0]).toBe(`c s/b ${d} 2 {"delta":"hi"}`);
       expect(heard[1]).toBe(`r s/b ${d} 3`);
@@ -126,10 +110,10 @@ describe('stream chunks', () => {
   it('the sweep deletes the chunks of deliveries that are no longer live (S3)', async () => {
     const d = await delivery('c', 'accepted');
     const keep = await delivery('c2', 'accepted');
-    await insertChunks(database.db, [chunk(d, 'c', 1, 1), chunk(d, 'c', 2, 2), chunk(keep, 'c2', 1, 1)]);
-    expect(await pruneStreamChunks(database.db)).toBe(0);
-    await c.query(`update corral.deliveries set state = 'completed' where delivery_id = $1`, [d]);
-    expect(await pruneStreamChunks(database.db)).toBe(2);
-    expect(await readChunks(database.db, keep, 0)).toHaveLength(1);
+    await insertChunks(tdb.database.db, [chunk(d, 'c', 1, 1), chunk(d, 'c', 2, 2), chunk(keep, 'c2', 1, 1)]);
+    expect(await pruneStreamChunks(tdb.database.db)).toBe(0);
+    await tdb.client.query(`update corral.deliveries set state = 'completed' where delivery_id = $1`, [d]);
+    expect(await pruneStreamChunks(tdb.database.db)).toBe(2);
+    expect(await readChunks(tdb.database.db, keep, 0)).toHaveLength(1);
   });
 });

@@ -7,9 +7,8 @@
  */
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { DEFAULTS } from '../../src/config.ts';
-import { openDatabase, type Database } from '../../src/db/client.ts';
 import { eventStatus } from '../../src/db/turns/event-status.ts';
 import {
   clearTranscriptRetention,
@@ -21,18 +20,16 @@ import {
 } from '../../src/db/operations/transcript-retention.ts';
 import { queuesOf } from '../../src/queue/names.ts';
 import { pruneTranscriptRows } from '../../src/queue/retention.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 
 const DAY = 86_400;
-let tdb: TestDatabase;
-let database: Database;
-let c: pg.Client;
+const tdb = useTestDatabase();
 
 type Status = 'started' | 'succeeded' | 'failed' | 'cancelled';
 
 /** A conversation of `agent`/`session` (created on first use). */
 async function conversation(agent: string, session: string): Promise<string> {
-  const r = await c.query<{ id: string }>(
+  const r = await tdb.client.query<{ id: string }>(
     `insert into corral.conversations (id, agent_uid, session_id) values (gen_random_uuid(), $1, $2)
      on conflict (agent_uid, session_id) do update set updated_at = now() returning id`,
     [agent, session],
@@ -55,7 +52,7 @@ async function turn(
   const finished = opts.finishedDaysAgo ?? (status === 'started' ? null : opts.agedDays);
   const id = randomUUID();
   const eventId = randomUUID();
-  await c.query(
+  await tdb.client.query(
     `insert into corral.turns (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt,
                                input, started_at, finished_at)
      values ($1, $2, $3, gen_random_uuid(), $4, gen_random_uuid(), 1, 0, 1, '{"text":"hi"}',
@@ -64,7 +61,7 @@ async function turn(
   );
   const n = opts.messages ?? (status === 'succeeded' ? 2 : status === 'cancelled' ? 1 : 0);
   if (n > 0) {
-    await c.query(
+    await tdb.client.query(
       `with cv as (
          update corral.conversations set next_seq = next_seq + $3 where id = $1 returning next_seq - $3 as first
        )
@@ -78,12 +75,12 @@ async function turn(
 }
 
 const count = async (q: string, params: unknown[] = []) =>
-  (await c.query<{ n: number }>(`select count(*)::int as n from ${q}`, params)).rows[0]!.n;
+  (await tdb.client.query<{ n: number }>(`select count(*)::int as n from ${q}`, params)).rows[0]!.n;
 const turnExists = async (id: string) => (await count('corral.turns where id = $1', [id])) === 1;
 const messagesOf = async (id: string) => count('corral.messages where turn_id = $1', [id]);
 const seqsOf = async (agent: string, session: string) =>
   (
-    await c.query<{ seq: number }>(
+    await tdb.client.query<{ seq: number }>(
       `select m.seq from corral.messages m join corral.conversations cv on cv.id = m.conversation_id
         where cv.agent_uid = $1 and cv.session_id = $2 order by m.seq`,
       [agent, session],
@@ -91,57 +88,44 @@ const seqsOf = async (agent: string, session: string) =>
   ).rows.map((r) => r.seq);
 const conversationOf = async (agent: string, session: string) =>
   (
-    await c.query<{ next_seq: number; pruned_through: number }>(
+    await tdb.client.query<{ next_seq: number; pruned_through: number }>(
       'select next_seq, pruned_through from corral.conversations where agent_uid = $1 and session_id = $2',
       [agent, session],
     )
   ).rows[0];
 
-beforeAll(async () => {
-  tdb = await createTestDatabase();
-  database = openDatabase(tdb.url, { max: 2 });
-  c = new pg.Client({ connectionString: tdb.url });
-  await c.connect();
-});
-
-afterAll(async () => {
-  await c?.end();
-  await database?.close();
-  await tdb?.drop();
-});
-
 describe('transcript retention policies', () => {
   it('set, replace, list and clear; the table refuses what the statements could not take', async () => {
-    expect(await setTranscriptRetention(database.db, 'pol-a', 90 * DAY)).toMatchObject({
+    expect(await setTranscriptRetention(tdb.database.db, 'pol-a', 90 * DAY)).toMatchObject({
       agentUid: 'pol-a',
       keepSeconds: 90 * DAY,
       previousKeepSeconds: null,
     });
-    expect(await setTranscriptRetention(database.db, 'pol-a', 12 * 3600)).toMatchObject({
+    expect(await setTranscriptRetention(tdb.database.db, 'pol-a', 12 * 3600)).toMatchObject({
       keepSeconds: 12 * 3600,
       previousKeepSeconds: 90 * DAY,
     });
-    await setTranscriptRetention(database.db, 'pol-b', 60);
-    const list = await listTranscriptRetention(database.db);
+    await setTranscriptRetention(tdb.database.db, 'pol-b', 60);
+    const list = await listTranscriptRetention(tdb.database.db);
     expect(list.filter((p) => p.agentUid.startsWith('pol-')).map((p) => [p.agentUid, p.keepSeconds])).toEqual([
       ['pol-a', 12 * 3600],
       ['pol-b', 60],
     ]);
     expect(list[0]!.updatedAt).toBeInstanceOf(Date);
-    expect(await clearTranscriptRetention(database.db, 'pol-b')).toBe(60);
-    expect(await clearTranscriptRetention(database.db, 'pol-b')).toBeNull();
+    expect(await clearTranscriptRetention(tdb.database.db, 'pol-b')).toBe(60);
+    expect(await clearTranscriptRetention(tdb.database.db, 'pol-b')).toBeNull();
 
-    await expect(setTranscriptRetention(database.db, "it's", 60)).rejects.toThrow(/an agent uid/);
-    await expect(setTranscriptRetention(database.db, 'pol-c', 0)).rejects.toThrow(/whole seconds/);
-    await expect(setTranscriptRetention(database.db, 'pol-c', 1.5)).rejects.toThrow(/whole seconds/);
+    await expect(setTranscriptRetention(tdb.database.db, "it's", 60)).rejects.toThrow(/an agent uid/);
+    await expect(setTranscriptRetention(tdb.database.db, 'pol-c', 0)).rejects.toThrow(/whole seconds/);
+    await expect(setTranscriptRetention(tdb.database.db, 'pol-c', 1.5)).rejects.toThrow(/whole seconds/);
     // by hand too: the pruning writes agent_uid into its statement as a literal
-    await expect(c.query(`insert into corral.transcript_retention (agent_uid, keep_seconds) values ('a''b', 60)`)).rejects.toThrow(
+    await expect(tdb.client.query(`insert into corral.transcript_retention (agent_uid, keep_seconds) values ('a''b', 60)`)).rejects.toThrow(
       /transcript_retention_agent_uid/,
     );
-    await expect(c.query(`insert into corral.transcript_retention (agent_uid, keep_seconds) values ('ok', 0)`)).rejects.toThrow(
+    await expect(tdb.client.query(`insert into corral.transcript_retention (agent_uid, keep_seconds) values ('ok', 0)`)).rejects.toThrow(
       /transcript_retention_keep_positive/,
     );
-    await clearTranscriptRetention(database.db, 'pol-a');
+    await clearTranscriptRetention(tdb.database.db, 'pol-a');
   });
 });
 
@@ -159,12 +143,12 @@ describe('pruning transcripts', () => {
     // an agent without a policy, and one with a longer window: their old turns stay
     const kept = await turn('keep', 's1', { agedDays: 400 });
     const longer = await turn('long', 's1', { agedDays: 5 });
-    await setTranscriptRetention(database.db, 'forget', DAY);
-    await setTranscriptRetention(database.db, 'long', 30 * DAY);
+    await setTranscriptRetention(tdb.database.db, 'forget', DAY);
+    await setTranscriptRetention(tdb.database.db, 'long', 30 * DAY);
     const conversations = await count('corral.conversations');
 
     // turns: old1, oldFailed, oldCancelled, old2 (4); messages: 2 + 0 + 1 + 3 (6)
-    expect(await pruneTranscripts(database.db, { batchSize: 100 })).toBe(10);
+    expect(await pruneTranscripts(tdb.database.db, { batchSize: 100 })).toBe(10);
 
     for (const gone of [old1, oldFailed, oldCancelled, old2]) {
       expect(await turnExists(gone.id)).toBe(false);
@@ -182,14 +166,14 @@ describe('pruning transcripts', () => {
     expect(await count('corral.conversations')).toBe(conversations);
 
     // nothing left to do; an agent whose policy is gone or changed since it was read is left alone
-    expect(await pruneTranscripts(database.db)).toBe(0);
+    expect(await pruneTranscripts(tdb.database.db)).toBe(0);
     const older = await turn('forget', 's3', { agedDays: 5 });
-    expect(await pruneAgentTranscripts(database.db, 'forget', 2 * DAY, 100)).toEqual({ turns: 0, messages: 0 });
-    expect(await pruneAgentTranscripts(database.db, 'keep', DAY, 100)).toEqual({ turns: 0, messages: 0 });
-    await clearTranscriptRetention(database.db, 'forget');
-    expect(await pruneTranscripts(database.db)).toBe(0);
+    expect(await pruneAgentTranscripts(tdb.database.db, 'forget', 2 * DAY, 100)).toEqual({ turns: 0, messages: 0 });
+    expect(await pruneAgentTranscripts(tdb.database.db, 'keep', DAY, 100)).toEqual({ turns: 0, messages: 0 });
+    await clearTranscriptRetention(tdb.database.db, 'forget');
+    expect(await pruneTranscripts(tdb.database.db)).toBe(0);
     expect(await turnExists(older.id)).toBe(true);
-    await clearTranscriptRetention(database.db, 'long');
+    await clearTranscriptRetention(tdb.database.db, 'long');
   });
 
   it('bounds each batch and each pass, and takes every conversation oldest first', async () => {
@@ -197,10 +181,10 @@ describe('pruning transcripts', () => {
     for (let i = 0; i < 5; i++) s1.push(await turn('batch', 's1', { agedDays: 10 - i }));
     const s2 = [];
     for (let i = 0; i < 2; i++) s2.push(await turn('batch', 's2', { agedDays: 10 - i }));
-    await setTranscriptRetention(database.db, 'batch', DAY);
+    await setTranscriptRetention(tdb.database.db, 'batch', DAY);
 
     // one batch: at most 2 turns, a conversation's oldest
-    expect(await pruneAgentTranscripts(database.db, 'batch', DAY, 2)).toEqual({ turns: 2, messages: 4 });
+    expect(await pruneAgentTranscripts(tdb.database.db, 'batch', DAY, 2)).toEqual({ turns: 2, messages: 4 });
     const left = async (ts: { id: string }[]) => {
       const out: boolean[] = [];
       for (const t of ts) out.push(await turnExists(t.id));
@@ -212,28 +196,28 @@ describe('pruning transcripts', () => {
     for (const ts of [await left(s1), await left(s2)]) expect(ts).toEqual([...ts].sort((a, b) => Number(a) - Number(b)));
 
     // a pass of at most 2 batches of 2: 4 more turns, one left for the next pass
-    expect(await pruneTranscripts(database.db, { batchSize: 2, maxBatches: 2 })).toBe(12);
+    expect(await pruneTranscripts(tdb.database.db, { batchSize: 2, maxBatches: 2 })).toBe(12);
     expect([...(await left(s1)), ...(await left(s2))].filter((x) => x)).toHaveLength(1);
-    expect(await pruneTranscripts(database.db, { batchSize: 2, maxBatches: 2 })).toBe(3);
+    expect(await pruneTranscripts(tdb.database.db, { batchSize: 2, maxBatches: 2 })).toBe(3);
     expect(await count(`corral.turns t join corral.conversations cv on cv.id = t.conversation_id where cv.agent_uid = 'batch'`)).toBe(0);
     expect(await conversationOf('batch', 's1')).toEqual({ next_seq: 11, pruned_through: 10 });
-    await clearTranscriptRetention(database.db, 'batch');
+    await clearTranscriptRetention(tdb.database.db, 'batch');
   });
 
   it('skips turns another transaction holds, and gets them on the next pass', async () => {
     const held = await turn('held', 's1', { agedDays: 3 });
-    await setTranscriptRetention(database.db, 'held', DAY);
+    await setTranscriptRetention(tdb.database.db, 'held', DAY);
     const other = new pg.Client({ connectionString: tdb.url });
     await other.connect();
     try {
       await other.query('begin');
       await other.query('select 1 from corral.turns where id = $1 for update', [held.id]);
-      expect(await pruneTranscripts(database.db)).toBe(0);
+      expect(await pruneTranscripts(tdb.database.db)).toBe(0);
       await other.query('commit');
-      expect(await pruneTranscripts(database.db)).toBe(3);
+      expect(await pruneTranscripts(tdb.database.db)).toBe(3);
     } finally {
       await other.end();
-      await clearTranscriptRetention(database.db, 'held');
+      await clearTranscriptRetention(tdb.database.db, 'held');
     }
   });
 
@@ -245,19 +229,19 @@ describe('pruning transcripts', () => {
       [committed, null],
       [cancelled, { cancelled: true, reason: 'stop' }],
     ] as const) {
-      await c.query(
+      await tdb.client.query(
         `insert into pgboss.job (id, name, data, state, policy, singleton_key, output, completed_on, created_on)
          values ($1, $2, '{}'::jsonb, 'completed', 'key_strict_fifo', 'jobs/s1', $3, now() - interval '3 days', now() - interval '3 days')`,
         [t.eventId, q.events, output === null ? null : JSON.stringify(output)],
       );
     }
-    expect((await eventStatus(database.db, q, committed.eventId)).state).toBe('committed');
-    expect((await eventStatus(database.db, q, cancelled.eventId)).state).toBe('cancelled');
-    await setTranscriptRetention(database.db, 'jobs', DAY);
-    expect(await pruneTranscripts(database.db)).toBe(5);
-    expect((await eventStatus(database.db, q, committed.eventId)).state).toBe('unknown');
-    expect((await eventStatus(database.db, q, cancelled.eventId)).state).toBe('cancelled');
-    await clearTranscriptRetention(database.db, 'jobs');
+    expect((await eventStatus(tdb.database.db, q, committed.eventId)).state).toBe('committed');
+    expect((await eventStatus(tdb.database.db, q, cancelled.eventId)).state).toBe('cancelled');
+    await setTranscriptRetention(tdb.database.db, 'jobs', DAY);
+    expect(await pruneTranscripts(tdb.database.db)).toBe(5);
+    expect((await eventStatus(tdb.database.db, q, committed.eventId)).state).toBe('unknown');
+    expect((await eventStatus(tdb.database.db, q, cancelled.eventId)).state).toBe('cancelled');
+    await clearTranscriptRetention(tdb.database.db, 'jobs');
   });
 });
 
@@ -266,26 +250,26 @@ describe('the pass skips an agent until something may be due (R7)', () => {
     const agent = 'due-agent';
     await turn(agent, 's1', { agedDays: 3 });
     await turn(agent, 's2', { agedDays: 1 });
-    await setTranscriptRetention(database.db, agent, 2 * DAY);
+    await setTranscriptRetention(tdb.database.db, agent, 2 * DAY);
     const dueOf = async () =>
       (
-        await c.query<{ due: number | null }>(
+        await tdb.client.query<{ due: number | null }>(
           `select extract(epoch from due_at - now())::float8 / 86400 as due from corral.transcript_retention where agent_uid = $1`,
           [agent],
         )
       ).rows[0]!.due;
     expect(await dueOf(), 'not known before a pass').toBeNull();
-    expect((await transcriptRetentionDue(database.db)).map((p) => p.agentUid)).toContain(agent);
+    expect((await transcriptRetentionDue(tdb.database.db)).map((p) => p.agentUid)).toContain(agent);
 
-    const pass = () => pruneTranscriptRows({ db: database.db, duty: 1 });
+    const pass = () => pruneTranscriptRows({ db: tdb.database.db, duty: 1 });
     expect(await pass(), 'the 3-day-old turn and its two messages').toBe(3);
     // the oldest left finished a day ago: due in a day
     expect(await dueOf()).toBeCloseTo(1, 2);
-    expect((await transcriptRetentionDue(database.db)).map((p) => p.agentUid)).not.toContain(agent);
+    expect((await transcriptRetentionDue(tdb.database.db)).map((p) => p.agentUid)).not.toContain(agent);
     expect(await pass(), 'nothing due: the agent is left out').toBe(0);
 
     // a shorter window takes effect at the next pass
-    await setTranscriptRetention(database.db, agent, DAY / 2);
+    await setTranscriptRetention(tdb.database.db, agent, DAY / 2);
     expect(await dueOf()).toBeNull();
     expect(await pass(), 'the 1-day-old turn is past half a day').toBe(3);
     // nothing left: due a window after now

@@ -9,29 +9,26 @@
  * The statements are captured as they run and explained as a daemon connection plans them
  * (`plan_cache_mode = force_generic_plan`).
  */
-import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openDatabase, type Database, type DbOrTx } from '../../src/db/client.ts';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { type DbOrTx } from '../../src/db/client.ts';
 import { actorKey } from '../../src/base/actor-key.ts';
 import { lockLiveActivation, lockLiveActivationsMany } from '../../src/db/turns/activations.ts';
 import { acceptDeliveryRowsMany, beginTurnsMany, commitTurnRowsMany, extendLeasesMany } from '../../src/db/turns/turn-rows.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { genericPlan as planOf, planNodes, statementsOf, type Captured, type PlanNode } from '../helpers/plans.ts';
 
-const genericPlan = (s: Captured): Promise<PlanNode> => planOf(c, s);
+const genericPlan = (s: Captured): Promise<PlanNode> => planOf(tdb.client, s);
 
 const HISTORY = 200_000;
 const LIVE = 3_000;
 const BATCH = 50;
 
-let tdb: TestDatabase;
-let database: Database;
-let c: pg.Client;
+const tdb = useTestDatabase();
 
 /** The statement `run` sends first, captured in a transaction that is then rolled back. */
 async function firstStatementOf(run: (tx: DbOrTx) => Promise<unknown>): Promise<Captured> {
   let statements: Captured[] = [];
-  await database.db
+  await tdb.database.db
     .transaction(async (tx) => {
       statements = await statementsOf(() => run(tx));
       throw new Error('rolled back');
@@ -56,12 +53,8 @@ interface Live {
 let live: Live[] = [];
 
 beforeAll(async () => {
-  tdb = await createTestDatabase();
-  database = openDatabase(tdb.url, { max: 2 });
-  c = new pg.Client({ connectionString: tdb.url });
-  await c.connect();
   // a history of finished turns, analyzed while nothing was live
-  await c.query(`
+  await tdb.client.query(`
     insert into corral.conversations (id, agent_uid, session_id)
       select gen_random_uuid(), 'history', 's' || g from generate_series(1, ${HISTORY}) g;
     insert into corral.activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at, owner_id, status, end_reason, ended_at)
@@ -75,7 +68,7 @@ beforeAll(async () => {
     analyze corral.conversations; analyze corral.activations; analyze corral.deliveries; analyze corral.turns;
   `);
   // then a burst: live activations with a turn in flight each
-  await c.query(`
+  await tdb.client.query(`
     insert into corral.conversations (id, agent_uid, session_id)
       select gen_random_uuid(), 'burst', 's' || g from generate_series(1, ${LIVE}) g;
     insert into corral.activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at, owner_id, status, current_event_id, revision)
@@ -92,21 +85,15 @@ beforeAll(async () => {
       select gen_random_uuid(), 'warm', 's' || g, 1, gen_random_uuid(), now() + interval '1 minute', 'daemon', 'active', 0
         from generate_series(1, ${LIVE}) g;
   `);
-  const { rows } = await c.query<{ delivery_id: string; activation_uid: string }>(
+  const { rows } = await tdb.client.query<{ delivery_id: string; activation_uid: string }>(
     `select delivery_id, activation_uid from corral.deliveries where agent_uid = 'burst' limit ${BATCH}`,
   );
   live = rows.map((r) => ({ deliveryId: r.delivery_id, activationUid: r.activation_uid }));
 }, 180_000);
 
-afterAll(async () => {
-  await c?.end();
-  await database?.close();
-  await tdb?.drop();
-});
-
 describe('the turn path after a burst on statistics of a finished history', () => {
   it('the accept reaches deliveries and activations by their keys', async () => {
-    const [s] = await statementsOf(() => acceptDeliveryRowsMany(database.db, live, 60_000));
+    const [s] = await statementsOf(() => acceptDeliveryRowsMany(tdb.database.db, live, 60_000));
     const plan = await genericPlan(s!);
     expect(accessOf(plan, 'deliveries'), 'deliveries').toEqual(['deliveries_pkey']);
     expect(accessOf(plan, 'activations'), 'activations').toEqual(['activations_pkey']);
@@ -115,7 +102,7 @@ describe('the turn path after a burst on statistics of a finished history', () =
   it('a batch of progress reaches the activations by their keys', async () => {
     const [s] = await statementsOf(() =>
       extendLeasesMany(
-        database.db,
+        tdb.database.db,
         live.map((l) => l.activationUid),
         60_000,
       ),
@@ -133,7 +120,7 @@ describe('the turn path after a burst on statistics of a finished history', () =
       leaseMs: 60_000,
     }));
     let statements: Captured[] = [];
-    await database.db
+    await tdb.database.db
       .transaction(async (tx) => {
         statements = await statementsOf(() => commitTurnRowsMany(tx, rows));
         throw new Error('rolled back');

@@ -1,4 +1,4 @@
-/** An in-process daemon on a fresh test database, with real ZeroMQ and real pg-boss. */
+/** An in-process daemon on a fresh test database (or on one its caller gives), with real ZeroMQ and real pg-boss. */
 import { loadConfig, type Config } from '../../src/config.ts';
 import { Daemon } from '../../src/daemon/daemon.ts';
 import { silentLogger, createLogger } from '../../src/base/logger.ts';
@@ -6,18 +6,24 @@ import { createTestDatabase, type TestDatabase } from './db.ts';
 
 export const testLogger = process.env.CORRAL_TEST_LOG ? createLogger({ level: 'debug' }) : silentLogger;
 
-export interface TestDaemon {
+/** A database the caller made and drops: a file's `useTestDatabase()`, or one of `useTestDatabases()`. */
+export type GivenDatabase = Pick<TestDatabase, 'url' | 'name'>;
+
+export interface TestDaemon<D extends GivenDatabase = TestDatabase> {
   daemon: Daemon;
-  db: TestDatabase;
+  db: D;
   config: Config;
   stop(): Promise<void>;
 }
 
-export async function startTestDaemon(
+/** A daemon on `opts.db` (left to its caller to drop), or on a fresh test database that `stop()` drops. */
+export async function startTestDaemon<D extends GivenDatabase = TestDatabase>(
   overrides: Partial<Config> = {},
-  opts: { start?: boolean; db?: TestDatabase } = {},
-): Promise<TestDaemon> {
-  const db = opts.db ?? (await createTestDatabase());
+  opts: { start?: boolean; db?: D } = {},
+): Promise<TestDaemon<D>> {
+  const made = opts.db ? undefined : await createTestDatabase();
+  // without opts.db, D is its default: TestDatabase
+  const db = (opts.db ?? made) as D;
   const config = loadConfig({
     endpoint: 'tcp://127.0.0.1:0',
     pollIntervalMs: 200,
@@ -35,7 +41,7 @@ export async function startTestDaemon(
     config,
     async stop() {
       await daemon.stop();
-      if (!opts.db) await db.drop();
+      await made?.drop();
     },
   };
 }

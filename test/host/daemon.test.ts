@@ -18,24 +18,20 @@ import { silentLogger } from '../../src/base/logger.ts';
 import { freePort } from '../../src/db/postgres/net.ts';
 import { createWorker, type Worker } from '../../src/worker/create.ts';
 import { freshHomes } from '../cli/helpers.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabases, type TestDatabase } from '../helpers/db.ts';
 import { testLogger } from '../helpers/daemon.ts';
 import { postmastersOf } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { sendEvent } from '../helpers/send.ts';
 
 const homes = freshHomes('corral-host-');
+// registered before the afterEach below: each test's database is dropped after its daemons stopped
+const databases = useTestDatabases();
 const cleanups: Array<() => unknown> = [];
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 afterAll(() => homes.removeAll());
-
-async function testDatabase(): Promise<TestDatabase> {
-  const db = await createTestDatabase();
-  cleanups.push(() => db.drop());
-  return db;
-}
 
 function daemon(options: DaemonOptions): CorralDaemon {
   const d = createDaemon({ logger: testLogger, endpoint: 'tcp://127.0.0.1:0', pollIntervalMs: 200, drainMs: 2_000, ...options });
@@ -60,7 +56,7 @@ async function connectionsTo(db: TestDatabase): Promise<number> {
 
 describe('createDaemon', () => {
   it('start() resolves once it runs: a worker with a key issued under its home registers and its turn commits; stop() releases it', async () => {
-    const db = await testDatabase();
+    const db = await databases.fresh();
     const home = await homes.make();
     const d = daemon({ databaseUrl: db.url, homeDir: home });
     expect([d.state, d.endpoint, d.databaseUrl]).toEqual(['idle', undefined, undefined]);
@@ -100,7 +96,7 @@ describe('createDaemon', () => {
   });
 
   it('a busy endpoint or metrics port: start() rejects with that message within 5 s and holds nothing', async () => {
-    const db = await testDatabase();
+    const db = await databases.fresh();
     const busy = new Router();
     const port = await freePort();
     await busy.bind(`tcp://127.0.0.1:${port}`);
@@ -161,7 +157,7 @@ describe('createDaemon', () => {
   }, 120_000);
 
   it('stop() during start() makes it reject `shutdown` and leaves nothing; before start(), start() then rejects', async () => {
-    const db = await testDatabase();
+    const db = await databases.fresh();
     const d = daemon({ databaseUrl: db.url, homeDir: await homes.make() });
     const started = d.start();
     await d.stop();
@@ -186,7 +182,7 @@ describe('createDaemon', () => {
   });
 
   it('runs local example worker processes, with keys issued under its home, and stops them with itself', async () => {
-    const db = await testDatabase();
+    const db = await databases.fresh();
     const d = daemon({ databaseUrl: db.url, homeDir: await homes.make(), localWorkers: { count: 1, capacity: 2 } });
     await d.start();
     const inner = daemonInternals(d)!;

@@ -14,11 +14,13 @@ import { daemonInternals } from '../../src/host/internals.ts';
 import { createTestEnvironment, type TestEnvironment } from '../../src/host/testing.ts';
 import { freePort } from '../../src/db/postgres/net.ts';
 import { createWorker, type TurnHandler } from '../../src/worker/create.ts';
-import { createTestDatabase } from '../helpers/db.ts';
+import { useTestDatabases } from '../helpers/db.ts';
 import { postmastersOf } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { sendEvent } from '../helpers/send.ts';
 
+// registered before the afterEach below: a test's database is dropped after its environments stopped
+const databases = useTestDatabases();
 const cleanups: Array<() => unknown> = [];
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
@@ -78,8 +80,7 @@ describe('createTestEnvironment', () => {
   }, 60_000);
 
   it('on a given database, insecure, with two workers and one more started later (or run by the test with an issued key)', async () => {
-    const db = await createTestDatabase();
-    cleanups.push(() => db.drop());
+    const db = await databases.fresh();
     const tag =
       (name: string): TurnHandler =>
       async () => ({ messages: [{ role: 'assistant', content: { by: name } }] });

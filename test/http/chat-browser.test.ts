@@ -13,14 +13,13 @@
 import { existsSync } from 'node:fs';
 import puppeteer, { type Browser, type Page } from 'puppeteer-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openDatabase } from '../../src/db/client.ts';
 import { createDaemon, type CorralDaemon } from '../../src/host/daemon.ts';
 import { freePort } from '../../src/db/postgres/net.ts';
 import { createToken } from '../../src/ops/api-tokens.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';
 import { testLogger } from '../helpers/daemon.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 
 // What the functions run in the page use of the DOM: the type check has Node's globals, not a
 // browser's, so they are declared here, for this file alone.
@@ -47,7 +46,7 @@ const CHROMIUM = process.env.PUPPETEER_EXECUTABLE_PATH || '/usr/bin/chromium';
 /** The reply streams over this long: a wide window to see it before the commit. */
 const STREAM_MS = 2_000;
 
-let db: TestDatabase | undefined;
+const tdb = useTestDatabase();
 let daemon: CorralDaemon | undefined;
 let worker: Worker | undefined;
 let browser: Browser | undefined;
@@ -62,9 +61,8 @@ beforeAll(async () => {
         'or point PUPPETEER_EXECUTABLE_PATH at a Chromium or Chrome executable',
     );
   }
-  db = await createTestDatabase();
   daemon = createDaemon({
-    databaseUrl: db.url,
+    databaseUrl: tdb.url,
     logger: testLogger,
     endpoint: 'tcp://127.0.0.1:0',
     insecure: true,
@@ -77,12 +75,7 @@ beforeAll(async () => {
   await daemon.start();
   base = daemon.httpUrl!;
   worker = await runExampleWorker({ endpoint: daemon.endpoint!, workerId: 'chat-w1', capacity: 2, logger: testLogger });
-  const database = openDatabase(db.url, { max: 1 });
-  try {
-    token = (await createToken(database.db, 'chat-page', ['read', 'send'])).token;
-  } finally {
-    await database.close();
-  }
+  token = (await createToken(tdb.database.db, 'chat-page', ['read', 'send'])).token;
   browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--headless=new'] });
 });
 
@@ -90,7 +83,6 @@ afterAll(async () => {
   await browser?.close();
   await worker?.stop();
   await daemon?.stop();
-  await db?.drop();
 });
 
 interface Seen {

@@ -12,18 +12,14 @@ import { createToken } from '../../src/ops/api-tokens.ts';
 import { openDatabase } from '../../src/db/client.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';
 import { testLogger } from '../helpers/daemon.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabases, type TestDatabase } from '../helpers/db.ts';
 
+// registered before the afterEach below: each test's database is dropped after its daemons stopped
+const databases = useTestDatabases();
 const cleanups: Array<() => unknown> = [];
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
-
-async function testDatabase(): Promise<TestDatabase> {
-  const db = await createTestDatabase();
-  cleanups.push(() => db.drop());
-  return db;
-}
 
 function daemon(options: DaemonOptions): CorralDaemon {
   const d = createDaemon({
@@ -49,7 +45,7 @@ async function tokenFor(db: TestDatabase): Promise<string> {
 
 describe('the daemon’s HTTP API', () => {
   it('is served while the daemon runs: an event sent over HTTP commits on a worker, then the API stops with it', async () => {
-    const db = await testDatabase();
+    const db = await databases.fresh();
     const httpPort = await freePort();
     const d = daemon({ databaseUrl: db.url, httpPort });
     await d.start();
@@ -80,7 +76,7 @@ describe('the daemon’s HTTP API', () => {
   });
 
   it('a port in use stops the start with that message; port 0 or none: no API', async () => {
-    const db = await testDatabase();
+    const db = await databases.fresh();
     const server: Server = createServer();
     const httpPort = await new Promise<number>((r) => server.listen(0, '127.0.0.1', () => r((server.address() as { port: number }).port)));
     cleanups.push(() => new Promise((r) => server.close(r)));

@@ -5,32 +5,27 @@
  * a revoked token's cookie is refused at once and its open stream ends; nothing of a token is
  * logged.
  */
-import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SESSION_MAX_AGE_S } from '../../src/http/auth.ts';
 import { generateToken, revokeToken } from '../../src/ops/api-tokens.ts';
 import { jobsOf } from '../client/helpers.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { answer, failure, json, startApi, type Api } from './helpers.ts';
 import { SseReader } from './sse.ts';
 import { Capture } from '../helpers/capture.ts';
 
 const KEEPALIVE_MS = 200;
-let tdb: TestDatabase;
+const tdb = useTestDatabase();
 let api: Api;
-let raw: pg.Client;
 const logs = new Capture();
 let rw: string;
 let readOnly: string;
 let sendOnly: string;
 
 beforeAll(async () => {
-  tdb = await createTestDatabase();
   api = await startApi(tdb.url, { keepAliveMs: KEEPALIVE_MS, logger: pino({ level: 'debug' }, logs) });
-  raw = new pg.Client({ connectionString: tdb.url });
-  await raw.connect();
   [rw, readOnly, sendOnly] = await Promise.all([
     api.token('rw', ['read', 'send']),
     api.token('reader', ['read']),
@@ -39,9 +34,7 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
-  await raw?.end();
   await api?.stop();
-  await tdb?.drop();
 });
 
 const cookie = (token: string) => ({ cookie: `theme=dark; corral_session=${token}; other=1` });
@@ -137,10 +130,10 @@ describe('the cookie on the routes', () => {
       expect(await answer(r)).toEqual({ status: 401, body: failure('unauthorized', /^an API token is needed/) });
       expect(r.headers.get('www-authenticate')).toBe('Bearer realm="corral"');
     }
-    expect(await jobsOf(raw, 'web/csrf')).toEqual([]);
+    expect(await jobsOf(tdb.client, 'web/csrf')).toEqual([]);
     // the same request with the header is taken: the 401 was the cookie's
     expect((await api.call('/v1/actors/web/csrf/events', { ...json({ text: 'real' }), token: rw })).status).toBe(202);
-    expect(await jobsOf(raw, 'web/csrf')).toHaveLength(1);
+    expect(await jobsOf(tdb.client, 'web/csrf')).toHaveLength(1);
   });
 
   it('keeps the scopes: a send-only token’s cookie cannot read', async () => {

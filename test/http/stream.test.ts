@@ -9,7 +9,7 @@ import { connect as connectTcp } from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { CorralError } from '../../src/base/errors.ts';
 import { revokeToken } from '../../src/ops/api-tokens.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { answer, failure, startApi, type Api } from './helpers.ts';
 import { ScriptedLive, SseReader } from './sse.ts';
@@ -17,14 +17,13 @@ import { ScriptedLive, SseReader } from './sse.ts';
 const KEEPALIVE_MS = 150;
 const BUFFER_BYTES = 16 * 1024;
 
-let tdb: TestDatabase;
+const tdb = useTestDatabase();
 let live: ScriptedLive;
 let api: Api;
 let reader: string;
 const open: SseReader[] = [];
 
 beforeAll(async () => {
-  tdb = await createTestDatabase();
   live = new ScriptedLive();
   api = await startApi(tdb.url, {
     live,
@@ -41,7 +40,6 @@ afterEach(async () => {
 
 afterAll(async () => {
   await api?.stop();
-  await tdb?.drop();
 });
 
 async function stream(actor: string, headers: Record<string, string> = {}, token = reader): Promise<{ res: Response; sse: SseReader }> {

@@ -4,36 +4,22 @@
  * stdout holds, exit codes, `--help`), and the verifier: hash lookups, revocation, `last_used_at`
  * written at most once a minute.
  */
-import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { runTokensCreate, runTokensList, runTokensRevoke } from '../../src/cli/commands/tokens.ts';
 import { loadConfig, type Config } from '../../src/config.ts';
 import { listApiTokens } from '../../src/db/operations/api-tokens.ts';
-import { openDatabase, type Database } from '../../src/db/client.ts';
 import { createToken, hashToken, parseScopes, revokeToken, TOKEN_TEXT, tokenVerifier } from '../../src/ops/api-tokens.ts';
 import { CORRAL, corral, run } from '../cli/helpers.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { captureIo, errorCodeOf } from '../helpers/capture.ts';
 
 const io = captureIo;
 
-let tdb: TestDatabase;
-let database: Database;
+const tdb = useTestDatabase();
 let config: Config;
-let raw: pg.Client;
 
-beforeAll(async () => {
-  tdb = await createTestDatabase();
-  database = openDatabase(tdb.url, { max: 2 });
+beforeAll(() => {
   config = loadConfig({ databaseUrl: tdb.url, logLevel: 'silent' }, {});
-  raw = new pg.Client({ connectionString: tdb.url });
-  await raw.connect();
-});
-
-afterAll(async () => {
-  await raw?.end();
-  await database?.close();
-  await tdb?.drop();
 });
 
 const codeOf = errorCodeOf;
@@ -48,12 +34,12 @@ describe('corral tokens (command functions)', () => {
     expect(token).toHaveLength(4 + 43);
     expect(made.err.text).toBe('token web-app created (scopes: read, send); it is shown only now\n');
 
-    const stored = await raw.query<{ token_sha256: string; scopes: string[] }>(
+    const stored = await tdb.client.query<{ token_sha256: string; scopes: string[] }>(
       'select token_sha256, scopes from corral.api_tokens where name = $1',
       ['web-app'],
     );
     expect(stored.rows).toEqual([{ token_sha256: hashToken(token), scopes: ['read', 'send'] }]);
-    const whole = JSON.stringify((await raw.query('select * from corral.api_tokens')).rows);
+    const whole = JSON.stringify((await tdb.client.query('select * from corral.api_tokens')).rows);
     expect(whole).not.toContain(token);
     expect(whole).not.toContain(token.slice(4));
 
@@ -89,12 +75,12 @@ describe('corral tokens (command functions)', () => {
   });
 
   it('refuses a taken name (a revoked one too), an unknown name to revoke, bad names and scopes', async () => {
-    await createToken(database.db, 'taken', ['read']);
+    await createToken(tdb.database.db, 'taken', ['read']);
     const taken = io();
     await expect(runTokensCreate(config, 'taken', { scope: ['send'] }, taken)).rejects.toThrow(/a token named taken exists already/);
     expect(taken.out.text).toBe('');
-    await revokeToken(database.db, 'taken');
-    expect(await codeOf(createToken(database.db, 'taken', ['read']))).toBe('already_exists');
+    await revokeToken(tdb.database.db, 'taken');
+    expect(await codeOf(createToken(tdb.database.db, 'taken', ['read']))).toBe('already_exists');
     expect(await codeOf(runTokensRevoke(config, 'never-made', io()))).toBe('not_found');
     expect(await codeOf(runTokensCreate(config, 'bad name', { scope: ['read'] }, io()))).toBe('invalid_argument');
     expect(await codeOf(runTokensCreate(config, 'x'.repeat(65), { scope: ['read'] }, io()))).toBe('invalid_argument');
@@ -102,31 +88,31 @@ describe('corral tokens (command functions)', () => {
     expect(await codeOf(runTokensCreate(config, 'admin', { scope: ['admin'] }, io()))).toBe('invalid_argument');
     expect(() => parseScopes([])).toThrow(/at least one scope/);
     expect(() => parseScopes(['read', 'write'])).toThrow(/unknown scope "write"/);
-    expect((await listApiTokens(database.db)).map((t) => t.name)).not.toContain('no-scope');
+    expect((await listApiTokens(tdb.database.db)).map((t) => t.name)).not.toContain('no-scope');
   });
 });
 
 describe('the token verifier', () => {
   it('finds a token by its hash, refuses other text, and a revoked token at once', async () => {
-    const { token } = await createToken(database.db, 'verify-me', ['read', 'send']);
+    const { token } = await createToken(tdb.database.db, 'verify-me', ['read', 'send']);
     let touchFailures = 0;
-    const verifier = tokenVerifier(database.db, { onTouchError: () => touchFailures++ });
+    const verifier = tokenVerifier(tdb.database.db, { onTouchError: () => touchFailures++ });
     expect(await verifier.verify(token)).toMatchObject({ name: 'verify-me', scopes: ['read', 'send'] });
     expect(await verifier.verify(`${token.slice(0, -1)}${token.endsWith('A') ? 'B' : 'A'}`)).toBeUndefined();
     expect(await verifier.verify(token.slice(4))).toBeUndefined();
     expect(await verifier.verify(`${token} `)).toBeUndefined();
     expect(await verifier.verify('')).toBeUndefined();
-    await revokeToken(database.db, 'verify-me');
+    await revokeToken(tdb.database.db, 'verify-me');
     expect(await verifier.verify(token)).toBeUndefined();
     expect(touchFailures).toBe(0);
   });
 
   it('records a use at most once a minute, however many requests', async () => {
-    const { token } = await createToken(database.db, 'busy', ['read']);
+    const { token } = await createToken(tdb.database.db, 'busy', ['read']);
     let now = Date.now();
-    const verifier = tokenVerifier(database.db, { nowMs: () => now });
+    const verifier = tokenVerifier(tdb.database.db, { nowMs: () => now });
     const lastUsed = async () =>
-      (await raw.query<{ last_used_at: Date | null }>("select last_used_at from corral.api_tokens where name = 'busy'")).rows[0]!
+      (await tdb.client.query<{ last_used_at: Date | null }>("select last_used_at from corral.api_tokens where name = 'busy'")).rows[0]!
         .last_used_at;
     expect(await lastUsed()).toBeNull();
 
@@ -145,7 +131,7 @@ describe('the token verifier', () => {
     await new Promise((r) => setTimeout(r, 200));
     expect((await lastUsed())!.getTime()).toBe(first.getTime());
     // once the stored time is old enough, the write goes through
-    await raw.query("update corral.api_tokens set last_used_at = now() - interval '2 minutes' where name = 'busy'");
+    await tdb.client.query("update corral.api_tokens set last_used_at = now() - interval '2 minutes' where name = 'busy'");
     now += 61_000;
     await verifier.verify(token);
     await expect.poll(async () => (await lastUsed())!.getTime()).toBeGreaterThan(first.getTime());

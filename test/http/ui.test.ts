@@ -11,25 +11,23 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CorralError } from '../../src/base/errors.ts';
 import { CHAT_PAGE_DIR } from '../../src/http/ui.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { answer, failure, startApi, type Api } from './helpers.ts';
 
 const CSP =
   "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-let tdb: TestDatabase;
+const tdb = useTestDatabase();
 let api: Api;
 let tmp: string;
 
 beforeAll(async () => {
-  tdb = await createTestDatabase();
   api = await startApi(tdb.url, { ui: {} });
   tmp = await mkdtemp(join(tmpdir(), 'corral-ui-'));
 });
 
 afterAll(async () => {
   await api?.stop();
-  await tdb?.drop();
   if (tmp) await rm(tmp, { recursive: true, force: true });
 });
 

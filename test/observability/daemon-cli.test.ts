@@ -3,24 +3,19 @@
  * daemon (/readyz 200, /metrics in Prometheus text) and goes away on SIGTERM, exit code 0.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { afterAll, describe, expect, it } from 'vitest';
+import { useTestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { CORRAL, ROOT } from '../cli/helpers.ts';
 import { freePort } from '../helpers/processes.ts';
 
 describe('corral daemon --metrics-port', () => {
-  let tdb: TestDatabase;
+  const tdb = useTestDatabase();
   let child: ChildProcess | undefined;
   let stderr = '';
 
-  beforeAll(async () => {
-    tdb = await createTestDatabase();
-  });
-
   afterAll(async () => {
     if (child && child.exitCode === null) child.kill('SIGKILL');
-    await tdb?.drop();
   });
 
   it('serves /readyz and /metrics while running and exits 0 on SIGTERM', async () => {

@@ -16,7 +16,7 @@ import { createMetrics } from '../../src/observability/metrics.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';
 import { testLogger } from '../helpers/daemon.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { deadLetterCount } from '../ops/helpers.ts';
 import { WebhookReceiver } from '../helpers/webhook-receiver.ts';
@@ -30,7 +30,7 @@ function sample(text: string, name: string, labels = ''): number | undefined {
 }
 
 describe('metrics and observability endpoints', () => {
-  let tdb: TestDatabase;
+  const tdb = useTestDatabase();
   let daemon: Daemon;
   let worker: Worker;
   let server: ObservabilityServer | undefined;
@@ -48,7 +48,6 @@ describe('metrics and observability endpoints', () => {
   };
 
   beforeAll(async () => {
-    tdb = await createTestDatabase();
     const config = loadConfig({
       endpoint: 'tcp://127.0.0.1:0',
       pollIntervalMs: 200,
@@ -78,7 +77,6 @@ describe('metrics and observability endpoints', () => {
   afterAll(async () => {
     await worker?.stop();
     await daemon?.stop();
-    await tdb?.drop();
   });
 
   it('counts committed turns and dispatches between two scrapes', async () => {

@@ -8,7 +8,6 @@ import { sql } from '../../src/db/orm.ts';
 import type { PgBoss } from 'pg-boss';
 import { actorKey } from '../../src/base/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';
-import { openDatabase, type Database } from '../../src/db/client.ts';
 import {
   discardDeadLetters,
   listDeadLetters,
@@ -20,7 +19,7 @@ import {
 import { queuesOf } from '../../src/queue/boss.ts';
 import { createBoss } from '../../src/queue/boss.ts';
 import { CorralError } from '../../src/base/errors.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { deadLetterCount, makeDeadLetters, startFailingRuntime } from './helpers.ts';
 
@@ -30,15 +29,14 @@ const C = actorKey('ops-c', 's1');
 const q = queuesOf(DEFAULTS);
 
 describe('dead-letter operations (mode continue)', () => {
-  let tdb: TestDatabase;
-  let database: Database;
+  const tdb = useTestDatabase({ connections: 4 });
   let boss: PgBoss;
   let deps: OpsDeps;
   let a: string[];
   let b: string;
   let c: string;
   let all: DeadLetter[];
-  const db = () => database.db;
+  const db = () => tdb.database.db;
   const idOf = (eventId: string) => all.find((d) => d.eventId === eventId)!.id;
   const jobsOf = async (ids: string[]) =>
     (
@@ -49,7 +47,6 @@ describe('dead-letter operations (mode continue)', () => {
     ).rows;
 
   beforeAll(async () => {
-    tdb = await createTestDatabase();
     const ids = await makeDeadLetters(tdb, [
       { key: A, payload: { fail: true, n: 1 } },
       { key: A, payload: { fail: true, n: 2 } },
@@ -58,17 +55,14 @@ describe('dead-letter operations (mode continue)', () => {
       { key: C, payload: { fail: true, n: 'c' } },
     ]);
     [a, b, c] = [ids.slice(0, 3), ids[3]!, ids[4]!];
-    database = openDatabase(tdb.url, { max: 4 });
     boss = createBoss(tdb.url, DEFAULTS, { max: 4 });
     await boss.start();
-    deps = { db: database.db, boss, queues: q };
+    deps = { db: tdb.database.db, boss, queues: q };
     all = await listDeadLetters(db(), q, {});
   });
 
   afterAll(async () => {
     await boss?.stop({ graceful: false, close: true });
-    await database?.close();
-    await tdb?.drop();
   });
 
   it('lists every dead letter with its event, actor, attempts and last error; the originals are gone', async () => {

@@ -7,19 +7,18 @@ import type { Config } from '../../src/config.ts';
 import type { DbOrTx } from '../../src/db/client.ts';
 import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';
-import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
-import type { TestDatabase } from '../helpers/db.ts';
+import { startTestDaemon, testLogger, type GivenDatabase, type TestDaemon } from '../helpers/daemon.ts';
 import { waitFor } from '../helpers/wait.ts';
 import { sendEvent } from '../helpers/send.ts';
 
 export interface Running {
-  t: TestDaemon;
+  t: TestDaemon<GivenDatabase>;
   worker: Worker;
   stop(): Promise<void>;
 }
 
 /** A daemon (first failure dead-letters) and one example worker on `db`. */
-export async function startFailingRuntime(db: TestDatabase, overrides: Partial<Config> = {}, workerId = 'ops-w1'): Promise<Running> {
+export async function startFailingRuntime(db: GivenDatabase, overrides: Partial<Config> = {}, workerId = 'ops-w1'): Promise<Running> {
   const t = await startTestDaemon({ retryLimit: 0, deadLetterMode: 'continue', ...overrides }, { db });
   const worker = await runExampleWorker({ endpoint: t.daemon.broker.endpoint, workerId, logger: testLogger });
   return {
@@ -56,7 +55,7 @@ export async function enqueueAndWait(
 }
 
 /** Runs a failing runtime just long enough to dead-letter `events`; returns their event ids. */
-export async function makeDeadLetters(db: TestDatabase, events: { key: ActorKey; payload: unknown }[]): Promise<string[]> {
+export async function makeDeadLetters(db: GivenDatabase, events: { key: ActorKey; payload: unknown }[]): Promise<string[]> {
   const r = await startFailingRuntime(db);
   try {
     return await enqueueAndWait(r, events);

@@ -5,32 +5,28 @@
  * is test/runtime/outbox.test.ts's): what is listed, what each action changes in the rows, and
  * what is refused before anything changes.
  */
-import pg from 'pg';
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { runOutboxAct, runOutboxList, runOutboxShow } from '../../src/cli/commands/outbox.ts';
 import { runSinksList, runSinksRemove } from '../../src/cli/commands/sinks.ts';
 import { loadConfig, type Config } from '../../src/config.ts';
 import type { OutboxPage } from '../../src/db/views.ts';
-import { openDatabase, type Database } from '../../src/db/client.ts';
 import { setSinkDisabled } from '../../src/db/outbox/sinks.ts';
 import { actOnOutbox, listOutboxMessages, showOutboxMessage } from '../../src/outbox/operations.ts';
 import { addSink } from '../../src/outbox/sinks.ts';
 import { captureIo, errorCodeOf } from '../helpers/capture.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { insertOutboxMessage, type OutboxRowInput } from './helpers.ts';
 
 const io = captureIo;
 const codeOf = errorCodeOf;
 
-let tdb: TestDatabase;
-let database: Database;
+const tdb = useTestDatabase();
 let config: Config;
-let raw: pg.Client;
 
-const insert = (r: OutboxRowInput) => insertOutboxMessage(raw, r);
+const insert = (r: OutboxRowInput) => insertOutboxMessage(tdb.client, r);
 
 async function stateOf(id: number) {
-  const r = await raw.query(
+  const r = await tdb.client.query(
     `select state, attempts - attempts_before_replay as attempts, webhook_id, next_attempt_at <= now() as due from corral.outbox where id = $1`,
     [id],
   );
@@ -39,22 +35,12 @@ async function stateOf(id: number) {
 }
 
 beforeAll(async () => {
-  tdb = await createTestDatabase();
-  database = openDatabase(tdb.url, { max: 2 });
   config = loadConfig({ databaseUrl: tdb.url, logLevel: 'silent' }, {});
-  raw = new pg.Client({ connectionString: tdb.url });
-  await raw.connect();
-  for (const name of ['crm', 'bridge']) await addSink(database.db, { name, url: `https://${name}.example.com/in` });
-});
-
-afterAll(async () => {
-  await raw?.end();
-  await database?.close();
-  await tdb?.drop();
+  for (const name of ['crm', 'bridge']) await addSink(tdb.database.db, { name, url: `https://${name}.example.com/in` });
 });
 
 beforeEach(async () => {
-  await raw.query('delete from corral.outbox');
+  await tdb.client.query('delete from corral.outbox');
 });
 
 describe('corral outbox list and show', () => {
@@ -63,7 +49,8 @@ describe('corral outbox list and show', () => {
     const b = await insert({ sink: 'crm', state: 'dead', attempts: 9, lastStatus: 503 });
     const c = await insert({ sink: 'bridge', actor: 'ops-b/s2', state: 'pending', attempts: 2, lastError: 'no answer within 10000 ms' });
     const d = await insert({ sink: 'bridge', actor: 'ops-b/s3', state: 'discarded' });
-    const ids = async (o: Parameters<typeof listOutboxMessages>[1]) => (await listOutboxMessages(database.db, o)).messages.map((m) => m.id);
+    const ids = async (o: Parameters<typeof listOutboxMessages>[1]) =>
+      (await listOutboxMessages(tdb.database.db, o)).messages.map((m) => m.id);
 
     expect(await ids({})).toEqual([d, c, b, a]);
     expect(await ids({ states: ['dead', 'pending'] })).toEqual([c, b]);
@@ -71,9 +58,9 @@ describe('corral outbox list and show', () => {
     expect(await ids({ actor: 'ops-b/s2' })).toEqual([c]);
     expect(await ids({ actor: { agentUid: 'ops-b', sessionId: 's3' } })).toEqual([d]);
     expect(await ids({ agent: 'ops-b' })).toEqual([d, c]);
-    const first = await listOutboxMessages(database.db, { limit: 3 });
+    const first = await listOutboxMessages(tdb.database.db, { limit: 3 });
     expect([first.messages.map((m) => m.id), first.next]).toEqual([[d, c, b], b]);
-    expect(await listOutboxMessages(database.db, { limit: 3, before: first.next! })).toEqual({
+    expect(await listOutboxMessages(tdb.database.db, { limit: 3, before: first.next! })).toEqual({
       messages: [expect.objectContaining({ id: a })],
       next: null,
     });
@@ -107,8 +94,8 @@ describe('corral outbox list and show', () => {
       runOutboxList(config, { agent: 'bad agent' }, io()),
       runOutboxList(config, { before: '-1' }, io()),
       runOutboxShow(config, '12abc', {}, io()),
-      listOutboxMessages(database.db, { limit: 1001 }),
-      listOutboxMessages(database.db, { states: ['sent' as never] }),
+      listOutboxMessages(tdb.database.db, { limit: 1001 }),
+      listOutboxMessages(tdb.database.db, { states: ['sent' as never] }),
     ]) {
       expect(await codeOf(p)).toBe('invalid_argument');
     }
@@ -118,7 +105,7 @@ describe('corral outbox list and show', () => {
   it('shows everything of one message: state, attempts, last answer, next attempt, claim, the body as sent', async () => {
     const body = '{"text":"hi","n":1}';
     const id = await insert({ sink: 'crm', state: 'pending', attempts: 2, lastStatus: 503, key: 'order-7', body, claimedBy: 'daemon-1' });
-    const shown = await showOutboxMessage(database.db, id);
+    const shown = await showOutboxMessage(tdb.database.db, id);
     expect(shown).toMatchObject({
       id,
       sink: 'crm',
@@ -170,14 +157,14 @@ describe('corral outbox replay and discard', () => {
     expect(await codeOf(runOutboxAct(config, 'discard', [], { all: true, state: ['delivered'] }, io()))).toBe('invalid_argument');
     expect((await stateOf(crmDead))?.state).toBe('dead');
 
-    await setSinkDisabled(database.db, 'crm', 'HTTP 410 Gone');
+    await setSinkDisabled(tdb.database.db, 'crm', 'HTTP 410 Gone');
     try {
       const out = io();
       expect(await runOutboxAct(config, 'replay', [], { all: true, sink: 'crm', state: ['dead'], json: true }, out)).toBe(0);
       expect(JSON.parse(out.out.text)).toEqual({ action: 'replay', done: [crmDead], skipped: [], notFound: [], disabledSinks: ['crm'] });
       expect(out.err.text).toContain('sink crm is disabled: its replayed messages wait until corral sinks enable crm');
     } finally {
-      await setSinkDisabled(database.db, 'crm', null);
+      await setSinkDisabled(tdb.database.db, 'crm', null);
     }
     expect((await stateOf(crmDiscarded))?.state).toBe('discarded');
     expect((await stateOf(bridgeDead))?.state).toBe('dead');
@@ -191,31 +178,31 @@ describe('corral outbox replay and discard', () => {
     const dead = await insert({ sink: 'bridge', state: 'dead' });
     const delivered = await insert({ sink: 'bridge', state: 'delivered' });
     const other = await insert({ sink: 'crm', state: 'pending' });
-    const r = await actOnOutbox(database.db, 'discard', { all: true, sink: 'bridge' });
+    const r = await actOnOutbox(tdb.database.db, 'discard', { all: true, sink: 'bridge' });
     expect(r).toEqual({ action: 'discard', done: [pending, dead], skipped: [], notFound: [], disabledSinks: [] });
     expect((await stateOf(delivered))?.state).toBe('delivered');
     expect((await stateOf(other))?.state).toBe('pending');
     const one = io();
     expect(await runOutboxAct(config, 'discard', [String(other), String(delivered)], {}, one)).toBe(0);
     expect(one.out.text).toContain(`discarded 1 message: ${other}\nskipped ${delivered}: it is delivered`);
-    expect((await actOnOutbox(database.db, 'replay', { ids: [pending] })).done).toEqual([pending]);
+    expect((await actOnOutbox(tdb.database.db, 'replay', { ids: [pending] })).done).toEqual([pending]);
     expect(await stateOf(pending)).toMatchObject({ state: 'pending', attempts: 0 });
   });
 
   it('a bulk action takes every match, past one batch', async () => {
-    await raw.query(
+    await tdb.client.query(
       `insert into corral.outbox (sink, webhook_id, agent_uid, session_id, turn_id, event_id, position, body, state)
        select 'crm', 'bulk-' || g, 'ops-bulk', 's', gen_random_uuid(), gen_random_uuid(), 0, '{}', 'dead' from generate_series(1, 1203) g`,
     );
-    const r = await actOnOutbox(database.db, 'replay', { all: true, agent: 'ops-bulk' });
+    const r = await actOnOutbox(tdb.database.db, 'replay', { all: true, agent: 'ops-bulk' });
     expect(r.done).toHaveLength(1203);
-    expect((await raw.query(`select count(*)::int as n from corral.outbox where state = 'dead'`)).rows[0].n).toBe(0);
+    expect((await tdb.client.query(`select count(*)::int as n from corral.outbox where state = 'dead'`)).rows[0].n).toBe(0);
   });
 });
 
 describe('corral sinks with messages', () => {
   it('list counts pending and dead messages; remove refuses while some are pending, --force removes them too', async () => {
-    await addSink(database.db, { name: 'busy', url: 'https://busy.example.com/in' });
+    await addSink(tdb.database.db, { name: 'busy', url: 'https://busy.example.com/in' });
     await insert({ sink: 'busy', state: 'pending' });
     await insert({ sink: 'busy', state: 'pending' });
     await insert({ sink: 'busy', state: 'dead' });
@@ -230,12 +217,12 @@ describe('corral sinks with messages', () => {
     await runSinksRemove(config, 'busy', {}, io()).catch((e: unknown) => (refusal = e));
     expect(refusal).toMatchObject({ code: 'invalid_argument' });
     expect(String((refusal as Error).message)).toMatch(/sink busy has 2 pending messages: .*--force/);
-    expect((await raw.query(`select count(*)::int as n from corral.outbox where sink = 'busy'`)).rows[0].n).toBe(4);
+    expect((await tdb.client.query(`select count(*)::int as n from corral.outbox where sink = 'busy'`)).rows[0].n).toBe(4);
 
     const out = io();
     expect(await runSinksRemove(config, 'busy', { force: true }, out)).toBe(0);
     expect(out.out.text).toBe('sink busy removed (2 pending messages dropped unsent)\n');
-    expect((await raw.query(`select count(*)::int as n from corral.outbox where sink = 'busy'`)).rows[0].n).toBe(0);
-    expect((await raw.query(`select 1 from corral.sinks where name = 'busy'`)).rowCount).toBe(0);
+    expect((await tdb.client.query(`select count(*)::int as n from corral.outbox where sink = 'busy'`)).rows[0].n).toBe(0);
+    expect((await tdb.client.query(`select 1 from corral.sinks where name = 'busy'`)).rowCount).toBe(0);
   });
 });

@@ -6,36 +6,22 @@
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { runSinksAdd, runSinksEnable, runSinksList, runSinksRemove, runSinksShow } from '../../src/cli/commands/sinks.ts';
 import { loadConfig, type Config } from '../../src/config.ts';
-import { openDatabase, type Database } from '../../src/db/client.ts';
 import { setSinkDisabled } from '../../src/db/outbox/sinks.ts';
 import { CorralError } from '../../src/base/errors.ts';
 import { generateSecret, secretKey, signWebhook, verifyWebhook } from '../../src/outbox/signature.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { captureIo, errorCodeOf } from '../helpers/capture.ts';
 
 const io = captureIo;
 
-let tdb: TestDatabase;
-let database: Database;
+const tdb = useTestDatabase();
 let config: Config;
-let raw: pg.Client;
 
-beforeAll(async () => {
-  tdb = await createTestDatabase();
-  database = openDatabase(tdb.url, { max: 2 });
+beforeAll(() => {
   config = loadConfig({ databaseUrl: tdb.url, logLevel: 'silent' }, {});
-  raw = new pg.Client({ connectionString: tdb.url });
-  await raw.connect();
-});
-
-afterAll(async () => {
-  await raw?.end();
-  await database?.close();
-  await tdb?.drop();
 });
 
 const codeOf = errorCodeOf;
@@ -79,7 +65,7 @@ describe('corral sinks (command functions)', () => {
     const secret = added.out.text.trim();
     expect(added.out.text).toBe(`${secret}\n`);
     expect(secretKey(secret)).toHaveLength(32);
-    const stored = await raw.query(`select url, secret, timeout_ms, concurrency, disabled_at from corral.sinks where name = 'crm'`);
+    const stored = await tdb.client.query(`select url, secret, timeout_ms, concurrency, disabled_at from corral.sinks where name = 'crm'`);
     expect(stored.rows[0]).toEqual({ url: 'https://crm.example.com/hooks', secret, timeout_ms: 5000, concurrency: 8, disabled_at: null });
 
     const listed = io();
@@ -118,22 +104,22 @@ describe('corral sinks (command functions)', () => {
     );
     expect(await codeOf(runSinksAdd(config, 'x', { url: 'https://a.example/', timeout: '20m' }, io()))).toBe('invalid_argument');
     expect(await codeOf(runSinksAdd(config, 'x', { url: 'https://a.example/', concurrency: 0 }, io()))).toBe('invalid_argument');
-    expect((await raw.query(`select 1 from corral.sinks where name = 'x'`)).rowCount).toBe(0);
+    expect((await tdb.client.query(`select 1 from corral.sinks where name = 'x'`)).rowCount).toBe(0);
   });
 
   it('enable clears a disabled sink; remove deletes it; an unknown name is not_found', async () => {
     await runSinksAdd(config, 'gone', { url: 'https://gone.example/' }, io());
-    await setSinkDisabled(database.db, 'gone', 'HTTP 410 Gone');
+    await setSinkDisabled(tdb.database.db, 'gone', 'HTTP 410 Gone');
     const table = io();
     await runSinksList(config, {}, table);
     expect(table.out.text).toMatch(/gone\s+.*disabled: HTTP 410 Gone/);
     await runSinksEnable(config, 'gone', io());
-    expect((await raw.query(`select disabled_at, disabled_reason from corral.sinks where name = 'gone'`)).rows[0]).toEqual({
+    expect((await tdb.client.query(`select disabled_at, disabled_reason from corral.sinks where name = 'gone'`)).rows[0]).toEqual({
       disabled_at: null,
       disabled_reason: null,
     });
     await runSinksRemove(config, 'gone', {}, io());
-    expect((await raw.query(`select 1 from corral.sinks where name = 'gone'`)).rowCount).toBe(0);
+    expect((await tdb.client.query(`select 1 from corral.sinks where name = 'gone'`)).rowCount).toBe(0);
     for (const p of [
       () => runSinksRemove(config, 'gone', {}, io()),
       () => runSinksEnable(config, 'gone', io()),

@@ -44,41 +44,31 @@ import {
 } from '../../src/db/boss/internals.ts';
 import { installSendEvent, sendEventFunctionsSql } from '../../src/db/enqueue/send-event.ts';
 import { getDeadLetter, holdBossMaintenance, makeLastAttempt, makeQueuedLastAttempt, requeueActiveJob } from '../../src/db/boss/jobs.ts';
-import { openDatabase, type Database } from '../../src/db/client.ts';
 import { jobActiveOf } from '../../src/db/turns/fence.ts';
 import { sql } from '../../src/db/orm.ts';
 import { createBoss, queuesOf } from '../../src/queue/boss.ts';
 import { actorEventJob } from '../../src/queue/event-job.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 const q = queuesOf(DEFAULTS);
 const schema = q.schema;
-let db: TestDatabase;
-let client: pg.Client;
-let database: Database;
+const tdb = useTestDatabase();
 let boss: PgBoss;
 let table: string;
 
 beforeAll(async () => {
-  db = await createTestDatabase();
-  client = new pg.Client({ connectionString: db.url });
-  await client.connect();
-  database = openDatabase(db.url, { max: 2 });
-  boss = createBoss(db.url, DEFAULTS, { max: 2 });
+  boss = createBoss(tdb.url, DEFAULTS, { max: 2 });
   await boss.start();
-  table = await queueTable(client, q);
+  table = await queueTable(tdb.client, q);
 });
 
 afterAll(async () => {
   await boss?.stop({ graceful: false, close: true });
-  await database?.close();
-  await client?.end();
-  await db?.drop();
 });
 
 const one = async <R extends pg.QueryResultRow>(text: string, values: unknown[] = []): Promise<R> =>
-  (await client.query<R>(text, values)).rows[0]!;
+  (await tdb.client.query<R>(text, values)).rows[0]!;
 
 /** A statement's text with whitespace collapsed, lower case, the schema unquoted. */
 const normalized = (text: string) => text.replaceAll(pg.escapeIdentifier(schema), schema).replace(/\s+/g, ' ').toLowerCase();
@@ -90,7 +80,7 @@ async function sendRecorded(session: string) {
   const recorder = {
     executeSql: (text: string, values?: unknown[]) => {
       calls.push({ text, values: values ?? [] });
-      return client.query(text, values);
+      return tdb.client.query(text, values);
     },
   };
   const id = await boss.send(q.events, job.data as unknown as object, { id: job.id, singletonKey: job.singletonKey, db: recorder });
@@ -150,7 +140,7 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
     const columns = async (t: string) =>
       new Map(
         (
-          await client.query<{ column_name: string; udt_name: string }>(
+          await tdb.client.query<{ column_name: string; udt_name: string }>(
             'select column_name, udt_name from information_schema.columns where table_schema = $1 and table_name = $2',
             [schema, t],
           )
@@ -176,7 +166,7 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
 
   it("S4: the job states and their order are pg-boss's, and so is the actor queue's policy", async () => {
     const labels = (
-      await client.query<{ label: string }>(
+      await tdb.client.query<{ label: string }>(
         'select enumlabel as label from pg_enum where enumtypid = to_regtype($1) order by enumsortorder',
         [`${schema}.job_state`],
       )
@@ -188,7 +178,7 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
   });
 
   it('S5: the indexes the claim and the counts rely on are on the queue table as expected', async () => {
-    const { rows } = await client.query<{ indexname: string; indexdef: string }>(
+    const { rows } = await tdb.client.query<{ indexname: string; indexdef: string }>(
       'select indexname, indexdef from pg_indexes where schemaname = $1 and tablename = $2',
       [schema, table],
     );
@@ -209,19 +199,19 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
 
   it("S5: the claim copies what it relies on of pg-boss's key_strict_fifo fetch", async () => {
     const calls: string[] = [];
-    await client.query('begin');
+    await tdb.client.query('begin');
     try {
       await boss.fetch(q.events, {
         batchSize: 5,
         db: {
           executeSql: (text: string, values?: unknown[]) => {
             calls.push(text);
-            return client.query(text, values);
+            return tdb.client.query(text, values);
           },
         },
       });
     } finally {
-      await client.query('rollback');
+      await tdb.client.query('rollback');
     }
     expect(calls, 'S5: one statement per fetch').toHaveLength(1);
     const theirs = normalized(calls[0]!);
@@ -245,7 +235,7 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
       BOSS_SCHEMA_VERSION,
     );
     const lookup = getQueues(schema, [q.events]);
-    const queue = (await client.query<{ table: string; notify: boolean }>(lookup.text, lookup.values)).rows[0];
+    const queue = (await tdb.client.query<{ table: string; notify: boolean }>(lookup.text, lookup.values)).rows[0];
     expect(queue, "S1: getQueues gives the queue's table and notify").toMatchObject({ table, notify: true });
 
     const { job, calls } = await sendRecorded('plans');
@@ -259,7 +249,7 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
   });
 
   it('S9: pg-boss NOTIFYs the queue name on the channel the consumer LISTENs on', async () => {
-    const listener = new pg.Client({ connectionString: db.url });
+    const listener = new pg.Client({ connectionString: tdb.url });
     await listener.connect();
     try {
       const heard: { channel: string; payload?: string }[] = [];
@@ -279,9 +269,9 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
 
   it("S5–S8: a claim is pg-boss's attempt, the fence reads it, and a last attempt dead-letters through pg-boss", async () => {
     const { job } = await sendRecorded('attempts');
-    const claim = keyHeadFetch(client, q, table);
+    const claim = keyHeadFetch(tdb.client, q, table);
     const fenced = async (retryCount: number) => {
-      const res = await database.db.execute<{ active: boolean }>(
+      const res = await tdb.database.db.execute<{ active: boolean }>(
         sql`select ${jobActiveOf({ schema, queue: q.events }, 'd')} as active
               from (select ${job.id}::uuid as event_id, ${retryCount}::int as job_retry_count) d`,
       );
@@ -296,14 +286,14 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
     const retried = await one<{ state: string }>(`select state::text from ${schema}.job where name = $1 and id = $2`, [q.events, job.id]);
     expect(retried.state, 'S7: a failure with retries left is a retry').toBe(JOB_STATE.retry);
 
-    await client.query(`update ${schema}.job set start_after = now() where name = $1 and id = $2`, [q.events, job.id]);
+    await tdb.client.query(`update ${schema}.job set start_after = now() where name = $1 and id = $2`, [q.events, job.id]);
     const second = (await claim(100)).find((j) => j.id === job.id);
     expect(second?.retryCount, 'S5: a re-claim adds one attempt').toBe(1);
     expect(await fenced(0), 'S6: the fence fails for the earlier attempt').toBe(false);
     expect(await fenced(1), 'S6: the fence holds for the re-claimed attempt').toBe(true);
 
-    expect(await makeLastAttempt(database.db, schema, q.events, job.id, 0), 'S7: makeLastAttempt is fenced by the attempt').toBe(false);
-    expect(await makeLastAttempt(database.db, schema, q.events, job.id, 1), 'S7: makeLastAttempt on the running attempt').toBe(true);
+    expect(await makeLastAttempt(tdb.database.db, schema, q.events, job.id, 0), 'S7: makeLastAttempt is fenced by the attempt').toBe(false);
+    expect(await makeLastAttempt(tdb.database.db, schema, q.events, job.id, 1), 'S7: makeLastAttempt on the running attempt').toBe(true);
     const output = { error: { code: 'turn_error', message: 'last' }, kind: 'turn_error' };
     await boss.fail(q.events, { id: job.id, retryCount: 1 }, output);
     const failed = await one<{ state: string }>(`select state::text from ${schema}.job where name = $1 and id = $2`, [q.events, job.id]);
@@ -311,7 +301,7 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
 
     const copy = await one<{ id: string }>(`select id from ${schema}.job where name = $1 and source_id = $2`, [q.deadLetter, job.id]);
     expect(copy, 'S7: pg-boss made the dead-letter copy').toBeDefined();
-    const dead = await getDeadLetter(database.db, q, copy.id);
+    const dead = await getDeadLetter(tdb.database.db, q, copy.id);
     expect(dead, "S8: the dead letter's provenance, as pg-boss stamped it").toMatchObject({
       eventId: job.id,
       actor: job.singletonKey,
@@ -323,9 +313,12 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
 
   it("S8: pg-boss's own failures put their message where the dead-letter search reads it", async () => {
     const { job } = await sendRecorded('heartbeat');
-    const claimed = (await keyHeadFetch(client, q, table)(100)).find((j) => j.id === job.id);
+    const claimed = (await keyHeadFetch(tdb.client, q, table)(100)).find((j) => j.id === job.id);
     expect(claimed).toBeDefined();
-    await client.query(`update ${schema}.job set heartbeat_on = now() - interval '1 day' where name = $1 and id = $2`, [q.events, job.id]);
+    await tdb.client.query(`update ${schema}.job set heartbeat_on = now() - interval '1 day' where name = $1 and id = $2`, [
+      q.events,
+      job.id,
+    ]);
     await boss.supervise(q.events);
     const [value, message] = BOSS_FAILURE_MESSAGE;
     const row = await one<{ state: string; message: string | null }>(
@@ -363,24 +356,24 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
     await installSendEvent(boss.getDb(), DEFAULTS);
     expect(await installSendEvent(boss.getDb(), { ...DEFAULTS, queueName: 'no-such-queue' }), 'S11: not for a missing one').toBe(false);
 
-    const listener = new pg.Client({ connectionString: db.url });
+    const listener = new pg.Client({ connectionString: tdb.url });
     await listener.connect();
     try {
       const heard: string[] = [];
       listener.on('notification', (n) => heard.push(`${n.channel} ${n.payload}`));
       await listener.query(`listen ${pg.escapeIdentifier(bossNotifyChannel(schema))}`);
-      await client.query('begin');
+      await tdb.client.query('begin');
       const viaSql = (
         await one<{ id: string }>(`select corral.send_event('internals', 'sql', $1::jsonb) as id`, [JSON.stringify({ n: 1 })])
       ).id;
-      await client.query('commit');
+      await tdb.client.query('commit');
       await waitFor(() => heard.length > 0, { what: 'S11: the NOTIFY of corral.send_event', timeoutMs: 5_000 });
       expect(heard[0], "S11: pg-boss's channel and payload").toBe(`${bossNotifyChannel(schema)} ${q.events}`);
 
       const { job } = await sendRecorded('sql-twin');
       type Row = Record<string, unknown>;
       const row = async (id: string) =>
-        (await client.query<Row>(`select * from ${schema}.job where name = $1 and id = $2`, [q.events, id])).rows[0]!;
+        (await tdb.client.query<Row>(`select * from ${schema}.job where name = $1 and id = $2`, [q.events, id])).rows[0]!;
       const a = await row(viaSql);
       const b = await row(job.id);
       const differing = Object.keys(b).filter((k) => JSON.stringify(a[k]) !== JSON.stringify(b[k]));
@@ -394,7 +387,7 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
       expect(data).toMatchObject({ agentUid: 'internals', sessionId: 'sql', payload: { n: 1 } });
       expect(new Date(data.enqueuedAt as string).toISOString(), 'S11: enqueuedAt as toISOString() writes it').toBe(data.enqueuedAt);
     } finally {
-      await client.query('rollback').catch(() => undefined);
+      await tdb.client.query('rollback').catch(() => undefined);
       await listener.end();
     }
   });
@@ -408,12 +401,12 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
         singletonKey: j.singletonKey,
         // the last one is not due yet (a reminder): a batch leaves it out
         ...(i === 3 ? { startAfter: 3600 } : {}),
-        db: { executeSql: (text: string, values?: unknown[]) => client.query(text, values) },
+        db: { executeSql: (text: string, values?: unknown[]) => tdb.client.query(text, values) },
       });
     }
-    await client.query(`insert into corral.input_policies (agent_uid, session_id, policy) values ('internals', 'batch', 'coalesce')`);
+    await tdb.client.query(`insert into corral.input_policies (agent_uid, session_id, policy) values ('internals', 'batch', 'coalesce')`);
     try {
-      const head = (await keyHeadFetch(client, q, table)(100)).find((j) => j.id === jobs[0]!.id);
+      const head = (await keyHeadFetch(tdb.client, q, table)(100)).find((j) => j.id === jobs[0]!.id);
       expect(
         head?.batch?.map((m) => m.event_id),
         'S13: the due jobs after the head, in order',
@@ -423,10 +416,10 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
       expect(await state(jobs[1]!.id), 'S13: members stay created while the head runs').toBe(JOB_STATE.created);
 
       // S15: the head back to the queue unspent; the next claim takes it at the same attempt
-      expect(await requeueActiveJob(database.db, schema, q.events, jobs[0]!.id, 1), 'S15: fenced by the attempt').toBe(false);
-      expect(await requeueActiveJob(database.db, schema, q.events, jobs[0]!.id, 0)).toBe(true);
+      expect(await requeueActiveJob(tdb.database.db, schema, q.events, jobs[0]!.id, 1), 'S15: fenced by the attempt').toBe(false);
+      expect(await requeueActiveJob(tdb.database.db, schema, q.events, jobs[0]!.id, 0)).toBe(true);
       expect(await state(jobs[0]!.id)).toBe(JOB_STATE.created);
-      const again = (await keyHeadFetch(client, q, table)(100)).find((j) => j.id === jobs[0]!.id);
+      const again = (await keyHeadFetch(tdb.client, q, table)(100)).find((j) => j.id === jobs[0]!.id);
       expect(again?.retryCount, 'S15: no attempt spent').toBe(0);
 
       // B2: members complete from created with includeQueued
@@ -435,7 +428,7 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
       expect(await state(jobs[1]!.id)).toBe(JOB_STATE.completed);
       // B4: a queued member's last attempt, failed unfenced, is dead-lettered by pg-boss (one at a time: failed holds the key)
       await boss.deleteJob(q.events, jobs[0]!.id);
-      expect(await makeQueuedLastAttempt(database.db, schema, q.events, jobs[2]!.id)).toBe(true);
+      expect(await makeQueuedLastAttempt(tdb.database.db, schema, q.events, jobs[2]!.id)).toBe(true);
       await boss.fail(q.events, jobs[2]!.id, { error: 'batch' });
       expect(await state(jobs[2]!.id), "S13: pg-boss's fail after makeQueuedLastAttempt is final").toBe(JOB_STATE.failed);
       const copy = await one<{ n: number }>(`select count(*)::int as n from ${schema}.job where name = $1 and source_id = $2`, [
@@ -446,13 +439,13 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
 
       // S14: a debounce moves the held jobs of an idle key to one start time
       await boss.deleteJob(q.events, jobs[2]!.id);
-      await client.query(`update ${schema}.job set data = data || '{"debounced": true}' where id = $1`, [jobs[3]!.id]);
+      await tdb.client.query(`update ${schema}.job set data = data || '{"debounced": true}' where id = $1`, [jobs[3]!.id]);
       const due = await one<{ due: Date }>(`select corral.debounce_due($1, $2, 300, 5000) as due`, [q.events, 'internals/batch']);
       const moved = await one<{ start_after: Date }>(`select start_after from ${schema}.job where id = $1`, [jobs[3]!.id]);
       expect(moved.start_after.getTime(), 'S14: the held job starts when the window ends').toBe(due.due.getTime());
       expect(due.due.getTime() - Date.now(), 'S14: a debounce from now').toBeLessThan(5_000);
     } finally {
-      await client.query(`delete from corral.input_policies where agent_uid = 'internals'`);
+      await tdb.client.query(`delete from corral.input_policies where agent_uid = 'internals'`);
     }
   });
 
@@ -461,19 +454,21 @@ describe('pg-boss internals (src/db/boss/internals.ts)', () => {
     const day = 86_400;
     // pg-boss's own claim: the queues it would walk now with its default interval
     const due = async () => {
-      await client.query('begin');
+      await tdb.client.query('begin');
       try {
         const claim = plans.trySetQueueDeletionTime(schema, names, day, true);
-        return (await client.query<{ name: string }>(claim.text, claim.values)).rows.map((r) => r.name).sort();
+        return (await tdb.client.query<{ name: string }>(claim.text, claim.values)).rows.map((r) => r.name).sort();
       } finally {
-        await client.query('rollback');
+        await tdb.client.query('rollback');
       }
     };
-    await client.query(`update ${schema}.queue set maintain_on = null where name = any($1)`, [names]);
+    await tdb.client.query(`update ${schema}.queue set maintain_on = null where name = any($1)`, [names]);
     expect(await due(), 'S12: never maintained, both queues are due').toEqual([...names].sort());
-    await holdBossMaintenance(database.db, schema, names);
+    await holdBossMaintenance(tdb.database.db, schema, names);
     expect(await due(), "S12: after corral's stamp, neither is").toEqual([]);
-    await client.query(`update ${schema}.queue set maintain_on = maintain_on - interval '1 day 1 second' where name = any($1)`, [names]);
+    await tdb.client.query(`update ${schema}.queue set maintain_on = maintain_on - interval '1 day 1 second' where name = any($1)`, [
+      names,
+    ]);
     expect(await due(), 'S12: a stamp a day old is due again (the sweep stamps every pass)').toEqual([...names].sort());
   });
 });

@@ -3,68 +3,64 @@
  * only once its event's job is gone (completed and swept), never while the job waits, runs, or
  * stays as a dead letter.
  */
-import pg from 'pg';
 import type { PgBoss } from 'pg-boss';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULTS } from '../../src/config.ts';
 import { makeLastAttempt } from '../../src/db/boss/jobs.ts';
 import { keyHeadFetch, queueTable } from '../../src/db/boss/fetch.ts';
-import { openDatabase, type Database } from '../../src/db/client.ts';
 import { sendEvents } from '../../src/db/enqueue/send-event.ts';
 import { createBoss, queuesOf } from '../../src/queue/boss.ts';
 import { sweepIdempotencyKeys, sweepRetention } from '../../src/queue/retention.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 
 const q = queuesOf(DEFAULTS);
 const DAY = 86_400;
-let db: TestDatabase;
-let c: pg.Client;
-let database: Database;
+const tdb = useTestDatabase();
 let boss: PgBoss;
 
 beforeAll(async () => {
-  db = await createTestDatabase();
-  c = new pg.Client({ connectionString: db.url });
-  await c.connect();
-  database = openDatabase(db.url, { max: 2 });
-  boss = createBoss(db.url, DEFAULTS, { max: 2 });
+  boss = createBoss(tdb.url, DEFAULTS, { max: 2 });
   await boss.start();
 });
 
 afterAll(async () => {
   await boss?.stop({ graceful: false, close: true });
-  await database?.close();
-  await c?.end();
-  await db?.drop();
 });
 
-const keys = async () => (await c.query<{ key: string }>('select key from corral.idempotency_keys order by key')).rows.map((r) => r.key);
+const keys = async () =>
+  (await tdb.client.query<{ key: string }>('select key from corral.idempotency_keys order by key')).rows.map((r) => r.key);
 
 describe('idempotency key retention', () => {
   it('keeps a key while its job waits or is a dead letter, deletes it once the job is swept', async () => {
-    const [done, waiting, dead, young] = await sendEvents(c, [
+    const [done, waiting, dead, young] = await sendEvents(tdb.client, [
       { agentUid: 'ret', sessionId: 'done', data: 1, idempotencyKey: 'done' },
       { agentUid: 'ret', sessionId: 'waiting', data: 2, idempotencyKey: 'waiting' },
       { agentUid: 'ret', sessionId: 'dead', data: 3, idempotencyKey: 'dead' },
       { agentUid: 'ret', sessionId: 'young', data: 4, idempotencyKey: 'young' },
     ]);
     // run and settle: `done` and `young` complete; `dead` fails for good, its original deleted (mode continue)
-    const claimed = await keyHeadFetch(c, q, await queueTable(c, q))(10);
+    const claimed = await keyHeadFetch(tdb.client, q, await queueTable(tdb.client, q))(10);
     const attempt = (id: string) => ({ id, retryCount: claimed.find((j) => j.id === id)!.retryCount });
     await boss.complete(q.events, [attempt(done!.eventId), attempt(young!.eventId)]);
-    await makeLastAttempt(database.db, q.schema, q.events, dead!.eventId, 0);
+    await makeLastAttempt(tdb.database.db, q.schema, q.events, dead!.eventId, 0);
     await boss.fail(q.events, attempt(dead!.eventId), { error: 'for good' });
     await boss.deleteJob(q.events, dead!.eventId);
     await boss.fail(q.events, attempt(waiting!.eventId), { error: 'retry later' });
     // everything but `young` is two days old
-    await c.query(`update corral.idempotency_keys set created_at = now() - interval '2 days' where key <> 'young'`);
-    await c.query(`update pgboss.job set completed_on = now() - interval '2 days' where name = $1 and id = $2`, [q.events, done!.eventId]);
-    await c.query(`update pgboss.job set completed_on = now() - interval '2 days' where name = $1 and id = $2`, [q.events, young!.eventId]);
+    await tdb.client.query(`update corral.idempotency_keys set created_at = now() - interval '2 days' where key <> 'young'`);
+    await tdb.client.query(`update pgboss.job set completed_on = now() - interval '2 days' where name = $1 and id = $2`, [
+      q.events,
+      done!.eventId,
+    ]);
+    await tdb.client.query(`update pgboss.job set completed_on = now() - interval '2 days' where name = $1 and id = $2`, [
+      q.events,
+      young!.eventId,
+    ]);
 
     // the job of `done` is still there: no key goes
-    expect(await sweepIdempotencyKeys({ db: database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: DAY })).toBe(0);
+    expect(await sweepIdempotencyKeys({ db: tdb.database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: DAY })).toBe(0);
     // the retention sweep deletes the old completed jobs, then the key whose job is gone and which is old itself
-    expect(await sweepRetention({ boss, db: database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: DAY })).toEqual({
+    expect(await sweepRetention({ boss, db: tdb.database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: DAY })).toEqual({
       runtimeRows: 0,
       transcriptRows: 0,
       jobs: 2,
@@ -74,13 +70,13 @@ describe('idempotency key retention', () => {
     });
     expect(await keys()).toEqual(['dead', 'waiting', 'young']);
     // retention 0 keeps completed jobs, and so the keys, forever
-    expect(await sweepIdempotencyKeys({ db: database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: 0 })).toBe(0);
+    expect(await sweepIdempotencyKeys({ db: tdb.database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: 0 })).toBe(0);
     // once the dead letter is discarded, its key may go too
-    await c.query(`delete from pgboss.job where name = $1 and source_id = $2`, [q.deadLetter, dead!.eventId]);
-    expect(await sweepIdempotencyKeys({ db: database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: DAY })).toBe(1);
+    await tdb.client.query(`delete from pgboss.job where name = $1 and source_id = $2`, [q.deadLetter, dead!.eventId]);
+    expect(await sweepIdempotencyKeys({ db: tdb.database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: DAY })).toBe(1);
     expect(await keys()).toEqual(['waiting', 'young']);
     // a key whose event is gone is free: sending again enqueues anew
-    const again = await sendEvents(c, [{ agentUid: 'ret', sessionId: 'done', data: 1, idempotencyKey: 'done' }]);
+    const again = await sendEvents(tdb.client, [{ agentUid: 'ret', sessionId: 'done', data: 1, idempotencyKey: 'done' }]);
     expect(again[0]).toMatchObject({ duplicate: false });
     expect(again[0]!.eventId).not.toBe(done!.eventId);
   });

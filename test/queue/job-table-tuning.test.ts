@@ -3,27 +3,14 @@
  * autovacuum settings once the queues exist (migrations run before pg-boss installs its schema,
  * so ensureQueues applies them), and the tuning function is idempotent and safe without pg-boss.
  */
-import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { describe, expect, it } from 'vitest';
+import { useTestDatabase } from '../helpers/db.ts';
 
 describe('pg-boss job table tuning', () => {
-  let db: TestDatabase;
-  let c: pg.Client;
-
-  beforeAll(async () => {
-    db = await createTestDatabase();
-    c = new pg.Client({ connectionString: db.url });
-    await c.connect();
-  });
-
-  afterAll(async () => {
-    await c.end();
-    await db.drop();
-  });
+  const tdb = useTestDatabase();
 
   it('sets the autovacuum settings on the actor queue table', async () => {
-    const { rows } = await c.query<{ t: string; opts: string[] | null }>(
+    const { rows } = await tdb.client.query<{ t: string; opts: string[] | null }>(
       `select q.table_name as t, cl.reloptions as opts
          from pgboss.queue q join pg_class cl on cl.oid = format('pgboss.%I', q.table_name)::regclass
         where q.name = 'actor-events'`,
@@ -39,7 +26,7 @@ describe('pg-boss job table tuning', () => {
   });
 
   it('changes nothing when called again, and skips a schema that does not exist', async () => {
-    expect((await c.query<{ n: number }>(`select corral.tune_boss_job_tables('pgboss') as n`)).rows[0]!.n).toBe(0);
-    expect((await c.query<{ n: number }>(`select corral.tune_boss_job_tables('no_such_schema') as n`)).rows[0]!.n).toBe(0);
+    expect((await tdb.client.query<{ n: number }>(`select corral.tune_boss_job_tables('pgboss') as n`)).rows[0]!.n).toBe(0);
+    expect((await tdb.client.query<{ n: number }>(`select corral.tune_boss_job_tables('no_such_schema') as n`)).rows[0]!.n).toBe(0);
   });
 });

@@ -11,27 +11,22 @@ import { DEFAULTS } from '../../src/config.ts';
 import { keyHeadFetch, queueTable } from '../../src/db/boss/fetch.ts';
 import { createBoss, ensureQueues, queuesOf } from '../../src/queue/boss.ts';
 import { actorEventJob } from '../../src/queue/event-job.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 
 const q = queuesOf(DEFAULTS);
-let db: TestDatabase;
+const tdb = useTestDatabase();
 let boss: PgBoss;
 let table: string;
 
 beforeAll(async () => {
-  db = await createTestDatabase();
-  boss = createBoss(db.url, DEFAULTS, { max: 4 });
+  boss = createBoss(tdb.url, DEFAULTS, { max: 4 });
   await boss.start();
   await ensureQueues(boss, DEFAULTS);
-  const c = new pg.Client({ connectionString: db.url });
-  await c.connect();
-  table = await queueTable(c, q);
-  await c.end();
+  table = await queueTable(tdb.client, q);
 });
 
 afterAll(async () => {
   await boss?.stop({ graceful: false, close: true });
-  await db?.drop();
 });
 
 async function send(key: ActorKey, n: number, startAfter?: Date): Promise<string[]> {
@@ -50,7 +45,7 @@ async function send(key: ActorKey, n: number, startAfter?: Date): Promise<string
 
 /** Runs `fn` on its own connection inside a transaction that is rolled back. */
 async function rolledBack<T>(fn: (c: pg.Client) => Promise<T>): Promise<T> {
-  const c = new pg.Client({ connectionString: db.url });
+  const c = new pg.Client({ connectionString: tdb.url });
   await c.connect();
   try {
     await c.query('begin');
@@ -77,7 +72,7 @@ describe('the key-head fetch', () => {
     const d = await send(actorKey('fetch-d', 's'), 2); // d[0] active: d blocked
     const e = await send(actorKey('fetch-e', 's'), 2); // e[0] waits to retry (not due): e blocked
     const f = await send(actorKey('fetch-f', 's'), 2); // f[0] retry, due: the head, re-claimed
-    const admin = new pg.Client({ connectionString: db.url });
+    const admin = new pg.Client({ connectionString: tdb.url });
     await admin.connect();
     await admin.query(`update pgboss.job set state = 'active', started_on = now() where id = $1`, [d[0]]);
     await admin.query(`update pgboss.job set state = 'retry', started_on = now(), start_after = now() + interval '1 hour' where id = $1`, [
@@ -122,8 +117,8 @@ describe('the key-head fetch', () => {
   });
 
   it('never gives one key two jobs when two fetches run at once', async () => {
-    const one = new pg.Client({ connectionString: db.url });
-    const two = new pg.Client({ connectionString: db.url });
+    const one = new pg.Client({ connectionString: tdb.url });
+    const two = new pg.Client({ connectionString: tdb.url });
     await Promise.all([one.connect(), two.connect()]);
     try {
       // the earlier tests' heads out of the way (claimed for good), so both fetches meet only these keys

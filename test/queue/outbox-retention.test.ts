@@ -2,36 +2,19 @@
  * Outbox retention: the sweep deletes the messages delivered or discarded longer ago than the
  * completed-event retention, in batches, and never a pending or dead one, however old.
  */
-import pg from 'pg';
-import { afterAll, beforeAll, expect, it } from 'vitest';
-import { openDatabase, type Database } from '../../src/db/client.ts';
+import { expect, it } from 'vitest';
 import { sweepOutbox } from '../../src/queue/retention.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 
 const DAY = 86_400;
-let tdb: TestDatabase;
-let c: pg.Client;
-let database: Database;
-
-beforeAll(async () => {
-  tdb = await createTestDatabase();
-  c = new pg.Client({ connectionString: tdb.url });
-  await c.connect();
-  database = openDatabase(tdb.url, { max: 2 });
-});
-
-afterAll(async () => {
-  await database?.close();
-  await c?.end();
-  await tdb?.drop();
-});
+const tdb = useTestDatabase();
 
 it('deletes old delivered and discarded messages, keeps young ones and every pending or dead one', async () => {
-  await c.query(
+  await tdb.client.query(
     `insert into corral.sinks (name, url, secret) values ('s', 'http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw')`,
   );
   const add = (id: string, state: string, ageDays: number) =>
-    c.query(
+    tdb.client.query(
       `insert into corral.outbox (sink, webhook_id, agent_uid, session_id, turn_id, event_id, position, body, state, updated_at)
        values ('s', $1, 'a', 's', gen_random_uuid(), gen_random_uuid(), 0, '{}', $2, now() - make_interval(days => $3))`,
       [id, state, ageDays],
@@ -42,10 +25,10 @@ it('deletes old delivered and discarded messages, keeps young ones and every pen
   await add('old-pending', 'pending', 30);
   await add('old-dead', 'dead', 30);
   // batches of 10: the sweep drains what is due, whatever the batch
-  expect(await sweepOutbox({ db: database.db, retentionSeconds: 2 * DAY, batchSize: 10, duty: 1 })).toBe(26);
-  const left = await c.query<{ webhook_id: string }>(`select webhook_id from corral.outbox order by webhook_id`);
+  expect(await sweepOutbox({ db: tdb.database.db, retentionSeconds: 2 * DAY, batchSize: 10, duty: 1 })).toBe(26);
+  const left = await tdb.client.query<{ webhook_id: string }>(`select webhook_id from corral.outbox order by webhook_id`);
   expect(left.rows.map((r) => r.webhook_id)).toEqual(['old-dead', 'old-pending', 'young-delivered']);
   // retention 0 keeps everything
   await add('older-delivered', 'delivered', 300);
-  expect(await sweepOutbox({ db: database.db, retentionSeconds: 0 })).toBe(0);
+  expect(await sweepOutbox({ db: tdb.database.db, retentionSeconds: 0 })).toBe(0);
 });

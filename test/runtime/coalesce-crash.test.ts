@@ -6,28 +6,23 @@
  * succeeded turn, every job completed once; each run of the batch carried the same events.
  */
 import { afterAll, describe, expect, it } from 'vitest';
-import pg from 'pg';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc, exitOf } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 describe('a coalesced batch through kill -9 of its worker and of the daemon', () => {
-  let db: TestDatabase | undefined;
-  let client: pg.Client | undefined;
+  const tdb = useTestDatabase();
   const procs: Proc[] = [];
 
   afterAll(async () => {
-    await client?.end();
     for (const p of procs) await stopGracefully(p);
     killAll();
-    await db?.drop();
   });
 
   it('commits every event once, in order, the batch in one turn', async () => {
-    db = await createTestDatabase();
     const endpoint = `tcp://127.0.0.1:${await freePort()}`;
     const env = {
-      ...fastRecoveryEnv(db.url, endpoint),
+      ...fastRecoveryEnv(tdb.url, endpoint),
       CORRAL_INPUT_POLICY: 'coalesce',
     };
     const start = (args: string[], name: string) => {
@@ -39,9 +34,7 @@ describe('a coalesced batch through kill -9 of its worker and of the daemon', ()
       start(['worker', '--id', `cc-w${n}`, '--endpoint', endpoint, '--capacity', '4', '--insecure'], `worker${n}`);
     let daemon = start(['daemon'], 'daemon');
     let w = worker(1);
-    client = new pg.Client({ connectionString: db.url });
-    await client.connect();
-    const c = client;
+    const c = tdb.client;
     await waitFor(
       async () => (await c.query(`select 1 from corral.workers where status = 'ready'`).catch(() => ({ rowCount: 0 }))).rowCount! > 0,
       {

@@ -4,28 +4,23 @@
  * committed exactly once.
  */
 import { afterAll, describe, expect, it } from 'vitest';
-import pg from 'pg';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { childPids, freePort, killAll, spawnCorral, type Proc, stopGracefully, exitOf } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 describe('corral daemon --workers 3', () => {
-  let db: TestDatabase | undefined;
+  const tdb = useTestDatabase();
   let daemon: Proc | undefined;
-  let client: pg.Client | undefined;
 
   afterAll(async () => {
-    await client?.end();
     await stopGracefully(daemon);
     killAll();
-    await db?.drop();
   });
 
   it('restarts a killed worker process, leaves the others alone, and commits its event', async () => {
-    db = await createTestDatabase();
     const port = await freePort();
     const env = {
-      DATABASE_URL: db.url,
+      DATABASE_URL: tdb.url,
       CORRAL_ENDPOINT: `tcp://127.0.0.1:${port}`,
       CORRAL_LEASE_MS: '3000',
       CORRAL_PROGRESS_INTERVAL_MS: '500',
@@ -38,9 +33,7 @@ describe('corral daemon --workers 3', () => {
     };
     daemon = spawnCorral(['daemon', '--workers', '3'], env, 'daemon');
     const daemonPid = daemon.child.pid!;
-    client = new pg.Client({ connectionString: db.url });
-    await client.connect();
-    const c = client;
+    const c = tdb.client;
     await waitFor(async () => (await c.query(`select count(*)::int as n from corral.workers where status = 'ready'`)).rows[0].n === 3, {
       timeoutMs: 30_000,
       what: `3 workers registered (log: ${daemon.logPath})`,

@@ -5,7 +5,7 @@
  */
 import { afterAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { fastRecoveryEnv, freePort, killAll, spawnCorral, type Proc, stopGracefully, exitOf } from '../helpers/processes.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
@@ -13,9 +13,8 @@ import { waitFor } from '../helpers/wait.ts';
 type Ref = Record<string, unknown> & { event_id: string; delivery_id: string; session_id: string };
 
 describe('durable effects survive kill -9 of the daemon between result and commit', () => {
-  let db: TestDatabase | undefined;
+  const tdb = useTestDatabase();
   let daemon: Proc | undefined;
-  let client: pg.Client | undefined;
   let blocker: pg.Client | undefined;
   let worker: RawPeer | undefined;
   let serving = true;
@@ -24,24 +23,19 @@ describe('durable effects survive kill -9 of the daemon between result and commi
     serving = false;
     await worker?.close();
     await blocker?.end().catch(() => undefined);
-    await client?.end();
     await stopGracefully(daemon);
     killAll();
-    await db?.drop();
   });
 
   it('the emitted event commits exactly once, with its turn', async () => {
-    db = await createTestDatabase();
     const port = await freePort();
     const endpoint = `tcp://127.0.0.1:${port}`;
     const env = {
-      ...fastRecoveryEnv(db.url, endpoint),
+      ...fastRecoveryEnv(tdb.url, endpoint),
       CORRAL_LOG_LEVEL: 'debug',
     };
     daemon = spawnCorral(['daemon'], env, 'daemon');
-    client = new pg.Client({ connectionString: db.url });
-    await client.connect();
-    const c = client;
+    const c = tdb.client;
 
     const w = (worker = new RawPeer(endpoint, `crash-fx-${Date.now()}`, undefined, 'crash-fx'));
     const register = async () => {
@@ -90,7 +84,7 @@ describe('durable effects survive kill -9 of the daemon between result and commi
     const send = spawnCorral(['send', 'crash/src', '{"text":"go"}'], env, 'send');
     expect(await exitOf(send)).toBe(0);
     const eventId = send.log().trim().split('\n').at(-1)!;
-    blocker = new pg.Client({ connectionString: db.url });
+    blocker = new pg.Client({ connectionString: tdb.url });
     await blocker.connect();
     await waitFor(async () => (await c.query(`select 1 from pgboss.job where id = $1 and state = 'active'`, [eventId])).rowCount === 1, {
       timeoutMs: 20_000,

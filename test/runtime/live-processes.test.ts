@@ -11,15 +11,13 @@
  *    the daemon counts the stale ones.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import pg from 'pg';
 import { connect, type Corral, type LiveEvent } from '../../src/client/index.ts';
 import { sseEvents } from '../../src/live/sse.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc, exitOf } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
-let db: TestDatabase;
-let client: pg.Client;
+const tdb = useTestDatabase();
 let corral: Corral;
 let env: Record<string, string>;
 let metricsPort: number;
@@ -48,9 +46,8 @@ const deltas = (seen: LiveEvent[]) => seen.flatMap((e) => (e.type === 'chunk' ? 
 const words = (n: number) => Array.from({ length: n }, (_, i) => `w${i + 1} `);
 
 beforeAll(async () => {
-  db = await createTestDatabase();
   metricsPort = await freePort();
-  env = { ...fastRecoveryEnv(db.url, `tcp://127.0.0.1:${await freePort()}`), CORRAL_METRICS_PORT: String(metricsPort) };
+  env = { ...fastRecoveryEnv(tdb.url, `tcp://127.0.0.1:${await freePort()}`), CORRAL_METRICS_PORT: String(metricsPort) };
   const [portA, portB] = [await freePort(), await freePort()];
   apiA = `http://127.0.0.1:${portA}`;
   apiB = `http://127.0.0.1:${portB}`;
@@ -62,14 +59,13 @@ beforeAll(async () => {
     'daemon-b',
   );
   procs.push(other);
-  client = new pg.Client({ connectionString: db.url });
-  await client.connect();
   worker('lw-1');
   await waitFor(
-    async () => (await client.query(`select 1 from corral.workers where status = 'ready'`).catch(() => ({ rowCount: 0 }))).rowCount! > 0,
+    async () =>
+      (await tdb.client.query(`select 1 from corral.workers where status = 'ready'`).catch(() => ({ rowCount: 0 }))).rowCount! > 0,
     { timeoutMs: 30_000, what: `a worker registered (log: ${daemon.logPath})` },
   );
-  corral = await connect({ databaseUrl: db.url, env: {} });
+  corral = await connect({ databaseUrl: tdb.url, env: {} });
   const tokens = start(['tokens', 'create', 'live-test', '--scope', 'read', '--scope', 'send'], 'tokens');
   expect(await exitOf(tokens)).toBe(0);
   token = /crl_[A-Za-z0-9_-]{43}/.exec(tokens.log())![0];
@@ -107,10 +103,8 @@ async function sse(api: string, actor: string, stop: (seen: LiveEvent[]) => bool
 
 afterAll(async () => {
   await corral?.close();
-  await client?.end();
   for (const p of procs) await stopGracefully(p);
   killAll();
-  await db?.drop();
 });
 
 describe('live turns on real processes', () => {
@@ -119,7 +113,7 @@ describe('live turns on real processes', () => {
     const watch = await corral.watch('live/p50');
     // the CLI listens once it has printed nothing and its database backend is there: give it that moment
     await waitFor(
-      async () => (await client.query(`select 1 from pg_stat_activity where application_name = 'corral-watch'`)).rowCount! > 0,
+      async () => (await tdb.client.query(`select 1 from pg_stat_activity where application_name = 'corral-watch'`)).rowCount! > 0,
       {
         timeoutMs: 20_000,
         what: 'corral watch listening',

@@ -21,7 +21,7 @@ import { openDatabase, type Database } from '../../src/db/client.ts';
 import { setSinkDisabled } from '../../src/db/outbox/sinks.ts';
 import { addSink, enableSink } from '../../src/outbox/sinks.ts';
 import { derivedWebhookId } from '../../src/effects/deliver.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabases } from '../helpers/db.ts';
 import { fastRecoveryEnv, freePort, killAll, spawnCorral, type Proc, exitOf } from '../helpers/processes.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';
 import { WebhookReceiver, type ReceivedWebhook } from '../helpers/webhook-receiver.ts';
@@ -36,7 +36,8 @@ interface Sent {
 }
 
 describe('the outbox through kill -9 of the daemon', () => {
-  let db: TestDatabase | undefined;
+  // registered before the afterEach below: a test's database is dropped once its processes are gone
+  const databases = useTestDatabases();
   let client: pg.Client | undefined;
   let orm: Database | undefined;
   let rx: WebhookReceiver | undefined;
@@ -50,15 +51,14 @@ describe('the outbox through kill -9 of the daemon', () => {
     await Promise.all(procs.map((p) => p.exited));
     procs.length = 0;
     await rx?.stop();
-    await db?.drop();
     for (const h of homes) rmSync(h, { recursive: true, force: true });
     homes.length = 0;
-    client = orm = rx = db = undefined;
+    client = orm = rx = undefined;
   });
 
   /** A database, a receiver, and how to start daemons and workers on them. */
   async function rig(extraEnv: Record<string, string> = {}) {
-    db = await createTestDatabase();
+    const db = await databases.fresh();
     rx = new WebhookReceiver();
     await rx.start();
     client = new pg.Client({ connectionString: db.url });

@@ -20,7 +20,7 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
 import { connect, type Corral } from '../../src/index.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { descendants, freePort, isAlive, killAll, safeKill, spawnCorral, stopGracefully, type Proc, exitOf } from '../helpers/processes.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';
 
@@ -132,8 +132,7 @@ interface Orphan {
 }
 
 describe('kill -9 of the daemon while it prunes runtime rows', () => {
-  let db: TestDatabase | undefined;
-  let client: pg.Client | undefined;
+  const tdb = useTestDatabase();
   let sampler: pg.Client | undefined;
   let corral: Corral | undefined;
   let daemon: Proc | undefined;
@@ -157,10 +156,8 @@ describe('kill -9 of the daemon while it prunes runtime rows', () => {
     if (daemon && daemon.child.exitCode === null && daemon.child.signalCode === null) await killHard(daemon);
     await corral?.close();
     await sampler?.end().catch(() => undefined);
-    await client?.end();
     await stopGracefully(daemon);
     killAll();
-    await db?.drop();
     if (home) rmSync(home, { recursive: true, force: true });
   });
 
@@ -168,10 +165,7 @@ describe('kill -9 of the daemon while it prunes runtime rows', () => {
     const t0 = Date.now();
     const phases: string[] = [];
     const phase = (what: string) => phases.push(`${((Date.now() - t0) / 1000).toFixed(1)}s ${what}`);
-    db = await createTestDatabase();
-    client = new pg.Client({ connectionString: db.url });
-    await client.connect();
-    const c = client;
+    const c = tdb.client;
     const count = async (q: string, values: unknown[] = []) => (await c.query<{ n: number }>(q, values)).rows[0]!.n;
 
     // 1. the history: finished turns of stopped (or failed) activations, two days old, each
@@ -275,7 +269,7 @@ describe('kill -9 of the daemon while it prunes runtime rows', () => {
     const port = await freePort();
     home = mkdtempSync(join(tmpdir(), 'corral-prune-crash-'));
     const env = {
-      DATABASE_URL: db.url,
+      DATABASE_URL: tdb.url,
       CORRAL_HOME: home,
       CORRAL_ENDPOINT: `tcp://127.0.0.1:${port}`,
       CORRAL_RUNTIME_RETENTION_S: String(WINDOW_S),
@@ -303,7 +297,7 @@ describe('kill -9 of the daemon while it prunes runtime rows', () => {
     };
 
     // the invariants, sampled on a connection of their own for the whole run
-    sampler = new pg.Client({ connectionString: db.url });
+    sampler = new pg.Client({ connectionString: tdb.url });
     await sampler.connect();
     const s = sampler;
     const violations = new Map<string, string>();
@@ -341,7 +335,7 @@ describe('kill -9 of the daemon while it prunes runtime rows', () => {
 
     // the events, round by round (each round one statement over every actor) while the daemons run;
     // the first round is queued before the daemon starts, so its first pass meets turns at once
-    corral = await connect({ databaseUrl: db.url, maxConnections: 2 });
+    corral = await connect({ databaseUrl: tdb.url, maxConnections: 2 });
     const sent: string[][] = Array.from({ length: ACTORS }, () => []);
     const sender = corral;
     // the last rounds wait for the second pass to reach the activations, so turns are in flight then

@@ -10,14 +10,15 @@
 import pg from 'pg';
 import { afterEach, describe, expect, it } from 'vitest';
 import { connect, type Corral, type LiveEvent, type WatchEvent } from '../../src/client/index.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabases } from '../helpers/db.ts';
 import { fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
 /** The turn takes far longer than the job may stay active: pg-boss expires it while it runs. */
 const TURN_MS = 25_000;
 
-let db: TestDatabase | undefined;
+// registered before the afterEach below: a test's database is dropped once its daemon is gone
+const databases = useTestDatabases();
 let daemon: Proc | undefined;
 let corral: Corral | undefined;
 let client: pg.Client | undefined;
@@ -27,12 +28,11 @@ afterEach(async () => {
   await client?.end();
   await stopGracefully(daemon, 2_000);
   killAll();
-  await db?.drop();
-  corral = client = daemon = db = undefined;
+  corral = client = daemon = undefined;
 });
 
 async function start(mode: 'continue' | 'block'): Promise<void> {
-  db = await createTestDatabase();
+  const db = await databases.fresh();
   const endpoint = `tcp://127.0.0.1:${await freePort()}`;
   daemon = spawnCorral(
     ['daemon', '--workers', '1'],

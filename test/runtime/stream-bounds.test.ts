@@ -9,10 +9,8 @@
  */
 import { readFileSync } from 'node:fs';
 import { afterAll, describe, expect, it } from 'vitest';
-import pg from 'pg';
-import { openDatabase } from '../../src/db/client.ts';
 import { createToken } from '../../src/ops/api-tokens.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { descendants, fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc } from '../helpers/processes.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
@@ -39,31 +37,25 @@ function treeRss(pid: number): number {
 }
 
 describe('a worker streaming without limit', () => {
-  let db: TestDatabase | undefined;
-  let client: pg.Client | undefined;
+  const tdb = useTestDatabase();
   let daemon: Proc | undefined;
   let peer: RawPeer | undefined;
 
   afterAll(async () => {
     await peer?.close();
-    await client?.end();
     await stopGracefully(daemon);
     killAll();
-    await db?.drop();
   });
 
   it('leaves the daemon RSS bounded, relays at most the per-attempt bytes, and the turns commit', async () => {
-    db = await createTestDatabase();
     const endpoint = `tcp://127.0.0.1:${await freePort()}`;
     const httpPort = await freePort();
     daemon = spawnCorral(
       ['daemon', '--http-port', String(httpPort)],
-      { ...fastRecoveryEnv(db.url, endpoint), CORRAL_LEASE_MS: '30000' },
+      { ...fastRecoveryEnv(tdb.url, endpoint), CORRAL_LEASE_MS: '30000' },
       'daemon',
     );
-    client = new pg.Client({ connectionString: db.url });
-    await client.connect();
-    const c = client;
+    const c = tdb.client;
     peer = new RawPeer(endpoint, `flood-${Date.now()}`, undefined, 'flood');
     const p = peer;
     await waitFor(
@@ -84,9 +76,7 @@ describe('a worker streaming without limit', () => {
       starts.push(s);
     }
     // readers that never read: each SSE response is left unconsumed
-    const database = openDatabase(db.url, { max: 1 });
-    const { token } = await createToken(database.db, 'never-reads', ['read']);
-    await database.close();
+    const { token } = await createToken(tdb.database.db, 'never-reads', ['read']);
     const stalled = new AbortController();
     const unread = await Promise.all(
       starts.map((_, i) =>

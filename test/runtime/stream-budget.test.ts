@@ -5,9 +5,8 @@
  * `turn_stream_closed`, when its first chunk past the budget is dropped; nothing past the budget
  * is stored, and the turn still commits.
  */
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { fastRecoveryEnv, freePort, killAll, spawnCorral, stopGracefully, type Proc } from '../helpers/processes.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { waitFor } from '../helpers/wait.ts';
@@ -16,23 +15,19 @@ const BUDGET = 512 * 1024;
 const CHUNK = 'x'.repeat(32 * 1024);
 
 describe('a turn streaming past its budget', () => {
-  let db: TestDatabase;
-  let client: pg.Client;
+  const tdb = useTestDatabase();
   let daemon: Proc;
   let endpoint: string;
   const peers: RawPeer[] = [];
 
   beforeAll(async () => {
-    db = await createTestDatabase();
     endpoint = `tcp://127.0.0.1:${await freePort()}`;
     daemon = spawnCorral(
       ['daemon', '--workers', '1', '--worker-capacity', '1'],
       // a short drain: the turn that keeps the example worker busy is not waited for at the stop
-      { ...fastRecoveryEnv(db.url, endpoint), CORRAL_LEASE_MS: '30000', CORRAL_STREAM_TURN_BYTES: String(BUDGET), CORRAL_DRAIN_MS: '0' },
+      { ...fastRecoveryEnv(tdb.url, endpoint), CORRAL_LEASE_MS: '30000', CORRAL_STREAM_TURN_BYTES: String(BUDGET), CORRAL_DRAIN_MS: '0' },
       'daemon',
     );
-    client = new pg.Client({ connectionString: db.url });
-    await client.connect();
     await waitFor(() => daemon.log().includes('"worker ready"'), {
       timeoutMs: 60_000,
       what: `the example worker (log: ${daemon.logPath})`,
@@ -41,16 +36,14 @@ describe('a turn streaming past its budget', () => {
 
   afterAll(async () => {
     for (const p of peers) await p.close();
-    await client?.end();
     await stopGracefully(daemon, 20_000);
     killAll();
-    await db?.drop();
   });
 
   const send = (actor: string, data: unknown) =>
-    client.query<{ id: string }>('select corral.send_event($1, $2, $3::jsonb) as id', [...actor.split('/'), JSON.stringify(data)]);
+    tdb.client.query<{ id: string }>('select corral.send_event($1, $2, $3::jsonb) as id', [...actor.split('/'), JSON.stringify(data)]);
   const reply = async (actor: string) => {
-    const { rows } = await client.query<{ content: { flood?: { chunks: number; bytes: number; stopped: boolean } } }>(
+    const { rows } = await tdb.client.query<{ content: { flood?: { chunks: number; bytes: number; stopped: boolean } } }>(
       `select m.content from corral.messages m join corral.conversations c on c.id = m.conversation_id
         where c.agent_uid = $1 and c.session_id = $2 and m.role = 'assistant'`,
       actor.split('/'),
@@ -95,7 +88,7 @@ describe('a turn streaming past its budget', () => {
     // the chunks within the budget are stored (a moment after they came), none past it
     const stored = async () =>
       (
-        await client.query<{ n: number; bytes: string }>(
+        await tdb.client.query<{ n: number; bytes: string }>(
           `select count(*)::int as n, coalesce(sum(octet_length(data::text)), 0)::bigint as bytes from corral.stream_chunks where delivery_id = $1`,
           [ref.delivery_id],
         )

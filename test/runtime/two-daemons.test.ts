@@ -16,10 +16,9 @@ import { afterAll, describe, expect, it } from 'vitest';
 import type { PgBoss } from 'pg-boss';
 import { actorKey } from '../../src/base/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';
-import { openDatabase, type Database } from '../../src/db/client.ts';
 import { createBoss } from '../../src/queue/boss.ts';
 import { sendMany } from '../helpers/send.ts';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { freePort, killAll, spawnCorral, type Proc } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
@@ -28,29 +27,23 @@ const EVENTS_PER_ACTOR = 8;
 const WORKERS_PER_DAEMON = 2;
 
 describe('two daemons on one database', () => {
-  let db: TestDatabase | undefined;
-  let client: pg.Client | undefined;
+  const tdb = useTestDatabase();
   const procs: Proc[] = [];
   const homes: string[] = [];
 
   let boss: PgBoss | undefined;
-  let database: Database | undefined;
 
   afterAll(async () => {
-    await client?.end();
-    await database?.close();
     await boss?.stop({ graceful: false, close: true });
     for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGTERM');
     await Promise.race([Promise.all(procs.map((p) => p.exited)), new Promise((r) => setTimeout(r, 8_000))]);
     killAll();
-    await db?.drop();
     for (const h of homes) rmSync(h, { recursive: true, force: true });
   });
 
   it('never runs an actor twice at once, keeps per-actor order and commits every event once', { timeout: 90_000 }, async () => {
-    db = await createTestDatabase();
     const env = {
-      DATABASE_URL: db.url,
+      DATABASE_URL: tdb.url,
       CORRAL_INSECURE: '1',
       // Short leases and idle timeout: actors move between the daemons within the test's time.
       CORRAL_LEASE_MS: '3000',
@@ -80,9 +73,7 @@ describe('two daemons on one database', () => {
         );
       }
     }
-    client = new pg.Client({ connectionString: db.url });
-    await client.connect();
-    const c = client;
+    const c = tdb.client;
     await waitFor(
       async () =>
         (await c.query(`select count(*)::int as n from corral.workers where status = 'ready'`)).rows[0].n === 2 * WORKERS_PER_DAEMON,
@@ -96,7 +87,7 @@ describe('two daemons on one database', () => {
     expect(index.rows[0]?.def).toMatch(/UNIQUE INDEX .* \(agent_uid, session_id\) WHERE/);
 
     // Sample live activations while the load runs, on a connection of its own.
-    const sampler = new pg.Client({ connectionString: db.url });
+    const sampler = new pg.Client({ connectionString: tdb.url });
     await sampler.connect();
     let samples = 0;
     const doubles: unknown[] = [];
@@ -116,12 +107,11 @@ describe('two daemons on one database', () => {
     // Events in waves, each wave one insert over every actor, so both daemons hold actors at once
     // and actors move between them.
     const total = ACTORS * EVENTS_PER_ACTOR;
-    boss = createBoss(db.url, DEFAULTS, { max: 2 });
+    boss = createBoss(tdb.url, DEFAULTS, { max: 2 });
     await boss.start();
-    database = openDatabase(db.url, { max: 2 });
     for (let k = 0; k < EVENTS_PER_ACTOR; k++) {
       await sendMany(
-        database.db,
+        tdb.database.db,
         Array.from({ length: ACTORS }, (_, i) => ({ key: actorKey('two', `s${i}`), event: { text: `wave ${k}`, k } })),
       );
       await new Promise((r) => setTimeout(r, 300));

@@ -1,7 +1,9 @@
 /**
  * Rules of the code base's layout, checked on the files themselves:
  *  - SQL text lives in src/db only (a schema change then touches src/db alone);
- *  - no source, test, benchmark or script file exceeds 600 lines.
+ *  - no source, test, benchmark or script file exceeds 600 lines;
+ *  - a test file takes its databases from the fixtures of test/helpers/db.ts (`useTestDatabase`,
+ *    `useTestDatabases`), never from `createTestDatabase` itself, which the helpers build on.
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
@@ -96,5 +98,12 @@ describe('layout', () => {
       over.map(({ f, n }) => `${f}: ${n} lines`),
       'split these files by concern',
     ).toEqual([]);
+  });
+
+  it('has no test file that calls createTestDatabase: its databases come from the fixtures', () => {
+    const offenders = filesUnder('test')
+      .filter((f) => f.endsWith('.test.ts'))
+      .filter((f) => /\bcreateTestDatabase\s*\(/.test(code(readFileSync(join(ROOT, f), 'utf8'))));
+    expect(offenders, 'use useTestDatabase() (one for the file) or useTestDatabases() (one per test) from test/helpers/db.ts').toEqual([]);
   });
 });
