@@ -67,7 +67,8 @@ export function isValidWorkerId(id: string): boolean {
  * PostgreSQL cannot store, or nested deeper than MAX_JSON_DEPTH), `emit_limit` (a result's `emit`
  * breaks the limits: too many entries, an entry too large, an unknown actor key or delay),
  * `emit_denied` (an emit to an agent outside the worker key's scope), `deliver_limit` (a result's
- * `deliver` breaks the limits: too many entries, a body too large, a bad key, an unknown sink) and `commit_failed` (the
+ * `deliver` breaks the limits: too many entries, a body too large, a bad key, an unknown sink),
+ * `deliver_forbidden` (a deliver to a sink whose agents exclude the turn's agent) and `commit_failed` (the
  * daemon could not write the final message; the attempt is failed). The list may grow; receivers
  * must accept others.
  */
@@ -77,6 +78,7 @@ export const TURN_REJECTED_REASONS = [
   'emit_limit',
   'emit_denied',
   'deliver_limit',
+  'deliver_forbidden',
   'commit_failed',
 ] as const;
 
