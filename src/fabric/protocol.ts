@@ -34,7 +34,12 @@ export {
 } from '../effects/limits.ts';
 
 export const PROTOCOL_VERSION = 1;
-export { DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PROGRESS_INTERVAL_MS } from '../base/defaults.ts';
+export {
+  DEFAULT_HEARTBEAT_INTERVAL_MS,
+  DEFAULT_MAX_MESSAGE_BYTES,
+  DEFAULT_PROGRESS_INTERVAL_MS,
+  DEFAULT_RECEIVE_HWM,
+} from '../base/defaults.ts';
 export const MAX_RESULT_MESSAGES = 1000;
 export const MAX_CAPACITY = 1024;
 /** Longest `turn_ref` (as JSON) accepted from a worker. */
