@@ -10,6 +10,7 @@ import {
   DEFAULT_HEARTBEAT_INTERVAL_MS,
   DEFAULT_MAX_EVENT_BYTES,
   DEFAULT_MAX_MESSAGE_BYTES,
+  DEFAULT_RECEIVE_HWM,
   DEFAULT_PROGRESS_INTERVAL_MS,
   DEFAULT_STREAM_CHUNK_BYTES,
   AVAILABLE_INPUT_POLICIES,
@@ -206,6 +207,8 @@ const SETTINGS = {
   /** Fallback poll for delayed retries (NOTIFY wakes new events at once). */
   pollIntervalMs: setting({ env: 'CORRAL_POLL_INTERVAL_MS', default: 1_000, rule: int(20) }),
   maxMessageBytes: setting({ env: 'CORRAL_MAX_MESSAGE_BYTES', default: DEFAULT_MAX_MESSAGE_BYTES, rule: int(1024) }),
+  /** Frames the broker's socket reads ahead per connection (ZMQ_RCVHWM): what one flooding peer can park in the daemon. */
+  receiveHighWaterMark: setting({ env: 'CORRAL_RECEIVE_HWM', default: DEFAULT_RECEIVE_HWM, rule: int(1, 100_000) }),
   /**
    * Largest event payload accepted at enqueue (its JSON, in bytes). Well under
    * `maxMessageBytes`, so a turn_start always fits on the wire with its envelope.

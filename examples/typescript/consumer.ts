@@ -84,6 +84,7 @@ import {
   type OutboxActionResult,
   type TurnDelivery,
   type SinkInput,
+  type SinkRotation,
   type SinksApi,
   type SinkView,
   type SinkSummary,
@@ -213,8 +214,11 @@ export function drizzleTarget(tx: DrizzleExecutable): SendDb {
 // corral: webhook sinks, and the outbox of what turns delivered to them
 export async function manageOutbox(corral: Corral): Promise<TurnDelivery[]> {
   const sinks: SinksApi = corral.sinks;
-  const input: SinkInput = { name: 'crm', url: 'https://crm.example.com/hooks', timeout: '5s', concurrency: 8 };
+  const input: SinkInput = { name: 'crm', url: 'https://crm.example.com/hooks', timeout: '5s', concurrency: 8, agents: ['support-*'] };
   const added: SinkView & { secret: string } = await sinks.add(input);
+  const rotation: SinkRotation = { overlap: '1h' };
+  const rotated: SinkView & { secret: string } = await sinks.rotateSecret(added.name, rotation);
+  void rotated.previousSecretUntil;
   const listed: SinkSummary[] = await sinks.list();
   const enabled: SinkView = await sinks.enable(added.name);
   const outbox: OutboxApi = corral.outbox;

@@ -1,12 +1,15 @@
 /**
  * Which agents a worker key may serve: the `agents` scope of an allow-list entry (`corral keys
  * add-worker ID --agents PATTERN…`). A worker is given turns only of actors whose `agent_uid`
- * its scope matches, and a result of it may emit only to such actors.
+ * its scope matches, and a result of it may emit only to such actors. The same patterns say which
+ * agents' turns may deliver to a webhook sink (`corral sinks add NAME --agents PATTERN…`).
  *
  * A pattern is an exact `agent_uid` (`support-bot`) or a prefix ending in `*` (`support-*`);
  * `*` alone matches every agent. No scope (undefined) means every agent: keys issued before
  * scopes existed keep serving all of them.
  */
+
+import { CorralError } from './errors.ts';
 
 /** Most patterns in one scope, and the longest pattern (an agent_uid is at most 128 characters). */
 export const MAX_SCOPE_PATTERNS = 64;
@@ -33,4 +36,22 @@ export function agentInScope(scope: AgentScope, agentUid: string): boolean {
     if (p.endsWith('*') ? agentUid.startsWith(p.slice(0, -1)) : agentUid === p) return true;
   }
   return false;
+}
+
+/**
+ * A scope as given (`--agents` of `corral keys add-worker` and of `corral sinks add`): each
+ * pattern valid, at least one, at most MAX_SCOPE_PATTERNS distinct ones. Throws
+ * `invalid_argument` naming the problem.
+ */
+export function checkedScope(patterns: readonly string[]): string[] {
+  const distinct = [...new Set(patterns)];
+  if (distinct.length === 0) throw new CorralError('invalid_argument', 'an agent scope needs at least one pattern');
+  if (distinct.length > MAX_SCOPE_PATTERNS) {
+    throw new CorralError('invalid_argument', `an agent scope holds at most ${MAX_SCOPE_PATTERNS} patterns (got ${distinct.length})`);
+  }
+  for (const p of distinct) {
+    const problem = agentPatternProblem(p);
+    if (problem) throw new CorralError('invalid_argument', problem);
+  }
+  return distinct;
 }

@@ -15,6 +15,12 @@ export const DEFAULT_HEARTBEAT_INTERVAL_MS = 2_000;
 
 /** Largest frame on the wire, either way (`CORRAL_MAX_MESSAGE_BYTES`). */
 export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024;
+/**
+ * Messages the broker's ROUTER reads ahead per connection (ZMQ_RCVHWM, `CORRAL_RECEIVE_HWM`):
+ * bounds what one flooding peer can make the daemon hold (docs/benchmarks.md, "Receive
+ * high-water mark"); libzmq's own default is 1000.
+ */
+export const DEFAULT_RECEIVE_HWM = 32;
 
 /** Largest event payload, its JSON in bytes (`CORRAL_MAX_EVENT_BYTES`). */
 export const DEFAULT_MAX_EVENT_BYTES = 256 * 1024;

@@ -189,6 +189,22 @@ export interface SinkInput {
   timeout?: string | number;
   /** Messages sent to it at once, 1 to 64 (default 4). */
   concurrency?: number;
+  /**
+   * The agents whose turns may deliver to it: agent_uids, or prefixes ending in `*` (as a worker
+   * key's scope); a result of another agent's turn delivering to it is refused `deliver_forbidden`.
+   * Default: every agent.
+   */
+  agents?: string[];
+  /** Let `url` point at a loopback, private or link-local address (refused by default, at add and at every connect). */
+  allowPrivate?: boolean;
+}
+
+/** A new signing secret for a sink (`corral sinks rotate-secret`). */
+export interface SinkRotation {
+  /** The new secret (`whsec_` and base64); one is made when absent. */
+  secret?: string;
+  /** How long the old secret signs too (after the new one): a duration (`'24h'`), milliseconds, or 0; default 24 h, at most 30 days. */
+  overlap?: string | number;
 }
 
 /** `corral.sinks`: the webhook sinks turns deliver to (what `corral sinks` does). */
@@ -201,6 +217,12 @@ export interface SinksApi {
   remove(name: string, opts?: { force?: boolean }): Promise<SinkRemoval>;
   /** Enables a sink again after its receiver answered 410 Gone. */
   enable(name: string): Promise<SinkView>;
+  /**
+   * A new signing secret; resolves to the sink with it (hand it to the receiver). During the
+   * overlap requests are signed with both secrets, new first; pending messages are kept.
+   * `not_found` when there is no such sink.
+   */
+  rotateSecret(name: string, rotation?: SinkRotation): Promise<SinkView & { secret: string }>;
 }
 
 /** `corral.outbox`: the messages turns delivered (what `corral outbox` does). */

@@ -20,7 +20,7 @@ import { silentLogger, type Logger } from '../base/logger.ts';
 import { batchOptionsFrom, clearPolicy, parsePolicy, parsePolicyTarget, setPolicy, type InputPolicy } from '../ops/input-policies.ts';
 import { actorStatus, type ActorStatus } from '../ops/status.ts';
 import { actOnOutbox, listOutboxMessages, showOutboxMessage } from '../outbox/operations.ts';
-import { addSink, enableSink, listSinkViews, removeSink } from '../outbox/sinks.ts';
+import { addSink, enableSink, listSinkViews, removeSink, rotateSecret } from '../outbox/sinks.ts';
 import type { InputPolicyOptions } from '../db/views.ts';
 import { cancelTurn, steerTurn } from '../ops/turn-control.ts';
 import { queuesOf } from '../queue/names.ts';
@@ -96,6 +96,11 @@ class CorralClient implements Corral {
       list: async () => listSinkViews(db()),
       remove: async (name, opts = {}) => removeSink(db(), String(name), { force: opts.force === true }),
       enable: async (name) => enableSink(db(), String(name)),
+      rotateSecret: async (name, rotation = {}) => {
+        if (rotation === null || typeof rotation !== 'object')
+          throw new CorralError('invalid_argument', 'sinks.rotateSecret takes (name, { secret?, overlap? })');
+        return rotateSecret(db(), String(name), rotation);
+      },
     };
     this.outbox = {
       list: async (opts = {}) => listOutboxMessages(db(), opts),

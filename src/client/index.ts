@@ -19,6 +19,7 @@ export {
   type OutboxApi,
   type PolicyTargetRef,
   type SinkInput,
+  type SinkRotation,
   type SinksApi,
   type SendDb,
   type SendOptions,

@@ -145,6 +145,7 @@ export class Daemon {
       heartbeatIntervalMs: config.workerHeartbeatMs,
       progressIntervalMs: config.progressIntervalMs,
       maxMessageBytes: config.maxMessageBytes,
+      receiveHighWaterMark: config.receiveHighWaterMark,
       maxWorkers: config.maxWorkers,
       maxConnections: config.maxConnections,
       maxConnectionsPerKey: config.maxConnectionsPerKey,

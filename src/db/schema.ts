@@ -474,6 +474,12 @@ export const streamChunks = corral.table(
  * result delivers (the outbox). `secret` is the Standard Webhooks signing secret (`whsec_` and the
  * base64 of the key), kept as given since signing needs the key itself. A sink the receiver told
  * gone (HTTP 410) is disabled until `corral sinks enable`.
+ *
+ * `agents`: the agents whose turns may deliver to it (src/base/agent-scope.ts patterns); null is
+ * every agent. `allow_private`: its URL may point inside (loopback, private, link-local …; without
+ * it such an address is refused at add and at every connect, src/outbox/address-guard.ts).
+ * `previous_secret` signs too, after the current one, until `previous_secret_until` (a rotation's
+ * overlap, `corral sinks rotate-secret`); both are null outside one.
  */
 export const sinks = corral.table(
   'sinks',
@@ -483,6 +489,10 @@ export const sinks = corral.table(
     secret: text('secret').notNull(),
     timeoutMs: integer('timeout_ms').notNull().default(10_000),
     concurrency: integer('concurrency').notNull().default(4),
+    agents: text('agents').array(),
+    allowPrivate: boolean('allow_private').notNull().default(false),
+    previousSecret: text('previous_secret'),
+    previousSecretUntil: tz('previous_secret_until'),
     disabledAt: tz('disabled_at'),
     disabledReason: text('disabled_reason'),
     createdAt: tz('created_at').notNull().defaultNow(),
@@ -494,6 +504,9 @@ export const sinks = corral.table(
     check('sinks_secret', sql.raw(`secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$'`)),
     check('sinks_timeout', sql`${t.timeoutMs} between 100 and 600000`),
     check('sinks_concurrency', sql`${t.concurrency} between 1 and 64`),
+    check('sinks_agents', sql.raw(`agents is null or cardinality(agents) between 1 and 64`)),
+    check('sinks_previous_secret', sql.raw(`previous_secret is null or previous_secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$'`)),
+    check('sinks_previous_secret_until', sql.raw(`(previous_secret is null) = (previous_secret_until is null)`)),
   ],
 );
 
@@ -517,6 +530,8 @@ export const outbox = corral.table(
       .notNull()
       .references(() => sinks.name, { onDelete: 'cascade' }),
     webhookId: text('webhook_id').notNull(),
+    /** The result's `key` (sent as `corral-key`); null without one, and on rows written before keys were kept apart from ids. */
+    key: text('key'),
     agentUid: text('agent_uid').notNull(),
     sessionId: text('session_id').notNull(),
     turnId: uuid('turn_id').notNull(),
@@ -559,7 +574,9 @@ export const outbox = corral.table(
       .on(t.updatedAt)
       .where(sql`state in ('delivered', 'discarded')`),
     check('outbox_state', inList('state', OUTBOX_STATES)),
-    check('outbox_webhook_id', sql.raw(`char_length(webhook_id) between 1 and 256 and webhook_id ~ '^[\\x21-\\x7e]+$'`)),
+    // `<agent_uid>/<session_id>/<key or event_id.index>`: 128 + 1 + 128 + 1 + 256 at most
+    check('outbox_webhook_id', sql.raw(`char_length(webhook_id) between 1 and 520 and webhook_id ~ '^[\\x21-\\x7e]+$'`)),
+    check('outbox_key', sql.raw(`key is null or (char_length(key) between 1 and 256 and key ~ '^[\\x21-\\x7e]+$')`)),
     check('outbox_position', sql`${t.position} >= 0`),
   ],
 );

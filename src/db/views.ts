@@ -224,6 +224,12 @@ export interface SinkView {
   url: string;
   timeoutMs: number;
   concurrency: number;
+  /** The agents whose turns may deliver to it (agent_uids, or prefixes ending in `*`); null: every agent. */
+  agents: string[] | null;
+  /** Whether its URL may point inside (loopback, private, link-local …): `--allow-private`. */
+  allowPrivate: boolean;
+  /** While a rotation's overlap lasts: when the previous secret stops signing; else null. */
+  previousSecretUntil: string | null;
   /** Set when its receiver answered 410 Gone (its messages wait until `corral sinks enable`). */
   disabledAt: string | null;
   disabledReason: string | null;

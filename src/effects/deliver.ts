@@ -1,19 +1,26 @@
 /**
  * The outbox's part of the commit step: what a `turn_result` delivers (`deliver: [{ sink, body,
  * key? }]`), checked before any transaction and written by the transaction that commits the turn
- * (src/db/outbox/messages.ts, O1). The delivery loop (outbox-sender.ts) sends it afterwards.
+ * (src/db/outbox/messages.ts, O1). The delivery loop (src/outbox/sender.ts) sends it afterwards.
  *
  *  X1 A result whose `deliver` breaks the limits (count, body size or depth, key, a key twice for
  *     one sink, a sink that does not exist) is refused `deliver_limit` before any transaction: nothing of it
  *     is written and its attempt fails, as for `emit_limit`.
- *  X2 Each message's `webhook-id` is its `key`, or derived from the event and its place in the
- *     result: the same on every attempt of the turn, and different for every other turn.
+ *  X2 Each message's `webhook-id` names its actor: `<agent_uid>/<session_id>/<key>`, or without a
+ *     key `<agent_uid>/<session_id>/<event_id>.<index in deliver>`: the same on every attempt of
+ *     the turn, different for every other turn, and never the same for two actors, so the sink's
+ *     de-duplication (and a receiver's, by webhook-id) is per actor, and the signature, which
+ *     covers the id, covers the actor.
  *  X3 The body is serialized once, here: the bytes stored are the bytes signed and sent.
+ *  X4 A result delivering to a sink whose `agents` do not include the turn's agent is refused
+ *     `deliver_forbidden` before any transaction, as X1 is: a tenant's turn cannot speak through
+ *     another tenant's sink.
  */
 import type { Db } from '../db/client.ts';
 import type { NewOutboxMessage } from '../db/outbox/messages.ts';
-import { existingSinkNames } from '../db/outbox/sinks.ts';
+import { sinkScopes } from '../db/outbox/sinks.ts';
 import { unstorableReason } from '../base/json-safety.ts';
+import { agentInScope } from '../base/agent-scope.ts';
 import { MAX_DELIVERIES, deliverSchema } from '../fabric/protocol.ts';
 import type { Fence } from '../db/turns/fence.ts';
 
@@ -56,9 +63,9 @@ export function checkDeliveries(
   return { ok: true, deliveries };
 }
 
-/** X2: the `webhook-id` of a message with no key. */
-export function derivedWebhookId(eventId: string, position: number): string {
-  return `msg_${eventId.replaceAll('-', '')}_${position}`;
+/** X2: the `webhook-id` of a message: its actor, then its key or its event and place in the result. */
+export function webhookIdOf(actor: { agentUid: string; sessionId: string }, eventId: string, position: number, key?: string): string {
+  return `${actor.agentUid}/${actor.sessionId}/${key ?? `${eventId}.${position}`}`;
 }
 
 /** The rows a committing turn writes for its messages (X2). */
@@ -69,19 +76,28 @@ export function outboxRowsOf(fence: Fence, deliveries: readonly DeliverRequest[]
     agentUid: fence.agentUid,
     sessionId: fence.sessionId,
     sink: d.sink,
-    webhookId: d.key ?? derivedWebhookId(fence.eventId, position),
+    webhookId: webhookIdOf(fence, fence.eventId, position, d.key),
+    key: d.key ?? null,
     position,
     body: d.body,
   }));
 }
 
+/** What the sinks a result names say of it: those that do not exist (X1), those whose agents exclude the turn's (X4). */
+export interface SinkJudgement {
+  missing: string[];
+  forbidden: string[];
+}
+
 /**
- * X1's last check: which sinks a result names that do not exist. Names seen to exist are kept
- * for `ttlMs`, so a busy actor asks the database once in a while; a sink removed meanwhile fails
- * the commit itself (the outbox's foreign key), and the attempt is retried.
+ * X1's last check and X4: the sinks a result names, and the agents each takes. What a sink is
+ * found to be is kept for `ttlMs`, so a busy actor asks the database once in a while; a sink
+ * removed meanwhile fails the commit itself (the outbox's foreign key), and the attempt is
+ * retried. A change of a sink's agents (remove and add again) takes effect within `ttlMs` on
+ * every daemon.
  */
-export class SinkNames {
-  private readonly known = new Map<string, number>();
+export class SinkDirectory {
+  private readonly known = new Map<string, { agents: string[] | null; untilMs: number }>();
   private readonly db: Db;
   private readonly nowMs: () => number;
   private readonly ttlMs: number;
@@ -92,13 +108,24 @@ export class SinkNames {
     this.ttlMs = ttlMs;
   }
 
-  async missing(names: readonly string[]): Promise<string[]> {
+  /** Judges the sinks `names` for a turn of `agentUid`: at most one query, none when every name is known. */
+  async judge(agentUid: string, names: readonly string[]): Promise<SinkJudgement> {
     const now = this.nowMs();
-    const ask = [...new Set(names)].filter((n) => (this.known.get(n) ?? -Infinity) <= now);
-    if (ask.length === 0) return [];
-    const found = await existingSinkNames(this.db, ask);
-    if (this.known.size > 10_000) this.known.clear();
-    for (const n of found) this.known.set(n, now + this.ttlMs);
-    return ask.filter((n) => !found.has(n));
+    const distinct = [...new Set(names)];
+    const ask = distinct.filter((n) => (this.known.get(n)?.untilMs ?? -Infinity) <= now);
+    if (ask.length > 0) {
+      const found = await sinkScopes(this.db, ask);
+      if (this.known.size > 10_000) this.known.clear();
+      for (const [n, agents] of found) this.known.set(n, { agents, untilMs: now + this.ttlMs });
+      for (const n of ask) if (!found.has(n)) this.known.delete(n);
+    }
+    const missing: string[] = [];
+    const forbidden: string[] = [];
+    for (const n of distinct) {
+      const sink = this.known.get(n);
+      if (!sink) missing.push(n);
+      else if (!agentInScope(sink.agents ?? undefined, agentUid)) forbidden.push(n);
+    }
+    return { missing, forbidden };
   }
 }

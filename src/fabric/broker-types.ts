@@ -114,6 +114,13 @@ export interface BrokerOptions {
   /** Largest accepted frame; libzmq drops a connection that sends more. Default 1 MiB. */
   maxMessageBytes?: number;
   /**
+   * Messages libzmq reads ahead of the broker per connection (ZMQ_RCVHWM); a peer that sends faster
+   * than the broker handles waits (TCP pushes back), so what one connection can make the daemon
+   * hold is about this many frames of up to twice `maxMessageBytes`. Default
+   * DEFAULT_RECEIVE_HWM (32).
+   */
+  receiveHighWaterMark?: number;
+  /**
    * ZMTP-level ping interval; a peer silent for 3 intervals is disconnected, so a frozen
    * worker's route disappears (sends then fail fast as `unknown_route`). 0 disables.
    * Default: `heartbeatIntervalMs`.

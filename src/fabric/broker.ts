@@ -23,7 +23,9 @@
  *    moves the session only with a valid proof; without one it is a route takeover attempt:
  *    refused, logged and counted, and the live session is untouched.
  * 8. Everything a peer controls is bounded: frame size (libzmq drops a connection sending more
- *    than twice the limit; above the limit the broker refuses and counts), registered workers
+ *    than twice the limit; above the limit the broker refuses and counts), the frames libzmq reads
+ *    ahead per connection (`receiveHighWaterMark`: a flood waits in the peer's own queue and TCP
+ *    window, not in the daemon's memory), registered workers
  *    (`maxWorkers`), connections (`maxConnections` and `maxConnectionsPerKey`, enforced at the
  *    handshake: src/fabric/admission.ts), registrations (per key per second), outstanding
  *    challenges (one per connection), and log lines (per connection and per key, fields truncated).
@@ -43,6 +45,7 @@ import {
   DEFAULT_HEARTBEAT_INTERVAL_MS,
   DEFAULT_MAX_MESSAGE_BYTES,
   DEFAULT_PROGRESS_INTERVAL_MS,
+  DEFAULT_RECEIVE_HWM,
   PROTOCOL_VERSION,
   encodeFrame,
   frameBytesAbove,
@@ -65,6 +68,7 @@ export class Broker {
   private readonly heartbeatIntervalMs: number;
   private readonly progressIntervalMs: number;
   private readonly maxMessageBytes: number;
+  private readonly receiveHighWaterMark: number;
   private readonly authenticator: Authenticator;
   private readonly queue = new SerialQueue();
   /** Registered connections by routing id (hex). */
@@ -112,6 +116,7 @@ export class Broker {
     this.heartbeatIntervalMs = opts.heartbeatIntervalMs ?? DEFAULT_HEARTBEAT_INTERVAL_MS;
     this.progressIntervalMs = opts.progressIntervalMs ?? DEFAULT_PROGRESS_INTERVAL_MS;
     this.maxMessageBytes = opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    this.receiveHighWaterMark = opts.receiveHighWaterMark ?? DEFAULT_RECEIVE_HWM;
     this.authenticator = opts.authenticator ?? new AllowAll();
     this.maxWorkers = opts.maxWorkers ?? 256;
     this.maxConnections = opts.maxConnections ?? 1024;
@@ -127,6 +132,7 @@ export class Broker {
       ['heartbeatIntervalMs', this.heartbeatIntervalMs],
       ['progressIntervalMs', this.progressIntervalMs],
       ['maxMessageBytes', this.maxMessageBytes],
+      ['receiveHighWaterMark', this.receiveHighWaterMark],
     ] as const) {
       if (!Number.isInteger(val) || val < 1) throw new CorralError('invalid_config', `broker ${name} must be a positive integer`);
     }
@@ -188,6 +194,9 @@ export class Broker {
       // Twice the limit: frames in between reach the broker, which refuses and counts them
       // (invariant 8); libzmq drops a connection that sends more.
       maxMessageSize: this.maxMessageBytes * 2,
+      // invariant 8: libzmq's default (1000) let one peer flooding 1 MiB frames park up to 2 GB
+      // in the daemon while the receive loop parsed them (docs/benchmarks.md, "Receive high-water mark")
+      receiveHighWaterMark: this.receiveHighWaterMark,
       handshakeInterval: this.opts.handshakeIntervalMs ?? 5_000,
       zapDomain: 'corral',
       ...(curve ? { curveServer: true, curveSecretKey: curve.secretKey, curvePublicKey: curve.publicKey } : {}),

@@ -34,7 +34,10 @@ import { curveKeyPair } from 'zeromq';
 import { z } from 'zod';
 import { CorralError, toError } from '../base/errors.ts';
 import { MAX_CAPACITY, WORKER_ID_PATTERN } from './protocol.ts';
-import { MAX_PATTERN_CHARS, MAX_SCOPE_PATTERNS, agentPatternProblem } from '../base/agent-scope.ts';
+import { MAX_PATTERN_CHARS, MAX_SCOPE_PATTERNS, agentPatternProblem, checkedScope } from '../base/agent-scope.ts';
+
+/** Re-exported: `corral keys` takes scopes through this module. */
+export { checkedScope };
 
 const Z85_CHARS = '0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#';
 /** A CURVE key in Z85: 40 characters for 32 bytes. */
@@ -351,23 +354,6 @@ export function addWorkerKey(
     server_key: serverPublicKey,
     token,
   };
-}
-
-/**
- * A scope as given (`--agents`): each pattern valid, at least one, at most MAX_SCOPE_PATTERNS
- * distinct ones. Throws `invalid_argument` naming the problem.
- */
-export function checkedScope(patterns: readonly string[]): string[] {
-  const distinct = [...new Set(patterns)];
-  if (distinct.length === 0) throw new CorralError('invalid_argument', 'an agent scope needs at least one pattern');
-  if (distinct.length > MAX_SCOPE_PATTERNS) {
-    throw new CorralError('invalid_argument', `an agent scope holds at most ${MAX_SCOPE_PATTERNS} patterns (got ${distinct.length})`);
-  }
-  for (const p of distinct) {
-    const problem = agentPatternProblem(p);
-    if (problem) throw new CorralError('invalid_argument', problem);
-  }
-  return distinct;
 }
 
 export function formatWorkerKeyFile(k: WorkerKeyFile): string {

@@ -34,7 +34,12 @@ export {
 } from '../effects/limits.ts';
 
 export const PROTOCOL_VERSION = 1;
-export { DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PROGRESS_INTERVAL_MS } from '../base/defaults.ts';
+export {
+  DEFAULT_HEARTBEAT_INTERVAL_MS,
+  DEFAULT_MAX_MESSAGE_BYTES,
+  DEFAULT_PROGRESS_INTERVAL_MS,
+  DEFAULT_RECEIVE_HWM,
+} from '../base/defaults.ts';
 export const MAX_RESULT_MESSAGES = 1000;
 export const MAX_CAPACITY = 1024;
 /** Longest `turn_ref` (as JSON) accepted from a worker. */
@@ -67,7 +72,8 @@ export function isValidWorkerId(id: string): boolean {
  * PostgreSQL cannot store, or nested deeper than MAX_JSON_DEPTH), `emit_limit` (a result's `emit`
  * breaks the limits: too many entries, an entry too large, an unknown actor key or delay),
  * `emit_denied` (an emit to an agent outside the worker key's scope), `deliver_limit` (a result's
- * `deliver` breaks the limits: too many entries, a body too large, a bad key, an unknown sink) and `commit_failed` (the
+ * `deliver` breaks the limits: too many entries, a body too large, a bad key, an unknown sink),
+ * `deliver_forbidden` (a deliver to a sink whose agents exclude the turn's agent) and `commit_failed` (the
  * daemon could not write the final message; the attempt is failed). The list may grow; receivers
  * must accept others.
  */
@@ -77,6 +83,7 @@ export const TURN_REJECTED_REASONS = [
   'emit_limit',
   'emit_denied',
   'deliver_limit',
+  'deliver_forbidden',
   'commit_failed',
 ] as const;
 

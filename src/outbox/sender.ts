@@ -4,7 +4,11 @@
  * run it at once (O2: a message is held by one sender at a time).
  *
  *  S1 A message is POSTed with `webhook-id` (the same on every attempt), `webhook-timestamp` and
- *     `webhook-signature` over `id.timestamp.body`; redirects are not followed.
+ *     `webhook-signature` over `id.timestamp.body` (by the sink's secret, and by its previous one
+ *     too during a rotation's overlap, new first), plus `corral-actor` (the id's first two parts)
+ *     and, for a keyed message, `corral-key`; redirects are not followed. It connects only to an
+ *     address the sink may reach (src/outbox/http-post.ts, H1–H3): a refused address is retried
+ *     as a connection error is.
  *  S2 2xx: delivered. 410: the sink is gone: the message is dead-lettered and the sink disabled
  *     (O4). 408, 425, 429, 5xx, a timeout or a connection error: retried after the events' backoff
  *     (`retryDelaySeconds`·2^(n−1) … ·2^n, capped at `retryDelayMaxSeconds`), or after the
@@ -31,7 +35,9 @@ import {
 import { backoffDelayMs, retryWindowSeconds } from '../base/backoff.ts';
 import { errorMessage } from '../base/errors.ts';
 import type { Logger } from '../base/logger.ts';
-import { signWebhook } from './signature.ts';
+import { signatureHeader } from './signature.ts';
+import { WebhookPoster, type AttemptResult } from './http-post.ts';
+import type { Resolver } from './address-guard.ts';
 import { databaseRetry, type DatabaseRetry } from '../base/db-retry.ts';
 
 /** The retry bounds of events (CORRAL_RETRY_DELAY_S, _DELAY_MAX_S) and the outbox's own limit. */
@@ -52,11 +58,8 @@ export interface OutboxRetryPolicy {
   maxS: number;
 }
 
-/** What one attempt got back: a status (with its Retry-After and a little of its body), or no answer. */
-export type AttemptResult = { status: number; retryAfter: string | null; text: string } | { status: null; error: string };
+export type { AttemptResult } from './http-post.ts';
 
-const RESPONSE_READ_BYTES = 64 * 1024;
-const ERROR_TEXT_CHARS = 300;
 const RETRYABLE_STATUS = new Set([408, 425, 429]);
 
 /** S2: the delay of retry `n` (1-based), uniform in the events' window, or the receiver's Retry-After within the bounds. */
@@ -101,36 +104,6 @@ export function decideOutbox(
   return { kind: 'retry', status: result.status, error: said, delayMs: outboxRetryDelayMs(attempts, policy, retryAfter, ctx.random) };
 }
 
-/** A response's first bytes as text (the rest is read and dropped, so the connection can be kept). */
-async function readSome(res: Response): Promise<string> {
-  if (!res.body) return '';
-  const reader = res.body.getReader();
-  const parts: Uint8Array[] = [];
-  let size = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    if (size < RESPONSE_READ_BYTES) parts.push(value);
-    size += value.length;
-    if (size >= RESPONSE_READ_BYTES) {
-      await reader.cancel().catch(() => undefined);
-      break;
-    }
-  }
-  return Buffer.concat(parts)
-    .toString('utf8', 0, Math.min(size, ERROR_TEXT_CHARS * 4))
-    .slice(0, ERROR_TEXT_CHARS)
-    .trim();
-}
-
-/** Why a request got no answer, for the message's `last_error`. */
-function failureText(e: unknown, timeoutMs: number): string {
-  const err = e as { name?: string; cause?: { code?: string; message?: string } };
-  if (err.name === 'TimeoutError') return `no answer within ${timeoutMs} ms`;
-  const cause = err.cause?.code ?? err.cause?.message;
-  return `${errorMessage(e)}${cause ? ` (${cause})` : ''}`.slice(0, ERROR_TEXT_CHARS);
-}
-
 export interface OutboxSenderOptions {
   db: Db;
   /** LISTEN on a channel (pg-boss's connection); without it the loop polls. */
@@ -144,6 +117,8 @@ export interface OutboxSenderOptions {
   pollMs?: number;
   /** Most requests in flight in this sender, all sinks together (default 256). */
   maxInFlight?: number;
+  /** The resolver behind the address guard (default `dns.lookup`). */
+  resolve?: Resolver;
 }
 
 /** Most messages one claim takes. */
@@ -166,10 +141,12 @@ export class OutboxSender {
   private readonly stop = new AbortController();
 
   private readonly retry: DatabaseRetry;
+  private readonly poster: WebhookPoster;
 
   constructor(opts: OutboxSenderOptions) {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'outbox' });
+    this.poster = new WebhookPoster(opts.resolve ? { resolve: opts.resolve } : {});
     this.retry = databaseRetry({ clock: opts.clock, log: this.log, stopping: () => this.stop.signal.aborted });
   }
 
@@ -227,6 +204,7 @@ export class OutboxSender {
       signal.removeEventListener('abort', onAbort);
       this.stop.abort();
       await Promise.allSettled([...this.sends]);
+      this.poster.close();
       await listener?.close().catch(() => undefined);
     }
   }
@@ -304,25 +282,26 @@ export class OutboxSender {
 
   private async post(m: ClaimedMessage): Promise<AttemptResult> {
     const timestampS = Math.floor(this.opts.clock.nowMs() / 1000);
-    const signal = AbortSignal.any([AbortSignal.timeout(m.timeoutMs), this.stop.signal]);
-    try {
-      const res = await fetch(m.url, {
-        method: 'POST',
-        redirect: 'manual',
-        signal,
+    const secrets = m.previousSecret === null ? [m.secret] : [m.secret, m.previousSecret];
+    const result = await this.poster.post(
+      {
+        url: m.url,
+        timeoutMs: m.timeoutMs,
+        allowPrivate: m.allowPrivate,
+        body: m.body,
         headers: {
           'content-type': 'application/json',
           'user-agent': 'corral-outbox',
           'webhook-id': m.webhookId,
           'webhook-timestamp': String(timestampS),
-          'webhook-signature': signWebhook(m.secret, m.webhookId, timestampS, m.body),
+          'webhook-signature': signatureHeader(secrets, m.webhookId, timestampS, m.body),
+          'corral-actor': `${m.agentUid}/${m.sessionId}`,
+          ...(m.key === null ? {} : { 'corral-key': m.key }),
         },
-        body: m.body,
-      });
-      const text = await readSome(res);
-      return { status: res.status, retryAfter: res.headers.get('retry-after'), text };
-    } catch (e) {
-      return { status: null, error: failureText(e, m.timeoutMs) };
-    }
+      },
+      this.stop.signal,
+    );
+    if (result.status === null && result.refused) this.log.warn({ ...this.fields(m), why: result.error }, 'sink address refused');
+    return result;
   }
 }

@@ -5,8 +5,9 @@
  *  W1 A secret is `whsec_` and the base64 of the key (24 to 64 random bytes when corral makes one);
  *     the HMAC key is the decoded bytes, not the text.
  *  W2 The signed content is `<webhook-id>.<webhook-timestamp>.<body>`, the body exactly as sent.
- *  W3 `webhook-signature` is `v1,` and the base64 of its HMAC-SHA256. A receiver may get several,
- *     space-separated (during a secret's rotation): one that matches is enough.
+ *  W3 `webhook-signature` is `v1,` and the base64 of its HMAC-SHA256. During a secret's rotation
+ *     (`corral sinks rotate-secret`) it holds two, space-separated, the new secret's first: a
+ *     receiver that knows either secret finds a match, and one match is enough.
  *  W4 A receiver refuses a timestamp too far from its own clock (5 minutes by default), so an old
  *     message cannot be replayed, and de-duplicates by `webhook-id`, which stays the same on every
  *     retry of one message.
@@ -43,6 +44,14 @@ export function secretKey(secret: string): Buffer {
 export function signWebhook(secret: string, id: string, timestampS: number, body: string): string {
   const mac = createHmac('sha256', secretKey(secret)).update(`${id}.${timestampS}.${body}`).digest('base64');
   return `v1,${mac}`;
+}
+
+/**
+ * W3: the `webhook-signature` header signed by each of `secrets`, space-separated, in order (a
+ * rotation's overlap: the new secret first, then the previous one).
+ */
+export function signatureHeader(secrets: readonly string[], id: string, timestampS: number, body: string): string {
+  return secrets.map((s) => signWebhook(s, id, timestampS, body)).join(' ');
 }
 
 export type VerifyResult = { ok: true } | { ok: false; reason: 'bad_timestamp' | 'stale' | 'no_match' };

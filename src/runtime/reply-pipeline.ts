@@ -20,6 +20,12 @@
  *     4), not the worker. A refused result, or a `turn_error`, keeps the slot until its attempt
  *     has failed: messages that are refused or fail their turn never get a worker more turns than
  *     its capacity.
+ *  6. A result's sinks are looked up (src/effects/deliver.ts, X1, X4) only once the result is
+ *     admitted (invariant 3): a result about a delivery this daemon does not run, naming sinks
+ *     that do not exist, costs no query beyond the worker's budget. A result is admitted once:
+ *     its refusal or commit does not take a second token.
+ *  7. Refusals of results are logged at most once per worker per second; the line after a quiet
+ *     spell counts what was left out (`suppressed`). Every refusal is still counted and answered.
  */
 import { agentInScope } from '../base/agent-scope.ts';
 import { FenceRejected, errorMessage, isConnectionError } from '../base/errors.ts';
@@ -34,7 +40,8 @@ import type { RuntimeParts } from './transport.ts';
 import type { ReplyOutcome, ReplyRequest } from './turn-commit.ts';
 import type { FailOutcome } from './attempt-failure.ts';
 import { checkEmits, type EmitRequest } from '../effects/emit.ts';
-import { checkDeliveries, type DeliverRequest, type SinkNames } from '../effects/deliver.ts';
+import { checkDeliveries, type DeliverRequest, type SinkDirectory } from '../effects/deliver.ts';
+import { WindowCounter } from '../base/rate-limits.ts';
 
 /** turn_error codes meaning "the worker did not run this turn": it goes elsewhere, no retry is spent. */
 const HANDED_BACK = new Set(['over_capacity', 'worker_stopping']);
@@ -48,8 +55,8 @@ export interface ReplyPipelineOptions extends RuntimeParts {
   maxEventBytes: number;
   /** The stream relay's R7: the chunks of a delivery received before its result, once written (undefined: nothing to wait for). */
   chunksWritten?: (deliveryId: string) => Promise<void> | undefined;
-  /** Which sinks a result's `deliver` names that do not exist (X1 of outbox.ts). */
-  sinks: SinkNames;
+  /** Which sinks a result's `deliver` names that do not exist, or do not take its agent (X1, X4 of src/effects/deliver.ts). */
+  sinks: SinkDirectory;
 }
 
 export class ReplyPipeline {
@@ -60,10 +67,13 @@ export class ReplyPipeline {
   /** turn_accepted messages not yet handed to the writer (see `accepted`). */
   private readonly pendingAccepts = new Map<string, { workerId: string; ref: WireTurnRef }>();
   private acceptsScheduled = false;
+  /** Invariant 7: one refusal line per worker per second. */
+  private readonly refusalLines: WindowCounter;
 
   constructor(opts: ReplyPipelineOptions) {
     this.opts = opts;
     this.log = opts.logger.child({ component: 'replies' });
+    this.refusalLines = new WindowCounter(opts.clock, REFUSAL_LINES_PER_SECOND, 1_000);
     this.writer = new GroupWriter<ReplyRequest, ReplyOutcome>({
       many: async (requests) =>
         (await opts.commits.replyMany(requests)).map((o) =>
@@ -91,7 +101,7 @@ export class ReplyPipeline {
 
   progress(workerId: string, ref: WireTurnRef): void {
     this.opts.workers.seen(workerId);
-    this.fenced(workerId, ref, 'progress', (fence) => this.writer.submit({ kind: 'progress', fence, workerId }));
+    this.fenced(workerId, ref, 'progress', false, (fence) => this.writer.submit({ kind: 'progress', fence, workerId }));
   }
 
   result(e: ResultEvent): void {
@@ -114,33 +124,41 @@ export class ReplyPipeline {
       this.refuse(e.workerId, e.turnRef, `emit to agent ${outside.key.agentUid}: outside this worker key's scope`, 'emit_denied');
       return;
     }
-    // outbox hook: the same for a result's `deliver` (X1 of outbox.ts); the sinks must exist
+    // outbox hook: the same for a result's `deliver` (X1 of src/effects/deliver.ts)
     const outbound = checkDeliveries(e.deliver, this.opts.maxEventBytes);
     if (!outbound.ok) {
       this.refuse(e.workerId, e.turnRef, outbound.detail, 'deliver_limit');
       return;
     }
+    // invariant 6: admitted (the worker's budget for deliveries this daemon does not run) before
+    // anything costs a query; admitted once for what follows
+    if (!this.admit(e.workerId, e.turnRef)) return;
     if (outbound.deliveries.length === 0) {
-      this.commitResult(e, effects.emits, []);
+      this.commitResult(e, effects.emits, [], true);
       return;
     }
     const names = outbound.deliveries.map((d) => d.sink);
+    const agentUid = e.turnRef.agent_uid;
     this.opts.background.track(
       (async () => {
-        const missing = await this.opts.retry(() => this.opts.sinks.missing(names), { workerId: e.workerId, op: 'sinks' });
-        if (missing.length > 0) this.refuse(e.workerId, e.turnRef, `deliver to ${missing.join(', ')}: no such sink`, 'deliver_limit');
-        else this.commitResult(e, effects.emits, outbound.deliveries);
+        const judged = await this.opts.retry(() => this.opts.sinks.judge(agentUid, names), { workerId: e.workerId, op: 'sinks' });
+        if (judged.missing.length > 0) {
+          this.refuse(e.workerId, e.turnRef, `deliver to ${judged.missing.join(', ')}: no such sink`, 'deliver_limit', true);
+        } else if (judged.forbidden.length > 0) {
+          const why = `deliver to ${judged.forbidden.join(', ')}: the sink does not take messages from agent ${agentUid} (its --agents)`;
+          this.refuse(e.workerId, e.turnRef, why, 'deliver_forbidden', true);
+        } else this.commitResult(e, effects.emits, outbound.deliveries, true);
       })(),
       { ...fenceFields(fromWire(e.turnRef)), workerId: e.workerId, op: 'sinks' },
     );
   }
 
   /** A result that passed every check that needs no fence: committed on its actor's controller. */
-  private commitResult(e: ResultEvent, emits: readonly EmitRequest[], deliver: readonly DeliverRequest[]): void {
+  private commitResult(e: ResultEvent, emits: readonly EmitRequest[], deliver: readonly DeliverRequest[], admitted: boolean): void {
     // invariant 5: the pipeline settles the turn from here on, so its slot may go to the next one
     this.opts.dispatcher.workerFinished(e.workerId, fromWire(e.turnRef), true);
     this.dropAccept(e.turnRef.delivery_id);
-    this.fenced(e.workerId, e.turnRef, 'commit', async (fence) => {
+    this.fenced(e.workerId, e.turnRef, 'commit', admitted, async (fence) => {
       let outcome: ReplyOutcome;
       const chunks = this.opts.chunksWritten?.(fence.deliveryId);
       if (chunks) await chunks;
@@ -192,7 +210,7 @@ export class ReplyPipeline {
     // invariant 5: the slot is freed when the attempt has failed (`attemptFailed` settles it)
     this.opts.dispatcher.workerFinished(e.workerId, fromWire(e.turnRef), false);
     this.dropAccept(e.turnRef.delivery_id);
-    this.fenced(e.workerId, e.turnRef, 'fail', async (fence) => {
+    this.fenced(e.workerId, e.turnRef, 'fail', false, async (fence) => {
       let outcome: FailOutcome;
       try {
         // an error text is diagnostic: make it storable rather than lose the failure
@@ -248,14 +266,15 @@ export class ReplyPipeline {
     workerId: string,
     ref: WireTurnRef,
     why: string,
-    reason: 'unstorable' | 'emit_limit' | 'emit_denied' | 'deliver_limit',
+    reason: 'unstorable' | 'emit_limit' | 'emit_denied' | 'deliver_limit' | 'deliver_forbidden',
+    admitted = false,
   ): void {
     this.opts.metrics.rejected(reason);
-    this.log.warn({ ...fenceFields(fromWire(ref)), workerId, reason, why: why.slice(0, 200) }, 'result refused');
+    this.logRefusal(workerId, { ...fenceFields(fromWire(ref)), reason, why: why.slice(0, 200) }, 'result refused');
     // invariant 5: the slot stays taken until the attempt has failed
     this.opts.dispatcher.workerFinished(workerId, fromWire(ref), false);
     this.dropAccept(ref.delivery_id);
-    this.fenced(workerId, ref, 'fail', async (fence) => {
+    this.fenced(workerId, ref, 'fail', admitted, async (fence) => {
       const code = reason === 'unstorable' ? 'unstorable_result' : reason;
       try {
         const outcome = await this.opts.commits.fail(
@@ -318,9 +337,16 @@ export class ReplyPipeline {
     return false;
   }
 
-  /** Runs a fenced operation on the actor's controller (invariant 2). */
-  private fenced(workerId: string, ref: WireTurnRef, op: string, fn: (fence: Fence) => Promise<unknown>): void {
-    if (!this.admit(workerId, ref)) return;
+  /** Invariant 7: a refusal's log line, within the worker's budget of lines. */
+  private logRefusal(workerId: string, fields: Record<string, unknown>, line: string): void {
+    const budget = this.refusalLines.take(workerId);
+    if (!budget.ok) return;
+    this.log.warn({ ...fields, workerId, ...(budget.refusedBefore > 0 ? { suppressed: budget.refusedBefore } : {}) }, line);
+  }
+
+  /** Runs a fenced operation on the actor's controller (invariant 2); `admitted`: invariant 3 was checked already (invariant 6). */
+  private fenced(workerId: string, ref: WireTurnRef, op: string, admitted: boolean, fn: (fence: Fence) => Promise<unknown>): void {
+    if (!admitted && !this.admit(workerId, ref)) return;
     const fence = fromWire(ref);
     this.opts.background.track(
       this.opts.directory.wake(fence).run(() => this.judged(workerId, ref, op, () => fn(fence))),
@@ -336,7 +362,10 @@ export class ReplyPipeline {
     } catch (e) {
       if (!(e instanceof FenceRejected)) throw e;
       this.opts.metrics.rejected(e.reason);
-      this.log.warn({ ...fenceFields(fence), workerId, op, reason: e.reason }, 'fence rejected');
+      const fields = { ...fenceFields(fence), op, reason: e.reason };
+      // invariant 7 for results; accepts and progress keep their own lines
+      if (op === 'commit') this.logRefusal(workerId, fields, 'fence rejected');
+      else this.log.warn({ ...fields, workerId }, 'fence rejected');
       await this.answer(workerId, { v: 1, type: 'turn_rejected', turn_ref: ref, reason: e.reason });
     }
   }
@@ -346,3 +375,6 @@ export class ReplyPipeline {
     if (!res.ok) this.log.debug({ workerId, type: msg.type, reason: res.reason }, 'reply not delivered');
   }
 }
+
+/** Invariant 7: refusal lines one worker may cause per second. */
+const REFUSAL_LINES_PER_SECOND = 1;

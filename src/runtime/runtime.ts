@@ -39,7 +39,7 @@ import type { Transport } from './transport.ts';
 import { AttemptFailures } from './attempt-failure.ts';
 import { ContextCache } from './context-cache.ts';
 import { RpcServer } from './rpc.ts';
-import { SinkNames } from '../effects/deliver.ts';
+import { SinkDirectory } from '../effects/deliver.ts';
 import { StreamRelay } from './stream-relay.ts';
 import { TurnBeginner, type FetchedJob } from './turn-begin.ts';
 import { TurnCommits } from './turn-commit.ts';
@@ -178,7 +178,7 @@ export class Runtime {
       dispatcher: this.dispatcher,
       maxEventBytes: config.maxEventBytes,
       chunksWritten: (deliveryId) => this.stream.written(deliveryId),
-      sinks: new SinkNames(opts.db, () => opts.clock.nowMs()),
+      sinks: new SinkDirectory(opts.db, () => opts.clock.nowMs()),
     });
     this.stream = new StreamRelay({
       db: opts.db,

@@ -33,7 +33,7 @@ describe('what each turn delivered', { timeout: 120_000 }, () => {
     // a long retry delay: the 503 message stays pending after its first attempt
     t = await startTestDaemon({ drainMs: 0, retryDelaySeconds: 600, retryDelayMaxSeconds: 600 });
     config = loadConfig({ databaseUrl: t.db.url, logLevel: 'silent' }, {});
-    for (const name of ['ok', 'flaky', 'gone']) await addSink(t.daemon.database.db, { name, url: rx.url(`/${name}`) });
+    for (const name of ['ok', 'flaky', 'gone']) await addSink(t.daemon.database.db, { name, url: rx.url(`/${name}`), allowPrivate: true });
     w = new RawPeer(t.daemon.broker.endpoint, 'ob-cli');
     await w.register(2);
     ({ eventId } = await sendEvent(t.daemon.database.db, actorKey('obv', 's1'), { text: 'hi' }));

@@ -321,7 +321,7 @@ describe('nesting depth of worker frames', () => {
 });
 
 describe('turn_rejected reasons', () => {
-  it('are the fence reasons plus unstorable, emit_limit, emit_denied, deliver_limit and commit_failed, and docs/protocol.md lists exactly them', async () => {
+  it('are the fence reasons plus unstorable, emit_limit, emit_denied, deliver_limit, deliver_forbidden and commit_failed, and docs/protocol.md lists exactly them', async () => {
     const { readFile } = await import('node:fs/promises');
     const { FENCE_REASONS } = await import('../../src/base/errors.ts');
     const { TURN_REJECTED_REASONS } = await import('../../src/fabric/protocol.ts');
@@ -331,6 +331,7 @@ describe('turn_rejected reasons', () => {
       'emit_limit',
       'emit_denied',
       'deliver_limit',
+      'deliver_forbidden',
       'commit_failed',
     ]);
     const doc = await readFile(new URL('../../docs/protocol.md', import.meta.url), 'utf8');

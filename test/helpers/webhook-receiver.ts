@@ -11,6 +11,9 @@ import { verifyWebhook } from '../../src/outbox/signature.ts';
 export interface ReceivedWebhook {
   path: string;
   id: string;
+  /** `corral-actor` and `corral-key` (empty when absent). */
+  actor: string;
+  key: string;
   timestamp: string;
   signature: string;
   body: string;
@@ -62,6 +65,8 @@ export class WebhookReceiver {
     const got: ReceivedWebhook = {
       path: req.url ?? '/',
       id,
+      actor: String(req.headers['corral-actor'] ?? ''),
+      key: String(req.headers['corral-key'] ?? ''),
       timestamp: String(req.headers['webhook-timestamp'] ?? ''),
       signature: String(req.headers['webhook-signature'] ?? ''),
       body: Buffer.concat(chunks).toString('utf8'),

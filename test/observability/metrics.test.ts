@@ -144,8 +144,8 @@ describe('metrics and observability endpoints', () => {
     await rx.start();
     try {
       rx.respond = (r, n) => (r.path === '/gone' ? { status: 410 } : n === 1 ? { status: 503 } : { status: 200 });
-      await addSink(daemon.database.db, { name: 'm-ok', url: rx.url('/ok') });
-      await addSink(daemon.database.db, { name: 'm-gone', url: rx.url('/gone') });
+      await addSink(daemon.database.db, { name: 'm-ok', url: rx.url('/ok'), allowPrivate: true });
+      await addSink(daemon.database.db, { name: 'm-gone', url: rx.url('/gone'), allowPrivate: true });
       await sendEvent(daemon.database.db, actorKey('metrics', 'outbox-2'), {
         text: 'y',
         deliver: [{ sink: 'm-ok' }, { sink: 'm-gone' }],

@@ -20,7 +20,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../../src/db/client.ts';
 import { setSinkDisabled } from '../../src/db/outbox/sinks.ts';
 import { addSink, enableSink } from '../../src/outbox/sinks.ts';
-import { derivedWebhookId } from '../../src/effects/deliver.ts';
+import { webhookIdOf } from '../../src/effects/deliver.ts';
 import { useTestDatabases } from '../helpers/db.ts';
 import { fastRecoveryEnv, freePort, killAll, spawnCorral, type Proc, exitOf } from '../helpers/processes.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';
@@ -86,7 +86,11 @@ describe('the outbox through kill -9 of the daemon', () => {
       const res = await c.query<{ event_id: string }>(`select event_id from corral.send_events($1::jsonb) order by ord`, [
         JSON.stringify(items.map((i) => ({ agent_uid: AGENT, session_id: i.session, data: i.data }))),
       ]);
-      return res.rows.map((r, i) => ({ session: items[i]!.session, eventId: r.event_id, webhookId: derivedWebhookId(r.event_id, 0) }));
+      return res.rows.map((r, i) => ({
+        session: items[i]!.session,
+        eventId: r.event_id,
+        webhookId: webhookIdOf({ agentUid: AGENT, sessionId: items[i]!.session }, r.event_id, 0),
+      }));
     };
     const readyWorkers = async () =>
       (await c.query<{ n: number }>(`select count(*)::int as n from corral.workers where status = 'ready'`)).rows[0]!.n;
@@ -181,7 +185,7 @@ describe('the outbox through kill -9 of the daemon', () => {
 
   it('killed between commit and send: after a restart every committed message arrives, once', { timeout: 60_000 }, async () => {
     const { c, db: orm, rx, node, send, readyWorkers } = await rig();
-    const sink = await addSink(orm, { name: 'later', url: rx.url('/later'), timeout: '5s' });
+    const sink = await addSink(orm, { name: 'later', url: rx.url('/later'), timeout: '5s', allowPrivate: true });
     rx.respond = () => ({ status: 200, delayMs: 20 });
     // the turns commit while the sink is disabled: their messages are written, and nobody sends them
     await setSinkDisabled(orm, 'later', 'held back by the test');
@@ -215,7 +219,7 @@ describe('the outbox through kill -9 of the daemon', () => {
   it('killed at random moments of a steady stream, each time with a request open: all arrive', { timeout: 90_000 }, async () => {
     // an event a killed daemon had fetched but not begun comes back when its job's heartbeat lapses
     const { c, db: orm, rx, node, send } = await rig({ CORRAL_JOB_HEARTBEAT_S: '10' });
-    const sink = await addSink(orm, { name: 'stream', url: rx.url('/stream'), timeout: '1s', concurrency: 4 });
+    const sink = await addSink(orm, { name: 'stream', url: rx.url('/stream'), timeout: '1s', concurrency: 4, allowPrivate: true });
     rx.respond = () => ({ status: 200, delayMs: 30 + Math.floor(Math.random() * 120) });
     const n = await node('a');
     let daemon = n.daemon('daemon');
@@ -262,7 +266,7 @@ describe('the outbox through kill -9 of the daemon', () => {
 
   it('killed while a request is held open: sent again once its claim lapses, same webhook-id', { timeout: 60_000 }, async () => {
     const { c, db: orm, rx, node, send, daemonId } = await rig();
-    const sink = await addSink(orm, { name: 'held', url: rx.url('/held'), timeout: '3s' });
+    const sink = await addSink(orm, { name: 'held', url: rx.url('/held'), timeout: '3s', allowPrivate: true });
     // a1 and a2 commit first (the sink disabled meanwhile), so a2 waits behind a1 in the outbox
     await setSinkDisabled(orm, 'held', 'held back by the test');
     const n = await node('a');
@@ -322,7 +326,7 @@ describe('the outbox through kill -9 of the daemon', () => {
 
   it('two daemons on one database: no message sent by both at once, each sent once, per actor in order', { timeout: 90_000 }, async () => {
     const { c, db: orm, rx, node, send, readyWorkers } = await rig();
-    const sink = await addSink(orm, { name: 'pair', url: rx.url('/pair'), timeout: '5s', concurrency: 4 });
+    const sink = await addSink(orm, { name: 'pair', url: rx.url('/pair'), timeout: '5s', concurrency: 4, allowPrivate: true });
     rx.respond = () => ({ status: 200, delayMs: 5 + Math.floor(Math.random() * 30) });
     const metrics: number[] = [];
     const daemons: Proc[] = [];

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { actorKey } from '../../src/base/actor-key.ts';
 import { sql } from '../../src/db/orm.ts';
 import { addSink, enableSink } from '../../src/outbox/sinks.ts';
-import { derivedWebhookId } from '../../src/effects/deliver.ts';
+import { webhookIdOf } from '../../src/effects/deliver.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
 import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
 import { sleep, waitFor } from '../helpers/wait.ts';
@@ -30,7 +30,7 @@ describe('outbox', () => {
     await rx.start();
     t = await startTestDaemon({ drainMs: 0, retryDelaySeconds: 1, retryDelayMaxSeconds: 2, outboxRetryLimit: 3 });
     for (const name of ['main', 'gone', 'slow', 'fast', 'order']) {
-      const s = await addSink(db(), { name, url: rx.url(`/${name}`), timeout: name === 'slow' ? '300ms' : '5s' });
+      const s = await addSink(db(), { name, url: rx.url(`/${name}`), timeout: name === 'slow' ? '300ms' : '5s', allowPrivate: true });
       secrets[name] = s.secret;
     }
     w = new RawPeer(t.daemon.broker.endpoint, 'ob-1');
@@ -93,7 +93,14 @@ describe('outbox', () => {
       { n: 1, text: 'first' },
       { n: 2, text: 'second' },
     ]);
-    expect(got.map((r) => r.id)).toEqual([derivedWebhookId((s.turn_ref as Ref).event_id, 0), 'order-42']);
+    expect(got.map((r) => r.id)).toEqual([
+      webhookIdOf({ agentUid: 'ob', sessionId: 'two' }, (s.turn_ref as Ref).event_id, 0),
+      'ob/two/order-42',
+    ]);
+    expect(got.map((r) => [r.actor, r.key])).toEqual([
+      ['ob/two', ''],
+      ['ob/two', 'order-42'],
+    ]);
     expect(rx.allSigned(secrets.main!, '/main')).toBe(true);
     expect(rx.allSigned(secrets.fast!, '/main')).toBe(false);
     expect((await rowsOf('two')).map((r) => [r.state, r.attempts, r.last_status])).toEqual([
@@ -108,7 +115,7 @@ describe('outbox', () => {
     await w.send(result(s, [{ sink: 'main', body: { retry: true }, key: 'retry-1' }]));
     await w.next('turn_committed');
     await waitFor(async () => ((await rowsOf('retry'))[0]?.state === 'delivered' ? true : undefined), { timeoutMs: 20_000 });
-    const got = rx.received.filter((r) => r.id === 'retry-1');
+    const got = rx.received.filter((r) => r.key === 'retry-1');
     expect(got).toHaveLength(3);
     expect(new Set(got.map((r) => r.body))).toEqual(new Set(['{"retry":true}']));
     // each attempt signs anew (its own timestamp) and every signature holds
@@ -119,7 +126,7 @@ describe('outbox', () => {
   });
 
   it('410: the message is dead-lettered and the sink disabled; the next waits until the sink is enabled', async () => {
-    rx.respond = (r) => (r.path === '/gone' && r.id === 'gone-1' ? { status: 410 } : { status: 200 });
+    rx.respond = (r) => (r.path === '/gone' && r.key === 'gone-1' ? { status: 410 } : { status: 200 });
     const s1 = await start('gone');
     await w.send(result(s1, [{ sink: 'gone', body: 1, key: 'gone-1' }]));
     await w.next('turn_committed');
@@ -131,7 +138,7 @@ describe('outbox', () => {
     await w.send(result(s2, [{ sink: 'gone', body: 2, key: 'gone-2' }]));
     await w.next('turn_committed');
     await sleep(1_000);
-    expect(at('/gone').map((r) => r.id)).toEqual(['gone-1']);
+    expect(at('/gone').map((r) => r.key)).toEqual(['gone-1']);
     // operators see it: `corral status` and the scrape-time gauges
     const status = await corral(['status'], t.db.url);
     expect(status.stdout).toMatch(/^outbox: 1 pending \(oldest \S+\), 1 dead \(see `corral outbox list --state dead`\)$/m);
@@ -142,8 +149,8 @@ describe('outbox', () => {
     expect(text).toContain('corral_outbox_messages{state="dead"} 1');
     await enableSink(db(), 'gone');
     t.daemon.outbox.wake();
-    await waitFor(() => (at('/gone').some((r) => r.id === 'gone-2') ? true : undefined), { timeoutMs: 10_000 });
-    expect(at('/gone').map((r) => r.id)).toEqual(['gone-1', 'gone-2']);
+    await waitFor(() => (at('/gone').some((r) => r.key === 'gone-2') ? true : undefined), { timeoutMs: 10_000 });
+    expect(at('/gone').map((r) => r.key)).toEqual(['gone-1', 'gone-2']);
     rx.respond = () => ({ status: 200 });
   });
 
@@ -158,7 +165,7 @@ describe('outbox', () => {
     await w.send(result(c, [{ sink: 'main', body: 'cancelled', key: 'cancelled-1' }]));
     expect((await w.next('turn_rejected')).reason).toBeTruthy();
     await sleep(1_500);
-    expect(rx.received.filter((r) => r.id === 'stale-1' || r.id === 'cancelled-1')).toEqual([]);
+    expect(rx.received.filter((r) => r.key === 'stale-1' || r.key === 'cancelled-1')).toEqual([]);
     expect(await rowsOf('stale')).toEqual([]);
     expect(await rowsOf('cancelled')).toEqual([]);
   });
@@ -214,29 +221,29 @@ describe('outbox', () => {
     const before = t.daemon.outbox.passes;
     await sleep(1_500);
     expect(t.daemon.outbox.passes - before).toBeLessThan(30);
-    expect(at('/slow').some((r) => r.id === 'slow-2')).toBe(false);
+    expect(at('/slow').some((r) => r.key === 'slow-2')).toBe(false);
     rx.respond = () => ({ status: 200 });
   });
 
   it('per actor and sink, a message waits for the one before it', async () => {
-    rx.respond = (r, n) => (r.id === 'order-a' && n === 1 ? { status: 500 } : { status: 200 });
+    rx.respond = (r, n) => (r.key === 'order-a' && n === 1 ? { status: 500 } : { status: 200 });
     const a = await start('order');
     await w.send(result(a, [{ sink: 'order', body: 'a', key: 'order-a' }]));
     await w.next('turn_committed');
     const b = await start('order', { n: 2 });
     await w.send(result(b, [{ sink: 'order', body: 'b', key: 'order-b' }]));
     await w.next('turn_committed');
-    await waitFor(() => (at('/order').some((r) => r.id === 'order-b') ? true : undefined), { timeoutMs: 15_000 });
-    expect(at('/order').map((r) => r.id)).toEqual(['order-a', 'order-a', 'order-b']);
+    await waitFor(() => (at('/order').some((r) => r.key === 'order-b') ? true : undefined), { timeoutMs: 15_000 });
+    expect(at('/order').map((r) => r.key)).toEqual(['order-a', 'order-a', 'order-b']);
     rx.respond = () => ({ status: 200 });
   });
 
-  it('a key the sink already has is the same message: not written or sent again', async () => {
-    const s = await start('again');
+  it('a key the sink already has from the same actor is the same message: not written or sent again', async () => {
+    const s = await start('two', { n: 2 });
     await w.send(result(s, [{ sink: 'main', body: 'again', key: 'order-42' }]));
     await w.next('turn_committed');
     await sleep(800);
-    expect(rx.received.filter((r) => r.id === 'order-42')).toHaveLength(1);
-    expect(await rowsOf('again')).toEqual([]);
+    expect(rx.received.filter((r) => r.id === 'ob/two/order-42')).toHaveLength(1);
+    expect((await rowsOf('two')).map((r) => r.webhook_id)).toHaveLength(2);
   });
 });

@@ -27,7 +27,7 @@ const listing = /```ts\ninterface Corral \{([\s\S]*?)\n\}/.exec(doc)?.[1] ?? '';
 describe('docs/client.md', () => {
   it('the reader finds the members of an interface', () => {
     expect(membersOf('Corral')).toEqual(expect.arrayContaining(['send', 'watch', 'watchTurns', 'sinks', 'close', 'databaseUrl']));
-    expect(membersOf('SinksApi')).toEqual(['add', 'list', 'remove', 'enable']);
+    expect(membersOf('SinksApi')).toEqual(['add', 'list', 'remove', 'enable', 'rotateSecret']);
   });
 
   it('names every member of the client in its method table and its listing of the interface', () => {

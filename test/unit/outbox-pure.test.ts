@@ -4,7 +4,7 @@
  * webhook-id (X2).
  */
 import { describe, expect, it } from 'vitest';
-import { checkDeliveries, derivedWebhookId, outboxRowsOf } from '../../src/effects/deliver.ts';
+import { checkDeliveries, outboxRowsOf, webhookIdOf } from '../../src/effects/deliver.ts';
 import { decideOutbox, outboxRetryDelayMs, parseRetryAfter, type AttemptResult } from '../../src/outbox/sender.ts';
 
 const policy = { limit: 3, delayS: 5, maxS: 120 };
@@ -121,7 +121,7 @@ describe("a result's deliver", () => {
     ).toBe('');
   });
 
-  it('gets a webhook-id from its key, or one derived from the event and its place', () => {
+  it('gets a webhook-id of its actor and its key, or of its actor, event and place', () => {
     const fence = {
       agentUid: 'ag',
       sessionId: 's',
@@ -136,11 +136,14 @@ describe("a result's deliver", () => {
       { sink: 'a', body: '2', key: 'mine' },
       { sink: 'b', body: '3' },
     ]);
-    expect(rows.map((r) => [r.sink, r.webhookId, r.position])).toEqual([
-      ['a', 'msg_01a2357b3e40727480024f12e711c2e1_0', 0],
-      ['a', 'mine', 1],
-      ['b', 'msg_01a2357b3e40727480024f12e711c2e1_2', 2],
+    expect(rows.map((r) => [r.sink, r.webhookId, r.key, r.position])).toEqual([
+      ['a', 'ag/s/01a2357b-3e40-7274-8002-4f12e711c2e1.0', null, 0],
+      ['a', 'ag/s/mine', 'mine', 1],
+      ['b', 'ag/s/01a2357b-3e40-7274-8002-4f12e711c2e1.2', null, 2],
     ]);
-    expect(derivedWebhookId(fence.eventId, 2)).toBe(rows[2]!.webhookId);
+    expect(webhookIdOf(fence, fence.eventId, 2)).toBe(rows[2]!.webhookId);
+    // the same key from another actor is another id (dedupe per actor), and the id names the actor
+    expect(outboxRowsOf({ ...fence, agentUid: 'other' }, [{ sink: 'a', body: '2', key: 'mine' }])[0]!.webhookId).toBe('other/s/mine');
+    expect(outboxRowsOf({ ...fence, sessionId: 's2' }, [{ sink: 'a', body: '2', key: 'mine' }])[0]!.webhookId).toBe('ag/s2/mine');
   });
 });

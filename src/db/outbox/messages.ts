@@ -2,8 +2,10 @@
  * SQL of the outbox (`corral.outbox`): the messages committed turns deliver to sinks.
  *
  *  O1 Written only by the commit transaction of the turn (`insertOutboxMany`), so a message exists
- *     exactly when its turn committed: a result that fails the fence writes none. A key a sink
- *     already has (`(sink, webhook_id)` is unique) is the same message: it is not written twice.
+ *     exactly when its turn committed: a result that fails the fence writes none. A webhook-id a
+ *     sink already has (`(sink, webhook_id)` is unique) is the same message: it is not written
+ *     twice. The id starts with the message's actor (src/effects/deliver.ts, X2), so this holds
+ *     per actor: another actor's message with the same key is another message.
  *  O2 A claim (`claimOutbox`) takes due, pending messages of enabled sinks, sink by sink (a
  *     disabled sink's backlog is never read), at most one per actor and sink and only when no
  *     message before it (lower `id`) for that actor and sink is pending: per actor and sink,
@@ -13,6 +15,9 @@
  *     message is pending with that count, so a sender whose claim lapsed changes nothing.
  *  O4 A receiver's 410 dead-letters the message and disables the sink in one transaction: the
  *     sink's other messages wait, pending, until it is enabled again.
+ *  O5 A claim reads the sink's secrets as they are then: a rotation (src/db/outbox/sinks.ts)
+ *     changes no message, and every attempt after it is signed with the new secret, and with the
+ *     previous one too until its overlap ends by PostgreSQL's clock.
  */
 import type { DbOrTx } from '../client.ts';
 import { sql } from '../orm.ts';
@@ -29,6 +34,8 @@ export interface NewOutboxMessage {
   sessionId: string;
   sink: string;
   webhookId: string;
+  /** The result's `key`, when it gave one. */
+  key: string | null;
   position: number;
   body: string;
 }
@@ -45,15 +52,17 @@ export async function insertOutboxMany(tx: DbOrTx, rows: readonly NewOutboxMessa
       session_id: r.sessionId,
       sink: r.sink,
       webhook_id: r.webhookId,
+      key: r.key,
       position: r.position,
       body: r.body,
     })),
   );
   await tx.execute(sql`
-    insert into corral.outbox (sink, webhook_id, agent_uid, session_id, turn_id, event_id, position, body)
-    select i.sink, i.webhook_id, i.agent_uid, i.session_id, t.id, i.event_id, i.position, i.body
+    insert into corral.outbox (sink, webhook_id, key, agent_uid, session_id, turn_id, event_id, position, body)
+    select i.sink, i.webhook_id, i.key, i.agent_uid, i.session_id, t.id, i.event_id, i.position, i.body
       from jsonb_to_recordset(${input}::jsonb)
-             as i(ord int, delivery_id uuid, event_id uuid, agent_uid text, session_id text, sink text, webhook_id text, position int, body text)
+             as i(ord int, delivery_id uuid, event_id uuid, agent_uid text, session_id text, sink text, webhook_id text, key text,
+                  position int, body text)
       join corral.turns t on t.delivery_id = i.delivery_id
      order by i.ord
     on conflict (sink, webhook_id) do nothing`);
@@ -65,6 +74,8 @@ export interface ClaimedMessage {
   id: number;
   sink: string;
   webhookId: string;
+  /** The result's `key` (null without one, or on a row written before keys were stored). */
+  key: string | null;
   agentUid: string;
   sessionId: string;
   eventId: string;
@@ -75,6 +86,10 @@ export interface ClaimedMessage {
   attempt: number;
   url: string;
   secret: string;
+  /** The secret a rotation replaced, while its overlap lasts by PostgreSQL's clock (O5); else null. */
+  previousSecret: string | null;
+  /** The sink's `allow_private`: whether its URL may reach inside (src/outbox/address-guard.ts). */
+  allowPrivate: boolean;
   timeoutMs: number;
   concurrency: number;
 }
@@ -92,6 +107,7 @@ export async function claimOutbox(
     id: string;
     sink: string;
     webhook_id: string;
+    key: string | null;
     agent_uid: string;
     session_id: string;
     event_id: string;
@@ -100,6 +116,8 @@ export async function claimOutbox(
     attempts_before_replay: number;
     url: string;
     secret: string;
+    previous_secret: string | null;
+    allow_private: boolean;
     timeout_ms: number;
     concurrency: number;
   }>(sql`
@@ -126,13 +144,15 @@ export async function claimOutbox(
            claimed_until = now() + make_interval(secs => (s.timeout_ms + ${opts.graceMs}) / 1000.0), updated_at = now()
       from picked, corral.sinks s
      where o.id = picked.id and s.name = o.sink
-    returning o.id, o.sink, o.webhook_id, o.agent_uid, o.session_id, o.event_id, o.body, o.attempts, o.attempts_before_replay,
-              s.url, s.secret, s.timeout_ms, s.concurrency`);
+    returning o.id, o.sink, o.webhook_id, o.key, o.agent_uid, o.session_id, o.event_id, o.body, o.attempts, o.attempts_before_replay,
+              s.url, s.secret, case when s.previous_secret_until > now() then s.previous_secret end as previous_secret,
+              s.allow_private, s.timeout_ms, s.concurrency`);
   return rows.rows
     .map((r) => ({
       id: Number(r.id),
       sink: r.sink,
       webhookId: r.webhook_id,
+      key: r.key,
       agentUid: r.agent_uid,
       sessionId: r.session_id,
       eventId: r.event_id,
@@ -141,6 +161,8 @@ export async function claimOutbox(
       attempt: r.attempts - r.attempts_before_replay,
       url: r.url,
       secret: r.secret,
+      previousSecret: r.previous_secret,
+      allowPrivate: r.allow_private,
       timeoutMs: r.timeout_ms,
       concurrency: r.concurrency,
     }))

@@ -4,7 +4,7 @@
  * constraints.
  */
 import type { Db, DbOrTx } from '../client.ts';
-import { asc, eq, inArray, sql } from '../orm.ts';
+import { asc, eq, getTableColumns, inArray, sql } from '../orm.ts';
 import { sinks } from '../schema.ts';
 
 export interface SinkRow {
@@ -13,6 +13,14 @@ export interface SinkRow {
   secret: string;
   timeoutMs: number;
   concurrency: number;
+  /** The agents whose turns may deliver to it; null: every agent. */
+  agents: string[] | null;
+  allowPrivate: boolean;
+  /** The secret a rotation replaced, and when it stops signing (both null outside an overlap). */
+  previousSecret: string | null;
+  previousSecretUntil: Date | null;
+  /** Whether the previous secret still signs now, by PostgreSQL's clock. */
+  previousInUse: boolean;
   disabledAt: Date | null;
   disabledReason: string | null;
   createdAt: Date;
@@ -24,21 +32,29 @@ export interface NewSink {
   secret: string;
   timeoutMs: number;
   concurrency: number;
+  agents: string[] | null;
+  allowPrivate: boolean;
 }
+
+/** Every column, and whether a rotation's previous secret still signs (by the database's clock, as the claims read it). */
+const COLUMNS = {
+  ...getTableColumns(sinks),
+  previousInUse: sql<boolean>`coalesce(${sinks.previousSecretUntil} > now(), false)`,
+};
 
 /** Stores a sink; undefined when one of that name exists. */
 export async function insertSink(db: DbOrTx, sink: NewSink): Promise<SinkRow | undefined> {
-  const rows = await db.insert(sinks).values(sink).onConflictDoNothing({ target: sinks.name }).returning();
+  const rows = await db.insert(sinks).values(sink).onConflictDoNothing({ target: sinks.name }).returning(COLUMNS);
   return rows[0];
 }
 
 /** Every sink, by name. */
 export async function listSinks(db: DbOrTx): Promise<SinkRow[]> {
-  return db.select().from(sinks).orderBy(asc(sinks.name));
+  return db.select(COLUMNS).from(sinks).orderBy(asc(sinks.name));
 }
 
 export async function sinkByName(db: DbOrTx, name: string): Promise<SinkRow | undefined> {
-  const rows = await db.select().from(sinks).where(eq(sinks.name, name));
+  const rows = await db.select(COLUMNS).from(sinks).where(eq(sinks.name, name));
   return rows[0];
 }
 
@@ -48,18 +64,40 @@ export async function setSinkDisabled(db: DbOrTx, name: string, reason: string |
     .update(sinks)
     .set({ disabledAt: reason === null ? null : sql`now()`, disabledReason: reason, updatedAt: sql`now()` })
     .where(eq(sinks.name, name))
-    .returning();
+    .returning(COLUMNS);
   return rows[0];
 }
 
-/** Which of `names` are sinks (enabled or not). */
-export async function existingSinkNames(db: DbOrTx, names: readonly string[]): Promise<Set<string>> {
-  if (names.length === 0) return new Set();
+/** The agents of each of `names` that is a sink (enabled or not; null: every agent); the others are absent. */
+export async function sinkScopes(db: DbOrTx, names: readonly string[]): Promise<Map<string, string[] | null>> {
+  if (names.length === 0) return new Map();
   const rows = await db
-    .select({ name: sinks.name })
+    .select({ name: sinks.name, agents: sinks.agents })
     .from(sinks)
     .where(inArray(sinks.name, [...names]));
-  return new Set(rows.map((r) => r.name));
+  return new Map(rows.map((r) => [r.name, r.agents]));
+}
+
+/**
+ * A new secret for a sink (`corral sinks rotate-secret`). With an overlap, the secret it replaces
+ * signs too until `now() + overlapMs` by PostgreSQL's clock (the claims read it so, O5 of
+ * messages.ts); a previous secret of an earlier rotation still in its overlap is dropped (two
+ * signatures at most). Without one, the old secret stops signing at once. The row after, or
+ * undefined when there is no such sink.
+ */
+export async function rotateSinkSecret(db: DbOrTx, name: string, secret: string, overlapMs: number): Promise<SinkRow | undefined> {
+  const overlap = overlapMs > 0;
+  const rows = await db
+    .update(sinks)
+    .set({
+      previousSecret: overlap ? sql`${sinks.secret}` : null,
+      previousSecretUntil: overlap ? sql`now() + make_interval(secs => ${overlapMs} / 1000.0)` : null,
+      secret,
+      updatedAt: sql`now()`,
+    })
+    .where(eq(sinks.name, name))
+    .returning(COLUMNS);
+  return rows[0];
 }
 
 /**
