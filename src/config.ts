@@ -279,6 +279,17 @@ const SETTINGS = {
   httpMaxStreams: setting({ env: 'CORRAL_HTTP_MAX_STREAMS', default: 1_000, rule: int(1, 1_000_000) }),
   /** Most live streams of one actor at once; more are refused `too_many_streams`. */
   httpMaxStreamsPerActor: setting({ env: 'CORRAL_HTTP_MAX_STREAMS_PER_ACTOR', default: 20, rule: int(1, 1_000_000) }),
+  /** Most live streams one token holds open at once; more are refused `too_many_streams`. */
+  httpMaxStreamsPerToken: setting({ env: 'CORRAL_HTTP_MAX_STREAMS_PER_TOKEN', default: 16, rule: int(1, 1_000_000) }),
+  /** Streams one token may open per second (a burst of twice that); more are refused `rate_limited`. */
+  httpStreamOpensPerSecond: setting({ env: 'CORRAL_HTTP_STREAM_OPENS_PER_S', default: 5, rule: int(1, 100_000) }),
+  /** Most connections the HTTP API holds at once; a request on one past it is refused `rate_limited` and its connection closed. */
+  httpMaxConnections: setting({ env: 'CORRAL_HTTP_MAX_CONNECTIONS', default: 2_048, rule: int(1, 1_000_000) }),
+  /**
+   * Failed authentications (a token unknown, revoked or expired, a malformed header) one client
+   * address may have per minute; past it, its requests are refused `rate_limited` until the minute is over.
+   */
+  httpAuthFailuresPerMinute: setting({ env: 'CORRAL_HTTP_AUTH_FAILURES_PER_MIN', default: 30, rule: int(1, 1_000_000) }),
   /**
    * A stream whose socket holds more than this many bytes not yet taken by its client is ended:
    * a client that does not read is dropped, never buffered for without limit.

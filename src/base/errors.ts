@@ -30,10 +30,12 @@ export type ErrorCode =
   // a name taken (an API token's: revoked ones keep theirs)
   | 'already_exists'
   // the HTTP API's own (src/http/errors.ts maps every code to one status): no valid bearer token,
-  // a token without the scope a route needs, too many streams open, and requests it cannot read
+  // a token without the scope a route needs, too many streams open, too many requests (a token's
+  // stream opens, an address's failed authentications, connections), and requests it cannot read
   | 'unauthorized'
   | 'forbidden'
   | 'too_many_streams'
+  | 'rate_limited'
   | 'invalid_json'
   | 'unsupported_media_type'
   | 'method_not_allowed'
@@ -44,7 +46,13 @@ export type ErrorCode =
   | 'internal';
 
 /** Codes whose errors may succeed when tried again later (the database back, a peer ready). */
-const RETRYABLE_CODES: ReadonlySet<ErrorCode> = new Set(['database_unavailable', 'send_failed', 'timeout']);
+const RETRYABLE_CODES: ReadonlySet<ErrorCode> = new Set([
+  'database_unavailable',
+  'send_failed',
+  'timeout',
+  'rate_limited',
+  'too_many_streams',
+]);
 
 export class CorralError extends Error {
   readonly code: ErrorCode;

@@ -46,6 +46,14 @@ export class WindowCounter {
     return { ok: true, refusedBefore };
   }
 
+  /** While `key` is at its limit in the current window: how long until the window ends (ms); else undefined. Counts nothing. */
+  blockedFor(key: string): number | undefined {
+    const w = this.windows.get(key);
+    if (!w) return undefined;
+    const left = w.startMs + this.windowMs - this.clock.nowMs();
+    return left > 0 && w.n >= this.limit ? left : undefined;
+  }
+
   delete(key: string): void {
     this.windows.delete(key);
   }

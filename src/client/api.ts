@@ -24,6 +24,8 @@ import type {
   SqlAdapter,
   TranscriptEntry,
   TurnEventKind,
+  ApiTokenScope,
+  TokenView,
 } from '../db/views.ts';
 import type { ActorRef } from './actor-ref.ts';
 
@@ -59,8 +61,14 @@ export type SendDb = PgQueryable | SqlAdapter | DrizzleExecutable;
 export interface SendOptions {
   /** Enqueue inside this transaction: rolled back with it, committed with it. Default: the client's own connection, at once. */
   db?: SendDb;
-  /** Sending again with this key (per actor, 1–200 characters) enqueues nothing and returns the first event. */
+  /** Sending again with this key (per actor and caller, 1–200 characters) enqueues nothing and returns the first event. */
   idempotencyKey?: string;
+  /**
+   * Whose key `idempotencyKey` is (1–200 characters): two scopes never see each other's events
+   * through a key. Default: the SQL role the client connected as. Only corral's own role (the
+   * owner of its schema) may name one; another is refused `forbidden`.
+   */
+  idempotencyScope?: string;
 }
 
 export interface SendResult {
@@ -73,6 +81,8 @@ export interface EventInput {
   actor: ActorRef;
   data: unknown;
   idempotencyKey?: string;
+  /** As `SendOptions.idempotencyScope`. */
+  idempotencyScope?: string;
 }
 
 export interface SteerResult {
@@ -225,6 +235,34 @@ export interface SinksApi {
   rotateSecret(name: string, rotation?: SinkRotation): Promise<SinkView & { secret: string }>;
 }
 
+/** What `tokens.create` takes. */
+export interface TokenInput {
+  /** 1-64 characters of A-Z a-z 0-9 . _ - (never reused); default a generated one (`tok_…`). */
+  name?: string;
+  /** What it may do: `read` (transcripts, event states, streams), `send` (events); at least one. */
+  scopes: readonly ApiTokenScope[];
+  /**
+   * The actors it may touch: `agent_uid/session_id` patterns, either part exact or a prefix ending
+   * in `*` (`tenant-a/*`, `chat/s42`); default every actor. A request outside them is answered 404.
+   */
+  actors?: readonly string[];
+  /** How long it lasts: a duration (`'1h'`) or milliseconds, 1 s to 10 years; default until revoked. */
+  ttl?: string | number;
+}
+
+/**
+ * `corral.tokens`: the bearer tokens of the HTTP API (what `corral tokens` does). An application's
+ * backend mints a short-lived token for one end user's session and hands it to their browser.
+ */
+export interface TokensApi {
+  /** Makes a token; resolves to it, with the token's text (shown only now). `already_exists` for a taken name. */
+  create(input: TokenInput): Promise<TokenView & { token: string }>;
+  /** Every token, revoked and expired ones included; never a token's text. */
+  list(): Promise<TokenView[]>;
+  /** Revokes a token: it never authorizes again, its streams end within 15 s. `not_found` when there is none. */
+  revoke(name: string): Promise<{ name: string; revokedAt: string; alreadyRevoked: boolean }>;
+}
+
 /** `corral.outbox`: the messages turns delivered (what `corral outbox` does). */
 export interface OutboxApi {
   /** A page of messages, newest first; pass its `next` as `before` for the next one. */
@@ -256,6 +294,8 @@ export interface Corral {
   readonly sinks: SinksApi;
   /** The outbox: list, show, replay, discard. */
   readonly outbox: OutboxApi;
+  /** The HTTP API's tokens: create (scoped to actors, short-lived), list, revoke. */
+  readonly tokens: TokensApi;
   /**
    * Sets what an event sent while the actor is busy does, for an agent (every session) or one actor
    * (which wins over its agent's): `queue`; `coalesce` (a turn takes every event waiting, in order,

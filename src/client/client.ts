@@ -5,6 +5,8 @@
  * (src/db/enqueue/send-event.ts, src/db/turns/transcript.ts, src/ops/status.ts, src/ops/turn-control.ts); the
  * client adds nothing to the daemon's path.
  */
+import { parseActorPatterns } from '../base/actor-scope.ts';
+import { createToken, generatedTokenName, listTokens, parseScopes, parseTokenName, parseTokenTtl, revokeToken } from '../ops/api-tokens.ts';
 import type { PgBoss } from 'pg-boss';
 import { loadConfig, type Config } from '../config.ts';
 import type { Queues } from '../db/boss/jobs.ts';
@@ -38,6 +40,8 @@ import type {
   PolicyTargetRef,
   SinkInput,
   SinksApi,
+  TokenInput,
+  TokensApi,
   SendOptions,
   SendResult,
   SteerResult,
@@ -74,6 +78,7 @@ class CorralClient implements Corral {
   private closing: Promise<void> | undefined;
   readonly sinks: SinksApi;
   readonly outbox: OutboxApi;
+  readonly tokens: TokensApi;
 
   /** Use `connect()`. */
   constructor(config: Config, database: Database, opts: { logger: Logger; applicationName: string; lingerMs: number }) {
@@ -102,6 +107,19 @@ class CorralClient implements Corral {
         return rotateSecret(db(), String(name), rotation);
       },
     };
+    this.tokens = {
+      create: async (input: TokenInput) => {
+        if (input === null || typeof input !== 'object')
+          throw new CorralError('invalid_argument', 'tokens.create takes { scopes, actors?, ttl?, name? }');
+        const name = input.name === undefined ? generatedTokenName() : parseTokenName(input.name);
+        const scopes = parseScopes(Array.isArray(input.scopes) ? input.scopes : []);
+        const actors = input.actors === undefined ? undefined : parseActorPatterns(input.actors);
+        const ttlMs = input.ttl === undefined ? undefined : parseTokenTtl(input.ttl);
+        return createToken(db(), name, scopes, { ...(actors ? { actors } : {}), ...(ttlMs === undefined ? {} : { ttlMs }) });
+      },
+      list: async () => listTokens(db()),
+      revoke: async (name) => revokeToken(db(), parseTokenName(String(name))),
+    };
     this.outbox = {
       list: async (opts = {}) => listOutboxMessages(db(), opts),
       show: async (id) => showOutboxMessage(db(), id),
@@ -118,7 +136,14 @@ class CorralClient implements Corral {
   /** Enqueues one event for `actor`; resolves once it is written (committed, or in `opts.db`'s transaction). */
   async send(actor: ActorRef, data: unknown, opts: SendOptions = {}): Promise<SendResult> {
     const [sent] = await this.sendMany(
-      [{ actor, data, ...(opts.idempotencyKey === undefined ? {} : { idempotencyKey: opts.idempotencyKey }) }],
+      [
+        {
+          actor,
+          data,
+          ...(opts.idempotencyKey === undefined ? {} : { idempotencyKey: opts.idempotencyKey }),
+          ...(opts.idempotencyScope === undefined ? {} : { idempotencyScope: opts.idempotencyScope }),
+        },
+      ],
       {
         ...(opts.db === undefined ? {} : { db: opts.db }),
       },
@@ -148,6 +173,7 @@ class CorralClient implements Corral {
         sessionId: key.sessionId,
         data: e.data,
         idempotencyKey: checkedIdempotencyKey(e.idempotencyKey),
+        idempotencyScope: checkedIdempotencyKey(e.idempotencyScope, 'idempotency scope'),
       };
     });
     return sendEvents(opts.db ?? this.database.pool, input, { maxEventBytes: this.config.maxEventBytes });
@@ -354,14 +380,14 @@ export async function connect(opts: ConnectOptions = {}): Promise<Corral> {
   return new CorralClient(config, database, { logger, applicationName, lingerMs });
 }
 
-function checkedIdempotencyKey(key: unknown): string | undefined {
+function checkedIdempotencyKey(key: unknown, what = 'idempotency key'): string | undefined {
   if (key === undefined) return undefined;
   // characters as PostgreSQL counts them (code points)
   const length = typeof key === 'string' ? [...key].length : 0;
   if (typeof key !== 'string' || length === 0 || length > MAX_IDEMPOTENCY_KEY_LENGTH) {
-    throw new CorralError('invalid_argument', `an idempotency key is a string of 1-${MAX_IDEMPOTENCY_KEY_LENGTH} characters`);
+    throw new CorralError('invalid_argument', `an ${what} is a string of 1-${MAX_IDEMPOTENCY_KEY_LENGTH} characters`);
   }
-  const unstorable = unstorableReason(key, 'idempotency key');
+  const unstorable = unstorableReason(key, what);
   if (unstorable) throw new CorralError('invalid_argument', `the ${unstorable}`);
   return key;
 }

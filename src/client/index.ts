@@ -21,6 +21,8 @@ export {
   type SinkInput,
   type SinkRotation,
   type SinksApi,
+  type TokenInput,
+  type TokensApi,
   type SendDb,
   type SendOptions,
   type SendResult,
@@ -85,4 +87,7 @@ export {
   type SinkView,
   type SinkSummary,
   type SinkRemoval,
+  API_TOKEN_SCOPES,
+  type ApiTokenScope,
+  type TokenView,
 } from '../db/views.ts';

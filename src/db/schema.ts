@@ -336,13 +336,19 @@ export const idempotencyKeys = corral.table(
   {
     agentUid: text('agent_uid').notNull(),
     sessionId: text('session_id').notNull(),
+    /**
+     * Whose key it is: a key is the caller's, so two callers never see each other's events
+     * (E4 of src/db/enqueue/send-event.ts): `token:<name>` for the HTTP API, else the SQL role
+     * the sender logged in as.
+     */
+    caller: text('caller').notNull().default(''),
     key: text('key').notNull(),
     eventId: uuid('event_id').notNull(),
     dataSha256: text('data_sha256').notNull(),
     createdAt: tz('created_at').notNull().defaultNow(),
   },
   (t) => [
-    primaryKey({ columns: [t.agentUid, t.sessionId, t.key] }),
+    primaryKey({ columns: [t.agentUid, t.sessionId, t.caller, t.key] }),
     index('idempotency_keys_created').on(t.createdAt),
     check('idempotency_keys_key_length', sql.raw(`char_length(key) between 1 and ${MAX_IDEMPOTENCY_KEY_LENGTH}`)),
   ],
@@ -435,12 +441,19 @@ export const apiTokens = corral.table(
     name: text('name').primaryKey(),
     tokenSha256: text('token_sha256').notNull(),
     scopes: text('scopes').array().notNull(),
+    /** The actors it may touch (src/base/actor-scope.ts patterns); null: every actor. */
+    actors: text('actors').array(),
+    /** When it stops authorizing (a short-lived token, `--ttl`); null: never. */
+    expiresAt: tz('expires_at'),
     createdAt: tz('created_at').notNull().defaultNow(),
     lastUsedAt: tz('last_used_at'),
     revokedAt: tz('revoked_at'),
   },
   (t) => [
     uniqueIndex('api_tokens_sha256').on(t.tokenSha256),
+    // the pruning of tokens expired long ago (src/db/operations/api-tokens.ts)
+    index('api_tokens_expired').on(t.expiresAt).where(sql.raw('expires_at is not null')),
+    check('api_tokens_actors', sql.raw('actors is null or cardinality(actors) between 1 and 64')),
     check('api_tokens_name', sql.raw(`name ~ '^[A-Za-z0-9._-]{1,64}$'`)),
     check('api_tokens_scopes', sql.raw(`cardinality(scopes) >= 1 and scopes <@ array['read', 'send']::text[]`)),
   ],

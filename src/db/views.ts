@@ -76,6 +76,7 @@ export const MAX_SEND_BATCH = 1_000;
 export const SEND_ERRORS: Readonly<Record<string, ErrorCode>> = {
   CR400: 'invalid_argument',
   CR401: 'invalid_actor_key',
+  CR403: 'forbidden',
   CR409: 'idempotency_conflict',
   CR413: 'payload_too_large',
   CR423: 'actor_busy',
@@ -323,4 +324,21 @@ export interface OutboxActionResult {
   notFound: number[];
   /** Disabled sinks of replayed messages: those wait until `corral sinks enable`. */
   disabledSinks: string[];
+}
+
+/** What an API token may do: `read` (transcripts, event states, streams), `send` (events). */
+export const API_TOKEN_SCOPES = ['read', 'send'] as const;
+export type ApiTokenScope = (typeof API_TOKEN_SCOPES)[number];
+
+/** An API token as `corral tokens list` and `corral.tokens.list()` show it: never its text. */
+export interface TokenView {
+  name: string;
+  scopes: ApiTokenScope[];
+  /** The actors it may touch (patterns such as `tenant-a/*`); null: every actor. */
+  actors: string[] | null;
+  /** When it stops authorizing; null: never. */
+  expiresAt: string | null;
+  createdAt: string;
+  lastUsedAt: string | null;
+  revokedAt: string | null;
 }

@@ -18,11 +18,22 @@
  *     with a POST, never an `Authorization` header, so no send can be forged (CSRF). The cookie
  *     itself is `HttpOnly` (no script reads it), `SameSite=Strict` (no other site's page or link
  *     makes the browser send it), `Path=/v1`, and `Secure` when the request came over HTTPS.
+ *  B5 A client address that failed to authenticate `authFailuresPerMinute` times in a minute (no
+ *     token, a malformed header, a token unknown, revoked or expired) is refused 429
+ *     `rate_limited` until the minute is over, before its token is looked at: guessing tokens
+ *     costs a minute per few dozen guesses, and the database nothing.
+ *  B6 A token may be limited to some actors (src/base/actor-scope.ts) and may expire: a route
+ *     that names an actor outside the token's answers 404 `not_found`, as for an actor that does
+ *     not exist (`requireActor`); an expired token is refused as a revoked one is (B2).
  */
 import type { TLSSocket } from 'node:tls';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
+import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
+import { actorInScope } from '../base/actor-scope.ts';
+import { systemClock, type Clock } from '../base/clock.ts';
 import { CorralError } from '../base/errors.ts';
+import { WindowCounter } from '../base/rate-limits.ts';
 import type { ApiTokenScope, TokenVerifier, VerifiedApiToken } from '../ops/api-tokens.ts';
 
 const AuthorizationHeader = z.string().regex(/^Bearer +[\x21-\x7e]+ *$/i);
@@ -63,37 +74,81 @@ export interface AccessRule {
   cookie: boolean;
 }
 
-/** B1, B2, B4: the `onRequest` hook of a route with `rule`. */
-export function requireToken(verifier: TokenVerifier, rule: AccessRule) {
-  return async (req: FastifyRequest, _reply: FastifyReply): Promise<void> => {
-    const header = req.headers.authorization;
-    let text: string;
-    if (header !== undefined) {
-      const fromHeader = bearerToken(header);
-      if (fromHeader === undefined) {
-        throw new CorralError('unauthorized', 'the Authorization header must be "Bearer <token>"', { details: { tokenGiven: true } });
-      }
-      text = fromHeader;
-    } else {
-      // B4: checked on the request's own method too, whatever the route was registered with
-      const cookie = rule.cookie && req.method === 'GET' ? sessionCookieOf(req.headers.cookie) : undefined;
-      if (cookie === undefined) {
-        const also = rule.cookie ? ', or the session cookie of POST /v1/session' : '; a session cookie is taken by GET routes only';
-        throw new CorralError('unauthorized', `an API token is needed: Authorization: Bearer <token> (corral tokens create)${also}`, {
-          details: { tokenGiven: false },
-        });
-      }
-      text = cookie;
-    }
-    const token = await verifier.verify(text);
-    if (!token) throw new CorralError('unauthorized', 'the token is not valid (unknown or revoked)', { details: { tokenGiven: true } });
-    if (rule.scope !== undefined && !token.scopes.includes(rule.scope)) {
-      throw new CorralError('forbidden', `the token ${token.name} has no scope ${rule.scope} (its scopes: ${token.scopes.join(', ')})`, {
-        details: { scope: rule.scope },
+/** B5: the failed authentications of each client address, per minute. */
+export class AuthFailures {
+  private readonly counter: WindowCounter;
+
+  constructor(perMinute: number, clock: Clock = systemClock) {
+    this.counter = new WindowCounter(clock, perMinute, 60_000);
+  }
+
+  /** Refuses `address` while it is at its limit (429 with when to try again). */
+  check(address: string): void {
+    const ms = this.counter.blockedFor(address);
+    if (ms !== undefined) {
+      throw new CorralError('rate_limited', 'too many failed authentications from this address: try again in a minute', {
+        details: { retryAfterS: ms / 1000 },
       });
     }
-    verified.set(req, token);
+  }
+
+  failed(address: string): void {
+    this.counter.take(address);
+  }
+}
+
+/** B1, B2, B4, B5: the `onRequest` hook of a route with `rule`. */
+export function requireToken(verifier: TokenVerifier, rule: AccessRule, failures: AuthFailures) {
+  return async (req: FastifyRequest, _reply: FastifyReply): Promise<void> => {
+    failures.check(req.ip);
+    try {
+      verified.set(req, await authorize(req, verifier, rule));
+    } catch (e) {
+      if (e instanceof CorralError && e.code === 'unauthorized') failures.failed(req.ip);
+      throw e;
+    }
   };
+}
+
+/** B6: refuses `actor` when `req`'s token may not touch it, as for an actor that does not exist. */
+export function requireActor(req: FastifyRequest, actor: ActorKey): void {
+  if (actorInScope(tokenOf(req).actors, actor)) return;
+  throw new CorralError('not_found', `no actor ${formatActorKey(actor)} (or not one this token may touch)`, {
+    details: { actor: formatActorKey(actor) },
+  });
+}
+
+/** B1, B2, B4: the token of `req`, checked; `unauthorized` or `forbidden` otherwise. */
+async function authorize(req: FastifyRequest, verifier: TokenVerifier, rule: AccessRule): Promise<VerifiedApiToken> {
+  const header = req.headers.authorization;
+  let text: string;
+  if (header !== undefined) {
+    const fromHeader = bearerToken(header);
+    if (fromHeader === undefined) {
+      throw new CorralError('unauthorized', 'the Authorization header must be "Bearer <token>"', { details: { tokenGiven: true } });
+    }
+    text = fromHeader;
+  } else {
+    // B4: checked on the request's own method too, whatever the route was registered with
+    const cookie = rule.cookie && req.method === 'GET' ? sessionCookieOf(req.headers.cookie) : undefined;
+    if (cookie === undefined) {
+      const also = rule.cookie ? ', or the session cookie of POST /v1/session' : '; a session cookie is taken by GET routes only';
+      throw new CorralError('unauthorized', `an API token is needed: Authorization: Bearer <token> (corral tokens create)${also}`, {
+        details: { tokenGiven: false },
+      });
+    }
+    text = cookie;
+  }
+  const token = await verifier.verify(text);
+  if (!token) {
+    throw new CorralError('unauthorized', 'the token is not valid (unknown, revoked or expired)', { details: { tokenGiven: true } });
+  }
+  if (rule.scope !== undefined && !token.scopes.includes(rule.scope)) {
+    throw new CorralError('forbidden', `the token ${token.name} has no scope ${rule.scope} (its scopes: ${token.scopes.join(', ')})`, {
+      details: { scope: rule.scope },
+    });
+  }
+  return token;
 }
 
 /**

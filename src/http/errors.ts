@@ -33,6 +33,7 @@ export const STATUS_OF: Readonly<Record<ErrorCode, number>> = {
   payload_too_large: 413,
   unsupported_media_type: 415,
   too_many_streams: 429,
+  rate_limited: 429,
   internal: 500,
   invalid_config: 500,
   protocol_error: 500,
@@ -102,7 +103,9 @@ export function httpErrorOf(e: unknown, bodyLimit?: number): HttpError {
   const status = STATUS_OF[error.code] ?? 500;
   const server = status >= 500;
   const message = server ? (SERVER_MESSAGES[error.code] ?? 'internal error') : error.message;
-  const retryAfter = RETRY_AFTER_S[status];
+  // a limit that knows when it lifts says so (`details.retryAfterS`); else the status's default
+  const given = error.details.retryAfterS;
+  const retryAfter = typeof given === 'number' && Number.isFinite(given) && given > 0 ? Math.ceil(given) : RETRY_AFTER_S[status];
   return {
     status,
     headers: {

@@ -19,6 +19,10 @@
  *  H5 `POST /v1/session` sets the session cookie a browser page's `EventSource` needs (B4 of
  *     auth.ts) from a valid bearer token; `DELETE /v1/session` clears it, with no token: it
  *     reads and writes nothing but the cookie.
+ *  H6 At most `httpMaxConnections` connections are served: a request on one past it is answered
+ *     429 `rate_limited` and its connection closed; twice that many are not accepted at all.
+ *  H7 Every route that names an actor, or an event (by its actor), checks it against the token's
+ *     actors first (B6 of auth.ts): outside them, 404 `not_found`, as for what does not exist.
  */
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, type HTTPMethods } from 'fastify';
 import type { AddressInfo } from 'node:net';
@@ -31,7 +35,9 @@ import { CorralError, toError } from '../base/errors.ts';
 import type { Logger } from '../base/logger.ts';
 import { tokenVerifier, type ApiTokenScope } from '../ops/api-tokens.ts';
 import { queuesOf } from '../queue/names.ts';
-import { bearerToken, cameOverHttps, requireToken, sessionCookie, tokenOf, type AccessRule } from './auth.ts';
+import { parseActorKey } from '../base/actor-key.ts';
+import { actorInScope } from '../base/actor-scope.ts';
+import { AuthFailures, bearerToken, cameOverHttps, requireActor, requireToken, sessionCookie, tokenOf, type AccessRule } from './auth.ts';
 import { httpErrorOf } from './errors.ts';
 import { actorOf, EventBody, EventParams, parsed, SendHeaders, StreamHeaders } from './requests.ts';
 import { Streams, type LiveSource } from './streams.ts';
@@ -52,7 +58,16 @@ export interface ApiServerOptions {
   db: Db;
   config: Pick<
     Config,
-    'maxEventBytes' | 'queueName' | 'bossSchema' | 'httpMaxStreams' | 'httpMaxStreamsPerActor' | 'httpStreamBufferBytes'
+    | 'maxEventBytes'
+    | 'queueName'
+    | 'bossSchema'
+    | 'httpMaxStreams'
+    | 'httpMaxStreamsPerActor'
+    | 'httpMaxStreamsPerToken'
+    | 'httpStreamOpensPerSecond'
+    | 'httpMaxConnections'
+    | 'httpAuthFailuresPerMinute'
+    | 'httpStreamBufferBytes'
   >;
   logger: Logger;
   /** S2 of streams.ts: how often a quiet stream gets a comment line. Default 15,000 ms. */
@@ -90,11 +105,14 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
     {
       maxStreams: config.httpMaxStreams,
       maxStreamsPerActor: config.httpMaxStreamsPerActor,
+      maxStreamsPerToken: config.httpMaxStreamsPerToken,
+      opensPerSecond: config.httpStreamOpensPerSecond,
       bufferBytes: config.httpStreamBufferBytes,
       keepAliveMs,
     },
     log,
   );
+  const failures = new AuthFailures(config.httpAuthFailuresPerMinute);
   // U1, U2 of ui.ts: read before anything listens, so a missing folder stops the start
   const uiFiles = opts.ui ? await loadUiFiles(opts.ui.dir) : [];
   let closing = false;
@@ -124,8 +142,19 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
     }
   });
 
-  app.addHook('onRequest', async () => {
+  app.addHook('onRequest', async (_req, reply) => {
     if (closing) throw new CorralError('shutdown', 'the server is shutting down');
+    // H6: past the cap, a request is answered at once and its connection closed
+    if (connections > config.httpMaxConnections) {
+      void reply.header('connection', 'close');
+      throw new CorralError(
+        'rate_limited',
+        `the server holds ${config.httpMaxConnections} connections, its limit (CORRAL_HTTP_MAX_CONNECTIONS)`,
+        {
+          details: { retryAfterS: 1 },
+        },
+      );
+    }
   });
   app.addHook('onSend', async (_req, reply) => {
     reply.header('cache-control', 'no-store');
@@ -165,7 +194,7 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
     for (const method of methods) {
       const { scope, handler } = handlers[method]!;
       const rule: AccessRule = { scope: scope ?? undefined, cookie: method === 'GET' };
-      app.route({ method, url, ...(scope === null ? {} : { onRequest: requireToken(verifier, rule) }), handler });
+      app.route({ method, url, ...(scope === null ? {} : { onRequest: requireToken(verifier, rule, failures) }), handler });
     }
     const allowed = methods.map((m) => `${m} ${url}`).join(' and ');
     app.route({
@@ -205,11 +234,17 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
 
   route('POST', '/v1/actors/:agent_uid/:session_id/events', 'send', async (req, reply) => {
     const actor = actorOf(req.params);
+    requireActor(req, actor);
     const headers = parsed(SendHeaders, req.headers, 'invalid_argument', 'header');
     if (!isJson(req)) throw new CorralError('unsupported_media_type', 'the body must be JSON, sent with Content-Type: application/json');
     const data = parsed(EventBody, req.body, 'invalid_argument', 'event');
     const idempotencyKey = headers['idempotency-key'];
-    const sent = await corral.send(actor, data, idempotencyKey === undefined ? {} : { idempotencyKey });
+    // E4 of src/db/enqueue/send-event.ts: a key is its token's; no other caller sees what it sent
+    const sent = await corral.send(
+      actor,
+      data,
+      idempotencyKey === undefined ? {} : { idempotencyKey, idempotencyScope: `token:${tokenOf(req).name}` },
+    );
     log.debug(
       { actor: `${actor.agentUid}/${actor.sessionId}`, eventId: sent.eventId, duplicate: sent.duplicate, token: tokenOf(req).name },
       'event sent',
@@ -219,13 +254,16 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
 
   route('GET', '/v1/actors/:agent_uid/:session_id/transcript', 'read', async (req) => {
     const actor = actorOf(req.params);
+    requireActor(req, actor);
     return transcriptJson(actor, await corral.transcript(actor));
   });
 
   route('GET', '/v1/events/:id', 'read', async (req) => {
     const id = parsed(EventParams, req.params, 'invalid_argument', 'event').id.toLowerCase();
     const status = await eventStatus(db, queues, id);
-    if (status.state === 'unknown') {
+    // B6 of auth.ts: an event of an actor outside the token's is one that does not exist
+    const outside = status.actor !== undefined && !actorInScope(tokenOf(req).actors, parseActorKey(status.actor));
+    if (status.state === 'unknown' || outside) {
       throw new CorralError('not_found', `no event ${id}: never sent, or gone with the retention`, { details: { eventId: id } });
     }
     const turn = status.state === 'committed' ? await committedTurnOf(db, id) : undefined;
@@ -234,8 +272,10 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
 
   route('GET', '/v1/actors/:agent_uid/:session_id/stream', 'read', async (req, reply) => {
     const actor = actorOf(req.params);
+    requireActor(req, actor);
     const headers = parsed(StreamHeaders, req.headers, 'invalid_argument', 'header');
-    await streams.serve(req, reply, { live, actor, lastEventId: headers['last-event-id'], token: tokenOf(req).name });
+    const token = tokenOf(req);
+    await streams.serve(req, reply, { live, actor, lastEventId: headers['last-event-id'], token: token.name, expiresAt: token.expiresAt });
   });
 
   // the chat page: public files, served without a token (the page asks for one)
@@ -255,6 +295,14 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
     );
   }, keepAliveMs);
   recheck.unref();
+
+  // H6: every connection counted, from its first byte; twice the cap are not even kept
+  let connections = 0;
+  app.server.on('connection', (socket) => {
+    connections++;
+    socket.once('close', () => connections--);
+  });
+  app.server.maxConnections = 2 * config.httpMaxConnections;
 
   try {
     await app.listen({ host: opts.host, port: opts.port });

@@ -10,7 +10,8 @@
  *     only while it is the followed one: after its `turn_failed` nothing of it comes again, and
  *     the next attempt begins with `reset`.
  *  V3 An event id (`<delivery_id>:s|<seq>|e|r`) says where the stream was: `lastEventId` resumes
- *     right after it, on any daemon, while that turn's row is there.
+ *     right after it, on any daemon, while that turn's row is there. The id of another actor's
+ *     turn is refused (`invalid_argument`): a stream never shows what is not its actor's.
  *  V4 A missed notification costs latency, never an event: the watch looks again after 2 s without
  *     news while a turn is followed, after 10 s otherwise, and after every reconnect (a gap). A
  *     turn that streams, and so is heard, is not read again meanwhile.
@@ -20,9 +21,11 @@
 import { performance } from 'node:perf_hooks';
 import type { ActorKey } from '../base/actor-key.ts';
 import { formatActorKey } from '../base/actor-key.ts';
+import { CorralError } from '../base/errors.ts';
 import type { Queues } from '../db/boss/jobs.ts';
 import type { DbOrTx } from '../db/client.ts';
 import {
+  actorOfDelivery,
   eventJobState,
   nextTurnAfter,
   parseChunkNotice,
@@ -133,6 +136,11 @@ export class LiveStream implements LiveWatch {
   /** V3: the followed turn of `lastEventId`, or none (then the live turn, if any, from its start). */
   private async resumeFrom(lastEventId: string | undefined): Promise<void> {
     const at = lastEventId === undefined ? undefined : parseLiveEventId(lastEventId);
+    // V3: an id is a place in this actor's stream only: another actor's is refused, never followed
+    const owner = at && (await actorOfDelivery(this.deps.db, at.deliveryId));
+    if (owner !== undefined && owner !== this.text) {
+      throw new CorralError('invalid_argument', `last event id ${lastEventId} is not an event of the stream of ${this.text}`);
+    }
     const turn = at && (await turnOfDelivery(this.deps.db, this.deps.queues, at.deliveryId));
     if (at && turn) {
       this.followed = { turn, startedSent: at.at !== 'r', lastSeq: typeof at.at === 'number' ? at.at : 0, ended: at.at === 'e' };

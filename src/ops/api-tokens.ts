@@ -28,6 +28,10 @@ import {
   type VerifiedApiToken,
 } from '../db/operations/api-tokens.ts';
 import { CorralError } from '../base/errors.ts';
+import type { TokenView } from '../db/views.ts';
+
+export type { TokenView };
+import { parseDurationMs } from '../base/duration.ts';
 
 export { API_TOKEN_SCOPES, type ApiTokenScope, type VerifiedApiToken } from '../db/operations/api-tokens.ts';
 
@@ -66,26 +70,59 @@ export function parseScopes(given: readonly string[]): ApiTokenScope[] {
   return scopes;
 }
 
-export interface TokenView {
-  name: string;
-  scopes: ApiTokenScope[];
-  createdAt: string;
-  lastUsedAt: string | null;
-  revokedAt: string | null;
-}
-
 const viewOf = (r: ApiTokenRow): TokenView => ({
   name: r.name,
   scopes: r.scopes,
+  actors: r.actors ?? null,
+  expiresAt: r.expiresAt?.toISOString() ?? null,
   createdAt: r.createdAt.toISOString(),
   lastUsedAt: r.lastUsedAt?.toISOString() ?? null,
   revokedAt: r.revokedAt?.toISOString() ?? null,
 });
 
-/** Makes a token (checked input: `parseTokenName`, `parseScopes`); `already_exists` when the name is taken, by a revoked token too. */
-export async function createToken(db: DbOrTx, name: string, scopes: readonly ApiTokenScope[]): Promise<TokenView & { token: string }> {
+/** The shortest and the longest life of a short-lived token. */
+export const MIN_TOKEN_TTL_MS = 1_000;
+export const MAX_TOKEN_TTL_MS = 10 * 365 * 86_400_000;
+
+/** A token's life: a duration (`1h`, `30m`) or milliseconds, within the bounds; `invalid_argument` otherwise. */
+export function parseTokenTtl(ttl: string | number): number {
+  const ms = typeof ttl === 'number' ? ttl : parseDurationMs(ttl, 'token ttl');
+  if (!Number.isFinite(ms) || ms < MIN_TOKEN_TTL_MS || ms > MAX_TOKEN_TTL_MS) {
+    throw new CorralError('invalid_argument', `a token's ttl is 1 s to 10 years (got ${String(ttl)})`);
+  }
+  return ms;
+}
+
+export interface CreateTokenOptions {
+  /** The actors it may touch (checked: `parseActorPatterns`); absent: every actor. */
+  actors?: readonly string[];
+  /** Its life in milliseconds (checked: `parseTokenTtl`); absent: until revoked. */
+  ttlMs?: number;
+}
+
+/** A name for a token its maker did not name (one minted per end user, say). */
+export function generatedTokenName(): string {
+  return `tok_${randomBytes(9).toString('base64url')}`;
+}
+
+/**
+ * Makes a token (checked input: `parseTokenName`, `parseScopes`, and the options' own parsers);
+ * `already_exists` when the name is taken, by a revoked token too.
+ */
+export async function createToken(
+  db: DbOrTx,
+  name: string,
+  scopes: readonly ApiTokenScope[],
+  opts: CreateTokenOptions = {},
+): Promise<TokenView & { token: string }> {
   const token = generateToken();
-  const row = await insertApiToken(db, { name, tokenSha256: hashToken(token), scopes });
+  const row = await insertApiToken(db, {
+    name,
+    tokenSha256: hashToken(token),
+    scopes,
+    ...(opts.actors ? { actors: opts.actors } : {}),
+    ...(opts.ttlMs === undefined ? {} : { ttlSeconds: opts.ttlMs / 1000 }),
+  });
   if (!row) {
     throw new CorralError(
       'already_exists',

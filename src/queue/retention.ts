@@ -30,6 +30,7 @@ import type { DbOrTx } from '../db/client.ts';
 import { pruneIdempotencyKeys } from '../db/enqueue/idempotency.ts';
 import { pruneStreamChunks } from '../db/live/chunks.ts';
 import { pruneOutbox } from '../db/outbox/messages.ts';
+import { pruneExpiredApiTokens } from '../db/operations/api-tokens.ts';
 import { pruneActivations, pruneDeliveries } from '../db/operations/runtime-pruning.ts';
 import { markTranscriptChecked, pruneAgentTranscripts, transcriptRetentionDue } from '../db/operations/transcript-retention.ts';
 import { queuesOf } from './names.ts';
@@ -71,6 +72,8 @@ export interface SweepResult {
   idempotencyKeys: number;
   /** Outbox messages delivered or discarded longer ago than the retention. */
   outboxMessages: number;
+  /** API tokens expired longer ago than the retention. */
+  expiredTokens: number;
   /** Live turns' chunks whose delivery ended (S3 of src/db/live/chunks.ts): the daemon that ran it was gone before it deleted them. */
   streamChunks: number;
 }
@@ -119,6 +122,7 @@ export async function sweepRetention(opts: RetentionOptions): Promise<SweepResul
     jobs: await step(() => sweepCompletedJobs(opts)),
     idempotencyKeys: await step(() => sweepIdempotencyKeys(opts)),
     outboxMessages: await step(() => sweepOutbox(opts)),
+    expiredTokens: await step(() => sweepExpiredTokens(opts)),
     streamChunks: await step(() => pruneStreamChunks(opts.db)),
   };
   if (failures.length === 1) throw failures[0];
@@ -140,6 +144,12 @@ export async function sweepCompletedJobs(opts: RetentionOptions): Promise<number
 export async function sweepOutbox(opts: Pick<RetentionOptions, 'db' | 'retentionSeconds'> & SweepPace): Promise<number> {
   if (opts.retentionSeconds <= 0) return 0;
   return drain((limit) => pruneOutbox(opts.db, opts.retentionSeconds, limit), opts);
+}
+
+/** A3 of src/db/operations/api-tokens.ts: deletes the API tokens expired longer ago than the retention. Returns how many. */
+export async function sweepExpiredTokens(opts: Pick<RetentionOptions, 'db' | 'retentionSeconds'> & SweepPace): Promise<number> {
+  if (opts.retentionSeconds <= 0) return 0;
+  return drain((limit) => pruneExpiredApiTokens(opts.db, opts.retentionSeconds, limit), opts);
 }
 
 /** Deletes idempotency keys older than the retention whose event's job is gone. Returns how many. */

@@ -73,18 +73,18 @@ describe('what each turn delivered', { timeout: 120_000 }, () => {
     expect(await runTranscriptCommand(config, 'obv/s1', {}, out)).toBe(0);
     expect(out.text).toContain(
       [
-        '       delivered → ok (ok-1): delivered after 1 attempt',
-        '       delivered → flaky (flaky-1): pending (attempt 1, last: HTTP 503)',
-        '       delivered → gone (gone-1): dead after 1 attempt: HTTP 410',
+        '       delivered → ok (obv/s1/ok-1): delivered after 1 attempt',
+        '       delivered → flaky (obv/s1/flaky-1): pending (attempt 1, last: HTTP 503)',
+        '       delivered → gone (obv/s1/gone-1): dead after 1 attempt: HTTP 410',
       ].join('\n'),
     );
     const asJson = new Capture();
     await runTranscriptCommand(config, 'obv/s1', { json: true }, asJson);
     const turns = (JSON.parse(asJson.text) as { turns: { eventId: string; delivered: { webhookId: string; state: string }[] }[] }).turns;
     expect(turns.find((x) => x.eventId === eventId)!.delivered.map((d) => [d.webhookId, d.state])).toEqual([
-      ['ok-1', 'delivered'],
-      ['flaky-1', 'pending'],
-      ['gone-1', 'dead'],
+      ['obv/s1/ok-1', 'delivered'],
+      ['obv/s1/flaky-1', 'pending'],
+      ['obv/s1/gone-1', 'dead'],
     ]);
   });
 
@@ -93,7 +93,7 @@ describe('what each turn delivered', { timeout: 120_000 }, () => {
     expect(await runActorCommand(config, 'obv/s1', {}, out)).toBe(0);
     expect(out.text).toMatch(/EMITTED\s+DELIVERED\s+ERROR\n/);
     expect(out.text).toContain('3 → ok, flaky, gone (2 not delivered)');
-    expect(out.text).toContain(`  ${eventId} delivered → flaky (flaky-1): pending (attempt 1, last: HTTP 503)\n`);
+    expect(out.text).toContain(`  ${eventId} delivered → flaky (obv/s1/flaky-1): pending (attempt 1, last: HTTP 503)\n`);
     const asJson = new Capture();
     await runActorCommand(config, 'obv/s1', { json: true }, asJson);
     const recent = (JSON.parse(asJson.text) as { recentTurns: { delivered: { sink: string; attempts: number; lastStatus: number }[] }[] })
@@ -117,15 +117,15 @@ describe('what each turn delivered', { timeout: 120_000 }, () => {
     ]);
     expect(listed.code, listed.stderr).toBe(0);
     const messages = json<{ messages: { id: number; webhookId: string }[] }>(listed).messages;
-    expect(messages.map((m) => m.webhookId)).toEqual(['gone-1', 'flaky-1', 'ok-1']);
-    expect(dead.stdout).toMatch(/\n\d+\s+dead\s+gone\s+obv\/s1\s+gone-1\s+1\s+HTTP 410\s+\S+\n1 message\n$/);
+    expect(messages.map((m) => m.webhookId)).toEqual(['obv/s1/gone-1', 'obv/s1/flaky-1', 'obv/s1/ok-1']);
+    expect(dead.stdout).toMatch(/\n\d+\s+dead\s+gone\s+obv\/s1\s+obv\/s1\/gone-1\s+1\s+HTTP 410\s+\S+\n1 message\n$/);
     expect([help.code, help.stdout]).toEqual([0, expect.stringContaining('--all')]);
     expect(help.stdout).toContain('corral outbox replay --all --sink crm --state dead');
     expect([badState.code, badState.stderr]).toEqual([2, expect.stringContaining('a state is one of pending, delivered, dead, discarded')]);
     expect([unknown.code, unknown.stderr]).toEqual([3, 'corral: no outbox message 999999\n']);
     expect([filterAlone.code, filterAlone.stderr]).toEqual([2, expect.stringContaining('with --all')]);
 
-    const goneId = messages.find((m) => m.webhookId === 'gone-1')!.id;
+    const goneId = messages.find((m) => m.webhookId === 'obv/s1/gone-1')!.id;
     const shown = await corral(['outbox', 'show', String(goneId)], url);
     expect(shown.stdout).toContain('state         dead after 1 attempt: HTTP 410\n');
     const replayed = await corral(['outbox', 'replay', String(goneId)], url);

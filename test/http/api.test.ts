@@ -165,9 +165,9 @@ describe('authorization', () => {
       ['basic', { authorization: 'Basic dXNlcjpwYXNz' }, /must be "Bearer <token>"/],
       ['empty bearer', { authorization: 'Bearer' }, /must be "Bearer <token>"/],
       ['two words', { authorization: `Bearer ${rw} extra` }, /must be "Bearer <token>"/],
-      ['unknown', { authorization: `Bearer ${generateToken()}` }, /^the token is not valid \(unknown or revoked\)$/],
-      ['not a token', { authorization: 'Bearer hunter2' }, /^the token is not valid \(unknown or revoked\)$/],
-      ['revoked', { authorization: `Bearer ${revoked}` }, /^the token is not valid \(unknown or revoked\)$/],
+      ['unknown', { authorization: `Bearer ${generateToken()}` }, /^the token is not valid \(unknown, revoked or expired\)$/],
+      ['not a token', { authorization: 'Bearer hunter2' }, /^the token is not valid \(unknown, revoked or expired\)$/],
+      ['revoked', { authorization: `Bearer ${revoked}` }, /^the token is not valid \(unknown, revoked or expired\)$/],
     ];
     for (const [path, init] of routes) {
       for (const [what, headers, message] of cases) {

@@ -25,7 +25,13 @@ export async function startApi(
     Pick<ApiServerOptions, 'live' | 'keepAliveMs' | 'db' | 'logger' | 'ui'>
   > = {},
 ): Promise<Api> {
-  const config = loadConfig({ databaseUrl, logLevel: 'silent', ...opts.config }, {});
+  // these tests make many refused requests and streams from one address and token: the limits on
+  // those (failed authentications, stream opens) are out of their way, and tested on their own
+  // (test/security/tenants.test.ts)
+  const config = loadConfig(
+    { databaseUrl, logLevel: 'silent', httpAuthFailuresPerMinute: 1_000_000, httpStreamOpensPerSecond: 100_000, ...opts.config },
+    {},
+  );
   const database = openDatabase(databaseUrl, { max: 4, applicationName: 'corral-http-test' });
   const corral = opts.corral ?? (await connect({ databaseUrl, env: {}, maxEventBytes: config.maxEventBytes }));
   let server: ApiServer;

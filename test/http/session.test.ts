@@ -73,8 +73,8 @@ describe('POST /v1/session and DELETE /v1/session', () => {
         /^an API token is needed: Authorization: Bearer <token> \(corral tokens create\); a session cookie is taken by GET routes only$/,
       ],
       ['the cookie alone', login(null, cookie(rw)), /^an API token is needed/],
-      ['unknown', login(generateToken()), /^the token is not valid \(unknown or revoked\)$/],
-      ['revoked', login(gone), /^the token is not valid \(unknown or revoked\)$/],
+      ['unknown', login(generateToken()), /^the token is not valid \(unknown, revoked or expired\)$/],
+      ['revoked', login(gone), /^the token is not valid \(unknown, revoked or expired\)$/],
       ['malformed', login(null, { authorization: 'Basic eDp5' }), /must be "Bearer <token>"/],
     ];
     for (const [what, res, message] of cases) {
@@ -191,7 +191,7 @@ describe('the cookie on the routes', () => {
     await revokeToken(api.database.db, 'revoked-later');
     expect(await answer(await api.call('/v1/actors/web/rev/transcript', { token: null, headers }))).toEqual({
       status: 401,
-      body: failure('unauthorized', 'the token is not valid (unknown or revoked)'),
+      body: failure('unauthorized', 'the token is not valid (unknown, revoked or expired)'),
     });
     expect((await api.call('/v1/actors/web/rev/stream', { token: null, headers })).status).toBe(401);
     // B4 and S4: checked again every keep-alive interval, so it ends within one

@@ -32,7 +32,7 @@ describe('corral tokens (command functions)', () => {
     expect(made.out.text).toBe(`${token}\n`);
     expect(token).toMatch(TOKEN_TEXT);
     expect(token).toHaveLength(4 + 43);
-    expect(made.err.text).toBe('token web-app created (scopes: read, send); it is shown only now\n');
+    expect(made.err.text).toBe('token web-app created (scopes: read, send; actors: every actor); it is shown only now\n');
 
     const stored = await tdb.client.query<{ token_sha256: string; scopes: string[] }>(
       'select token_sha256, scopes from corral.api_tokens where name = $1',
@@ -54,7 +54,7 @@ describe('corral tokens (command functions)', () => {
       ['dash.board_1', ['read'], null, null],
       ['web-app', ['read', 'send'], null, null],
     ]);
-    expect(Object.keys(tokens[0]!).sort()).toEqual(['createdAt', 'lastUsedAt', 'name', 'revokedAt', 'scopes']);
+    expect(Object.keys(tokens[0]!).sort()).toEqual(['actors', 'createdAt', 'expiresAt', 'lastUsedAt', 'name', 'revokedAt', 'scopes']);
     expect(listed.out.text).not.toContain(token);
     expect(listed.out.text).not.toContain(hashToken(token));
 
@@ -68,9 +68,9 @@ describe('corral tokens (command functions)', () => {
     const table = io();
     await runTokensList(config, {}, table);
     const lines = table.out.text.trimEnd().split('\n');
-    expect(lines[0]).toMatch(/^NAME\s+SCOPES\s+CREATED\s+LAST USED\s+REVOKED$/);
-    expect(lines[1]).toMatch(/^dash\.board_1\s+read\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ\s+-\s+-$/);
-    expect(lines[2]).toMatch(/^web-app\s+read,send\s+\S+ \S+\s+-\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$/);
+    expect(lines[0]).toMatch(/^NAME\s+SCOPES\s+ACTORS\s+CREATED\s+EXPIRES\s+LAST USED\s+REVOKED$/);
+    expect(lines[1]).toMatch(/^dash\.board_1\s+read\s+every actor\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ\s+never\s+-\s+-$/);
+    expect(lines[2]).toMatch(/^web-app\s+read,send\s+every actor\s+\S+ \S+\s+never\s+-\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$/);
     expect(table.out.text).not.toContain(token);
   });
 
@@ -143,7 +143,7 @@ describe('corral tokens (the CLI)', { timeout: 120_000 }, () => {
     const created = await corral(['tokens', 'create', 'cli-made', '--scope', 'read', '--scope', 'send'], tdb.url);
     expect(created.code, created.stderr).toBe(0);
     expect(created.stdout).toMatch(/^crl_[A-Za-z0-9_-]{43}\n$/);
-    expect(created.stderr).toContain('token cli-made created (scopes: read, send)');
+    expect(created.stderr).toContain('token cli-made created (scopes: read, send; actors: every actor)');
 
     const [taken, unknown, noScope, list] = await Promise.all([
       corral(['tokens', 'create', 'cli-made', '--scope', 'read'], tdb.url),

@@ -66,6 +66,7 @@ describe('idempotency key retention', () => {
       jobs: 2,
       idempotencyKeys: 1,
       outboxMessages: 0,
+      expiredTokens: 0,
       streamChunks: 0,
     });
     expect(await keys()).toEqual(['dead', 'waiting', 'young']);

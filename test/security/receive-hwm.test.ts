@@ -62,7 +62,8 @@ describe.skipIf(process.platform !== 'linux')('a flood of 1 MiB frames from one 
     ]);
     const eventId = sent.rows[0]!.event_id;
     await waitFor(
-      async () => (await tdb.client.query(`select 1 from corral.turns where event_id = $1 and status = 'succeeded'`, [eventId])).rowCount === 1,
+      async () =>
+        (await tdb.client.query(`select 1 from corral.turns where event_id = $1 and status = 'succeeded'`, [eventId])).rowCount === 1,
       { timeoutMs: 30_000, intervalMs: 20, what: `the turn of ${eventId} committed` },
     );
     return performance.now() - sentAt;

@@ -40,7 +40,7 @@ describe('docs/client.md', () => {
       members.filter((m) => !new RegExp(`\\b${m}\\b`).test(listing)),
       'missing from `interface Corral`',
     ).toEqual([]);
-    for (const group of ['SinksApi', 'OutboxApi']) {
+    for (const group of ['SinksApi', 'OutboxApi', 'TokensApi']) {
       expect(
         membersOf(group).filter((m) => !tableNames.has(m)),
         `${group} members missing from the method table`,

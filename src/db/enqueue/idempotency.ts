@@ -21,7 +21,7 @@ const c = bossSql.col;
 export async function pruneIdempotencyKeys(db: DbOrTx, q: Queues, olderThanSeconds: number, limit: number): Promise<number> {
   const res = await db.execute(sql`
     with gone as (
-      select k.agent_uid, k.session_id, k.key
+      select k.agent_uid, k.session_id, k.caller, k.key
         from corral.idempotency_keys k
        where k.created_at < ${ageCutoff(olderThanSeconds)}
          and not exists (select 1 from ${bossSql.job(q.schema)} j where j.${c.name} = ${q.events} and j.${c.id} = k.event_id)
@@ -30,6 +30,6 @@ export async function pruneIdempotencyKeys(db: DbOrTx, q: Queues, olderThanSecon
        limit ${limit}
     )
     delete from corral.idempotency_keys k using gone
-     where k.agent_uid = gone.agent_uid and k.session_id = gone.session_id and k.key = gone.key`);
+     where k.agent_uid = gone.agent_uid and k.session_id = gone.session_id and k.caller = gone.caller and k.key = gone.key`);
   return res.rowCount ?? 0;
 }

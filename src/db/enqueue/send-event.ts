@@ -16,11 +16,13 @@
  *     the payload at most CORRAL_MAX_EVENT_BYTES of JSON (as PostgreSQL prints it, without
  *     whitespace), nested at most MAX_JSON_DEPTH levels, no number JSON cannot keep (jsonb holds
  *     no NUL or lone surrogate at all);
- *  E4 an idempotency key (1–200 characters) is kept per actor with the event it enqueued and the
- *     SHA-256 of the data's jsonb text: sending again with it enqueues nothing and returns that
- *     event (`duplicate`), with other data it is refused (`idempotency_conflict`). Concurrent
- *     sends of one key wait for each other (the key's unique index); rolled back with the
- *     caller's transaction like the event.
+ *  E4 an idempotency key (1–200 characters) is kept per actor and per caller with the event it
+ *     enqueued and the SHA-256 of the data's jsonb text: sending again with it enqueues nothing
+ *     and returns that event (`duplicate`), with other data it is refused (`idempotency_conflict`).
+ *     The caller is the SQL role the sender logged in as, or the `idempotency_scope` corral's own
+ *     role names for it (the HTTP API: `token:<name>`), so two callers never see each other's
+ *     events through a key. Concurrent sends of one key wait for each other (the key's unique
+ *     index); rolled back with the caller's transaction like the event.
  *  E5 an actor whose input policy is `reject` (src/db/enqueue/input-policies.ts, P1–P3) takes its event
  *     only when it is idle: the send locks the actor's key for the transaction and refuses
  *     (`actor_busy`) while a job of it is unfinished (`corral.actor_busy`) or an earlier event of
@@ -30,6 +32,9 @@
  *  E7 an event to an actor whose policy is `interrupt` commits a control notification naming it:
  *     the daemon running the actor's turn, if any, interrupts that turn, and the next one takes
  *     the interrupted events with this one.
+ *
+ *  E8 least privilege: the two entry points run as their owner, and only the role
+ *     `corral_producer` may call them (`PRODUCER_GRANTS`): a producer needs no right on any table.
  *
  * Errors carry SQLSTATEs of their own (`SEND_ERRORS`), mapped to corral's error codes by
  * `sendError`. The functions are generated (`sendEventFunctionsSql`) and installed when the
@@ -153,7 +158,7 @@ export async function sendEventFunctionsSql(s: SendEventSettings, target: Insert
   const actorBusy = actorBusyFunctionSql(s.bossSchema, target.table, s.queueName);
   const sendEvents = `CREATE OR REPLACE FUNCTION corral.send_events(events jsonb)
 RETURNS TABLE (ord integer, event_id uuid, duplicate boolean)
-LANGUAGE plpgsql VOLATILE AS $corral_send$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $corral_send$
 DECLARE
   e jsonb;
   i bigint;
@@ -162,6 +167,9 @@ DECLARE
   session text;
   actor text;
   idem text;
+  -- E4: whose key it is; E8: only corral's own role (the schema's owner) names another caller
+  who text;
+  trusted boolean := pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'corral'), 'MEMBER');
   data jsonb;
   text_bytes bigint;
   bytes bigint;
@@ -211,6 +219,17 @@ BEGIN
       END IF;
       idem := e->>'idempotency_key';
     END IF;
+    who := session_user;
+    IF e ? 'idempotency_scope' AND jsonb_typeof(e->'idempotency_scope') <> 'null' THEN
+      IF NOT trusted THEN
+        ${fail('CR403', `at || format('only corral''s own role may set an idempotency scope (the caller %s''s keys are its own)', session_user)`)}
+      END IF;
+      IF jsonb_typeof(e->'idempotency_scope') <> 'string'
+         OR char_length(e->>'idempotency_scope') NOT BETWEEN 1 AND ${MAX_IDEMPOTENCY_KEY_LENGTH} THEN
+        ${fail('CR400', `at || format('an idempotency scope is a string of 1-${MAX_IDEMPOTENCY_KEY_LENGTH} characters')`)}
+      END IF;
+      who := e->>'idempotency_scope';
+    END IF;
     data := e->'data';
     -- E3: as JSON without whitespace (jsonb prints a space after each ':' and ',' between members)
     text_bytes := octet_length(data::text);
@@ -236,13 +255,13 @@ BEGIN
     IF idem IS NOT NULL THEN
       -- E4: a concurrent send of the key waits here for the other's transaction
       digest := encode(sha256(convert_to(data::text, 'UTF8')), 'hex');
-      INSERT INTO corral.idempotency_keys (agent_uid, session_id, key, event_id, data_sha256)
-      VALUES (agent, session, idem, new_id, digest)
+      INSERT INTO corral.idempotency_keys (agent_uid, session_id, caller, key, event_id, data_sha256)
+      VALUES (agent, session, who, idem, new_id, digest)
       ON CONFLICT DO NOTHING;
       IF NOT FOUND THEN
         SELECT k.event_id, k.data_sha256 INTO found_id, found_digest
           FROM corral.idempotency_keys k
-         WHERE k.agent_uid = agent AND k.session_id = session AND k.key = idem;
+         WHERE k.agent_uid = agent AND k.session_id = session AND k.caller = who AND k.key = idem;
         IF found_digest IS DISTINCT FROM digest THEN
           RAISE EXCEPTION USING ERRCODE = 'CR409',
             MESSAGE = at || format('idempotency key %s of %s/%s was used for event %s with other data', to_json(idem)::text, agent, session, found_id);
@@ -310,7 +329,7 @@ END
 $corral_send$;`;
   const sendEvent = `CREATE OR REPLACE FUNCTION corral.send_event(agent_uid text, session_id text, data jsonb, idempotency_key text DEFAULT NULL)
 RETURNS uuid
-LANGUAGE plpgsql VOLATILE AS $corral_send_one$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $corral_send_one$
 BEGIN
   IF data IS NULL THEN
     ${fail('CR400', lit("an event payload is required (data is NULL; the JSON null is 'null'::jsonb)"))}
@@ -324,6 +343,23 @@ LANGUAGE sql IMMUTABLE AS $corral_policy$ SELECT ${lit(s.inputPolicy)}::text $co
   const debounceDue = debounceFunctionSql(s.bossSchema, target.table, s.queueName);
   return [insert, NEXT_EVENT_ID, actorBusy, debounceDue, defaultPolicy, sendEvents, sendEvent].join('\n\n');
 }
+
+/**
+ * E8: producers call the enqueue and nothing else. No role gets it by default (PUBLIC may not run
+ * it); the role `corral_producer` (made by migration 0016, where the migrating role may make
+ * roles) may, and only it: `GRANT corral_producer TO app_user` lets an application send without
+ * any right on pg-boss's tables. The functions run as their owner (SECURITY DEFINER, with a
+ * search path of pg_catalog alone, so no object of the caller's can stand in for one of theirs).
+ */
+const PRODUCER_GRANTS = `REVOKE ALL ON FUNCTION corral.send_events(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION corral.send_event(text, text, jsonb, text) FROM PUBLIC;
+DO $corral_grants$ BEGIN
+  IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'corral_producer') THEN
+    GRANT USAGE ON SCHEMA corral TO corral_producer;
+    GRANT EXECUTE ON FUNCTION corral.send_events(jsonb) TO corral_producer;
+    GRANT EXECUTE ON FUNCTION corral.send_event(text, text, jsonb, text) TO corral_producer;
+  END IF;
+END $corral_grants$;`;
 
 /** The comment that names the generated text's digest (so an unchanged one is not replaced). */
 const MARK = 'corral generated ';
@@ -339,13 +375,14 @@ export async function installSendEvent(db: BossSqlRunner, s: SendEventSettings):
   const text = await sendEventFunctionsSql(s, target);
   const digest = createHash('sha256').update(text).digest('hex').slice(0, 32);
   const current = await db.executeSql(`select obj_description(to_regprocedure('corral.send_events(jsonb)'), 'pg_proc') as mark`);
-  if ((current.rows[0] as { mark?: string | null } | undefined)?.mark === `${MARK}${digest}`) return true;
-  // one simple query: one implicit transaction, serialised between daemons starting together
+  const installed = (current.rows[0] as { mark?: string | null } | undefined)?.mark === `${MARK}${digest}`;
+  // one simple query: one implicit transaction, serialised between daemons starting together;
+  // the grants every time (E8): `corral_producer` may have been made since the functions were
   await db.executeSql(
     [
       `select pg_advisory_xact_lock(${SEND_INSTALL_LOCK_KEY})`,
-      text,
-      `COMMENT ON FUNCTION corral.send_events(jsonb) IS ${lit(MARK + digest)}`,
+      ...(installed ? [] : [text, `COMMENT ON FUNCTION corral.send_events(jsonb) IS ${lit(MARK + digest)}`]),
+      PRODUCER_GRANTS,
     ].join(';\n'),
   );
   return true;

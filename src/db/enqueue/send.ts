@@ -25,6 +25,11 @@ export interface EventToSend {
   sessionId: string;
   data: unknown;
   idempotencyKey?: string | undefined;
+  /**
+   * Whose idempotency key it is (E4): only corral's own role may name one (`token:<name>` for the
+   * HTTP API); by default the SQL role the sender logged in as.
+   */
+  idempotencyScope?: string | undefined;
 }
 
 export interface SentEvent {
@@ -62,6 +67,7 @@ export async function sendEvents(db: StatementTarget, events: readonly EventToSe
       session_id: e.sessionId,
       data,
       ...(e.idempotencyKey === undefined ? {} : { idempotency_key: e.idempotencyKey }),
+      ...(e.idempotencyScope === undefined ? {} : { idempotency_scope: e.idempotencyScope }),
     };
   });
   let rows: Record<string, unknown>[];

@@ -231,6 +231,15 @@ export async function turnOfDelivery(db: DbOrTx, q: Queues, deliveryId: string):
   return r ? watchedTurn(r) : undefined;
 }
 
+/** The actor of one delivery's turn (`agent_uid/session_id`), if its turn is still there. */
+export async function actorOfDelivery(db: DbOrTx, deliveryId: string): Promise<string | undefined> {
+  const res = await db.execute<{ actor: string }>(sql`
+    select cv.agent_uid || '/' || cv.session_id as actor
+      from corral.turns t join corral.conversations cv on cv.id = t.conversation_id
+     where t.delivery_id = ${deliveryId}::uuid`);
+  return res.rows[0]?.actor;
+}
+
 /** A turn's messages, in order. */
 export async function turnMessages(db: DbOrTx, turnId: string): Promise<{ seq: number; role: string; content: unknown }[]> {
   const res = await db.execute<{ seq: number; role: string; content: unknown }>(sql`
