@@ -11,6 +11,7 @@ import { listExpiredInFlight, stopIdleActivations } from '../../src/db/turns/act
 import { unacceptedDeliveriesOf } from '../../src/db/turns/deliveries.ts';
 import { completedJobsOlderThan, unsettledFailedJobs } from '../../src/db/boss/jobs.ts';
 import { pruneIdempotencyKeys } from '../../src/db/enqueue/idempotency.ts';
+import { liveApiTokenNames, pruneExpiredApiTokens } from '../../src/db/operations/api-tokens.ts';
 import { claimOutbox, nextOutboxDueMs, pruneOutbox } from '../../src/db/outbox/messages.ts';
 import { pruneActivations, pruneDeliveries } from '../../src/db/operations/runtime-pruning.ts';
 import { orphanedStartedTurns } from '../../src/db/turns/transcript.ts';
@@ -31,6 +32,7 @@ const BIG_TABLES = new Set([
   'conversations',
   'messages',
   'outbox',
+  'api_tokens',
 ]);
 
 const tdb = useTestDatabase();
@@ -43,7 +45,9 @@ async function genericPlan(s: Captured, n: number): Promise<PlanNode> {
   const name = `periodic_${n}`;
   await tdb.client.query(`prepare ${name} as ${s.text}`);
   try {
-    const params = s.values.map((v) => (v === null ? 'null' : `'${String(v).replaceAll("'", "''")}'`)).join(', ');
+    const literal = (v: unknown): string =>
+      Array.isArray(v) ? `{${v.map((x) => `"${String(x).replaceAll('"', '\\"')}"`).join(',')}}` : String(v);
+    const params = s.values.map((v) => (v === null ? 'null' : `'${literal(v).replaceAll("'", "''")}'`)).join(', ');
     const r = await tdb.client.query<{ 'QUERY PLAN': { Plan: PlanNode }[] }>(
       `explain (format json) execute ${name}${s.values.length ? `(${params})` : ''}`,
     );
@@ -103,6 +107,13 @@ beforeAll(async () => {
     insert into corral.outbox (sink, webhook_id, agent_uid, session_id, turn_id, event_id, position, body, next_attempt_at)
       select 'hooks', 'p' || g, 'live', 's' || (g % 3), gen_random_uuid(), gen_random_uuid(), 0, '{}', now() + interval '1 minute'
         from generate_series(1, 10) g;
+    -- short-lived tokens a backend minted per conversation, none expired yet, and a few that never expire
+    insert into corral.api_tokens (name, token_sha256, scopes, actors, expires_at)
+      select 'chat-' || g, md5(g::text) || md5((g + 1)::text), array['read', 'send'], array['chat/s' || g], now() + interval '1 hour'
+        from generate_series(1, ${HISTORY}) g;
+    insert into corral.api_tokens (name, token_sha256, scopes)
+      select 'server-' || g, md5((-g)::text) || md5((-g - 1)::text), array['read'] from generate_series(1, 5) g;
+    analyze corral.api_tokens;
     analyze corral.outbox;
     analyze pgboss.job_common;
     analyze corral.idempotency_keys;
@@ -120,6 +131,12 @@ describe('periodic statements on a history of 200,000 finished turns, right afte
     await expectNoSequentialScans('listExpiredInFlight', () => listExpiredInFlight(tdb.database.db));
   });
 
+  it("the HTTP API's check of its open streams' tokens reads them by name, not every token", async () => {
+    const names = Array.from({ length: 64 }, (_, i) => `chat-${i * 997 + 1}`);
+    await expectNoSequentialScans('liveApiTokenNames', () => liveApiTokenNames(tdb.database.db, names));
+    expect((await liveApiTokenNames(tdb.database.db, [...names, 'no-such-token'])).size).toBe(64);
+  });
+
   it('the watchdog stops idle activations without reading the history', async () => {
     await expectNoSequentialScans('stopIdleActivations', () => stopIdleActivations(tdb.database.db, 300_000, 100));
   });
@@ -133,6 +150,7 @@ describe('periodic statements on a history of 200,000 finished turns, right afte
     await expectNoSequentialScans('completedJobsOlderThan', () =>
       completedJobsOlderThan(tdb.database.db, 'pgboss', 'actor-events', retention, 1000),
     );
+    await expectNoSequentialScans('pruneExpiredApiTokens', () => pruneExpiredApiTokens(tdb.database.db, retention, 1000));
     await expectNoSequentialScans('pruneIdempotencyKeys', () => pruneIdempotencyKeys(tdb.database.db, queuesOf(DEFAULTS), retention, 1000));
   });
 

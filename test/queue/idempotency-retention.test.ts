@@ -1,7 +1,8 @@
 /**
  * Idempotency keys live at least as long as their event's job: the retention sweep deletes a key
  * only once its event's job is gone (completed and swept), never while the job waits, runs, or
- * stays as a dead letter.
+ * stays as a dead letter. A short-lived API token is deleted once it expired longer ago than the
+ * retention.
  */
 import type { PgBoss } from 'pg-boss';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -9,6 +10,7 @@ import { DEFAULTS } from '../../src/config.ts';
 import { makeLastAttempt } from '../../src/db/boss/jobs.ts';
 import { keyHeadFetch, queueTable } from '../../src/db/boss/fetch.ts';
 import { sendEvents } from '../../src/db/enqueue/send-event.ts';
+import { createToken } from '../../src/ops/api-tokens.ts';
 import { createBoss, queuesOf } from '../../src/queue/boss.ts';
 import { sweepIdempotencyKeys, sweepRetention } from '../../src/queue/retention.ts';
 import { useTestDatabase } from '../helpers/db.ts';
@@ -80,5 +82,18 @@ describe('idempotency key retention', () => {
     const again = await sendEvents(tdb.client, [{ agentUid: 'ret', sessionId: 'done', data: 1, idempotencyKey: 'done' }]);
     expect(again[0]).toMatchObject({ duplicate: false });
     expect(again[0]!.eventId).not.toBe(done!.eventId);
+  });
+
+  it('deletes a token once it expired longer ago than the retention, keeps the others and those that never expire', async () => {
+    await createToken(tdb.database.db, 'long-gone', ['read'], { ttlMs: 60_000 });
+    await createToken(tdb.database.db, 'just-expired', ['read'], { ttlMs: 60_000 });
+    await createToken(tdb.database.db, 'live', ['read'], { ttlMs: 60_000 });
+    await createToken(tdb.database.db, 'forever', ['read']);
+    await tdb.client.query(`update corral.api_tokens set expires_at = now() - interval '2 days' where name = 'long-gone'`);
+    await tdb.client.query(`update corral.api_tokens set expires_at = now() - interval '1 hour' where name = 'just-expired'`);
+    const swept = await sweepRetention({ boss, db: tdb.database.db, bossSchema: q.schema, queueName: q.events, retentionSeconds: DAY });
+    expect(swept.expiredTokens).toBe(1);
+    const names = await tdb.client.query<{ name: string }>('select name from corral.api_tokens order by name');
+    expect(names.rows.map((r) => r.name)).toEqual(['forever', 'just-expired', 'live']);
   });
 });

@@ -16,7 +16,7 @@
  */
 import type { DbOrTx } from '../client.ts';
 import { asc, sql } from '../orm.ts';
-import { apiTokens } from '../schema.ts';
+import { ageCutoff, apiTokens } from '../schema.ts';
 
 import { API_TOKEN_SCOPES, type ApiTokenScope } from '../views.ts';
 
@@ -164,7 +164,8 @@ export async function pruneExpiredApiTokens(db: DbOrTx, olderThanSeconds: number
   const res = await db.execute(sql`
     delete from corral.api_tokens where name in (
       select name from corral.api_tokens
-       where expires_at is not null and expires_at < now() - make_interval(secs => ${olderThanSeconds})
+       where expires_at is not null and expires_at < ${ageCutoff(olderThanSeconds)}
+       order by expires_at
        limit ${limit})`);
   return res.rowCount ?? 0;
 }
