@@ -134,6 +134,7 @@ export class Dispatcher {
       const f = this.turnOf(eventId);
       const workerId = f && workerOf(f);
       if (!f || !workerId) return;
+      const registration = this.opts.workers.registrationOf(workerId);
       const res = await this.opts.transport.send(workerId, turnStart(f));
       if (res.ok) {
         this.opts.metrics.dispatched();
@@ -147,10 +148,13 @@ export class Dispatcher {
         return;
       }
       this.log.warn({ ...fenceFields(f.fence), workerId, reason: res.reason }, 'turn_start send failed');
-      tried.add(workerId);
       // Its route is gone: out of dispatch until it registers again. Its other turns keep their
-      // deliveries; a reconnect of the same run can still finish them.
-      if (res.reason === 'unknown_route' || res.reason === 'closed') this.opts.workers.forget(workerId);
+      // deliveries; a reconnect of the same run can still finish them. A worker that registered
+      // again while the send was under way has a new route: it stays, and may be offered the turn
+      // again (forgetting it left it idle, and the turn parked, until its next registration).
+      const registeredAgain = this.opts.workers.registrationOf(workerId) !== registration;
+      if (!registeredAgain) tried.add(workerId);
+      if (!registeredAgain && (res.reason === 'unknown_route' || res.reason === 'closed')) this.opts.workers.forget(workerId, registration);
       const capped = tried.size >= MAX_DEAD_ROUTES_PER_DISPATCH;
       const next = capped ? undefined : this.opts.workers.acquire(eventId, f.fence.agentUid, tried);
       if (next === undefined) {

@@ -45,6 +45,11 @@ export interface PooledWorker {
   backoffUntilMs: number;
   /** The turns it may hold now (P3): up to `capacity`. */
   window: number;
+  /**
+   * Which registration this is, counted by the pool across all workers: a send that failed on the
+   * route of an earlier registration says nothing about this one (`remove`'s `registration`).
+   */
+  registration: number;
 }
 
 const freeOf = (w: PooledWorker) => Math.min(w.capacity, w.window) - w.inFlight.size;
@@ -59,6 +64,7 @@ export class WorkerPool {
   }
 
   private readonly eventToWorker = new Map<string, string>();
+  private registrations = 0;
 
   /**
    * (Re-)registers a worker. A registration from a new process run (a different `instance`, or
@@ -75,6 +81,7 @@ export class WorkerPool {
     const previous = this.workers.get(id);
     const sameRun = previous !== undefined && instance !== undefined && previous.instance === instance;
     if (previous && sameRun) {
+      previous.registration = ++this.registrations;
       previous.capacity = capacity;
       previous.lastSeenMs = nowMs;
       previous.status = 'ready';
@@ -96,6 +103,7 @@ export class WorkerPool {
       handBacks,
       backoffUntilMs: previous?.backoffUntilMs ?? 0,
       window: this.initialWindow,
+      registration: ++this.registrations,
     });
     return { restarted: previous !== undefined, lostEvents };
   }
@@ -223,9 +231,15 @@ export class WorkerPool {
     return out;
   }
 
-  remove(id: string): string[] {
+  /** The registration `id` is in now (undefined: not registered). */
+  registrationOf(id: string): number | undefined {
+    return this.workers.get(id)?.registration;
+  }
+
+  /** Removes `id`, or, given `registration`, only while it is still in that registration. */
+  remove(id: string, registration?: number): string[] {
     const w = this.workers.get(id);
-    if (!w) return [];
+    if (!w || (registration !== undefined && w.registration !== registration)) return [];
     this.workers.delete(id);
     const events = [...w.inFlight];
     for (const ev of events) this.eventToWorker.delete(ev);

@@ -132,8 +132,17 @@ export class WorkerRegistry {
     return this.pool.size;
   }
 
-  /** Out of dispatch for good (gone, send failed, restarted elsewhere). Returns the events it held. */
-  forget(workerId: string): string[] {
+  /** The registration `workerId` is in now (WorkerPool), for `forget`; undefined: not registered. */
+  registrationOf(workerId: string): number | undefined {
+    return this.pool.registrationOf(workerId);
+  }
+
+  /**
+   * Out of dispatch for good (gone, send failed, restarted elsewhere). Returns the events it held.
+   * Given `registration`, only if the worker has not registered again since (false: nothing done).
+   */
+  forget(workerId: string, registration?: number): string[] {
+    if (registration !== undefined && this.pool.registrationOf(workerId) !== registration) return [];
     const events = this.pool.remove(workerId);
     this.lastHeartbeatWrite.delete(workerId);
     this.unknownReplyBudget.delete(workerId);

@@ -147,6 +147,23 @@ describe('checkFence', () => {
 });
 
 describe('WorkerPool', () => {
+  it('removes a worker given its registration only while it is still in it: a send that failed on an old route does not drop a new one', () => {
+    const pool = new WorkerPool({ initialWindow: 4 });
+    pool.register('w1', 2, 0, 'run-1');
+    const first = pool.registrationOf('w1')!;
+    // it reconnects (same run) while a send to its old route is under way
+    pool.register('w1', 2, 1, 'run-1');
+    const second = pool.registrationOf('w1')!;
+    expect(second).not.toBe(first);
+    expect(pool.remove('w1', first)).toEqual([]);
+    expect(pool.isReady('w1')).toBe(true);
+    expect(pool.acquire('e1', 'agent', 1)).toBe('w1');
+    // the registration it is in now does remove it, with the events it held
+    expect(pool.remove('w1', second)).toEqual(['e1']);
+    expect(pool.isReady('w1')).toBe(false);
+    expect(pool.registrationOf('w1')).toBeUndefined();
+  });
+
   it('reserves slots on the least loaded ready worker and frees them', () => {
     const pool = new WorkerPool({ initialWindow: 4 });
     pool.register('w1', 2, 0);
