@@ -28,7 +28,6 @@ import { progress, round, runBench, summarise, type Percentiles } from './lib/co
 import { openBenchDatabase } from './lib/database.ts';
 import { sseEvents } from '../src/live/sse.ts';
 import { freePort } from '../src/db/postgres/net.ts';
-import { createToken } from '../src/ops/api-tokens.ts';
 import { daemonCpuMs, freshDatabase, startDaemonProcess, waitForWorkers, type DaemonProcess } from './lib/daemon-process.ts';
 
 function options() {
@@ -88,14 +87,20 @@ interface RoundResult {
 }
 
 /** Every actor watched, one event each at once; resolves when every turn committed. */
-/** The HTTP API's stream of `actor` as an iterable, closed by `close()`. */
+let tokensMade = 0;
+
+/**
+ * The HTTP API's stream of `actor` as an iterable, closed by `close()`. Each stream has a token of
+ * its own, for its actor alone, as an application's backend mints one for each end user's page.
+ */
 async function sseWatch(
-  api: { url: string; token: string },
+  api: { url: string; corral: Corral },
   actor: string,
 ): Promise<AsyncIterable<LiveEvent> & { close(): Promise<void> }> {
+  const { token } = await api.corral.tokens.create({ name: `bench-${++tokensMade}`, scopes: ['read'], actors: [actor], ttl: '1h' });
   const ctl = new AbortController();
   const res = await fetch(`${api.url}/v1/actors/${actor}/stream`, {
-    headers: { authorization: `Bearer ${api.token}` },
+    headers: { authorization: `Bearer ${token}` },
     signal: ctl.signal,
   });
   if (res.status !== 200 || !res.body) throw new Error(`stream of ${actor}: HTTP ${res.status} ${await res.text()}`);
@@ -106,7 +111,7 @@ async function sseWatch(
   };
 }
 
-let api: { url: string; token: string } | undefined;
+let api: { url: string; corral: Corral } | undefined;
 
 async function runRound(
   corral: Corral,
@@ -190,12 +195,12 @@ process.exitCode = await runBench(async (cleanup) => {
   const probe = openDatabase(db.url, { max: 1 });
   try {
     await waitForWorkers(probe, o.workers, 120_000, d.proc);
-    api = { url: `http://127.0.0.1:${httpPort}`, token: (await createToken(probe.db, 'bench-stream', ['read', 'send'])).token };
   } finally {
     await probe.close();
   }
   const corral = await connect({ databaseUrl: db.url, env: {}, maxConnections: 8 });
   cleanup.defer('close client', () => corral.close());
+  api = { url: `http://127.0.0.1:${httpPort}`, corral };
   const pool = new pg.Pool({ connectionString: db.url, max: 1 });
   cleanup.defer('close pool', () => pool.end());
   await runRound(corral, pool, d, { ...o, turns: Math.min(o.turns, 20), seconds: 1 }, 'warm', true);
