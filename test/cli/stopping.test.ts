@@ -159,8 +159,10 @@ describe('a standalone `corral worker`', () => {
       CORRAL_HOME: home,
       CORRAL_ENDPOINT: `tcp://127.0.0.1:${await freePort()}`,
       CORRAL_DRAIN_MS: '10000',
-      // a worker that stopped is forgotten within a second or two, so the next turn goes to the next one
-      CORRAL_WORKER_STALE_MS: '1500',
+      // a worker that stopped is forgotten within a few seconds, so the next turn goes to the next
+      // one; not sooner: at 1.5 s a loaded machine's late heartbeats made the draining worker stale
+      // before its turn ended (the turn then superseded and retried)
+      CORRAL_WORKER_STALE_MS: '4000',
       CORRAL_WORKER_HEARTBEAT_MS: '300',
       CORRAL_WATCHDOG_INTERVAL_MS: '200',
     };
