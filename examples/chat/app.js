@@ -7,8 +7,14 @@
 //   (`POST /v1/session`), which the API takes on GET routes only: sends always carry the header.
 // - Every text shown is set with `textContent`: nothing the API returns is parsed as HTML.
 // - The server's Content-Security-Policy lets this script talk to its own origin only.
+// - Served by an application's backend (examples/chat-backend), the page has a
+//   `<meta name="corral-token-route">`: it asks that route for a token for its user's one
+//   conversation (`POST {"user": …}` → `{ token, actor, expiresAt }`) instead of asking the user
+//   for one, and asks again when the token expires (a 401).
 
 const TOKEN_KEY = 'corral.chat.token';
+/** Where a backend mints this page's token (null: the user types one). */
+const TOKEN_ROUTE = document.querySelector('meta[name="corral-token-route"]')?.getAttribute('content') ?? null;
 const ACTOR_PART = /^[A-Za-z0-9._:@-]{1,128}$/;
 /** A stream refused twice within this long is not opened again by itself (a loop, else). */
 const REFUSALS_APART_MS = 10_000;
@@ -318,7 +324,11 @@ async function relogin() {
   try {
     await login();
   } catch (e) {
-    if (e instanceof ApiError && e.status === 401) signedOut(`The stream was refused: ${describe(e)}`);
+    if (e instanceof ApiError && e.status === 401 && TOKEN_ROUTE) {
+      // the backend's token expired: the backend makes a new one
+      sessionStorage.removeItem(TOKEN_KEY);
+      await connect();
+    } else if (e instanceof ApiError && e.status === 401) signedOut(`The stream was refused: ${describe(e)}`);
     else {
       setStatus('Disconnected: the stream was refused.');
       notice(`The stream was refused and signing in again failed (${describe(e)}): press Connect to try again.`);
@@ -359,7 +369,36 @@ function signedOut(why) {
   if (why) notice(why);
 }
 
+/**
+ * A token from the backend's token route for the user `session` (its actor is the backend's
+ * choice: the page follows it). Null, with a notice, when the backend refused.
+ */
+async function tokenFromBackend(session) {
+  const res = await fetch(TOKEN_ROUTE, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ user: session }),
+    cache: 'no-store',
+    credentials: 'same-origin',
+    redirect: 'error',
+  }).catch(() => null);
+  const body = res ? await res.json().catch(() => null) : null;
+  if (!res?.ok || typeof body?.token !== 'string') {
+    notice(`No token from the backend: ${body?.error?.message ?? (res ? `HTTP ${res.status}` : 'it cannot be reached')}`);
+    return null;
+  }
+  sessionStorage.setItem(TOKEN_KEY, body.token);
+  return parseActor(body.actor);
+}
+
 async function connect() {
+  const wanted = parseActor(ui.actor.value);
+  // a token is for one conversation: another one needs its own
+  if (TOKEN_ROUTE && wanted && (!storedToken() || (state.actor !== null && wanted.text !== state.actor.text))) {
+    const given = await tokenFromBackend(wanted.session);
+    if (!given) return;
+    ui.actor.value = given.text;
+  }
   const actor = parseActor(ui.actor.value);
   if (!actor) {
     notice('The actor key must be agent/session, each 1–128 of A–Z a–z 0–9 . _ : @ -');
@@ -428,6 +467,13 @@ async function send() {
       scrollDown();
     }
   } catch (e) {
+    if (e instanceof ApiError && e.status === 401 && TOKEN_ROUTE) {
+      // the backend's token expired: a new one, and the same message again (same key: one event)
+      sessionStorage.removeItem(TOKEN_KEY);
+      await connect();
+      notice('Signed in again: press Send once more.', 'info');
+      return;
+    }
     notice(`Not sent: ${describe(e)}`);
     if (e instanceof ApiError && e.status === 401) signedOut();
   } finally {
@@ -456,5 +502,9 @@ ui.message.addEventListener('keydown', (ev) => {
 
 const given = parseActor(new URLSearchParams(location.search).get('actor') ?? '');
 ui.actor.value = given?.text ?? `chat/${randomHex(6)}`;
-if (storedToken()) void connect();
+if (TOKEN_ROUTE) {
+  // the backend gives the token: no field for one
+  ui.token.closest('.field')?.setAttribute('hidden', '');
+  void connect();
+} else if (storedToken()) void connect();
 else ui.token.focus();
