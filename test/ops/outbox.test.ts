@@ -209,9 +209,9 @@ describe('corral sinks with messages', () => {
     await insert({ sink: 'busy', state: 'delivered' });
     const table = io();
     await runSinksList(config, {}, table);
-    expect(table.out.text).toMatch(/^NAME\s+URL\s+TIMEOUT\s+AT ONCE\s+PENDING\s+DEAD\s+STATE\n/);
-    expect(table.out.text).toMatch(/\nbusy\s+https:\/\/busy\.example\.com\/in\s+10000 ms\s+4\s+2\s+1\s+enabled\n/);
-    expect(table.out.text).toMatch(/\ncrm\s+\S+\s+10000 ms\s+4\s+0\s+0\s+enabled\n/);
+    expect(table.out.text).toMatch(/^NAME\s+URL\s+TIMEOUT\s+AT ONCE\s+PENDING\s+DEAD\s+STATE\s+AGENTS\s+PRIVATE\n/);
+    expect(table.out.text).toMatch(/\nbusy\s+https:\/\/busy\.example\.com\/in\s+10000 ms\s+4\s+2\s+1\s+enabled\s+all\s+refused\n/);
+    expect(table.out.text).toMatch(/\ncrm\s+\S+\s+10000 ms\s+4\s+0\s+0\s+enabled\s+all\s+refused\n/);
 
     let refusal: unknown;
     await runSinksRemove(config, 'busy', {}, io()).catch((e: unknown) => (refusal = e));

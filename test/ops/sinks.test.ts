@@ -89,9 +89,11 @@ describe('corral sinks (command functions)', () => {
     const file = join(dir, 'secret');
     writeFileSync(file, 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n');
     const out = io();
-    await runSinksAdd(config, 'bridge', { url: 'http://127.0.0.1:9/in', secretFile: file }, out);
+    await runSinksAdd(config, 'bridge', { url: 'http://127.0.0.1:9/in', secretFile: file, allowPrivate: true }, out);
     expect(out.out.text).toBe('whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n');
-    expect(await codeOf(runSinksAdd(config, 'bridge', { url: 'http://127.0.0.1:9/in' }, io()))).toBe('already_exists');
+    expect(await codeOf(runSinksAdd(config, 'bridge', { url: 'http://127.0.0.1:9/in', allowPrivate: true }, io()))).toBe('already_exists');
+    // without --allow-private a URL inside is refused before the name is looked at
+    expect(await codeOf(runSinksAdd(config, 'inside', { url: 'http://127.0.0.1:9/in' }, io()))).toBe('invalid_argument');
     expect(await codeOf(runSinksAdd(config, 'x', { url: 'ftp://a/b' }, io()))).toBe('invalid_argument');
     expect(await codeOf(runSinksAdd(config, 'x', { url: 'not a url' }, io()))).toBe('invalid_argument');
     expect(await codeOf(runSinksAdd(config, 'x', { url: 'https://user:pw@a.example/b' }, io()))).toBe('invalid_argument');

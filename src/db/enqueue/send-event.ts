@@ -351,13 +351,24 @@ LANGUAGE sql IMMUTABLE AS $corral_policy$ SELECT ${lit(s.inputPolicy)}::text $co
  * any right on pg-boss's tables. The functions run as their owner (SECURITY DEFINER, with a
  * search path of pg_catalog alone, so no object of the caller's can stand in for one of theirs).
  */
-const PRODUCER_GRANTS = `REVOKE ALL ON FUNCTION corral.send_events(jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION corral.send_event(text, text, jsonb, text) FROM PUBLIC;
-DO $corral_grants$ BEGIN
-  IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'corral_producer') THEN
+const PRODUCER_GRANTS = `DO $corral_grants$
+DECLARE
+  f regprocedure;
+  producer boolean := EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'corral_producer');
+BEGIN
+  -- only what is missing: a GRANT or REVOKE rewrites the function's row even when it changes
+  -- nothing, and an unchanged install writes nothing (S11)
+  FOREACH f IN ARRAY ARRAY['corral.send_events(jsonb)'::regprocedure, 'corral.send_event(text, text, jsonb, text)'::regprocedure] LOOP
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(coalesce(p.proacl, pg_catalog.acldefault('f', p.proowner))) a
+                WHERE p.oid = f AND a.grantee = 0 AND a.privilege_type = 'EXECUTE') THEN
+      EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+    END IF;
+    IF producer AND NOT pg_catalog.has_function_privilege('corral_producer', f, 'EXECUTE') THEN
+      EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO corral_producer', f);
+    END IF;
+  END LOOP;
+  IF producer AND NOT pg_catalog.has_schema_privilege('corral_producer', 'corral', 'USAGE') THEN
     GRANT USAGE ON SCHEMA corral TO corral_producer;
-    GRANT EXECUTE ON FUNCTION corral.send_events(jsonb) TO corral_producer;
-    GRANT EXECUTE ON FUNCTION corral.send_event(text, text, jsonb, text) TO corral_producer;
   END IF;
 END $corral_grants$;`;
 
