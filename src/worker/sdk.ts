@@ -441,6 +441,10 @@ class WorkerRuntime implements Worker {
       finished: (t) => void this.turns.delete(t.deliveryId),
     });
     this.turns.set(ref.delivery_id, turn);
+    this.log.debug(
+      { actor: `${ref.agent_uid}/${ref.session_id}`, epoch: ref.actor_epoch, eventId: ref.event_id, deliveryId: ref.delivery_id },
+      'turn started',
+    );
     // Accept once this round of I/O is over, unless the handler has finished by then: its final
     // message implies the accept (docs/protocol.md §7 rule 1), and an instant turn then costs one
     // message each way instead of two.

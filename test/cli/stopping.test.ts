@@ -168,11 +168,12 @@ describe('a standalone `corral worker`', () => {
     };
     const daemon = spawnCorral(['daemon'], env, 'daemon');
     await waitFor(() => daemon.log().includes('corral daemon running'), { timeoutMs: 60_000, what: () => `the daemon:\n${daemon.log()}` });
-    const worker = spawnCorral(['worker', '--id', 'solo-1'], env, 'worker');
+    // at debug, the worker says when a turn reached it (the daemon's "turn started" is before its send)
+    const worker = spawnCorral(['worker', '--id', 'solo-1'], { ...env, CORRAL_LOG_LEVEL: 'debug' }, 'worker');
     await waitFor(() => daemon.log().includes('"worker ready"'), { timeoutMs: 30_000, what: () => `the worker:\n${worker.log()}` });
     const sent = await run([CORRAL, 'send', 'solo/s', JSON.stringify({ delayMs: TURN_MS, text: 'x' })], env);
     expect(sent.code, sent.stderr).toBe(0);
-    await waitFor(() => daemon.log().includes('"turn started"'), { timeoutMs: 30_000, what: 'the turn to start' });
+    await waitFor(() => worker.log().includes('"turn started"'), { timeoutMs: 30_000, what: 'the turn to reach the worker' });
     const signalledAt = Date.now();
     worker.child.kill('SIGTERM');
     expect(await exitOf(worker, DRAIN_MS + 5_000), worker.log()).toBe(0);

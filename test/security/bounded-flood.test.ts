@@ -140,6 +140,11 @@ describe('a flood of deep frames and poison results', () => {
       timeoutMs: 30_000,
       intervalMs: 50,
     });
+    // the commit is in the database before its turn_committed reaches the worker
+    await waitFor(() => legitTurnMs.length >= LEGIT_EVENTS, {
+      what: () => `turn_committed for every legitimate turn at its worker (${legitTurnMs.length} of ${LEGIT_EVENTS})`,
+      timeoutMs: 10_000,
+    }).catch(() => undefined);
     peak = Math.max(peak, rss());
 
     expect(t.daemon.broker.stats().state).toBe('running');
