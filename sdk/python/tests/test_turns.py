@@ -175,17 +175,22 @@ def test_deliver_posts_a_signed_webhook_after_the_commit(stack: Stack, worker: W
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-        secret = stack.corral.run("sinks", "add", "pyhooks", "--url", url).stdout.strip()
+        # a receiver on this host: the sink must allow private addresses
+        secret = stack.corral.run("sinks", "add", "pyhooks", "--url", url, "--allow-private").stdout.strip()
         a = actor("deliver")
         key = f"py-{uuid.uuid4().hex}"
         event = stack.corral.send(a, {"text": "d", "deliver": {"sink": "pyhooks", "key": key}})
         stack.corral.reply(a, event)
-        got = wait_for(lambda: [r for r in _Receiver.received if r["headers"].get("webhook-id") == key], 30, "the webhook")
+        # the webhook-id names the actor: <agent_uid>/<session_id>/<key>
+        webhook_id = f"{a}/{key}"
+        got = wait_for(lambda: [r for r in _Receiver.received if r["headers"].get("webhook-id") == webhook_id], 30, "the webhook")
         req = got[0]
         assert json.loads(req["body"]) == {"text": "echo: d", "actor": a}
+        assert req["headers"].get("corral-actor") == a
+        assert req["headers"].get("corral-key") == key
         # Standard Webhooks: v1,<base64 HMAC-SHA256 of id.timestamp.body>, keyed by the secret's bytes
         raw = base64.b64decode(secret.removeprefix("whsec_"))
-        signed = f"{key}.{req['headers']['webhook-timestamp']}.".encode() + req["body"]
+        signed = f"{webhook_id}.{req['headers']['webhook-timestamp']}.".encode() + req["body"]
         expected = base64.b64encode(hmac.new(raw, signed, hashlib.sha256).digest()).decode()
         assert f"v1,{expected}" in req["headers"]["webhook-signature"].split(" ")
     finally:
