@@ -103,12 +103,13 @@ export interface Emit {
 
 /**
  * A message to send once the turn commits (the outbox): `body` is POSTed as JSON to the sink
- * named `sink`, signed, with `key` (or one derived from the turn) as its `webhook-id`.
+ * named `sink`, signed; its `webhook-id` is `<agent_uid>/<session_id>/<key>` (or, without a key,
+ * one derived from the turn): the receiver's idempotency key.
  */
 export interface Deliver {
   sink: string;
   body: unknown;
-  /** The message's `webhook-id` (the receiver's idempotency key): unique per sink. */
+  /** The message's key, unique per actor and sink: its `webhook-id` ends with it, and the request carries it as `corral-key`. */
   key?: string;
 }
 

@@ -289,7 +289,8 @@ class TurnContext:
 
     def deliver(self, sink: str, body: JsonValue, *, key: Optional[str] = None) -> None:
         """POST ``body`` to the sink named ``sink`` once this turn commits (the outbox), with
-        ``key`` as its ``webhook-id`` when given. Raises ``ValueError`` for what the daemon would refuse."""
+        ``key`` (unique per actor and sink) ending its ``webhook-id`` (``<agent_uid>/<session_id>/<key>``) when
+        given. Raises ``ValueError`` for what the daemon would refuse."""
         entry: JsonObject = {"sink": sink, "body": body}
         if key is not None:
             entry["key"] = key
