@@ -89,6 +89,11 @@ import {
   type SinkView,
   type SinkSummary,
   type SinkRemoval,
+  API_TOKEN_SCOPES,
+  type ApiTokenScope,
+  type TokenInput,
+  type TokenView,
+  type TokensApi,
   type CorralDaemon,
   type DaemonOptions,
   type DaemonState,
@@ -209,6 +214,17 @@ export async function sendAndWait(pgClient: PgQueryable): Promise<CommittedTurn>
 export const adapter: SqlAdapter = { executeSql: async () => ({ rows: [] }) };
 export function drizzleTarget(tx: DrizzleExecutable): SendDb {
   return tx;
+}
+
+// corral: a backend minting an end user's browser a token for their one conversation (docs/http.md)
+export async function tokenForUser(corral: Corral, user: string): Promise<{ token: string; expiresAt: string | null }> {
+  const tokens: TokensApi = corral.tokens;
+  const scopes: ApiTokenScope[] = API_TOKEN_SCOPES.filter((s) => s === 'read' || s === 'send');
+  const input: TokenInput = { scopes, actors: [`chat/${user}`], ttl: '15m' };
+  const made: TokenView & { token: string } = await tokens.create(input);
+  const listed: TokenView[] = await tokens.list();
+  void listed.filter((t) => t.actors === null && t.revokedAt === null);
+  return { token: made.token, expiresAt: made.expiresAt };
 }
 
 // corral: webhook sinks, and the outbox of what turns delivered to them
