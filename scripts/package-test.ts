@@ -19,7 +19,8 @@
  *     the producer's turn commits; then an application's scenarios (scripts/package-test/
  *     app-scenarios.js): a send in a transaction rolled back and committed, an idempotency key
  *     twice, `corral.send_event` from SQL in order, a watch, and a revoked and an unknown key
- *     refused within 5 s (the examples are type-checked in step 3 too);
+ *     refused within 5 s (the examples are type-checked in step 3 too, with the chat page's
+ *     backend, examples/chat/backend.js);
  *  6. without the optional PostgreSQL binaries package, a command on the embedded default fails
  *     with a message naming that package and DATABASE_URL.
  *
@@ -334,7 +335,7 @@ async function main(): Promise<void> {
       const config = {
         extends: './examples/typescript/tsconfig.json',
         compilerOptions: { allowJs: true, checkJs: true },
-        include: ['examples/typescript/*.ts', 'examples/producer/*.js', 'examples/worker/*.js'],
+        include: ['examples/typescript/*.ts', 'examples/producer/*.js', 'examples/worker/*.js', 'examples/chat/backend.js'],
       };
       await writeFile(join(app, 'tsconfig.check.json'), JSON.stringify(config, null, 2));
       const r = await run(process.execPath, ['check-types.js', 'tsconfig.check.json', 'examples/typescript/consumer.ts'], {

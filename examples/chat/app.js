@@ -7,21 +7,38 @@
 //   (`POST /v1/session`), which the API takes on GET routes only: sends always carry the header.
 // - Every text shown is set with `textContent`: nothing the API returns is parsed as HTML.
 // - The server's Content-Security-Policy lets this script talk to its own origin only.
-// - Served by an application's backend (examples/chat-backend), the page has a
-//   `<meta name="corral-token-route">`: it asks that route for a token for its user's one
-//   conversation (`POST {"user": …}` → `{ token, actor, expiresAt }`) instead of asking the user
-//   for one, and asks again when the token expires (a 401).
+// - Served by an application's backend (backend.js, next to this file), the page has a
+//   `<meta name="corral-token-route" content="/token">`: it asks the user's name (in a real
+//   application the backend knows its signed-in user), and that route for a token for the user's
+//   one conversation (`POST {"user": …}` → `{ token, actor, expiresAt }`) instead of asking for a
+//   token. It keeps it as a typed one (sessionStorage), and gets a new one before `expiresAt`
+//   (timed by the server's clock, its `Date` header), or when the API answers 401 (revoked,
+//   expired while the tab slept). The backend passes `/v1` through to the API: same origin.
 
 const TOKEN_KEY = 'corral.chat.token';
-/** Where a backend mints this page's token (null: the user types one). */
-const TOKEN_ROUTE = document.querySelector('meta[name="corral-token-route"]')?.getAttribute('content') ?? null;
+/** With a token route: the user the tab's token is for, its actor, and when (this clock, ms) to get the next token. */
+const USER_KEY = 'corral.chat.user';
+const ACTOR_KEY = 'corral.chat.actor';
+const RENEW_KEY = 'corral.chat.renewAt';
+/** Where a backend mints this page's token, a path of this origin (null: the user types one). */
+const TOKEN_ROUTE = ((route) => (route && /^\/(?!\/)/.test(route) ? route : null))(
+  document.querySelector('meta[name="corral-token-route"]')?.getAttribute('content'),
+);
 const ACTOR_PART = /^[A-Za-z0-9._:@-]{1,128}$/;
+/** A user name, as backend.js takes it (it checks again: its word is the one that counts). */
+const USER_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$/;
+/** A token is renewed this long before it expires (a fifth of its life when shorter), and failed renewals retried this often. */
+const RENEW_MARGIN_MS = 60_000;
+const RENEW_RETRY_MS = 10_000;
+/** The longest a timer waits (setTimeout fires at once past it). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 /** A stream refused twice within this long is not opened again by itself (a loop, else). */
 const REFUSALS_APART_MS = 10_000;
 
 const $ = (id) => document.getElementById(id);
 const ui = {
   session: $('session'),
+  user: $('user'),
   actor: $('actor'),
   token: $('token'),
   connect: $('connect'),
@@ -50,6 +67,8 @@ const state = {
   /** The last send that failed, so that sending it again reuses its idempotency key. */
   lastTry: null,
   lastRefusal: 0,
+  /** With a token route: the timer that gets the next token. */
+  renewTimer: 0,
 };
 
 class ApiError extends Error {
@@ -325,9 +344,8 @@ async function relogin() {
     await login();
   } catch (e) {
     if (e instanceof ApiError && e.status === 401 && TOKEN_ROUTE) {
-      // the backend's token expired: the backend makes a new one
-      sessionStorage.removeItem(TOKEN_KEY);
-      await connect();
+      // the tab's token expired or was revoked: the backend makes a new one
+      await connect(true);
     } else if (e instanceof ApiError && e.status === 401) signedOut(`The stream was refused: ${describe(e)}`);
     else {
       setStatus('Disconnected: the stream was refused.');
@@ -352,6 +370,9 @@ async function login() {
 function signedIn(on) {
   ui.token.disabled = on;
   ui.token.placeholder = on ? 'signed in' : 'crl_…';
+  // with a token route, a sign-in is one user's: sign out to be another
+  ui.user.disabled = on;
+  ui.connect.hidden = on && TOKEN_ROUTE !== null;
   ui.disconnect.hidden = !on;
   ui.connect.textContent = on ? 'Switch actor' : 'Connect';
   ui.message.disabled = !on;
@@ -361,49 +382,143 @@ function signedIn(on) {
   ui.send.disabled = !on;
 }
 
+function forgetToken() {
+  clearTimeout(state.renewTimer);
+  for (const key of [TOKEN_KEY, USER_KEY, ACTOR_KEY, RENEW_KEY]) sessionStorage.removeItem(key);
+}
+
 function signedOut(why) {
   closeStream();
-  sessionStorage.removeItem(TOKEN_KEY);
+  forgetToken();
   signedIn(false);
   setStatus('Not connected.');
   if (why) notice(why);
 }
 
+// ---- a token from the page's backend (a token route) --------------------------------------------
+
+/** When to renew a token that lives `lifetimeMs` more: a margin before, at least a second from now. */
+const renewAfter = (lifetimeMs) => Math.max(1000, lifetimeMs - Math.min(RENEW_MARGIN_MS, lifetimeMs / 5));
+
 /**
- * A token from the backend's token route for the user `session` (its actor is the backend's
- * choice: the page follows it). Null, with a notice, when the backend refused.
+ * A new token for `user` from the backend's token route, kept in the tab; resolves to its actor
+ * (the backend's choice: the page follows it). An ApiError when the backend refused.
  */
-async function tokenFromBackend(session) {
-  const res = await fetch(TOKEN_ROUTE, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ user: session }),
-    cache: 'no-store',
-    credentials: 'same-origin',
-    redirect: 'error',
-  }).catch(() => null);
-  const body = res ? await res.json().catch(() => null) : null;
-  if (!res?.ok || typeof body?.token !== 'string') {
-    notice(`No token from the backend: ${body?.error?.message ?? (res ? `HTTP ${res.status}` : 'it cannot be reached')}`);
-    return null;
+async function tokenFromBackend(user) {
+  let res;
+  try {
+    res = await fetch(TOKEN_ROUTE, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ user }),
+      cache: 'no-store',
+      credentials: 'same-origin',
+      redirect: 'error',
+    });
+  } catch {
+    throw new ApiError(0, 'unreachable', 'the backend cannot be reached');
   }
+  const body = await res.json().catch(() => null);
+  const actor = parseActor(typeof body?.actor === 'string' ? body.actor : '');
+  if (!res.ok || typeof body?.token !== 'string' || !actor) {
+    throw new ApiError(res.status, body?.error?.code ?? 'http_error', body?.error?.message ?? `HTTP ${res.status}`);
+  }
+  // how long it lives by the server's clock (its Date header, to the second below: one second
+  // less), so that a browser clock that is off renews neither late nor in a loop
+  const expires = Date.parse(body.expiresAt ?? '');
+  const serverNow = Date.parse(res.headers.get('date') ?? '');
+  const lifetime = Number.isFinite(serverNow) ? expires - serverNow - 1000 : expires - Date.now();
   sessionStorage.setItem(TOKEN_KEY, body.token);
-  return parseActor(body.actor);
+  sessionStorage.setItem(USER_KEY, user);
+  sessionStorage.setItem(ACTOR_KEY, actor.text);
+  if (Number.isFinite(lifetime)) sessionStorage.setItem(RENEW_KEY, String(Date.now() + renewAfter(lifetime)));
+  else sessionStorage.removeItem(RENEW_KEY);
+  return actor;
 }
 
-async function connect() {
-  const wanted = parseActor(ui.actor.value);
-  // a token is for one conversation: another one needs its own
-  if (TOKEN_ROUTE && wanted && (!storedToken() || (state.actor !== null && wanted.text !== state.actor.text))) {
-    const given = await tokenFromBackend(wanted.session);
-    if (!given) return;
-    ui.actor.value = given.text;
+/** Gets the next token when the tab's is due (RENEW_KEY), and again after each. */
+function scheduleRenewal() {
+  clearTimeout(state.renewTimer);
+  const at = Number(sessionStorage.getItem(RENEW_KEY));
+  if (!TOKEN_ROUTE || !state.actor || !at) return;
+  const wait = at - Date.now();
+  state.renewTimer = setTimeout(wait > MAX_TIMER_MS ? scheduleRenewal : () => void renew(), Math.min(Math.max(0, wait), MAX_TIMER_MS));
+}
+
+/** A new token before the tab's expires: the next requests send it, and the stream's cookie is its. */
+async function renew() {
+  const user = sessionStorage.getItem(USER_KEY);
+  const actor = state.actor;
+  if (!user || !actor) return;
+  try {
+    const given = await tokenFromBackend(user);
+    if (given.text !== actor.text) {
+      // the backend gives this user another conversation now: connect to that one
+      await connect();
+      return;
+    }
+    await login();
+  } catch (e) {
+    if (state.actor !== actor) return;
+    notice(`The session could not be renewed (${describe(e)}); trying again in a few seconds.`, 'warning');
+    state.renewTimer = setTimeout(() => void renew(), RENEW_RETRY_MS);
+    return;
   }
+  if (state.actor !== actor) return;
+  // the stream runs on the old token's cookie until it expires: open it again on the new one,
+  // unless a reply is streaming (then it resumes by itself, after its last event, when it ends)
+  if (state.live.size === 0) openStream();
+  scheduleRenewal();
+}
+
+/**
+ * With a token route: signs in as the user named, with the tab's token for them (unless `fresh`)
+ * or a new one; resolves to their actor, or null (said in a notice).
+ */
+async function signInFromBackend(fresh) {
+  const user = ui.user.value.trim();
+  if (!USER_NAME.test(user)) {
+    notice('Your name: 1–40 of A–Z a–z 0–9 . _ -, the first a letter or a digit.');
+    ui.user.focus();
+    return null;
+  }
+  const kept =
+    !fresh && storedToken() && sessionStorage.getItem(USER_KEY) === user ? parseActor(sessionStorage.getItem(ACTOR_KEY) ?? '') : null;
+  for (const mint of kept ? [false, true] : [true]) {
+    let actor = kept;
+    if (mint) {
+      setStatus('Getting a token…');
+      try {
+        actor = await tokenFromBackend(user);
+      } catch (e) {
+        setStatus('Not connected.');
+        notice(`No token from the backend: ${describe(e)}`);
+        return null;
+      }
+    }
+    setStatus('Signing in…');
+    try {
+      await login();
+      return actor;
+    } catch (e) {
+      // the tab's token expired or was revoked (a reload after a while): a new one
+      if (e instanceof ApiError && e.status === 401 && !mint) continue;
+      if (e instanceof ApiError && e.status === 401) forgetToken();
+      setStatus('Not connected.');
+      notice(`Could not sign in: ${describe(e)}`);
+      return null;
+    }
+  }
+  return null;
+}
+
+/** Without a token route: signs in with the token typed (or the tab's); the actor typed, or null. */
+async function signInWithToken() {
   const actor = parseActor(ui.actor.value);
   if (!actor) {
     notice('The actor key must be agent/session, each 1–128 of A–Z a–z 0–9 . _ : @ -');
     ui.actor.focus();
-    return;
+    return null;
   }
   const typed = ui.token.value.trim();
   if (typed) sessionStorage.setItem(TOKEN_KEY, typed);
@@ -411,7 +526,7 @@ async function connect() {
   if (!storedToken()) {
     notice('Type an API token first (corral tokens create NAME --scope send --scope read).');
     ui.token.focus();
-    return;
+    return null;
   }
   setStatus('Signing in…');
   try {
@@ -422,7 +537,21 @@ async function connect() {
       setStatus('Not connected.');
       notice(`Could not sign in: ${describe(e)}`);
     }
-    return;
+    return null;
+  }
+  return actor;
+}
+
+/**
+ * Signs in (`fresh`: with a new token from the backend, the tab's no longer valid), then opens
+ * the actor's stream; whether it did.
+ */
+async function connect(fresh = false) {
+  const actor = TOKEN_ROUTE ? await signInFromBackend(fresh) : await signInWithToken();
+  if (!actor) {
+    // signed in no longer: the page says so (the notice says why), and Connect tries again
+    if (fresh) signedOut();
+    return false;
   }
   if (actor.text !== state.actor?.text) forgetConversation();
   state.actor = actor;
@@ -432,7 +561,9 @@ async function connect() {
   setStatus(`Connecting to ${actor.text}…`);
   ui.transcript.replaceChildren();
   openStream();
+  scheduleRenewal();
   ui.message.focus();
+  return true;
 }
 
 async function disconnect() {
@@ -444,7 +575,8 @@ async function disconnect() {
   signedOut();
 }
 
-async function send() {
+/** Sends the message written; `again`: once more after a new token (the same event: its key). */
+async function send(again = false) {
   const text = ui.message.value;
   if (!text.trim() || !state.actor) return;
   // the same text sent again after a failure is the same event (Idempotency-Key)
@@ -467,11 +599,10 @@ async function send() {
       scrollDown();
     }
   } catch (e) {
-    if (e instanceof ApiError && e.status === 401 && TOKEN_ROUTE) {
-      // the backend's token expired: a new one, and the same message again (same key: one event)
-      sessionStorage.removeItem(TOKEN_KEY);
-      await connect();
-      notice('Signed in again: press Send once more.', 'info');
+    if (e instanceof ApiError && e.status === 401 && TOKEN_ROUTE && !again) {
+      // the tab's token expired or was revoked: a new one, and the same message again (the same
+      // Idempotency-Key: one event however often it is tried)
+      if (await connect(true)) await send(true);
       return;
     }
     notice(`Not sent: ${describe(e)}`);
@@ -503,8 +634,18 @@ ui.message.addEventListener('keydown', (ev) => {
 const given = parseActor(new URLSearchParams(location.search).get('actor') ?? '');
 ui.actor.value = given?.text ?? `chat/${randomHex(6)}`;
 if (TOKEN_ROUTE) {
-  // the backend gives the token: no field for one
-  ui.token.closest('.field')?.setAttribute('hidden', '');
-  void connect();
+  // the backend gives the token and chooses the actor: a field for the user's name, none for those
+  ui.user.closest('.field').hidden = false;
+  ui.actor.closest('.field').hidden = true;
+  ui.token.closest('.field').hidden = true;
+  ui.actor.required = false;
+  ui.user.required = true;
+  ui.user.value = sessionStorage.getItem(USER_KEY) ?? (given && USER_NAME.test(given.session) ? given.session : '');
+  // a tab that slept past its renewal renews as it shows again
+  document.addEventListener('visibilitychange', () => {
+    if (document.visibilityState === 'visible') scheduleRenewal();
+  });
+  if (storedToken() && sessionStorage.getItem(USER_KEY)) void connect();
+  else ui.user.focus();
 } else if (storedToken()) void connect();
 else ui.token.focus();
