@@ -7,6 +7,8 @@
  *     of a known type, and each is a route of its own. No path is ever built from a request, so
  *     no request reaches another file, however it is encoded (`/..%2f..%2fpackage.json` is the
  *     ordinary 404).
+ *     `backend.js` is the folder's server side (an application's backend, examples/chat/backend.js):
+ *     it runs next to the daemon, never in the page, and is not served.
  *  U2 The files are read at start and kept in memory (a few kB): a request reads no disk.
  *  U3 Every file carries a strict `Content-Security-Policy`: scripts, styles and images from
  *     the page's own origin only, no inline script, connections (`fetch`, `EventSource`) to its
@@ -31,6 +33,9 @@ const CONTENT_TYPES: Readonly<Record<string, string>> = {
   '.png': 'image/png',
   '.ico': 'image/x-icon',
 };
+
+/** U1: the folder's server-side files, never served. */
+const SERVER_SIDE = new Set(['backend.js']);
 
 /** U1: a name served: no dotfile, nothing a URL would need to encode. */
 const SERVED_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
@@ -72,7 +77,7 @@ export async function loadUiFiles(dir: string = CHAT_PAGE_DIR): Promise<UiFile[]
   for (const e of entries.sort((a, b) => a.name.localeCompare(b.name))) {
     const contentType = CONTENT_TYPES[extname(e.name).toLowerCase()];
     // Dirent.isFile() is false for a symbolic link: a link could point anywhere
-    if (!e.isFile() || !SERVED_NAME.test(e.name) || contentType === undefined) continue;
+    if (!e.isFile() || !SERVED_NAME.test(e.name) || contentType === undefined || SERVER_SIDE.has(e.name)) continue;
     files.push({ path: `/${e.name}`, contentType, body: await readFile(join(dir, e.name)) });
   }
   const index = files.find((f) => f.path === '/index.html');

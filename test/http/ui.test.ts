@@ -95,6 +95,8 @@ describe('the chat page at /', () => {
       '/APP.JS',
       '/%61pp.js%2f',
       '/.git/config',
+      // the folder's server side (an application's backend) is not the page's
+      '/backend.js',
     ];
     for (const path of paths) {
       const r = await rawGet(api.server.url, path);
