@@ -358,7 +358,7 @@ token for their one conversation (POST /token) and passes /v1/* through to corra
 
   --port   where it listens (CHAT_PORT; default 8080; 0: any free port)
   --host   the address it listens on (CHAT_HOST; default 127.0.0.1)
-  --api    the daemon's HTTP API (CORRAL_HTTP_URL; default http://127.0.0.1:8787)
+  --api    the daemon's HTTP API (CHAT_API_URL; default http://127.0.0.1:8787)
   --agent  the agent whose sessions the users get: user alice talks to <agent>/alice
            (CHAT_AGENT; default chat)
   --ttl    how long a token lives: 30s, 15m, 2h, 1d (CHAT_TOKEN_TTL; default 15m)
@@ -414,7 +414,7 @@ function settings(argv, env) {
   const port = Number(portText);
   if (!/^[0-9]{1,5}$/.test(portText) || port > 65_535) bad(`--port: a port number (0-65535), not ${JSON.stringify(portText)}`);
   const host = values.host ?? env.CHAT_HOST ?? '127.0.0.1';
-  const apiText = values.api ?? env.CORRAL_HTTP_URL ?? 'http://127.0.0.1:8787';
+  const apiText = values.api ?? env.CHAT_API_URL ?? 'http://127.0.0.1:8787';
   /** @type {URL | undefined} */
   let apiUrl;
   try {

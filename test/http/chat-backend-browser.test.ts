@@ -18,7 +18,6 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { request } from 'node:http';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import puppeteer, { type Browser, type HTTPResponse, type Page } from 'puppeteer-core';
@@ -29,6 +28,7 @@ import { runExampleWorker } from '../../src/worker/example.ts';
 import type { Worker } from '../../src/worker/sdk.ts';
 import { testLogger } from '../helpers/daemon.ts';
 import { useTestDatabase } from '../helpers/db.ts';
+import { rawRequest } from '../helpers/raw-request.ts';
 import { trackChild } from '../helpers/processes.ts';
 import { waitFor } from '../helpers/wait.ts';
 
@@ -578,7 +578,7 @@ describe('the chat page behind an application backend, in Chromium', () => {
     ];
     const [help, ...bad] = await Promise.all([runBackend(['--help']), ...cases.map(([args]) => runBackend(args))]);
     expect(help!.code).toBe(0);
-    for (const word of ['Usage:', '--port', '--api', '--agent', '--ttl', 'DATABASE_URL', 'CORRAL_HTTP_URL', 'login session'])
+    for (const word of ['Usage:', '--port', '--api', '--agent', '--ttl', 'DATABASE_URL', 'CHAT_API_URL', 'login session'])
       expect(help!.out).toContain(word);
     cases.forEach(([args, says], i) => {
       expect(bad[i]!.code, args.join(' ')).toBe(2);
@@ -587,30 +587,3 @@ describe('the chat page behind an application backend, in Chromium', () => {
     });
   });
 });
-
-/** A request sent as written (no client normalizing its path), with its status and body. */
-function rawRequest(
-  url: string,
-  opts: { method: string; headers?: Record<string, string>; body?: string },
-): Promise<{ status: number; body: string }> {
-  const { origin, pathname, search } = new URL(url);
-  // new URL() resolves `..`: keep the path as the caller wrote it
-  const path = url.slice(origin.length) || `${pathname}${search}`;
-  return new Promise((done, fail) => {
-    let answered = false;
-    const req = request(`${origin}/`, { path, method: opts.method, headers: opts.headers }, (res) => {
-      answered = true;
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (c: string) => (body += c));
-      res.on('end', () => done({ status: res.statusCode ?? 0, body }));
-      res.on('error', fail);
-    });
-    // a server that answered before it read the whole body (a 413) closes: the rest is not written
-    req.on('error', (e) => {
-      if (!answered) fail(e);
-    });
-    req.setTimeout(15_000, () => req.destroy(new Error(`no answer from ${url} within 15 s`)));
-    req.end(opts.body);
-  });
-}
