@@ -10,6 +10,7 @@
  * (src/base/agent-scope.ts), extended to sessions. No scope (undefined) means every actor.
  */
 import type { ActorKey } from './actor-key.ts';
+import { patternMatches } from './agent-scope.ts';
 import { CorralError } from './errors.ts';
 
 /** Most patterns of one scope. */
@@ -49,15 +50,12 @@ export function parseActorPatterns(given: readonly string[]): string[] {
   return out;
 }
 
-const partMatches = (pattern: string, value: string): boolean =>
-  pattern.endsWith('*') ? value.startsWith(pattern.slice(0, -1)) : value === pattern;
-
 /** Whether `key` is among the actors of `scope`. */
 export function actorInScope(scope: ActorScope, key: ActorKey): boolean {
   if (scope === undefined) return true;
   for (const p of scope) {
     const slash = p.indexOf('/');
-    if (partMatches(p.slice(0, slash), key.agentUid) && partMatches(p.slice(slash + 1), key.sessionId)) return true;
+    if (patternMatches(p.slice(0, slash), key.agentUid) && patternMatches(p.slice(slash + 1), key.sessionId)) return true;
   }
   return false;
 }

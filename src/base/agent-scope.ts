@@ -29,13 +29,13 @@ export function agentPatternProblem(pattern: string): string | undefined {
 /** A scope as stored and sent: its patterns, or undefined for every agent. */
 export type AgentScope = readonly string[] | undefined;
 
+/** The prefix rule of every scope pattern: `value` is `pattern`, or starts with it when it ends in `*`. */
+export const patternMatches = (pattern: string, value: string): boolean =>
+  pattern.endsWith('*') ? value.startsWith(pattern.slice(0, -1)) : value === pattern;
+
 /** Whether a worker with `scope` may serve (and emit to) `agentUid`. */
 export function agentInScope(scope: AgentScope, agentUid: string): boolean {
-  if (scope === undefined) return true;
-  for (const p of scope) {
-    if (p.endsWith('*') ? agentUid.startsWith(p.slice(0, -1)) : agentUid === p) return true;
-  }
-  return false;
+  return scope === undefined || scope.some((p) => patternMatches(p, agentUid));
 }
 
 /**
