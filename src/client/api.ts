@@ -69,6 +69,13 @@ export interface SendOptions {
    * owner of its schema) may name one; another is refused `forbidden`.
    */
   idempotencyScope?: string;
+  /**
+   * The W3C `traceparent` (and `tracestate`) the event continues: stored with it, sent to the
+   * turn's worker (`turn_start.trace`). Default: the active OpenTelemetry span of the caller, when
+   * the process set up OpenTelemetry; `null`: none.
+   */
+  traceparent?: string | null;
+  tracestate?: string;
 }
 
 export interface SendResult {
@@ -83,6 +90,9 @@ export interface EventInput {
   idempotencyKey?: string;
   /** As `SendOptions.idempotencyScope`. */
   idempotencyScope?: string;
+  /** As `SendOptions.traceparent` and `tracestate`. */
+  traceparent?: string | null;
+  tracestate?: string;
 }
 
 export interface SteerResult {

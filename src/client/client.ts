@@ -17,6 +17,7 @@ import { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, sendEvents } from '../db/en
 import { readTranscript, type TranscriptEntry } from '../db/turns/transcript.ts';
 import { DEFAULT_LINGER_MS, TurnListener } from '../db/turns/turn-listener.ts';
 import { CorralError } from '../base/errors.ts';
+import { activeTraceCarrier, checkTraceCarrier, type TraceCarrier } from '../base/trace-context.ts';
 import { unstorableReason } from '../base/json-safety.ts';
 import { silentLogger, type Logger } from '../base/logger.ts';
 import { batchOptionsFrom, clearPolicy, parsePolicy, parsePolicyTarget, setPolicy, type InputPolicy } from '../ops/input-policies.ts';
@@ -142,6 +143,8 @@ class CorralClient implements Corral {
           data,
           ...(opts.idempotencyKey === undefined ? {} : { idempotencyKey: opts.idempotencyKey }),
           ...(opts.idempotencyScope === undefined ? {} : { idempotencyScope: opts.idempotencyScope }),
+          ...(opts.traceparent === undefined ? {} : { traceparent: opts.traceparent }),
+          ...(opts.tracestate === undefined ? {} : { tracestate: opts.tracestate }),
         },
       ],
       {
@@ -164,16 +167,22 @@ class CorralClient implements Corral {
         'opts.db must be a pg Client or PoolClient, a Drizzle transaction, or { executeSql(text, values) }',
       );
     }
+    // read once: every event of the call that names no trace context continues the caller's active span
+    const active = events.some((e) => e !== null && typeof e === 'object' && e.traceparent === undefined)
+      ? activeTraceCarrier()
+      : undefined;
     const input = events.map((e, i) => {
       if (e === null || typeof e !== 'object')
         throw new CorralError('invalid_argument', `event ${i + 1}: expected { actor, data, idempotencyKey? }`);
       const key = toActorKey(e.actor);
+      const trace = e.traceparent === undefined ? active : eventTrace(e, i, events.length);
       return {
         agentUid: key.agentUid,
         sessionId: key.sessionId,
         data: e.data,
         idempotencyKey: checkedIdempotencyKey(e.idempotencyKey),
         idempotencyScope: checkedIdempotencyKey(e.idempotencyScope, 'idempotency scope'),
+        ...(trace ? { trace } : {}),
       };
     });
     return sendEvents(opts.db ?? this.database.pool, input, { maxEventBytes: this.config.maxEventBytes });
@@ -407,4 +416,15 @@ function policyTargetOf(target: PolicyTargetRef): { agentUid: string; sessionId:
   const session = target.sessionId ?? null;
   if (session !== null && typeof session !== 'string') throw new CorralError('invalid_argument', 'a sessionId is a string');
   return parsePolicyTarget(session === null ? target.agentUid : `${target.agentUid}/${session}`);
+}
+
+/** The trace context an event names itself (`traceparent: null`: none), checked. */
+function eventTrace(e: EventInput, i: number, count: number): TraceCarrier | undefined {
+  if (e.traceparent === null || e.traceparent === undefined) return undefined;
+  try {
+    return checkTraceCarrier({ traceparent: e.traceparent, tracestate: e.tracestate });
+  } catch (err) {
+    if (err instanceof CorralError && count > 1) throw new CorralError(err.code, `event ${i + 1}: ${err.message}`, { cause: err });
+    throw err;
+  }
 }

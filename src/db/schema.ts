@@ -525,11 +525,11 @@ export const sinks = corral.table(
 
 export { OUTBOX_STATES, type OutboxState } from './views.ts';
 
+const TRACESTATE_OK = `char_length(tracestate) <= 512 and tracestate ~ '^[\\x20-\\x7e]*$'`;
 /**
- * The outbox (src/db/outbox/messages.ts): the messages committed turns deliver to sinks, written in the
- * transaction that commits the turn and sent by the daemons' delivery loop
- * (src/outbox/sender.ts). `id` orders them in commit order: per actor and sink, a message
- * is sent only when none before it is pending. `body` is the request body exactly as sent (its
+ * The outbox (src/db/outbox/messages.ts): the messages committed turns deliver to sinks, written in the transaction
+ * that commits the turn and sent by the daemons' delivery loop (src/outbox/sender.ts). `id` orders them in commit
+ * order: per actor and sink, a message is sent only when none before it is pending. `body` is the request body exactly as sent (its
  * signature covers those bytes). A pending message being sent carries its sender's claim
  * (`claimed_by`, `claimed_until`); `attempts` counts the claims (never reset, so it fences the
  * sender's answer across replays).
@@ -552,6 +552,9 @@ export const outbox = corral.table(
     /** Its place in the result's `deliver` (0-based). */
     position: integer('position').notNull(),
     body: text('body').notNull(),
+    /** The W3C trace context of its turn (sent as `traceparent`/`tracestate`); null: none. */
+    traceparent: text('traceparent'),
+    tracestate: text('tracestate'),
     state: text('state', { enum: OUTBOX_STATES }).notNull().default('pending'),
     attempts: integer('attempts').notNull().default(0),
     /** `attempts` when an operator last replayed it: the retry limit counts the attempts after it. */
@@ -591,5 +594,7 @@ export const outbox = corral.table(
     check('outbox_webhook_id', sql.raw(`char_length(webhook_id) between 1 and 520 and webhook_id ~ '^[\\x21-\\x7e]+$'`)),
     check('outbox_key', sql.raw(`key is null or (char_length(key) between 1 and 256 and key ~ '^[\\x21-\\x7e]+$')`)),
     check('outbox_position', sql`${t.position} >= 0`),
+    check('outbox_traceparent', sql.raw(`traceparent is null or traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'`)),
+    check('outbox_tracestate', sql.raw(`tracestate is null or (traceparent is not null and ${TRACESTATE_OK})`)),
   ],
 );

@@ -16,6 +16,7 @@
  *     `deliver_forbidden` before any transaction, as X1 is: a tenant's turn cannot speak through
  *     another tenant's sink.
  */
+import type { TraceCarrier } from '../base/trace-context.ts';
 import type { Db } from '../db/client.ts';
 import type { NewOutboxMessage } from '../db/outbox/messages.ts';
 import { sinkScopes } from '../db/outbox/sinks.ts';
@@ -69,7 +70,7 @@ export function webhookIdOf(actor: { agentUid: string; sessionId: string }, even
 }
 
 /** The rows a committing turn writes for its messages (X2). */
-export function outboxRowsOf(fence: Fence, deliveries: readonly DeliverRequest[]): NewOutboxMessage[] {
+export function outboxRowsOf(fence: Fence, deliveries: readonly DeliverRequest[], trace?: TraceCarrier): NewOutboxMessage[] {
   return deliveries.map((d, position) => ({
     deliveryId: fence.deliveryId,
     eventId: fence.eventId,
@@ -80,6 +81,7 @@ export function outboxRowsOf(fence: Fence, deliveries: readonly DeliverRequest[]
     key: d.key ?? null,
     position,
     body: d.body,
+    ...(trace ? { trace } : {}),
   }));
 }
 

@@ -13,6 +13,7 @@
  *  E3 a result whose `emit` breaks the limits (count, size, actor key, delay) is rejected before
  *     any transaction (`turn_rejected{emit_limit}`): nothing of it is written.
  */
+import type { TraceCarrier } from '../base/trace-context.ts';
 import { sql } from '../db/orm.ts';
 import { fromDrizzle, type PgBoss } from 'pg-boss';
 import { formatActorKey, parseActorKey, type ActorKey } from '../base/actor-key.ts';
@@ -73,6 +74,8 @@ export interface TurnEffects {
   emits: readonly EmitRequest[];
   /** Set when the result carried this older revision: steers after it become events (docs §9). */
   lateSteerAfter?: number;
+  /** The trace context the turn continued: the events it emits continue it too. */
+  trace?: TraceCarrier;
 }
 
 /**
@@ -98,7 +101,7 @@ export async function enqueueEffects(
     const emitted: EmittedRecord[] = [];
     const add = (key: ActorKey, data: unknown, delayMs: number | undefined, steerRevision?: number) => {
       // a steer input was checked when it was accepted; the limit is the wire's here
-      const job = actorEventJob(key, data, steerRevision === undefined ? maxEventBytes : Number.MAX_SAFE_INTEGER);
+      const job = actorEventJob(key, data, steerRevision === undefined ? maxEventBytes : Number.MAX_SAFE_INTEGER, t.trace);
       jobs.push({
         id: job.id,
         data: job.data as unknown as object,

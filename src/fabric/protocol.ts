@@ -14,6 +14,7 @@
  * 5. An unknown `type` is refused (`invalid_message`) by the daemon. The worker SDK logs and
  *    ignores unknown daemon types (a newer daemon may announce things an old worker can skip).
  */
+import { MAX_TRACESTATE_LENGTH, TRACESTATE_PATTERN, traceparentProblem } from '../base/trace-context.ts';
 import { z } from 'zod';
 import { FENCE_REASONS } from '../base/errors.ts';
 import { MAX_JSON_DEPTH, pruneDeepJson } from '../base/json-safety.ts';
@@ -341,6 +342,14 @@ export const turnContextSchema = z.object({
 });
 export type TurnContextWire = z.infer<typeof turnContextSchema>;
 
+export const traceCarrierSchema = z.object({
+  traceparent: z
+    .string()
+    .max(256)
+    .refine((t) => traceparentProblem(t) === undefined, 'expected a W3C traceparent'),
+  tracestate: z.string().max(MAX_TRACESTATE_LENGTH).regex(TRACESTATE_PATTERN, 'expected printable ASCII').optional(),
+});
+
 const turnEventSchema = z.object({ id: z.string().min(1), data: json, enqueued_at: isoTime });
 
 export const turnStartSchema = z.object({
@@ -356,6 +365,11 @@ export const turnStartSchema = z.object({
   attempt: z.int().min(1),
   lease_expires_at: isoTime,
   context: turnContextSchema.optional(),
+  /**
+   * The W3C trace context the turn continues (the sender's, stored with the event): a worker's
+   * spans for the turn are its children. Absent when the event came with none.
+   */
+  trace: traceCarrierSchema.optional(),
 });
 
 export const turnSteerSchema = z.object({ v, type: z.literal('turn_steer'), turn_ref: turnRefSchema, input: json });

@@ -24,6 +24,7 @@
  *  H7 Every route that names an actor, or an event (by its actor), checks it against the token's
  *     actors first (B6 of auth.ts): outside them, 404 `not_found`, as for what does not exist.
  */
+import { traceCarrierFromHeaders } from '../base/trace-context.ts';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, type HTTPMethods } from 'fastify';
 import type { AddressInfo } from 'node:net';
 import type { Corral } from '../client/api.ts';
@@ -240,11 +241,13 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
     const data = parsed(EventBody, req.body, 'invalid_argument', 'event');
     const idempotencyKey = headers['idempotency-key'];
     // E4 of src/db/enqueue/send-event.ts: a key is its token's; no other caller sees what it sent
-    const sent = await corral.send(
-      actor,
-      data,
-      idempotencyKey === undefined ? {} : { idempotencyKey, idempotencyScope: `token:${tokenOf(req).name}` },
-    );
+    // W3C Trace Context: an invalid traceparent is ignored, not refused (src/base/trace-context.ts)
+    const trace = traceCarrierFromHeaders(req.headers);
+    const sent = await corral.send(actor, data, {
+      ...(idempotencyKey === undefined ? {} : { idempotencyKey, idempotencyScope: `token:${tokenOf(req).name}` }),
+      traceparent: trace?.traceparent ?? null,
+      ...(trace?.tracestate === undefined ? {} : { tracestate: trace.tracestate }),
+    });
     log.debug(
       { actor: `${actor.agentUid}/${actor.sessionId}`, eventId: sent.eventId, duplicate: sent.duplicate, token: tokenOf(req).name },
       'event sent',

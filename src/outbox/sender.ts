@@ -6,7 +6,8 @@
  *  S1 A message is POSTed with `webhook-id` (the same on every attempt), `webhook-timestamp` and
  *     `webhook-signature` over `id.timestamp.body` (by the sink's secret, and by its previous one
  *     too during a rotation's overlap, new first), plus `corral-actor` (the id's first two parts)
- *     and, for a keyed message, `corral-key`; redirects are not followed. It connects only to an
+ *     and, for a keyed message, `corral-key`; the turn's trace context, when it had one, as W3C
+ *     `traceparent` (and `tracestate`); redirects are not followed. It connects only to an
  *     address the sink may reach (src/outbox/http-post.ts, H1–H3): a refused address is retried
  *     as a connection error is.
  *  S2 2xx: delivered. 410: the sink is gone: the message is dead-lettered and the sink disabled
@@ -297,6 +298,8 @@ export class OutboxSender {
           'webhook-signature': signatureHeader(secrets, m.webhookId, timestampS, m.body),
           'corral-actor': `${m.agentUid}/${m.sessionId}`,
           ...(m.key === null ? {} : { 'corral-key': m.key }),
+          ...(m.traceparent === null ? {} : { traceparent: m.traceparent }),
+          ...(m.tracestate === null ? {} : { tracestate: m.tracestate }),
         },
       },
       this.stop.signal,

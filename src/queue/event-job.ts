@@ -7,6 +7,7 @@
 import { v7 as uuidv7 } from 'uuid';
 import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
 import { toJsonPayload } from '../base/json-safety.ts';
+import type { TraceCarrier } from '../base/trace-context.ts';
 
 /** What a job of the actor queue carries. */
 export interface ActorEventJobData {
@@ -14,6 +15,8 @@ export interface ActorEventJobData {
   sessionId: string;
   payload: unknown;
   enqueuedAt: string;
+  /** The sender's W3C trace context (E9 of src/db/enqueue/send-event.ts); absent when none was given. */
+  trace?: TraceCarrier;
 }
 
 export interface EnqueuedEvent {
@@ -27,12 +30,13 @@ export interface ActorEventJob {
   singletonKey: string;
 }
 
-export function actorEventJob(key: ActorKey, event: unknown, maxEventBytes: number): ActorEventJob {
+export function actorEventJob(key: ActorKey, event: unknown, maxEventBytes: number, trace?: TraceCarrier): ActorEventJob {
   const data: ActorEventJobData = {
     agentUid: key.agentUid,
     sessionId: key.sessionId,
     payload: toJsonPayload(event, maxEventBytes),
     enqueuedAt: new Date().toISOString(),
+    ...(trace ? { trace } : {}),
   };
   return { id: uuidv7(), data, singletonKey: formatActorKey(key) };
 }

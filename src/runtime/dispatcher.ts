@@ -22,6 +22,7 @@ import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
 import type { TimerHandle } from '../base/clock.ts';
 import type { ControlMessage } from '../db/turns/control.ts';
 import { FenceRejected, toError } from '../base/errors.ts';
+import { traceIdsOf } from '../base/trace-context.ts';
 import { withRawField, type DaemonMessage } from '../fabric/protocol.ts';
 import type { Logger } from '../base/logger.ts';
 import type { RuntimeParts } from './transport.ts';
@@ -119,7 +120,15 @@ export class Dispatcher {
     }
     controller.hold({ fence: started.fence, dispatch: firstDispatch(workerId), started, startedAtMs: this.opts.clock.nowMs() });
     this.holders.set(job.id, controller);
-    this.log.info({ ...fenceFields(started.fence), workerId, attempt: started.attempt }, 'turn started');
+    this.log.info(
+      {
+        ...fenceFields(started.fence),
+        workerId,
+        attempt: started.attempt,
+        ...(started.trace ? { trace_id: traceIdsOf(started.trace.traceparent).traceId } : {}),
+      },
+      'turn started',
+    );
     if (workerId === null) {
       this.parked.push(job.id);
       return;
@@ -482,6 +491,7 @@ function turnStart(f: InFlightTurn): DaemonMessage {
     attempt: f.started.attempt,
     lease_expires_at: f.started.leaseExpiresAt.toISOString(),
   };
+  if (f.started.trace) msg.trace = f.started.trace;
   // a batch: every event of the turn, in order, its own first (docs/protocol.md §5.3)
   if (f.started.batch) {
     msg.events = [

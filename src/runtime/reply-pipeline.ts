@@ -162,11 +162,13 @@ export class ReplyPipeline {
       let outcome: ReplyOutcome;
       const chunks = this.opts.chunksWritten?.(fence.deliveryId);
       if (chunks) await chunks;
+      const trace = this.opts.dispatcher.turnOf(fence.eventId)?.started.trace;
       try {
         outcome = await this.writer.submit({
           kind: 'commit',
           fence,
           workerId: e.workerId,
+          ...(trace ? { trace } : {}),
           messages: e.messages,
           ...(e.output === undefined ? {} : { output: e.output }),
           ...(emits.length > 0 ? { emit: [...emits] } : {}),

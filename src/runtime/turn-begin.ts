@@ -18,6 +18,7 @@ import * as transcript from '../db/turns/transcript.ts';
 import { fenceOf, lockFence, type Fence, type JobTable } from '../db/turns/fence.ts';
 import { DELIVERY_LIVE } from '../db/schema.ts';
 import { CorralError, isConnectionError } from '../base/errors.ts';
+import type { TraceCarrier } from '../base/trace-context.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
 import type { BatchMember } from '../db/turns/batches.ts';
 import type { AttemptFailures } from './attempt-failure.ts';
@@ -32,6 +33,8 @@ export interface StartedTurn {
   fence: Fence;
   payload: unknown;
   enqueuedAt: string;
+  /** The sender's trace context (E9 of src/db/enqueue/send-event.ts), for turn_start's `trace`. */
+  trace?: TraceCarrier | undefined;
   attempt: number;
   leaseExpiresAt: Date;
   workerId: string | null;
@@ -238,6 +241,7 @@ export class TurnBeginner {
       fence: fenceOf({ ...activation, eventId: job.id, deliveryId }),
       payload: job.data.payload,
       enqueuedAt: job.data.enqueuedAt,
+      ...(job.data.trace ? { trace: job.data.trace } : {}),
       attempt: job.retryCount + 1,
       leaseExpiresAt: activation.leaseExpiresAt,
       workerId,

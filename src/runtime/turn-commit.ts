@@ -11,6 +11,7 @@
  *  C1 the contexts kept between turns move on only after the commit (a begin still checks them
  *     against the database: src/runtime/context-cache.ts).
  */
+import type { TraceCarrier } from '../base/trace-context.ts';
 import { fromDrizzle, type PgBoss } from 'pg-boss';
 import { formatActorKey } from '../base/actor-key.ts';
 import type { Db } from '../db/client.ts';
@@ -54,6 +55,8 @@ export interface CommitRequest {
   emit?: EmitRequest[];
   /** Outbound messages, checked already (src/effects/deliver.ts): written with the commit (O1). */
   deliver?: DeliverRequest[];
+  /** The trace context the turn continues: its emits and outbound messages carry it on. */
+  trace?: TraceCarrier;
 }
 
 /** One worker reply in a group transaction: a result, an accept or a progress report. */
@@ -196,9 +199,10 @@ export class TurnCommits {
               key: r.fence,
               emits: r.emit ?? [],
               ...(lateSteer ? { lateSteerAfter: r.fence.revision } : {}),
+              ...(r.trace ? { trace: r.trace } : {}),
             });
           }
-          if (r.deliver?.length) outbound.push(...outboxRowsOf(r.fence, r.deliver));
+          if (r.deliver?.length) outbound.push(...outboxRowsOf(r.fence, r.deliver, r.trace));
           outcomes.push({ outcome: 'committed' });
         }
       }

@@ -11,6 +11,7 @@
  * 4. The turn leaves the worker's in-flight set before its final message is queued, so the
  *    heartbeat and the capacity check never count a turn the daemon may already have settled.
  */
+import { traceIdsOf } from '../base/trace-context.ts';
 import type { Clock, TimerHandle } from '../base/clock.ts';
 import { toError } from '../base/errors.ts';
 import type { Logger } from '../base/logger.ts';
@@ -53,6 +54,11 @@ export interface TurnContext {
   readonly attempt: number;
   /** Lease expiry as sent by the daemon at turn_start (progress extends it daemon-side). */
   readonly leaseExpiresAt: string;
+  /**
+   * The W3C trace context the turn continues (`turn_start.trace`: the sender's span), for the
+   * handler's own spans and outgoing calls; undefined when the event came with none.
+   */
+  readonly trace: { readonly traceparent: string; readonly tracestate?: string | undefined } | undefined;
   /** Aborted by turn_cancel, by a terminal turn_rejected, or by `worker.stop()`. */
   readonly signal: AbortSignal;
   readonly logger: Logger;
@@ -207,6 +213,7 @@ export class RunningTurn {
       eventId: this.start.turn_ref.event_id,
       epoch: this.start.turn_ref.actor_epoch,
       attempt: this.start.attempt,
+      ...(this.start.trace ? traceLogFields(this.start.trace.traceparent) : {}),
     });
     return this.turnLog;
   }
@@ -275,6 +282,7 @@ export class RunningTurn {
       events: (this.start.events ?? [ev]).map((e) => ({ id: e.id, data: e.data, enqueuedAt: e.enqueued_at })),
       attempt: this.start.attempt,
       leaseExpiresAt: this.start.lease_expires_at,
+      trace: this.start.trace,
       signal: this.controller.signal,
       get logger() {
         return self.log;
@@ -455,4 +463,10 @@ function abortError(message: string, code: string): Error {
   err.code = code;
   err.retryable = code !== 'cancelled';
   return err;
+}
+
+/** A traced turn's log lines name its trace (`trace_id`, and the parent span as `span_id`). */
+function traceLogFields(traceparent: string): { trace_id: string; span_id: string } {
+  const { traceId, spanId } = traceIdsOf(traceparent);
+  return { trace_id: traceId, span_id: spanId };
 }

@@ -16,6 +16,9 @@ export interface ReceivedWebhook {
   key: string;
   timestamp: string;
   signature: string;
+  /** W3C `traceparent` and `tracestate` (empty when absent). */
+  traceparent: string;
+  tracestate: string;
   body: string;
   at: number;
   /** When it stopped being open: answered, or its connection closed (unset while open). */
@@ -69,6 +72,8 @@ export class WebhookReceiver {
       key: String(req.headers['corral-key'] ?? ''),
       timestamp: String(req.headers['webhook-timestamp'] ?? ''),
       signature: String(req.headers['webhook-signature'] ?? ''),
+      traceparent: String(req.headers.traceparent ?? ''),
+      tracestate: String(req.headers.tracestate ?? ''),
       body: Buffer.concat(chunks).toString('utf8'),
       at: Date.now(),
     };

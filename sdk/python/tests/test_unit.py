@@ -18,6 +18,8 @@ from corral_worker.keys import curve_shared_secret, registration_proof
 from corral_worker.log import sdk_logger
 from corral_worker.protocol import (
     ProtocolViolation,
+    TraceCarrier,
+    TurnStart,
     TurnStreamClosed,
     UnknownMessageType,
     WorkerWelcome,
@@ -83,6 +85,16 @@ def test_turn_ref_keeps_unknown_fields_verbatim() -> None:
     assert m.turn_ref == ref  # type: ignore[union-attr]
 
 
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_turn_start_trace_parses_and_is_optional() -> None:
+    m = parse_daemon_message(frame({**turn_start(turn_ref(), 1), "trace": {"traceparent": TRACEPARENT, "tracestate": "a=1"}}))
+    assert isinstance(m, TurnStart) and m.trace == TraceCarrier(traceparent=TRACEPARENT, tracestate="a=1")
+    plain = parse_daemon_message(frame(turn_start(turn_ref(), 1)))
+    assert isinstance(plain, TurnStart) and plain.trace is None
+
+
 WELCOME = {"v": 1, "type": "worker_welcome", "worker_id": "w", "heartbeat_interval_ms": 2000, "progress_interval_ms": 10000}
 
 
@@ -107,6 +119,11 @@ WELCOME = {"v": 1, "type": "worker_welcome", "worker_id": "w", "heartbeat_interv
         (frame({"v": 1, "type": "turn_committed", "turn_ref": {**turn_ref(), "pad": "x" * 3000}}), "2048"),
         (frame({**turn_start(turn_ref(), 1), "attempt": 0}), "attempt"),
         (frame({**turn_start(turn_ref(), 1), "lease_expires_at": "tomorrow"}), "lease_expires_at"),
+        (frame({**turn_start(turn_ref(), 1), "trace": {"traceparent": "00-zz"}}), "traceparent"),
+        (frame({**turn_start(turn_ref(), 1), "trace": {"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"}}), "traceparent"),
+        (frame({**turn_start(turn_ref(), 1), "trace": {"traceparent": TRACEPARENT, "tracestate": "x" * 513}}), "tracestate"),
+        (frame({**turn_start(turn_ref(), 1), "trace": {"traceparent": TRACEPARENT, "tracestate": "a=\u00e9"}}), "tracestate"),
+        (frame({**turn_start(turn_ref(), 1), "trace": TRACEPARENT}), "trace"),
         (
             frame({**turn_start(turn_ref(), 1), "events": [{"id": "e", "data": 1, "enqueued_at": "2026-01-01T00:00:00Z"}]}),
             "events",

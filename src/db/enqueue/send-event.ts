@@ -1,6 +1,6 @@
 /**
  * Enqueueing from SQL, for any language: `corral.send_event(agent_uid, session_id, data [,
- * idempotency_key])` returns the event id, `corral.send_events(events jsonb)` enqueues a batch
+ * idempotency_key [, traceparent [, tracestate]]])` returns the event id, `corral.send_events(events jsonb)` enqueues a batch
  * in one statement. The client's `send` and `sendMany` (src/client/) run them too, so there is
  * one enqueue: the same checks, ids, idempotency and job row whoever calls.
  *
@@ -33,6 +33,10 @@
  *     the daemon running the actor's turn, if any, interrupts that turn, and the next one takes
  *     the interrupted events with this one.
  *
+ *  E9 an event may carry its sender's W3C trace context (`traceparent`, optionally `tracestate`;
+ *     src/base/trace-context.ts has the same rules): a malformed one is refused, a valid one is
+ *     kept in the job's data as `trace` (version 00) and travels in the turn's `turn_start`.
+ *
  *  E8 least privilege: the two entry points run as their owner, and only the role
  *     `corral_producer` may call them (`PRODUCER_GRANTS`): a producer needs no right on any table.
  *
@@ -43,6 +47,7 @@
  */
 import { createHash } from 'node:crypto';
 import { ACTOR_PART } from '../../base/actor-key.ts';
+import { MAX_TRACESTATE_LENGTH, TRACEPARENT_PATTERN, TRACESTATE_PATTERN } from '../../base/trace-context.ts';
 
 import { MAX_JSON_DEPTH } from '../../base/json-safety.ts';
 import {
@@ -150,7 +155,7 @@ export async function sendEventFunctionsSql(s: SendEventSettings, target: Insert
   const enqueuedAt = `to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')`;
   const payload = sendPayloadSql(s.queueName, {
     id: 'new_id',
-    data: `jsonb_build_object('agentUid', agent, 'sessionId', session, 'payload', data, 'enqueuedAt', ${enqueuedAt})`,
+    data: `jsonb_build_object('agentUid', agent, 'sessionId', session, 'payload', data, 'enqueuedAt', ${enqueuedAt}) || trace_data`,
     singletonKey: 'actor',
   });
   const fail = (code: string, message: string) => `RAISE EXCEPTION USING ERRCODE = '${code}', MESSAGE = ${message};`;
@@ -187,6 +192,10 @@ DECLARE
   max_wait integer;
   due timestamptz;
   sent text[] := '{}';
+  -- E9: the caller's trace context, kept with the event's job
+  tp text;
+  ts text;
+  trace_data jsonb;
 BEGIN
   IF events IS NULL OR jsonb_typeof(events) <> 'array' THEN
     ${fail('CR400', lit('corral.send_events: events must be a JSON array'))}
@@ -229,6 +238,25 @@ BEGIN
         ${fail('CR400', `at || format('an idempotency scope is a string of 1-${MAX_IDEMPOTENCY_KEY_LENGTH} characters')`)}
       END IF;
       who := e->>'idempotency_scope';
+    END IF;
+    trace_data := '{}';
+    IF e ? 'traceparent' AND jsonb_typeof(e->'traceparent') <> 'null' THEN
+      tp := CASE WHEN jsonb_typeof(e->'traceparent') = 'string' THEN e->>'traceparent' END;
+      IF tp IS NULL OR char_length(tp) > 256 OR tp !~ ${lit(TRACEPARENT_PATTERN.source)} OR left(tp, 2) = 'ff'
+         OR (left(tp, 2) = '00' AND char_length(tp) <> 55)
+         OR substr(tp, 4, 32) = repeat('0', 32) OR substr(tp, 37, 16) = repeat('0', 16) THEN
+        ${fail('CR400', `at || format('not a W3C traceparent (version-traceid-parentid-flags in lower-case hex): %s', coalesce(to_json(tp)::text, (e->'traceparent')::text))`)}
+      END IF;
+      ts := NULL;
+      IF e ? 'tracestate' AND jsonb_typeof(e->'tracestate') <> 'null' THEN
+        ts := CASE WHEN jsonb_typeof(e->'tracestate') = 'string' THEN e->>'tracestate' END;
+        IF ts IS NULL OR char_length(ts) > ${MAX_TRACESTATE_LENGTH} OR ts !~ ${lit(TRACESTATE_PATTERN.source)} THEN
+          ${fail('CR400', `at || format('a tracestate is a string of at most ${MAX_TRACESTATE_LENGTH} printable ASCII characters')`)}
+        END IF;
+      END IF;
+      -- stored as version 00: a later version keeps its first four fields
+      trace_data := jsonb_build_object('trace', jsonb_strip_nulls(jsonb_build_object(
+        'traceparent', '00-' || substr(tp, 4, 52), 'tracestate', nullif(ts, ''))));
     END IF;
     data := e->'data';
     -- E3: as JSON without whitespace (jsonb prints a space after each ':' and ',' between members)
@@ -327,7 +355,9 @@ BEGIN
   RETURN;
 END
 $corral_send$;`;
-  const sendEvent = `CREATE OR REPLACE FUNCTION corral.send_event(agent_uid text, session_id text, data jsonb, idempotency_key text DEFAULT NULL)
+  const sendEvent = `DROP FUNCTION IF EXISTS corral.send_event(text, text, jsonb, text);
+CREATE OR REPLACE FUNCTION corral.send_event(agent_uid text, session_id text, data jsonb, idempotency_key text DEFAULT NULL,
+                                             traceparent text DEFAULT NULL, tracestate text DEFAULT NULL)
 RETURNS uuid
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $corral_send_one$
 BEGIN
@@ -335,7 +365,8 @@ BEGIN
     ${fail('CR400', lit("an event payload is required (data is NULL; the JSON null is 'null'::jsonb)"))}
   END IF;
   RETURN (SELECT s.event_id FROM corral.send_events(jsonb_build_array(jsonb_build_object(
-    'agent_uid', agent_uid, 'session_id', session_id, 'data', data, 'idempotency_key', idempotency_key))) s);
+    'agent_uid', agent_uid, 'session_id', session_id, 'data', data, 'idempotency_key', idempotency_key,
+    'traceparent', traceparent, 'tracestate', tracestate))) s);
 END
 $corral_send_one$;`;
   const defaultPolicy = `CREATE OR REPLACE FUNCTION corral.default_input_policy() RETURNS text
@@ -358,7 +389,7 @@ DECLARE
 BEGIN
   -- only what is missing: a GRANT or REVOKE rewrites the function's row even when it changes
   -- nothing, and an unchanged install writes nothing (S11)
-  FOREACH f IN ARRAY ARRAY['corral.send_events(jsonb)'::regprocedure, 'corral.send_event(text, text, jsonb, text)'::regprocedure] LOOP
+  FOREACH f IN ARRAY ARRAY['corral.send_events(jsonb)'::regprocedure, 'corral.send_event(text, text, jsonb, text, text, text)'::regprocedure] LOOP
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(coalesce(p.proacl, pg_catalog.acldefault('f', p.proowner))) a
                 WHERE p.oid = f AND a.grantee = 0 AND a.privilege_type = 'EXECUTE') THEN
       EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);

@@ -16,6 +16,7 @@
  */
 import { CorralError, sqlState } from '../../base/errors.ts';
 import { toJsonPayload } from '../../base/json-safety.ts';
+import type { TraceCarrier } from '../../base/trace-context.ts';
 import { runText, type StatementTarget } from '../executor.ts';
 import { MAX_SEND_BATCH, SEND_ERRORS } from '../views.ts';
 
@@ -30,6 +31,8 @@ export interface EventToSend {
    * HTTP API); by default the SQL role the sender logged in as.
    */
   idempotencyScope?: string | undefined;
+  /** The sender's trace context, stored with the event (E9): it travels to the turn's worker. */
+  trace?: TraceCarrier | undefined;
 }
 
 export interface SentEvent {
@@ -68,6 +71,7 @@ export async function sendEvents(db: StatementTarget, events: readonly EventToSe
       data,
       ...(e.idempotencyKey === undefined ? {} : { idempotency_key: e.idempotencyKey }),
       ...(e.idempotencyScope === undefined ? {} : { idempotency_scope: e.idempotencyScope }),
+      ...(e.trace === undefined ? {} : { traceparent: e.trace.traceparent, tracestate: e.trace.tracestate ?? null }),
     };
   });
   let rows: Record<string, unknown>[];

@@ -19,6 +19,7 @@
  *     changes no message, and every attempt after it is signed with the new secret, and with the
  *     previous one too until its overlap ends by PostgreSQL's clock.
  */
+import type { TraceCarrier } from '../../base/trace-context.ts';
 import type { DbOrTx } from '../client.ts';
 import { sql } from '../orm.ts';
 import { ageCutoff, type OutboxState } from '../schema.ts';
@@ -38,6 +39,8 @@ export interface NewOutboxMessage {
   key: string | null;
   position: number;
   body: string;
+  /** The turn's trace context, carried to the sink as `traceparent`/`tracestate` (absent: none). */
+  trace?: TraceCarrier | undefined;
 }
 
 /** O1: writes the messages of a commit batch, in order, and wakes the senders: two statements. */
@@ -55,14 +58,16 @@ export async function insertOutboxMany(tx: DbOrTx, rows: readonly NewOutboxMessa
       key: r.key,
       position: r.position,
       body: r.body,
+      traceparent: r.trace?.traceparent ?? null,
+      tracestate: r.trace?.tracestate ?? null,
     })),
   );
   await tx.execute(sql`
-    insert into corral.outbox (sink, webhook_id, key, agent_uid, session_id, turn_id, event_id, position, body)
-    select i.sink, i.webhook_id, i.key, i.agent_uid, i.session_id, t.id, i.event_id, i.position, i.body
+    insert into corral.outbox (sink, webhook_id, key, agent_uid, session_id, turn_id, event_id, position, body, traceparent, tracestate)
+    select i.sink, i.webhook_id, i.key, i.agent_uid, i.session_id, t.id, i.event_id, i.position, i.body, i.traceparent, i.tracestate
       from jsonb_to_recordset(${input}::jsonb)
              as i(ord int, delivery_id uuid, event_id uuid, agent_uid text, session_id text, sink text, webhook_id text, key text,
-                  position int, body text)
+                  position int, body text, traceparent text, tracestate text)
       join corral.turns t on t.delivery_id = i.delivery_id
      order by i.ord
     on conflict (sink, webhook_id) do nothing`);
@@ -80,6 +85,9 @@ export interface ClaimedMessage {
   sessionId: string;
   eventId: string;
   body: string;
+  /** The turn's trace context (null: none). */
+  traceparent: string | null;
+  tracestate: string | null;
   /** This claim's number (O3): the fence of the sender's answer. */
   attempts: number;
   /** This attempt's number since the message was written or last replayed (the retry limit's count). */
@@ -112,6 +120,8 @@ export async function claimOutbox(
     session_id: string;
     event_id: string;
     body: string;
+    traceparent: string | null;
+    tracestate: string | null;
     attempts: number;
     attempts_before_replay: number;
     url: string;
@@ -144,7 +154,8 @@ export async function claimOutbox(
            claimed_until = now() + make_interval(secs => (s.timeout_ms + ${opts.graceMs}) / 1000.0), updated_at = now()
       from picked, corral.sinks s
      where o.id = picked.id and s.name = o.sink
-    returning o.id, o.sink, o.webhook_id, o.key, o.agent_uid, o.session_id, o.event_id, o.body, o.attempts, o.attempts_before_replay,
+    returning o.id, o.sink, o.webhook_id, o.key, o.agent_uid, o.session_id, o.event_id, o.body, o.traceparent, o.tracestate,
+              o.attempts, o.attempts_before_replay,
               s.url, s.secret, case when s.previous_secret_until > now() then s.previous_secret end as previous_secret,
               s.allow_private, s.timeout_ms, s.concurrency`);
   return rows.rows
@@ -157,6 +168,8 @@ export async function claimOutbox(
       sessionId: r.session_id,
       eventId: r.event_id,
       body: r.body,
+      traceparent: r.traceparent ?? null,
+      tracestate: r.tracestate ?? null,
       attempts: r.attempts,
       attempt: r.attempts - r.attempts_before_replay,
       url: r.url,

@@ -45,6 +45,10 @@ DELIVER_KEY_RE = re.compile(r"[\x21-\x7e]{1,256}")
 NONCE_RE = re.compile(r"[A-Za-z0-9_-]{43}")
 UUID_RE = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 ISO_TIME_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})")
+#: A W3C traceparent as the daemon sends it (version 00; section 5.3, ``trace``).
+TRACEPARENT_RE = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+MAX_TRACESTATE_LENGTH = 512
+TRACESTATE_RE = re.compile(r"[\x20-\x7e]*")
 
 
 class TurnRef(TypedDict):
@@ -132,6 +136,14 @@ class Conversation:
 
 
 @dataclass(frozen=True)
+class TraceCarrier:
+    """The W3C Trace Context of the event a turn answers (``turn_start.trace``)."""
+
+    traceparent: str
+    tracestate: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class TurnStart:
     turn_ref: TurnRef
     event: TurnEvent
@@ -139,6 +151,8 @@ class TurnStart:
     attempt: int
     lease_expires_at: str
     context: Optional[Conversation]
+    #: The W3C trace context the turn continues (``traceparent``, optionally ``tracestate``).
+    trace: Optional[TraceCarrier] = None
     type: Literal["turn_start"] = "turn_start"
 
 
@@ -381,6 +395,21 @@ def _parse_turn_start(f: _Fields) -> TurnStart:
         attempt=f.int_("attempt", 1),
         lease_expires_at=f.str_("lease_expires_at", pattern=ISO_TIME_RE),
         context=_conversation(f.obj["context"]) if f.has("context") else None,
+        trace=_trace(f.obj_("trace")) if f.has("trace") else None,
+    )
+
+
+def _tracestate(v: Optional[str], t: _Fields) -> Optional[str]:
+    if v is not None and not TRACESTATE_RE.fullmatch(v):
+        raise t.fail("tracestate", "expected printable ASCII")
+    return v
+
+
+def _trace(obj: JsonObject) -> TraceCarrier:
+    t = _Fields(obj, "turn_start: trace")
+    return TraceCarrier(
+        traceparent=t.str_("traceparent", max_len=55, pattern=TRACEPARENT_RE),
+        tracestate=_tracestate(t.opt_str("tracestate", max_len=MAX_TRACESTATE_LENGTH), t),
     )
 
 

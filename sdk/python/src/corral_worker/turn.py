@@ -37,6 +37,7 @@ from .protocol import (
     Conversation,
     ConversationMessage,
     ProtocolViolation,
+    TraceCarrier,
     TurnEvent,
     TurnRef,
     TurnStart,
@@ -202,6 +203,8 @@ class TurnContext:
         self.attempt: int = start.attempt
         self.lease_expires_at: str = start.lease_expires_at
         self.context: Optional[Conversation] = start.context
+        self.trace: Optional[TraceCarrier] = start.trace
+        """The W3C trace context the turn continues (the sender's span), or None."""
         self.signal: CancelSignal = turn.signal
         self.steer: SteerInbox = turn.inbox
         self.logger: FieldsAdapter = turn.log

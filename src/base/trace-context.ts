@@ -1,0 +1,115 @@
+/**
+ * W3C Trace Context (https://www.w3.org/TR/trace-context/) as corral carries it: an event may be
+ * sent with the `traceparent` (and `tracestate`) of the caller's span; it is stored with the
+ * event's job and travels in the turn's `turn_start` (`trace`), so the worker's spans continue
+ * the caller's trace. The same rules are checked by `corral.send_events` in SQL
+ * (src/db/enqueue/send-event.ts) and by the worker SDK on the wire.
+ */
+import { CorralError } from './errors.ts';
+
+/** A span's context as the W3C headers write it. */
+export interface TraceCarrier {
+  traceparent: string;
+  tracestate?: string | undefined;
+}
+
+/**
+ * Version 00 as sent (lower-case hex; trace id and parent id not all zeros); a later version is
+ * accepted by its first four fields, as the recommendation asks of version-00 parsers.
+ */
+export const TRACEPARENT_PATTERN = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[0-9a-zA-Z._-]*)?$/;
+const ZERO_TRACE_ID = '0'.repeat(32);
+const ZERO_SPAN_ID = '0'.repeat(16);
+
+/** The recommendation's limit for propagating `tracestate` (longer values may be dropped). */
+export const MAX_TRACESTATE_LENGTH = 512;
+/** Printable ASCII but for a few list separators kept by members: `tracestate` has no other characters. */
+export const TRACESTATE_PATTERN = /^[\x20-\x7e]*$/;
+
+/** Why `traceparent` is not a W3C traceparent corral can carry; undefined when it is one. */
+export function traceparentProblem(traceparent: unknown): string | undefined {
+  if (typeof traceparent !== 'string') return 'a traceparent is a string';
+  if (traceparent.length > 256) return 'a traceparent is at most 256 characters';
+  if (!TRACEPARENT_PATTERN.test(traceparent))
+    return `not a W3C traceparent (version-traceid-parentid-flags in lower-case hex): ${JSON.stringify(traceparent)}`;
+  const [version, traceId, spanId] = traceparent.split('-') as [string, string, string];
+  if (version === 'ff') return 'traceparent version ff is invalid';
+  if (version === '00' && traceparent.length !== 55) return 'a version-00 traceparent has exactly four fields';
+  if (traceId === ZERO_TRACE_ID) return 'a traceparent trace id of all zeros is invalid';
+  if (spanId === ZERO_SPAN_ID) return 'a traceparent parent id of all zeros is invalid';
+  return undefined;
+}
+
+/** Why `tracestate` cannot be carried; undefined when it can. */
+export function tracestateProblem(tracestate: unknown): string | undefined {
+  if (typeof tracestate !== 'string') return 'a tracestate is a string';
+  if (tracestate.length > MAX_TRACESTATE_LENGTH) return `a tracestate is at most ${MAX_TRACESTATE_LENGTH} characters`;
+  if (!TRACESTATE_PATTERN.test(tracestate)) return 'a tracestate holds printable ASCII only';
+  return undefined;
+}
+
+/**
+ * `carrier` checked, as corral stores it (a version-00 traceparent: later versions keep their
+ * first four fields); an `invalid_argument` CorralError when it cannot be carried.
+ */
+export function checkTraceCarrier(carrier: TraceCarrier): TraceCarrier {
+  const problem =
+    traceparentProblem(carrier.traceparent) ?? (carrier.tracestate === undefined ? undefined : tracestateProblem(carrier.tracestate));
+  if (problem) throw new CorralError('invalid_argument', problem);
+  const traceparent = carrier.traceparent.startsWith('00-') ? carrier.traceparent : `00-${carrier.traceparent.slice(3, 55)}`;
+  return carrier.tracestate === undefined || carrier.tracestate === '' ? { traceparent } : { traceparent, tracestate: carrier.tracestate };
+}
+
+/**
+ * Headers as a receiver of W3C Trace Context reads them: an invalid `traceparent` is ignored
+ * (with its `tracestate`), not refused, as the recommendation says; a repeated header is not one.
+ */
+export function traceCarrierFromHeaders(headers: Record<string, string | string[] | undefined>): TraceCarrier | undefined {
+  const tp = headers.traceparent;
+  if (typeof tp !== 'string' || traceparentProblem(tp.trim()) !== undefined) return undefined;
+  const ts = headers.tracestate;
+  const tracestate = Array.isArray(ts) ? ts.join(',') : ts;
+  const keep = tracestate !== undefined && tracestateProblem(tracestate.trim()) === undefined ? tracestate.trim() : undefined;
+  return checkTraceCarrier({ traceparent: tp.trim(), tracestate: keep });
+}
+
+/** The trace id and span id a traceparent names. */
+export function traceIdsOf(traceparent: string): { traceId: string; spanId: string; sampled: boolean } {
+  return {
+    traceId: traceparent.slice(3, 35),
+    spanId: traceparent.slice(36, 52),
+    sampled: (parseInt(traceparent.slice(53, 55), 16) & 1) === 1,
+  };
+}
+
+/** Where `@opentelemetry/api` (major version 1) keeps what an application registered. */
+const OTEL_API_GLOBAL = Symbol.for('opentelemetry.js.api.1');
+/** The context key `@opentelemetry/api` keeps the active span under (its `createContextKey` is `Symbol.for`). */
+const OTEL_SPAN_KEY = Symbol.for('OpenTelemetry Context Key SPAN');
+
+interface OtelSpanContext {
+  traceId: string;
+  spanId: string;
+  traceFlags: number;
+  traceState?: { serialize(): string };
+}
+
+/**
+ * The caller's active OpenTelemetry span as a carrier, when the process registered an
+ * OpenTelemetry context manager and a valid span is active; undefined otherwise. Read through
+ * the API's global registration (the contract every copy of `@opentelemetry/api` 1.x shares),
+ * synchronously, so the context is the caller's own; a process without OpenTelemetry pays one
+ * global lookup and loads nothing.
+ */
+export function activeTraceCarrier(): TraceCarrier | undefined {
+  const registered = (globalThis as Record<symbol, { context?: { active?: () => unknown } } | undefined>)[OTEL_API_GLOBAL];
+  const active = registered?.context?.active?.() as { getValue?: (key: symbol) => unknown } | undefined;
+  const span = active?.getValue?.(OTEL_SPAN_KEY) as { spanContext?: () => OtelSpanContext } | undefined;
+  const sc = span?.spanContext?.();
+  if (!sc || typeof sc.traceId !== 'string' || typeof sc.spanId !== 'string') return undefined;
+  const flags = ((sc.traceFlags ?? 0) & 0xff).toString(16).padStart(2, '0');
+  const traceparent = `00-${sc.traceId}-${sc.spanId}-${flags}`;
+  if (traceparentProblem(traceparent) !== undefined) return undefined;
+  const tracestate = sc.traceState?.serialize();
+  return tracestate && tracestateProblem(tracestate) === undefined ? { traceparent, tracestate } : { traceparent };
+}
