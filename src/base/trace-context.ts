@@ -18,6 +18,8 @@ export interface TraceCarrier {
  * accepted by its first four fields, as the recommendation asks of version-00 parsers.
  */
 export const TRACEPARENT_PATTERN = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[0-9a-zA-Z._-]*)?$/;
+/** A traceparent as corral stores and sends it: version 00, exactly four fields. */
+export const STORED_TRACEPARENT_PATTERN = /^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
 const ZERO_TRACE_ID = '0'.repeat(32);
 const ZERO_SPAN_ID = '0'.repeat(16);
 
@@ -65,12 +67,14 @@ export function checkTraceCarrier(carrier: TraceCarrier): TraceCarrier {
  * (with its `tracestate`), not refused, as the recommendation says; a repeated header is not one.
  */
 export function traceCarrierFromHeaders(headers: Record<string, string | string[] | undefined>): TraceCarrier | undefined {
-  const tp = headers.traceparent;
-  if (typeof tp !== 'string' || traceparentProblem(tp.trim()) !== undefined) return undefined;
+  const traceparent = typeof headers.traceparent === 'string' ? headers.traceparent.trim() : undefined;
+  if (traceparent === undefined || traceparentProblem(traceparent) !== undefined) return undefined;
   const ts = headers.tracestate;
-  const tracestate = Array.isArray(ts) ? ts.join(',') : ts;
-  const keep = tracestate !== undefined && tracestateProblem(tracestate.trim()) === undefined ? tracestate.trim() : undefined;
-  return checkTraceCarrier({ traceparent: tp.trim(), tracestate: keep });
+  const tracestate = (Array.isArray(ts) ? ts.join(',') : ts)?.trim();
+  return checkTraceCarrier({
+    traceparent,
+    tracestate: tracestate !== undefined && tracestateProblem(tracestate) === undefined ? tracestate : undefined,
+  });
 }
 
 /** The trace id and span id a traceparent names. */

@@ -47,6 +47,7 @@ import {
   OUTBOX_STATES,
 } from './views.ts';
 import { ACTOR_PART } from '../base/actor-key.ts';
+import { MAX_TRACESTATE_LENGTH, STORED_TRACEPARENT_PATTERN, TRACESTATE_PATTERN } from '../base/trace-context.ts';
 
 export const corral = pgSchema('corral');
 
@@ -524,8 +525,7 @@ export const sinks = corral.table(
 );
 
 export { OUTBOX_STATES, type OutboxState } from './views.ts';
-
-const TRACESTATE_OK = `char_length(tracestate) <= 512 and tracestate ~ '^[\\x20-\\x7e]*$'`;
+const TRACESTATE_OK = `char_length(tracestate) <= ${MAX_TRACESTATE_LENGTH} and tracestate ~ '${TRACESTATE_PATTERN.source}'`;
 /**
  * The outbox (src/db/outbox/messages.ts): the messages committed turns deliver to sinks, written in the transaction
  * that commits the turn and sent by the daemons' delivery loop (src/outbox/sender.ts). `id` orders them in commit
@@ -594,7 +594,7 @@ export const outbox = corral.table(
     check('outbox_webhook_id', sql.raw(`char_length(webhook_id) between 1 and 520 and webhook_id ~ '^[\\x21-\\x7e]+$'`)),
     check('outbox_key', sql.raw(`key is null or (char_length(key) between 1 and 256 and key ~ '^[\\x21-\\x7e]+$')`)),
     check('outbox_position', sql`${t.position} >= 0`),
-    check('outbox_traceparent', sql.raw(`traceparent is null or traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'`)),
+    check('outbox_traceparent', sql.raw(`traceparent is null or traceparent ~ '${STORED_TRACEPARENT_PATTERN.source}'`)),
     check('outbox_tracestate', sql.raw(`tracestate is null or (traceparent is not null and ${TRACESTATE_OK})`)),
   ],
 );

@@ -162,7 +162,8 @@ export class ReplyPipeline {
       let outcome: ReplyOutcome;
       const chunks = this.opts.chunksWritten?.(fence.deliveryId);
       if (chunks) await chunks;
-      const trace = this.opts.dispatcher.turnOf(fence.eventId)?.started.trace;
+      const held = this.opts.dispatcher.turnOf(fence.eventId);
+      const trace = held?.started.trace;
       try {
         outcome = await this.writer.submit({
           kind: 'commit',
@@ -183,7 +184,6 @@ export class ReplyPipeline {
       if (outcome.outcome === 'committed') {
         this.opts.metrics.committed();
         this.opts.workers.committed(e.workerId);
-        const held = this.opts.dispatcher.turnOf(fence.eventId);
         if (held?.started.batch) this.opts.metrics.coalesced?.(held.started.batch.length);
         const sentAtMs = held?.firstSentAtMs;
         if (sentAtMs !== undefined) this.opts.metrics.commitLatency?.((this.opts.clock.nowMs() - sentAtMs) / 1000);

@@ -33,12 +33,12 @@
  *     the daemon running the actor's turn, if any, interrupts that turn, and the next one takes
  *     the interrupted events with this one.
  *
+ *  E8 least privilege: the two entry points run as their owner, and only the role
+ *     `corral_producer` may call them (`PRODUCER_GRANTS`): a producer needs no right on any table.
+ *
  *  E9 an event may carry its sender's W3C trace context (`traceparent`, optionally `tracestate`;
  *     src/base/trace-context.ts has the same rules): a malformed one is refused, a valid one is
  *     kept in the job's data as `trace` (version 00) and travels in the turn's `turn_start`.
- *
- *  E8 least privilege: the two entry points run as their owner, and only the role
- *     `corral_producer` may call them (`PRODUCER_GRANTS`): a producer needs no right on any table.
  *
  * Errors carry SQLSTATEs of their own (`SEND_ERRORS`), mapped to corral's error codes by
  * `sendError`. The functions are generated (`sendEventFunctionsSql`) and installed when the
