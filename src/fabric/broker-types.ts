@@ -123,7 +123,8 @@ export interface BrokerOptions {
   /**
    * ZMTP-level ping interval; a peer silent for 3 intervals is disconnected, so a frozen
    * worker's route disappears (sends then fail fast as `unknown_route`). 0 disables.
-   * Default: `heartbeatIntervalMs`.
+   * Default 0: with the receive high-water mark, libzmq 4.3.5 can abort the process when a ping
+   * comes due on a connection a flooding peer left (src/fabric/broker.ts, `doStart`).
    */
   zmtpHeartbeatMs?: number;
   authenticator?: Authenticator;

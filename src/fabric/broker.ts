@@ -178,7 +178,11 @@ export class Broker {
 
   private async doStart(): Promise<string> {
     this.state = 'starting';
-    const zmtp = this.opts.zmtpHeartbeatMs ?? this.heartbeatIntervalMs;
+    // Off unless asked for: libzmq 4.3.5 aborts the process (`!_io_error`, stream_engine_base.cpp)
+    // when a ZMTP ping comes due on a connection whose peer left while its input was stopped at
+    // the receive high-water mark, so a peer that floods and disconnects could kill the daemon.
+    // A frozen worker is found by the application heartbeat instead (its staleness, §6).
+    const zmtp = this.opts.zmtpHeartbeatMs ?? 0;
     // One context per broker: the ZAP endpoint is per context, so two brokers in one process
     // (tests, a library user) each get their own handler.
     const context = new Context();
