@@ -14,10 +14,11 @@ function scratchCopy(): string {
   mkdirSync(join(dir, 'src', 'db'), { recursive: true });
   mkdirSync(join(dir, 'src', 'base'), { recursive: true });
   // The schema, the module it loads Drizzle through and the one of its shared values (with the
-  // defaults it takes the input policies from), and the actor key's rule (a check constraint) with
-  // the error module it imports.
+  // defaults it takes the input policies from), and the actor key's and trace context's rules
+  // (check constraints) with the error module they import.
   for (const f of ['schema.ts', 'orm.ts', 'views.ts']) cpSync(join(ROOT, 'src', 'db', f), join(dir, 'src', 'db', f));
-  for (const f of ['actor-key.ts', 'errors.ts', 'defaults.ts']) cpSync(join(ROOT, 'src', 'base', f), join(dir, 'src', 'base', f));
+  for (const f of ['actor-key.ts', 'trace-context.ts', 'errors.ts', 'defaults.ts'])
+    cpSync(join(ROOT, 'src', 'base', f), join(dir, 'src', 'base', f));
   cpSync(join(ROOT, 'drizzle'), join(dir, 'drizzle'), { recursive: true });
   // drizzle-orm (loaded by orm.ts) and drizzle-kit resolve from the copy's node_modules.
   symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'), 'dir');
