@@ -170,6 +170,7 @@ describe('live turns on real processes', () => {
     const seen: LiveEvent[] = [];
     let second: Proc | undefined;
     let resumed = false;
+    let refusedBefore = 0;
     for await (const e of watch) {
       seen.push(e);
       if (e.type === 'chunk' && e.data.attempt === 1 && e.data.seq === 5 && !second) {
@@ -179,6 +180,7 @@ describe('live turns on real processes', () => {
       // the retry streams: let the old attempt's worker go on now
       if (e.type === 'chunk' && e.data.attempt === 2 && e.data.seq === 3 && !resumed) {
         resumed = true;
+        refusedBefore = await refusedStale();
         paused.child.kill('SIGCONT');
       }
       if (e.type === 'turn_committed') break;
@@ -192,14 +194,21 @@ describe('live turns on real processes', () => {
     expect(after.filter((e) => e.type === 'chunk').every((e) => e.type === 'chunk' && e.data.attempt === 2)).toBe(true);
     expect(deltas(after)).toEqual(words(40));
     expect(after.at(-1)).toMatchObject({ type: 'turn_committed', data: { attempt: 2 } });
-    // the resumed worker did stream on, and the daemon dropped it as stale
-    await waitFor(
-      async () => {
-        const text = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text();
-        const stale = /corral_stream_chunks_total\{outcome="stale"\} (\d+)/.exec(text);
-        return stale !== null && Number(stale[1]) > 0;
-      },
-      { timeoutMs: 15_000, what: 'stale chunks counted' },
-    );
+    // the resumed worker went on with its attempt, and the daemon's fence refused what it sent:
+    // its chunks dropped as stale, or its reply answered `turn_rejected` stale_epoch (its
+    // connection outlives the pause, so the daemon may answer its first message before it streams)
+    await waitFor(async () => (await refusedStale()) > refusedBefore, {
+      timeoutMs: 15_000,
+      what: 'the resumed attempt refused by the fence',
+    });
   }, 90_000);
+
+  /** Stale chunks dropped plus replies refused for a stale epoch, so far (the daemon's metrics). */
+  async function refusedStale(): Promise<number> {
+    const text = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text();
+    const count = (re: RegExp) => Number(re.exec(text)?.[1] ?? 0);
+    return (
+      count(/corral_stream_chunks_total\{outcome="stale"\} (\d+)/) + count(/corral_fence_rejections_total\{reason="stale_epoch"\} (\d+)/)
+    );
+  }
 });
