@@ -86,6 +86,13 @@ export function traceIdsOf(traceparent: string): { traceId: string; spanId: stri
   };
 }
 
+/** A traced turn's log fields: its trace, and the span the line belongs to (the carrier's). */
+export function traceLogFields(carrier: TraceCarrier | undefined): { trace_id: string; span_id: string } | Record<string, never> {
+  if (!carrier) return {};
+  const { traceId, spanId } = traceIdsOf(carrier.traceparent);
+  return { trace_id: traceId, span_id: spanId };
+}
+
 /** Where `@opentelemetry/api` (major version 1) keeps what an application registered. */
 const OTEL_API_GLOBAL = Symbol.for('opentelemetry.js.api.1');
 /** The context key `@opentelemetry/api` keeps the active span under (its `createContextKey` is `Symbol.for`). */

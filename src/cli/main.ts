@@ -239,6 +239,16 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
       run(import('./commands/status.ts').then((m) => m.runActorCommand(config(), actor, o, process.stdout))),
     );
 
+  program
+    .command('turn')
+    .description('every attempt of one event of an actor: status, fence, worker, its trace and span (docs/observability.md)')
+    .argument('<actor>', 'the actor key, <agent_uid>/<session_id>')
+    .argument('<event-id>', 'the event id, as `corral send` printed it')
+    .option('--json', 'JSON output')
+    .action((actor: string, eventId: string, o: { json?: boolean }) =>
+      run(import('./commands/status.ts').then((m) => m.runTurnCommand(config(), actor, eventId, o, process.stdout))),
+    );
+
   registerDlqCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerKeysCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerRetentionCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });

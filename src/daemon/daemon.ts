@@ -34,6 +34,7 @@ import { Watchdog } from '../runtime/watchdog.ts';
 import { JobKeeper } from '../runtime/job-keeper.ts';
 import { Periodic } from '../runtime/periodic.ts';
 import { OutboxSender } from '../outbox/sender.ts';
+import type { TurnTracer } from '../base/turn-tracer.ts';
 import { HeapTrim, memoryReducingGc } from '../runtime/heap-trim.ts';
 import { sweepRetention, type SweepResult } from '../queue/retention.ts';
 import type { RuntimeMetrics } from '../runtime/metrics.ts';
@@ -59,6 +60,8 @@ export interface DaemonDeps {
   skipMigrations?: boolean;
   /** Extra supervised children, e.g. local worker processes (`corral daemon --workers N`). */
   extraChildren?: (endpoint: string) => ChildSpec<Daemon>[];
+  /** Spans of turns and outbox requests (docs/observability.md); its owner shuts it down. */
+  tracer?: TurnTracer;
 }
 
 export type { DaemonState };
@@ -127,6 +130,7 @@ export class Daemon {
       ownerId: this.ownerId,
       onCapacity: () => consumer?.wakeForCapacity(),
       ...(deps.metrics ? { metrics: deps.metrics } : {}),
+      ...(deps.tracer ? { tracer: deps.tracer } : {}),
     });
     const security = (this.security = config.insecure
       ? undefined
@@ -215,6 +219,7 @@ export class Daemon {
       ownerId: this.ownerId,
       retry: { limit: config.outboxRetryLimit, delayS: config.retryDelaySeconds, maxS: config.retryDelayMaxSeconds },
       ...(deps.metrics ? { metrics: deps.metrics } : {}),
+      ...(deps.tracer ? { tracer: deps.tracer } : {}),
     });
     this.heapTrim = new HeapTrim({
       clock,

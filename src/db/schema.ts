@@ -120,10 +120,7 @@ export const conversations = corral.table(
     sessionId: text('session_id').notNull(),
     /** Next message position; messages are numbered 1, 2, 3 … within a conversation. */
     nextSeq: integer('next_seq').notNull().default(1),
-    /**
-     * The highest seq transcript retention deleted (src/db/operations/transcript-retention.ts), 0 when none:
-     * every message at or below it is gone, every one above it is kept.
-     */
+    /** The highest seq transcript retention deleted (src/db/operations/transcript-retention.ts), 0 when none: all at or below it are gone. */
     prunedThrough: integer('pruned_through').notNull().default(0),
     createdAt: tz('created_at').notNull().defaultNow(),
     updatedAt: tz('updated_at').notNull().defaultNow(),
@@ -157,16 +154,18 @@ export const turns = corral.table(
     /** Steering inputs applied to this turn, in order: `[{ revision, input }]` (see docs/protocol.md §9). */
     steers: jsonb('steers'),
     /**
-     * The events this turn took after its own (`event_id`), in order, when it took a batch (input
-     * policy `coalesce`, src/db/turns/batches.ts): `[{ event_id, data, enqueued_at }]`; null for one event.
-     * Each becomes a `user` message after the turn's own on commit.
+     * The events this turn took after its own (`event_id`), in order, when it took a batch (input policy `coalesce`,
+     * src/db/turns/batches.ts): `[{ event_id, data, enqueued_at }]`, each a `user` message after the turn's own; null for one.
      */
     coalesced: jsonb('coalesced'),
+    /** This attempt's W3C traceparent: the daemon's span when it traces, else the event's (docs/observability.md). */
+    traceparent: text('traceparent'),
     startedAt: tz('started_at').notNull().defaultNow(),
     finishedAt: tz('finished_at'),
   },
   (t) => [
     uniqueIndex('turns_delivery').on(t.deliveryId),
+    check('turns_traceparent', sql.raw(`traceparent is null or traceparent ~ '${STORED_TRACEPARENT_PATTERN.source}'`)),
     uniqueIndex('turns_one_success_per_event')
       .on(t.eventId)
       .where(sql`status = 'succeeded'`),

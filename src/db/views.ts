@@ -151,6 +151,8 @@ export interface TurnView {
   emitted: unknown;
   startedAt: Date;
   finishedAt: Date | null;
+  /** The attempt's W3C traceparent: its daemon span when traced, else the event's own context; null without either. */
+  traceparent: string | null;
 }
 
 /** A dead-lettered event: the copy pg-boss made in the dead-letter queue. */

@@ -40,6 +40,8 @@ import { createMetrics, type Metrics } from '../observability/metrics.ts';
 import { processChild, type ChildSpec } from '../supervisor/index.ts';
 import type { HostedApi } from './http-api.ts';
 import { registerDaemonInternals } from './internals.ts';
+import type { TurnTracer } from '../base/turn-tracer.ts';
+import { tracingSettings } from '../observability/tracing-settings.ts';
 
 export type { Config, DeadLetterMode } from '../config.ts';
 export { CorralError, type ErrorCode } from '../base/errors.ts';
@@ -187,6 +189,8 @@ class HostedDaemon implements CorralDaemon {
   private database: ResolvedDatabase | undefined;
   private server: ObservabilityServer | undefined;
   private api: HostedApi | undefined;
+  /** Spans of turns and outbox requests, when an OTLP endpoint is set (docs/observability.md). */
+  private tracer: TurnTracer | undefined;
   private starting: Promise<void> | undefined;
   private halting: Promise<void> | undefined;
   /** `stop()` was called (the supervisor ending on its own is not a stop asked for). */
@@ -245,6 +249,8 @@ class HostedDaemon implements CorralDaemon {
     // U2 of src/db/postgres/setup-lock.ts: commands of this home wait for the set-up instead of refusing it
     const unmark = config.databaseUrl && !existsSync(config.homeDir) ? () => undefined : markDaemonStarting(config.homeDir);
     try {
+      // first: a malformed OTEL_* setting stops the start before anything else is set up
+      this.tracer = await turnTracerFromEnv(this.options.env ?? {});
       const database = (this.database = await resolveDatabase(config, this.log));
       this.throwIfStopAsked();
       const metrics =
@@ -260,6 +266,7 @@ class HostedDaemon implements CorralDaemon {
         ...(this.options.skipMigrations ? { skipMigrations: true } : {}),
         ...(metrics ? { metrics: metrics.runtime } : {}),
         ...(children ? { extraChildren: children } : {}),
+        ...(this.tracer ? { tracer: this.tracer } : {}),
       }));
       if (metrics && config.metricsPort !== undefined) {
         // bound before the daemon starts: a port in use stops it at once (observability/daemon-child.ts)
@@ -371,6 +378,8 @@ class HostedDaemon implements CorralDaemon {
       ?.stop({ deadlineMs: 10_000, ...(drainMs === undefined ? {} : { drainMs }) })
       .catch((e: unknown) => this.log.warn({ err: toError(e) }, 'the daemon did not stop cleanly'));
     await this.releaseStep('the metrics server', RELEASE_STEP_MS, this.server?.close());
+    // the spans of the last turns go out before the process ends
+    await this.releaseStep('the trace exporter', RELEASE_STEP_MS, this.tracer?.shutdown());
     await this.releaseStep('the embedded PostgreSQL', EMBEDDED_STOP_MS, stopEmbeddedIfStartedHere(this.database?.embedded, this.log));
   }
 
@@ -380,4 +389,15 @@ class HostedDaemon implements CorralDaemon {
     if (!(await settlesWithin(this.clock, ms, work)))
       this.log.warn({ step: what, waitedMs: ms }, `${what} did not close in time; going on`);
   }
+}
+
+/**
+ * The daemon's tracer when `env` sets an OTLP endpoint (OpenTelemetry's variables); undefined,
+ * loading no OpenTelemetry code, otherwise.
+ */
+async function turnTracerFromEnv(env: Record<string, string | undefined>): Promise<TurnTracer | undefined> {
+  const settings = tracingSettings(env, 'corral-daemon');
+  if (!settings) return undefined;
+  const { createTurnTracer } = await import('../observability/tracing.ts');
+  return createTurnTracer(settings);
 }

@@ -3,6 +3,8 @@ import { ACTIVATION_LIVE } from '../db/schema.ts';
 import type { ActivationView } from '../db/operations/actor-views.ts';
 
 export type { ActivationView, ActorRow, TurnView } from '../db/operations/actor-views.ts';
+/** Every attempt of one event of an actor, oldest first (`corral turn`). */
+export { attemptsOfEvent } from '../db/operations/actor-views.ts';
 
 const LIVE: readonly string[] = ACTIVATION_LIVE;
 

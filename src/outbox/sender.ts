@@ -40,6 +40,8 @@ import { signatureHeader } from './signature.ts';
 import { WebhookPoster, type AttemptResult } from './http-post.ts';
 import type { Resolver } from './address-guard.ts';
 import { databaseRetry, type DatabaseRetry } from '../base/db-retry.ts';
+import type { TraceCarrier } from '../base/trace-context.ts';
+import type { OutboxTrace, TurnTracer } from '../base/turn-tracer.ts';
 
 /** The retry bounds of events (CORRAL_RETRY_DELAY_S, _DELAY_MAX_S) and the outbox's own limit. */
 /** The delivery loop's metric hooks; the daemon binds them to Prometheus counters. */
@@ -120,6 +122,8 @@ export interface OutboxSenderOptions {
   maxInFlight?: number;
   /** The resolver behind the address guard (default `dns.lookup`). */
   resolve?: Resolver;
+  /** A span per POST (docs/observability.md); undefined: the daemon does not trace. */
+  tracer?: TurnTracer | undefined;
 }
 
 /** Most messages one claim takes. */
@@ -256,12 +260,18 @@ export class OutboxSender {
 
   /** S1–S3, S5: one attempt of one message, and its outcome recorded. */
   private async deliver(m: ClaimedMessage): Promise<void> {
-    const result = await this.post(m);
+    const trace = this.opts.tracer ? this.postTrace(m, this.opts.tracer) : undefined;
+    const result = await this.post(m, trace?.carrier);
     const nowMs = this.opts.clock.nowMs();
     const outcome: OutboxSettlement =
       this.stop.signal.aborted && result.status === null
         ? { kind: 'retry', status: result.status, error: 'the sending daemon stopped', delayMs: 0 }
         : decideOutbox(result, m.attempt, this.opts.retry, { sink: m.sink, nowMs });
+    trace?.end({
+      status: result.status ?? undefined,
+      outcome: outcome.kind,
+      error: outcome.kind === 'delivered' ? undefined : outcome.error,
+    });
     // the answer is worth keeping through a database blip: without it the message is sent again
     const settled = await this.retry(() => settleOutbox(this.opts.db, m, outcome), this.fields(m));
     const fields = { ...this.fields(m), status: result.status };
@@ -281,7 +291,26 @@ export class OutboxSender {
     }
   }
 
-  private async post(m: ClaimedMessage): Promise<AttemptResult> {
+  /** The POST's span, a child of the context the message was stored with. */
+  private postTrace(m: ClaimedMessage, tracer: TurnTracer): OutboxTrace | undefined {
+    let url: URL;
+    try {
+      url = new URL(m.url);
+    } catch {
+      return undefined;
+    }
+    return tracer.outboxAttempt({
+      parent: m.traceparent === null ? undefined : { traceparent: m.traceparent, tracestate: m.tracestate ?? undefined },
+      sink: m.sink,
+      url,
+      messageId: String(m.id),
+      attempt: m.attempt,
+      key: { agentUid: m.agentUid, sessionId: m.sessionId },
+    });
+  }
+
+  /** One POST; `trace`, when traced, is the POST's own span context (else the stored one is sent). */
+  private async post(m: ClaimedMessage, trace?: TraceCarrier): Promise<AttemptResult> {
     const timestampS = Math.floor(this.opts.clock.nowMs() / 1000);
     const secrets = m.previousSecret === null ? [m.secret] : [m.secret, m.previousSecret];
     const result = await this.poster.post(
@@ -298,8 +327,9 @@ export class OutboxSender {
           'webhook-signature': signatureHeader(secrets, m.webhookId, timestampS, m.body),
           'corral-actor': `${m.agentUid}/${m.sessionId}`,
           ...(m.key === null ? {} : { 'corral-key': m.key }),
-          ...(m.traceparent === null ? {} : { traceparent: m.traceparent }),
-          ...(m.tracestate === null ? {} : { tracestate: m.tracestate }),
+          ...traceHeaders(
+            trace ?? (m.traceparent === null ? undefined : { traceparent: m.traceparent, tracestate: m.tracestate ?? undefined }),
+          ),
         },
       },
       this.stop.signal,
@@ -307,4 +337,9 @@ export class OutboxSender {
     if (result.status === null && result.refused) this.log.warn({ ...this.fields(m), why: result.error }, 'sink address refused');
     return result;
   }
+}
+
+function traceHeaders(carrier: TraceCarrier | undefined): Record<string, string> {
+  if (!carrier) return {};
+  return carrier.tracestate ? { traceparent: carrier.traceparent, tracestate: carrier.tracestate } : { traceparent: carrier.traceparent };
 }

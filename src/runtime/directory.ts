@@ -18,6 +18,7 @@ import { toError } from '../base/errors.ts';
 import { SerialQueue } from '../base/serial-queue.ts';
 import type { Fence } from '../db/turns/fence.ts';
 import type { StartedTurn } from './turn-begin.ts';
+import type { AttemptTrace } from '../base/turn-tracer.ts';
 
 /** An actor's turn in flight in this process: one attempt of one event. */
 /**
@@ -44,6 +45,8 @@ export interface InFlightTurn {
   readonly firstSentAtMs?: number;
   /** When this process began the attempt (clock ms), for the maximum turn duration. */
   startedAtMs: number;
+  /** The attempt's spans, when the daemon traces. */
+  trace?: AttemptTrace | undefined;
 }
 
 /**

@@ -22,7 +22,8 @@ import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
 import type { TimerHandle } from '../base/clock.ts';
 import type { ControlMessage } from '../db/turns/control.ts';
 import { FenceRejected, toError } from '../base/errors.ts';
-import { traceIdsOf } from '../base/trace-context.ts';
+import { traceLogFields } from '../base/trace-context.ts';
+import type { AttemptEnd, AttemptTrace } from '../base/turn-tracer.ts';
 import { withRawField, type DaemonMessage } from '../fabric/protocol.ts';
 import type { Logger } from '../base/logger.ts';
 import type { RuntimeParts } from './transport.ts';
@@ -66,7 +67,7 @@ export class Dispatcher {
     this.log = opts.logger.child({ component: 'dispatcher' });
     this.begins = new GroupWriter({
       many: (requests) => opts.begin.beginMany(requests),
-      one: (r) => opts.begin.begin(r.job, r.workerId),
+      one: (r) => opts.begin.begin(r),
       onBatch: (size, fellBack) => this.log.debug({ size, fellBack }, fellBack ? 'begin batch failed; begun one by one' : 'begin batch'),
     });
   }
@@ -111,29 +112,44 @@ export class Dispatcher {
   }
 
   private async startTurn(controller: SessionController, job: FetchedJob, workerId: string | null): Promise<void> {
+    const trace = this.opts.tracer ? this.attemptTrace(job) : undefined;
     let started: StartedTurn;
     try {
-      started = await this.opts.retry(() => this.begins.submit({ job, workerId }), { actor: controller.name, eventId: job.id });
+      const request = { job, workerId, ...(trace ? { trace: trace.carrier } : {}) };
+      started = await this.opts.retry(() => this.begins.submit(request), { actor: controller.name, eventId: job.id });
     } catch (e) {
       if (workerId) this.opts.workers.release(job.id);
+      trace?.end({ outcome: 'not_begun', why: toError(e).message });
       throw e;
     }
-    controller.hold({ fence: started.fence, dispatch: firstDispatch(workerId), started, startedAtMs: this.opts.clock.nowMs() });
+    trace?.begun(started.fence, workerId);
+    controller.hold({
+      fence: started.fence,
+      dispatch: firstDispatch(workerId),
+      started,
+      startedAtMs: this.opts.clock.nowMs(),
+      ...(trace ? { trace } : {}),
+    });
     this.holders.set(job.id, controller);
-    this.log.info(
-      {
-        ...fenceFields(started.fence),
-        workerId,
-        attempt: started.attempt,
-        ...(started.trace ? { trace_id: traceIdsOf(started.trace.traceparent).traceId } : {}),
-      },
-      'turn started',
-    );
+    this.log.info({ ...fenceFields(started.fence), workerId, attempt: started.attempt, ...traceLogFields(started.trace) }, 'turn started');
     if (workerId === null) {
       this.parked.push(job.id);
       return;
     }
     await this.send(job.id);
+  }
+
+  /** The attempt's span, started before its begin: the begin stores its context with the turn. */
+  private attemptTrace(job: FetchedJob): AttemptTrace | undefined {
+    const enqueuedAtMs = Date.parse(job.data.enqueuedAt);
+    return this.opts.tracer?.attempt({
+      key: { agentUid: job.data.agentUid, sessionId: job.data.sessionId },
+      eventId: job.id,
+      attempt: job.retryCount + 1,
+      parent: job.data.trace,
+      enqueuedAtMs: Number.isFinite(enqueuedAtMs) ? enqueuedAtMs : undefined,
+      batchSize: 1 + (job.batch?.length ?? 0),
+    });
   }
 
   /** Sends the turn of `eventId` to its worker, redirecting to another worker if the send fails. */
@@ -147,6 +163,7 @@ export class Dispatcher {
       const res = await this.opts.transport.send(workerId, turnStart(f));
       if (res.ok) {
         this.opts.metrics.dispatched();
+        f.trace?.sent(workerId);
         const first = f.firstSentAtMs === undefined;
         // an accept that came back before this await ended has moved it past `sent` already
         if (workerOf(f) === workerId) dispatchTo(f, { to: 'sent' }, this.opts.clock.nowMs());
@@ -193,6 +210,7 @@ export class Dispatcher {
     if (!f) return;
     try {
       f.fence = await this.opts.begin.redirect(f.fence, workerId, reason, endState);
+      f.trace?.redirected(f.fence.deliveryId, workerId, reason);
       dispatchTo(f, workerId === null ? { to: 'parked' } : { to: 'assigned', workerId }, this.opts.clock.nowMs());
     } catch (e) {
       if (e instanceof FenceRejected) {
@@ -279,6 +297,7 @@ export class Dispatcher {
     const f = this.turnOf(eventId);
     if (!f || f.fence.deliveryId !== deliveryId || !dispatchTo(f, { to: 'accepted', workerId }, this.opts.clock.nowMs())) return;
     this.opts.workers.accepted(workerId);
+    f.trace?.accepted(workerId);
     // its window grew: a parked turn, or the queue, may have a slot now
     this.dispatchParked();
     this.opts.onCapacity?.();
@@ -322,18 +341,29 @@ export class Dispatcher {
       if (!outcome) continue;
       failed++;
       if (workerId) await this.tell(workerId, { v: 1, type: 'turn_cancel', turn_ref: toWire(fence), reason: 'turn_timeout' });
-      this.attemptFailed(fence, outcome, `turn ran longer than ${maxTurnMs} ms`);
+      this.attemptFailed(fence, outcome, `turn ran longer than ${maxTurnMs} ms`, true);
     }
     return failed;
   }
 
-  /** An attempt failed (a worker error, its lease, the maximum duration): settles it here. */
-  attemptFailed(attempt: AttemptRef, outcome: FailOutcome, why: string): void {
+  /**
+   * An attempt failed (a worker error, its lease, the maximum duration): settles it here.
+   * `fencedOut`: the daemon took the fence from it (its lease, the maximum duration), so whatever
+   * its worker still sends for it is refused.
+   */
+  attemptFailed(attempt: AttemptRef, outcome: FailOutcome, why: string, fencedOut = false): void {
     this.opts.metrics.failed(outcome.deadLettered);
-    const fields = { ...attemptFields(attempt), deadLettered: outcome.deadLettered };
+    const held = this.heldAttempt(attempt);
+    const fields = { ...attemptFields(attempt), deadLettered: outcome.deadLettered, ...traceLogFields(held?.started.trace) };
     if (outcome.deadLettered) this.log.warn(fields, `event dead-lettered after ${why}`);
     else this.log.warn(fields, `attempt failed (${why}); the event will be retried`);
-    this.settle(attempt);
+    this.settle(attempt, { outcome: outcome.deadLettered ? 'dead_letter' : 'retry', why, fencedOut });
+  }
+
+  /** The turn in flight here for exactly this attempt (not an older or newer one of its event). */
+  private heldAttempt(attempt: Pick<AttemptRef, 'eventId' | 'activationUid'>): InFlightTurn | undefined {
+    const turn = this.holders.get(attempt.eventId)?.turn;
+    return turn?.fence.eventId === attempt.eventId && turn.fence.activationUid === attempt.activationUid ? turn : undefined;
   }
 
   /**
@@ -382,11 +412,13 @@ export class Dispatcher {
   /**
    * The attempt is over in this process, whatever happened to it: its controller lets go of it
    * and its slot goes to a parked turn first, then to the queue. An older attempt of the same
-   * event (another activation) changes nothing.
+   * event (another activation) changes nothing. `end` is how its span ends (the first end of a
+   * span counts: the commit and a failure end it before they settle).
    */
-  settle(attempt: Pick<AttemptRef, 'eventId' | 'activationUid'>): void {
+  settle(attempt: Pick<AttemptRef, 'eventId' | 'activationUid'>, end?: AttemptEnd): void {
     const holder = this.holders.get(attempt.eventId);
     if (holder?.turn && holder.turn.fence.activationUid === attempt.activationUid) {
+      holder.turn.trace?.end(end ?? { outcome: 'cancelled', why: 'the attempt ended in this daemon' });
       this.holders.delete(attempt.eventId);
       holder.letGo(attempt.eventId);
       this.finished(attempt.eventId);
@@ -421,7 +453,7 @@ export class Dispatcher {
         } else {
           if (workerId) await this.tell(workerId, { v: 1, type: 'turn_cancel', turn_ref: toWire(current.fence), reason: msg.reason });
           this.log.info({ ...fenceFields(current.fence), workerId }, 'turn cancelled');
-          this.settle(current.fence);
+          this.settle(current.fence, { outcome: 'cancelled', why: msg.reason });
         }
       }),
       fenceFields(msg.fence),
@@ -461,7 +493,7 @@ export class Dispatcher {
         }
         this.log.info({ ...fenceFields(current.fence), workerId, by: msg.eventId }, 'turn interrupted');
         this.opts.metrics.interrupted?.();
-        this.settle(current.fence);
+        this.settle(current.fence, { outcome: 'interrupted', why: `interrupted by event ${msg.eventId}` });
       }),
       { actor: formatActorKey(key), eventId: msg.eventId },
     );

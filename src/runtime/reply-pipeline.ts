@@ -32,6 +32,7 @@ import { FenceRejected, errorMessage, isConnectionError } from '../base/errors.t
 import type { BrokerEvent } from '../fabric/broker.ts';
 import { resultValuesProblem, type DaemonMessage } from '../fabric/protocol.ts';
 import { storableText } from '../base/json-safety.ts';
+import { traceLogFields } from '../base/trace-context.ts';
 import type { Logger } from '../base/logger.ts';
 import type { Dispatcher } from './dispatcher.ts';
 import { fenceFields, fromWire, type Fence, type WireTurnRef } from './fence.ts';
@@ -164,6 +165,7 @@ export class ReplyPipeline {
       if (chunks) await chunks;
       const held = this.opts.dispatcher.turnOf(fence.eventId);
       const trace = held?.started.trace;
+      const commitEnded = held?.trace?.commit(e.workerId);
       try {
         outcome = await this.writer.submit({
           kind: 'commit',
@@ -176,23 +178,25 @@ export class ReplyPipeline {
           ...(deliver.length > 0 ? { deliver: [...deliver] } : {}),
         });
       } catch (err) {
+        commitEnded?.(err instanceof FenceRejected ? 'rejected' : 'failed', errorMessage(err));
         // the fence is answered by `judged`; a lost database is retried there
         if (err instanceof FenceRejected || isConnectionError(err)) throw err;
         await this.commitFailed(e.workerId, e.turnRef, fence, err);
         return;
       }
+      commitEnded?.(outcome.outcome === 'committed' ? 'committed' : 'duplicate');
       if (outcome.outcome === 'committed') {
         this.opts.metrics.committed();
         this.opts.workers.committed(e.workerId);
         if (held?.started.batch) this.opts.metrics.coalesced?.(held.started.batch.length);
         const sentAtMs = held?.firstSentAtMs;
         if (sentAtMs !== undefined) this.opts.metrics.commitLatency?.((this.opts.clock.nowMs() - sentAtMs) / 1000);
-        this.log.info({ ...fenceFields(fence), workerId: e.workerId }, 'turn committed');
+        this.log.info({ ...fenceFields(fence), workerId: e.workerId, ...traceLogFields(trace) }, 'turn committed');
       } else {
         this.opts.metrics.duplicate();
         this.log.info({ ...fenceFields(fence), workerId: e.workerId }, 'duplicate result: already committed');
       }
-      this.opts.dispatcher.settle(fence);
+      this.opts.dispatcher.settle(fence, { outcome: outcome.outcome === 'committed' ? 'committed' : 'duplicate' });
       await this.answer(e.workerId, { v: 1, type: 'turn_committed', turn_ref: e.turnRef });
     });
   }

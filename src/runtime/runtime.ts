@@ -19,6 +19,7 @@
  *  3. Per actor, operations run one at a time through the actor's SessionController, which owns
  *     the actor's in-flight turn in this process.
  */
+import type { TurnTracer } from '../base/turn-tracer.ts';
 import type { PgBoss } from 'pg-boss';
 import type { Clock } from '../base/clock.ts';
 import { contextLimits, type Config } from '../config.ts';
@@ -81,6 +82,8 @@ export interface RuntimeOptions {
   /** Called whenever capacity may have freed up (the consumer fetches again). */
   onCapacity?: () => void;
   metrics?: RuntimeMetrics;
+  /** Spans of the turns (docs/observability.md); undefined: no tracing work at all. */
+  tracer?: TurnTracer | undefined;
 }
 
 export class Runtime {
@@ -168,6 +171,7 @@ export class Runtime {
       clock: opts.clock,
       logger: opts.logger,
       metrics: this.metrics,
+      ...(opts.tracer ? { tracer: opts.tracer } : {}),
     };
     this.dispatcher = new Dispatcher({
       ...parts,

@@ -14,6 +14,7 @@ import type { AttemptFailures } from './attempt-failure.ts';
 import type { TurnBeginner } from './turn-begin.ts';
 import type { TurnCommits } from './turn-commit.ts';
 import type { WorkerRegistry } from './worker-registry.ts';
+import type { TurnTracer } from '../base/turn-tracer.ts';
 
 export interface Transport {
   send(workerId: string, msg: DaemonMessage): Promise<SendResult>;
@@ -37,4 +38,6 @@ export interface RuntimeParts {
   clock: Clock;
   logger: Logger;
   metrics: RuntimeMetrics;
+  /** Spans of the turns' attempts (docs/observability.md); undefined: the daemon does not trace. */
+  tracer?: TurnTracer | undefined;
 }

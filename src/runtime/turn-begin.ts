@@ -33,7 +33,10 @@ export interface StartedTurn {
   fence: Fence;
   payload: unknown;
   enqueuedAt: string;
-  /** The sender's trace context (E9 of src/db/enqueue/send-event.ts), for turn_start's `trace`. */
+  /**
+   * The context turn_start's `trace` carries: the attempt's `invoke_agent` span when the daemon
+   * traces, else the sender's (E9 of src/db/enqueue/send-event.ts).
+   */
   trace?: TraceCarrier | undefined;
   attempt: number;
   leaseExpiresAt: Date;
@@ -48,7 +51,12 @@ export interface StartedTurn {
 export interface BeginRequest {
   job: FetchedJob;
   workerId: string | null;
+  /** The attempt's trace context (its span, when the daemon traces); default: the event's own. */
+  trace?: TraceCarrier | undefined;
 }
+
+/** The context the attempt continues: its own span's, else the event's. */
+const traceOf = (r: BeginRequest): TraceCarrier | undefined => r.trace ?? r.job.data.trace;
 
 const keyOf = (job: FetchedJob): ActorKey => ({ agentUid: job.data.agentUid, sessionId: job.data.sessionId });
 
@@ -74,8 +82,8 @@ export class TurnBeginner {
   }
 
   /** T2 for one fetched job; its error, if any, is thrown. */
-  async begin(job: FetchedJob, workerId: string | null): Promise<StartedTurn> {
-    const [settled] = await this.beginMany([{ job, workerId }]);
+  async begin(request: BeginRequest): Promise<StartedTurn> {
+    const [settled] = await this.beginMany([request]);
     if (!settled!.ok) throw settled!.error;
     return settled!.value;
   }
@@ -96,9 +104,17 @@ export class TurnBeginner {
       const { activation, delivery } = await lockFence(tx, this.deps.jobs, fence);
       await deliveries.transitionDelivery(tx, delivery.deliveryId, DELIVERY_LIVE, endState, reason);
       await transcript.finishTurn(tx, delivery.deliveryId, 'failed', { error: { code: endState, message: reason } });
-      const { input, coalesced } = await transcript.turnInput(tx, delivery.deliveryId);
+      const { input, coalesced, traceparent } = await transcript.turnInput(tx, delivery.deliveryId);
       const [deliveryId] = await turnRows.insertTurnRowsMany(tx, [
-        { activation, eventId: delivery.eventId, jobRetryCount: delivery.jobRetryCount, workerId: nextWorkerId, input, coalesced },
+        {
+          activation,
+          eventId: delivery.eventId,
+          jobRetryCount: delivery.jobRetryCount,
+          workerId: nextWorkerId,
+          input,
+          coalesced,
+          traceparent,
+        },
       ]);
       await activations.extendLease(tx, activation.activationUid, this.deps.leaseMs);
       return fenceOf({ ...activation, eventId: delivery.eventId, deliveryId: deliveryId! });
@@ -192,6 +208,7 @@ export class TurnBeginner {
         input: r.job.data.payload,
         coalesced: r.job.batch,
         known: knownOf(known[i]),
+        traceparent: traceOf(r)?.traceparent,
       })),
       { kind, leaseMs: this.deps.leaseMs, ownerId: this.deps.ownerId, context },
     );
@@ -202,7 +219,7 @@ export class TurnBeginner {
       const conv = b.conversation;
       const json =
         conv && contextJson(contexts.resolve(key, known[i], { conversationId: conv.id, nextSeq: conv.nextSeq, lines: conv.lines }));
-      return this.startedTurn(r.job, r.workerId, b.activation, b.deliveryId, json);
+      return this.startedTurn(r, b.activation, b.deliveryId, json);
     });
   }
 
@@ -230,18 +247,14 @@ export class TurnBeginner {
     });
   }
 
-  private startedTurn(
-    job: FetchedJob,
-    workerId: string | null,
-    activation: ActivationRow,
-    deliveryId: string,
-    contextJson: string | undefined,
-  ): StartedTurn {
+  private startedTurn(request: BeginRequest, activation: ActivationRow, deliveryId: string, contextJson: string | undefined): StartedTurn {
+    const { job, workerId } = request;
+    const trace = traceOf(request);
     return {
       fence: fenceOf({ ...activation, eventId: job.id, deliveryId }),
       payload: job.data.payload,
       enqueuedAt: job.data.enqueuedAt,
-      ...(job.data.trace ? { trace: job.data.trace } : {}),
+      ...(trace ? { trace } : {}),
       attempt: job.retryCount + 1,
       leaseExpiresAt: activation.leaseExpiresAt,
       workerId,

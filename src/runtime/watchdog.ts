@@ -83,7 +83,7 @@ export class Watchdog {
       if (!outcome || a.currentEventId === null) continue;
       report.expired++;
       if (outcome.deadLettered) report.deadLettered++;
-      dispatcher.attemptFailed({ ...a, eventId: a.currentEventId }, outcome, 'lease expired');
+      dispatcher.attemptFailed({ ...a, eventId: a.currentEventId }, outcome, 'lease expired', true);
     }
 
     if (this.opts.maxTurnMs !== undefined) report.overdue = await dispatcher.failOverdueTurns(this.opts.maxTurnMs);

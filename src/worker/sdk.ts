@@ -49,6 +49,7 @@ import { RunningTurn, type TurnHandler } from './turn.ts';
 import { registrationRefusal, watchHandshakes, type RefusalListener } from './refusals.ts';
 import { applySendHooks, type WorkerHooks } from './hooks.ts';
 import type { StopOptions, Worker } from './types.ts';
+import { TracedFinals } from './tracing.ts';
 
 export type { TurnContext, TurnHandler, TurnOutcome, SteerListener, HandlerError, HistoryPage, Emit, Deliver } from './turn.ts';
 
@@ -114,6 +115,8 @@ class WorkerRuntime implements Worker {
   private readonly turns = new Map<string, RunningTurn>();
   /** delivery_id → final result awaiting turn_committed/turn_rejected (invariant 5). */
   private readonly unsettled = new Map<string, WorkerMessage>();
+  /** The handler spans of traced turns whose final message awaits its answer. */
+  private readonly tracedFinals = new TracedFinals();
   private state: State = 'idle';
   private socket: Dealer | null = null;
   private loopDone: Promise<void> = Promise.resolve();
@@ -343,11 +346,13 @@ class WorkerRuntime implements Worker {
         const turn = this.turns.get(msg.turn_ref.delivery_id);
         if (turn) turn.cancel(msg.reason);
         this.unsettled.delete(msg.turn_ref.delivery_id);
+        this.tracedFinals.answered(msg.turn_ref.delivery_id);
         return;
       }
       case 'turn_failed':
         // the daemon acted on our turn_error: stop re-sending it
         this.unsettled.delete(msg.turn_ref.delivery_id);
+        this.tracedFinals.answered(msg.turn_ref.delivery_id);
         this.log.debug({ deliveryId: msg.turn_ref.delivery_id, retry: msg.retry, deadLettered: msg.dead_lettered }, 'turn failed');
         return;
       case 'rpc_response': {
@@ -361,6 +366,7 @@ class WorkerRuntime implements Worker {
       }
       case 'turn_committed':
         this.unsettled.delete(msg.turn_ref.delivery_id);
+        this.tracedFinals.answered(msg.turn_ref.delivery_id);
         this.log.debug({ deliveryId: msg.turn_ref.delivery_id, revision: msg.turn_ref.revision }, 'turn committed');
         return;
       case 'turn_rejected':
@@ -430,6 +436,7 @@ class WorkerRuntime implements Worker {
     }
     const turn = new RunningTurn(msg, {
       handler: this.opts.handler,
+      workerId: this.workerId,
       clock: this.clock,
       logger: this.log,
       maxMessageBytes: this.maxMessageBytes,
@@ -438,7 +445,7 @@ class WorkerRuntime implements Worker {
       streamTurnBytes: () => this.streamTurnBytes,
       send: (m, frame) => this.sendFinalOrProgress(m, frame),
       rpc: (turnRef, method, params) => this.callRpc(turnRef, method, params),
-      finished: (t) => void this.turns.delete(t.deliveryId),
+      finished: (t) => void (this.turns.delete(t.deliveryId), this.tracedFinals.keep(t.deliveryId, t.tracedFinal)),
     });
     this.turns.set(ref.delivery_id, turn);
     this.log.debug(
@@ -485,7 +492,8 @@ class WorkerRuntime implements Worker {
     const turn = this.turns.get(deliveryId);
     // stale_revision while running means a steer is on its way to us: keep going. Any other
     // rejection of the current ref means the daemon will never take this turn's result.
-    if (turn && reason !== 'stale_revision' && turn.turnRef.revision === revision) turn.cancel(`rejected: ${reason}`);
+    if (turn && reason !== 'stale_revision' && turn.turnRef.revision === revision) turn.cancel(`rejected: ${reason}`, true);
+    this.tracedFinals.rejected(deliveryId, reason, detail);
   }
 
   private onProtocolError(code: string, message: string): void {

@@ -11,7 +11,8 @@
  * 4. The turn leaves the worker's in-flight set before its final message is queued, so the
  *    heartbeat and the capacity check never count a turn the daemon may already have settled.
  */
-import { traceIdsOf } from '../base/trace-context.ts';
+import { traceLogFields, type TraceCarrier } from '../base/trace-context.ts';
+import { HandlerSpan } from './tracing.ts';
 import type { Clock, TimerHandle } from '../base/clock.ts';
 import { toError } from '../base/errors.ts';
 import type { Logger } from '../base/logger.ts';
@@ -55,10 +56,17 @@ export interface TurnContext {
   /** Lease expiry as sent by the daemon at turn_start (progress extends it daemon-side). */
   readonly leaseExpiresAt: string;
   /**
-   * The W3C trace context the turn continues (`turn_start.trace`: the sender's span), for the
-   * handler's own spans and outgoing calls; undefined when the event came with none.
+   * The W3C trace context of this turn, for the handler's outgoing calls: the handler's own span
+   * when the process traces with OpenTelemetry (docs/observability.md), else the context
+   * `turn_start.trace` carried (the daemon's attempt span, or the sender's); undefined without one.
    */
   readonly trace: { readonly traceparent: string; readonly tracestate?: string | undefined } | undefined;
+  /**
+   * Runs a tool call: `fn`'s result, in an `execute_tool {name}` span (GenAI semantic
+   * conventions) under the handler's span when the process traces; just `fn` otherwise. A
+   * thrown error is recorded on the span and thrown on. `name`: 1–128 characters.
+   */
+  tool<T>(name: string, fn: () => Promise<T> | T, attributes?: Record<string, string | number | boolean>): Promise<T>;
   /** Aborted by turn_cancel, by a terminal turn_rejected, or by `worker.stop()`. */
   readonly signal: AbortSignal;
   readonly logger: Logger;
@@ -139,6 +147,8 @@ export interface HandlerError extends Error {
 
 export interface TurnDeps {
   handler: TurnHandler;
+  /** This worker's id (the handler span's `corral.worker.id`). */
+  workerId: string;
   clock: Clock;
   logger: Logger;
   /** Queues `msg`; `frame` is its encoded text when the caller has it already. */
@@ -197,10 +207,13 @@ export class RunningTurn {
   private streamedBytes = 0;
   /** The stream budget is spent (counted here, or told by the daemon): no chunk is sent any more. */
   private streamClosed = false;
+  /** The handler's span, when the process traces (src/worker/tracing.ts). */
+  private readonly span: HandlerSpan | undefined;
 
   constructor(start: TurnStart, deps: TurnDeps) {
     this.start = start;
     this.deps = deps;
+    this.span = HandlerSpan.start(start, deps.workerId);
     this.ref = start.turn_ref;
     this.deliveryId = start.turn_ref.delivery_id;
     this.done = this.run();
@@ -213,7 +226,7 @@ export class RunningTurn {
       eventId: this.start.turn_ref.event_id,
       epoch: this.start.turn_ref.actor_epoch,
       attempt: this.start.attempt,
-      ...(this.start.trace ? traceLogFields(this.start.trace.traceparent) : {}),
+      ...traceLogFields(this.span?.carrier ?? this.start.trace),
     });
     return this.turnLog;
   }
@@ -236,8 +249,17 @@ export class RunningTurn {
     this.notify(input, newRef);
   }
 
-  /** Abort and stay silent (invariant 2). */
-  cancel(reason: string): void {
+  /**
+   * The handler span's context while the turn's final message awaits the daemon's answer (a
+   * refusal is then recorded under it); undefined when not traced or nothing was sent.
+   */
+  get tracedFinal(): TraceCarrier | undefined {
+    return this.state === 'settled' ? this.span?.carrier : undefined;
+  }
+
+  /** Abort and stay silent (invariant 2). `fencedOut`: the daemon refused the attempt's current fence. */
+  cancel(reason: string, fencedOut = false): void {
+    if (fencedOut) this.span?.fencedOut(reason);
     if (!this.moveTo('cancelled')) return;
     this.log.info({ reason }, 'turn cancelled');
     this.controller.abort(abortError(`turn cancelled: ${reason}`, 'cancelled'));
@@ -282,7 +304,14 @@ export class RunningTurn {
       events: (this.start.events ?? [ev]).map((e) => ({ id: e.id, data: e.data, enqueuedAt: e.enqueued_at })),
       attempt: this.start.attempt,
       leaseExpiresAt: this.start.lease_expires_at,
-      trace: this.start.trace,
+      trace: this.span?.carrier ?? this.start.trace,
+      tool(name, fn, attributes) {
+        if (typeof name !== 'string' || name.length === 0 || name.length > 128) {
+          return Promise.reject(new TypeError('ctx.tool: the name is a string of 1 to 128 characters'));
+        }
+        if (typeof fn !== 'function') return Promise.reject(new TypeError('ctx.tool: fn is a function'));
+        return self.span ? self.span.tool(name, fn, attributes) : Promise.resolve().then(fn);
+      },
       signal: this.controller.signal,
       get logger() {
         return self.log;
@@ -320,12 +349,17 @@ export class RunningTurn {
     let final: WorkerMessage;
     let frame: string | undefined;
     try {
-      const outcome = await this.deps.handler(this.context());
+      const ctx = this.context();
+      const outcome = await (this.span ? this.span.run(() => this.deps.handler(ctx)) : this.deps.handler(ctx));
       ({ msg: final, frame } = this.resultMessage(outcome));
     } catch (e) {
       final = { v: PROTOCOL_VERSION, type: 'turn_error', turn_ref: this.ref, error: this.errorBody(e) };
     }
     this.moveTo(this.state === 'cancelled' ? 'settled_silent' : 'settled');
+    if (this.span) {
+      const error = final.type === 'turn_error' ? final.error : undefined;
+      this.span.end(this.state === 'settled_silent' ? 'cancelled' : error ? 'turn_error' : 'turn_result', error);
+    }
     this.progressTimer.cancel();
     this.progressTimer = null;
     this.deps.finished(this);
@@ -463,10 +497,4 @@ function abortError(message: string, code: string): Error {
   err.code = code;
   err.retryable = code !== 'cancelled';
   return err;
-}
-
-/** A traced turn's log lines name its trace (`trace_id`, and the parent span as `span_id`). */
-function traceLogFields(traceparent: string): { trace_id: string; span_id: string } {
-  const { traceId, spanId } = traceIdsOf(traceparent);
-  return { trace_id: traceId, span_id: spanId };
 }

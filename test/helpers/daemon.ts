@@ -1,6 +1,7 @@
 /** An in-process daemon on a fresh test database (or on one its caller gives), with real ZeroMQ and real pg-boss. */
 import { loadConfig, type Config } from '../../src/config.ts';
 import { Daemon } from '../../src/daemon/daemon.ts';
+import type { TurnTracer } from '../../src/base/turn-tracer.ts';
 import { silentLogger, createLogger } from '../../src/base/logger.ts';
 import { createTestDatabase, type TestDatabase } from './db.ts';
 
@@ -19,7 +20,7 @@ export interface TestDaemon<D extends GivenDatabase = TestDatabase> {
 /** A daemon on `opts.db` (left to its caller to drop), or on a fresh test database that `stop()` drops. */
 export async function startTestDaemon<D extends GivenDatabase = TestDatabase>(
   overrides: Partial<Config> = {},
-  opts: { start?: boolean; db?: D } = {},
+  opts: { start?: boolean; db?: D; tracer?: TurnTracer } = {},
 ): Promise<TestDaemon<D>> {
   const made = opts.db ? undefined : await createTestDatabase();
   // without opts.db, D is its default: TestDatabase
@@ -33,7 +34,13 @@ export async function startTestDaemon<D extends GivenDatabase = TestDatabase>(
     insecure: true,
     ...overrides,
   });
-  const daemon = new Daemon({ config, databaseUrl: db.url, logger: testLogger, skipMigrations: true });
+  const daemon = new Daemon({
+    config,
+    databaseUrl: db.url,
+    logger: testLogger,
+    skipMigrations: true,
+    ...(opts.tracer ? { tracer: opts.tracer } : {}),
+  });
   if (opts.start ?? true) await daemon.start();
   return {
     daemon,

@@ -27,6 +27,8 @@ export async function runDaemonCommand(config: Config, opts: DaemonCommandOption
   const requests = new StopRequests();
   const daemon: CorralDaemon = createDaemon({
     ...config,
+    // the settings are all given; the environment is read for OpenTelemetry's (OTEL_*)
+    env: process.env,
     logger,
     ...(opts.workers > 0 ? { localWorkers: { count: opts.workers, capacity: opts.workerCapacity } } : {}),
   });

@@ -3,13 +3,15 @@
  * [--json]`: one actor's activation, pending events, recent turns and dead letters. Read-only.
  * Also home of the small text-table renderer the operator commands share.
  */
-import { parseActorKey } from '../../base/actor-key.ts';
+import { formatActorKey, parseActorKey } from '../../base/actor-key.ts';
+import { traceIdsOf } from '../../base/trace-context.ts';
+import { isUuid } from '../../base/uuid.ts';
 import type { Config } from '../../config.ts';
 import { CorralError } from '../../base/errors.ts';
 import { errorLine } from '../../ops/dead-letters.ts';
 import { optionsText } from '../../ops/input-policies.ts';
 import { describeDelivery, type TurnDelivery } from '../../outbox/operations.ts';
-import { describeActivation } from '../../ops/actor-state.ts';
+import { attemptsOfEvent, describeActivation } from '../../ops/actor-state.ts';
 import { actorStatus, systemStatus, type SystemStatus } from '../../ops/status.ts';
 import { queuesOf } from '../../queue/names.ts';
 import { openCommandContext } from '../context.ts';
@@ -162,7 +164,7 @@ export async function runActorCommand(config: Config, actor: string, opts: { jso
     if (s.recentTurns.length > 0) {
       out.write(
         renderTable(
-          ['EVENT', 'ATTEMPT', 'STATUS', 'EPOCH', 'REV', 'WORKER', 'STARTED', 'EMITTED', 'DELIVERED', 'ERROR'],
+          ['EVENT', 'ATTEMPT', 'STATUS', 'EPOCH', 'REV', 'WORKER', 'STARTED', 'TRACE', 'EMITTED', 'DELIVERED', 'ERROR'],
           s.recentTurns.map((t) => [
             t.eventId,
             String(t.attempt),
@@ -171,6 +173,7 @@ export async function runActorCommand(config: Config, actor: string, opts: { jso
             String(t.revision),
             t.workerId ?? '-',
             fmtTime(t.startedAt),
+            t.traceparent ? traceIdsOf(t.traceparent).traceId : '-',
             emittedLine(t.emitted),
             deliveredLine(t.delivered),
             t.error ? errorLine(t.error) : '',
@@ -191,6 +194,49 @@ export async function runActorCommand(config: Config, actor: string, opts: { jso
         ),
       );
     }
+    return 0;
+  } finally {
+    await ctx.close();
+  }
+}
+
+/**
+ * `corral turn <actor> <event-id>`: every attempt of one event, each with its trace and span
+ * (docs/observability.md), its fence and its outcome.
+ */
+export async function runTurnCommand(config: Config, actor: string, eventId: string, opts: { json?: boolean }, out: Out): Promise<number> {
+  const key = parseActorKey(actor);
+  if (!isUuid(eventId)) throw new CorralError('invalid_argument', `not an event id (a UUID): ${JSON.stringify(eventId)}`);
+  const ctx = await openCommandContext(config, { connections: 1 });
+  try {
+    const attempts = await attemptsOfEvent(ctx.database.db, key, eventId.toLowerCase());
+    if (attempts.length === 0) throw new CorralError('not_found', `actor ${formatActorKey(key)} has no turn of event ${eventId}`);
+    if (opts.json) {
+      const rows = attempts.map((t) => ({ ...t, ...(t.traceparent ? traceIdsOf(t.traceparent) : {}) }));
+      out.write(`${JSON.stringify({ actor: formatActorKey(key), eventId, attempts: rows }, null, 2)}\n`);
+      return 0;
+    }
+    out.write(`event ${eventId} of ${formatActorKey(key)}: ${attempts.length} attempt${attempts.length === 1 ? '' : 's'}\n`);
+    out.write(
+      renderTable(
+        ['ATTEMPT', 'STATUS', 'EPOCH', 'REV', 'WORKER', 'STARTED', 'FINISHED', 'TRACE', 'SPAN', 'ERROR'],
+        attempts.map((t) => {
+          const ids = t.traceparent ? traceIdsOf(t.traceparent) : undefined;
+          return [
+            String(t.attempt),
+            t.status,
+            String(t.epoch),
+            String(t.revision),
+            t.workerId ?? '-',
+            fmtTime(t.startedAt),
+            t.finishedAt ? fmtTime(t.finishedAt) : '-',
+            ids?.traceId ?? '-',
+            ids?.spanId ?? '-',
+            t.error ? errorLine(t.error) : '',
+          ];
+        }),
+      ),
+    );
     return 0;
   } finally {
     await ctx.close();

@@ -6,6 +6,7 @@
 import type { Config } from '../../config.ts';
 import type { WorkerCredentials } from '../../worker/credentials.ts';
 import { runExampleWorker } from '../../worker/example.ts';
+import { tracingSettings } from '../../observability/tracing-settings.ts';
 import { commandLogger } from '../database.ts';
 import { parentWatchReason, watchParent } from '../parent-watch.ts';
 import { StopRequests, type StopSource } from '../stop-requests.ts';
@@ -44,6 +45,9 @@ export async function runWorkerCommand(config: Config, opts: WorkerCommandOption
   const { workerId, credentials, source } = await resolveWorkerCredentials(config, opts.id);
   if (!credentials) logger.warn('INSECURE: CURVE is off for this worker; it can only join a daemon started with --insecure');
   const endpoint = opts.endpoint ?? config.endpoint;
+  // OpenTelemetry's variables (OTEL_EXPORTER_OTLP_ENDPOINT, …): the turns' handler and tool spans are exported
+  const settings = tracingSettings(process.env, 'corral-worker');
+  const tracing = settings ? (await import('../../observability/tracing.ts')).registerProcessTracing(settings) : undefined;
   const worker = await runExampleWorker({
     endpoint,
     workerId,
@@ -93,6 +97,7 @@ export async function runWorkerCommand(config: Config, opts: WorkerCommandOption
   });
   stopWatching();
   await stopping;
+  await tracing?.shutdown().catch((e: unknown) => logger.warn({ err: String(e) }, 'the trace exporter did not flush'));
   logger.info({ workerId }, 'example worker stopped');
   return 0;
 }

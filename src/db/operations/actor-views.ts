@@ -61,6 +61,7 @@ const turnColumns = {
   emitted: turns.emitted,
   startedAt: turns.startedAt,
   finishedAt: turns.finishedAt,
+  traceparent: turns.traceparent,
 };
 
 /**

@@ -154,10 +154,20 @@ export async function orphanedStartedTurns(db: DbOrTx, limit = 100): Promise<Tur
 }
 
 /** The event payload recorded on the turn of `deliveryId`. */
-export async function turnInput(db: DbOrTx, deliveryId: string): Promise<{ input: unknown; coalesced: BatchMember[] | undefined }> {
-  const rows = await db.select({ input: turns.input, coalesced: turns.coalesced }).from(turns).where(eq(turns.deliveryId, deliveryId));
+export async function turnInput(
+  db: DbOrTx,
+  deliveryId: string,
+): Promise<{ input: unknown; coalesced: BatchMember[] | undefined; traceparent: string | undefined }> {
+  const rows = await db
+    .select({ input: turns.input, coalesced: turns.coalesced, traceparent: turns.traceparent })
+    .from(turns)
+    .where(eq(turns.deliveryId, deliveryId));
   const coalesced = rows[0]?.coalesced;
-  return { input: rows[0]?.input, coalesced: Array.isArray(coalesced) ? (coalesced as BatchMember[]) : undefined };
+  return {
+    input: rows[0]?.input,
+    coalesced: Array.isArray(coalesced) ? (coalesced as BatchMember[]) : undefined,
+    traceparent: rows[0]?.traceparent ?? undefined,
+  };
 }
 
 export async function actorOfConversation(db: DbOrTx, conversationId: string): Promise<ActorKey | undefined> {

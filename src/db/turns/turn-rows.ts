@@ -52,9 +52,9 @@ const TURN_ROWS = sql.raw(`conv_new as (
     ), t as (
       insert into corral.turns
         (id, conversation_id, event_id, delivery_id, status, activation_uid, actor_epoch, revision, attempt, worker_id, input,
-         coalesced)
+         coalesced, traceparent)
       select w.turn_id, conv.id, w.event_id, d.delivery_id, 'started', w.activation_uid, w.actor_epoch, w.revision,
-             w.job_retry_count + 1, w.worker_id, w.input->'v', w.coalesced
+             w.job_retry_count + 1, w.worker_id, w.input->'v', w.coalesced, w.traceparent
         from w join conv using (agent_uid, session_id) join d using (delivery_id)
       returning delivery_id
     )`);
@@ -91,6 +91,8 @@ export interface BeginInput {
    * src/db/operations/transcript-retention.ts) (src/runtime/context-cache.ts, C1).
    */
   known?: { conversationId: string; nextSeq: number; firstSeq: number } | undefined;
+  /** The attempt's W3C traceparent (docs/observability.md), stored on its turn row; absent: none. */
+  traceparent?: string | undefined;
 }
 
 /** A turn begun by `beginTurnsMany`. */
@@ -147,6 +149,8 @@ export async function beginTurnsMany(
       known_conv: j.known?.conversationId ?? null,
       known_seq: j.known?.nextSeq ?? null,
       known_first: j.known?.firstSeq ?? null,
+      // absent rather than null: an untraced turn adds nothing to the statement's JSON
+      ...(j.traceparent === undefined ? {} : { traceparent: j.traceparent }),
     }))
     // actor rows are locked in key order, as everywhere else (two daemons cannot deadlock)
     .sort((x, y) => cmp(x.agent_uid, y.agent_uid) || cmp(x.session_id, y.session_id));
@@ -196,11 +200,11 @@ export async function beginTurnsMany(
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
         agent_uid text, session_id text, event_id uuid, activation_uid uuid, lease_id uuid, delivery_id uuid,
         turn_id uuid, conv_id uuid, job_retry_count int, worker_id text, input jsonb, coalesced jsonb, known_conv uuid,
-        known_seq int, known_first int)
+        known_seq int, known_first int, traceparent text)
     ), ${activationsOf}
     ), w as (
       select i.agent_uid, i.session_id, i.event_id, i.delivery_id, i.turn_id, i.conv_id, i.job_retry_count, i.worker_id, i.input,
-             i.coalesced, i.known_conv, i.known_seq, i.known_first, a.activation_uid, a.actor_epoch, a.revision
+             i.coalesced, i.known_conv, i.known_seq, i.known_first, i.traceparent, a.activation_uid, a.actor_epoch, a.revision
         from i join a using (agent_uid, session_id)
     ), ${TURN_ROWS}, n as (
       ${STARTED_NOTIFY}
@@ -237,6 +241,7 @@ export interface TurnRowsInput {
   workerId: string | null;
   input: unknown;
   coalesced?: BatchMember[] | undefined;
+  traceparent?: string | undefined;
 }
 
 /**
@@ -262,6 +267,7 @@ export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInpu
     // wrapped, so that a JSON null stays a JSON null (a recordset turns it into SQL NULL)
     input: { v: r.input ?? null },
     coalesced: r.coalesced ?? null,
+    ...(r.traceparent === undefined ? {} : { traceparent: r.traceparent }),
   }));
   const written = await executeNamed<{ delivery_id: string }>(
     tx,
@@ -270,7 +276,8 @@ export async function insertTurnRowsMany(tx: DbOrTx, rows: readonly TurnRowsInpu
     with w as (
       select * from jsonb_to_recordset(${JSON.stringify(input)}::jsonb) as x(
         delivery_id uuid, turn_id uuid, conv_id uuid, activation_uid uuid, agent_uid text, session_id text,
-        actor_epoch bigint, event_id uuid, revision int, job_retry_count int, worker_id text, input jsonb, coalesced jsonb)
+        actor_epoch bigint, event_id uuid, revision int, job_retry_count int, worker_id text, input jsonb, coalesced jsonb,
+        traceparent text)
     ), ${TURN_ROWS}
     select delivery_id from t`,
   );
