@@ -25,6 +25,11 @@ export interface LiveAttempt {
 export interface LiveTurnStarted extends LiveAttempt {
   /** Every event the turn answers, in order (one, or a batch under `coalesce` / `interrupt`). */
   events: { id: string; data: unknown; enqueued_at: string }[];
+  /**
+   * The attempt's W3C traceparent, when it has one: the daemon's `invoke_agent` span when it
+   * traces, else the context the event was sent with (docs/observability.md).
+   */
+  traceparent?: string;
 }
 
 export interface LiveChunk extends LiveAttempt {

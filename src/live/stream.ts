@@ -231,7 +231,12 @@ export class LiveStream implements LiveWatch {
     const row = await turnOfDelivery(this.deps.db, this.deps.queues, f.turn.deliveryId);
     if (!f.startedSent) {
       f.startedSent = true;
-      this.push({ id: liveEventId(f.turn.deliveryId, 's'), type: 'turn_started', data: { ...attemptOf(f.turn), events: f.turn.events } });
+      const trace = f.turn.traceparent === null ? {} : { traceparent: f.turn.traceparent };
+      this.push({
+        id: liveEventId(f.turn.deliveryId, 's'),
+        type: 'turn_started',
+        data: { ...attemptOf(f.turn), events: f.turn.events, ...trace },
+      });
     }
     for (;;) {
       const chunks = await readChunks(this.deps.db, f.turn.deliveryId, f.lastSeq, 500);

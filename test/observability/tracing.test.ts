@@ -27,6 +27,7 @@ import { PassThrough } from 'node:stream';
 
 const AGENT = 'otel';
 const TP = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
+const LIVE_TP = '00-5cf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
 
 describe('one trace per turn, exported over OTLP', () => {
   const otlp = new OtlpReceiver();
@@ -215,6 +216,22 @@ describe('one trace per turn, exported over OTLP', () => {
     expect(hook.traceparent).toBe(`00-${traceId}-${post.spanId}-01`);
     // the turn row names the attempt's span (`corral actor`, `corral turn`)
     expect(await turnTraceparents(sent.eventId)).toEqual([`00-${traceId}-${invoke.spanId}-01`]);
+  });
+
+  it("the live stream's turn_started carries the attempt span's traceparent", async () => {
+    // resolved once the watch is registered: the send comes after
+    const watch = await corral.watch(`${AGENT}/live`);
+    try {
+      const first = watch[Symbol.asyncIterator]().next();
+      const sent = await corral.send(`${AGENT}/live`, { n: 'live' }, { traceparent: LIVE_TP });
+      const started = (await first).value as { type: string; data: { event_id: string; traceparent?: string } };
+      expect([started.type, started.data.event_id]).toEqual(['turn_started', sent.eventId]);
+      const spans = await traceOnceItHas(LIVE_TP.slice(3, 35), ['corral.commit']);
+      const invoke = named(spans, `invoke_agent ${AGENT}`).find((x) => x.attributes['corral.event.id'] === sent.eventId)!;
+      expect(started.data.traceparent).toBe(`00-${LIVE_TP.slice(3, 35)}-${invoke.spanId}-01`);
+    } finally {
+      await watch.close();
+    }
   });
 
   it("HTTP: the request's traceparent is the attempt span's parent", async () => {

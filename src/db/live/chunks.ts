@@ -160,6 +160,8 @@ export interface WatchedTurn {
   /** Every event it answers, in order: its own first. */
   events: { id: string; data: unknown; enqueued_at: string }[];
   output: unknown;
+  /** The attempt's W3C traceparent (docs/observability.md), or null. */
+  traceparent: string | null;
 }
 
 type TurnRow = {
@@ -173,13 +175,14 @@ type TurnRow = {
   input: unknown;
   coalesced: { event_id: string; data: unknown; enqueued_at: string }[] | null;
   output: unknown;
+  traceparent: string | null;
   enqueued_at: Date | string | null;
 };
 
 const c = bossSql.col;
 
 function turnColumns(q: Queues) {
-  return sql`t.id, t.delivery_id, t.event_id, t.actor_epoch, t.attempt, t.status, t.started_at::text as started_at, t.input, t.coalesced, t.output,
+  return sql`t.id, t.delivery_id, t.event_id, t.actor_epoch, t.attempt, t.status, t.started_at::text as started_at, t.input, t.coalesced, t.output, t.traceparent,
     (select ${c.created_on} from ${bossSql.job(q.schema)} j where ${c.name} = ${q.events} and ${c.id} = t.event_id) as enqueued_at`;
 }
 
@@ -198,6 +201,7 @@ function watchedTurn(r: TurnRow): WatchedTurn {
       ...(r.coalesced ?? []).map((m) => ({ id: m.event_id, data: m.data ?? null, enqueued_at: m.enqueued_at })),
     ],
     output: r.output ?? null,
+    traceparent: r.traceparent ?? null,
   };
 }
 
