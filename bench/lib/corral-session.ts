@@ -3,6 +3,7 @@
  * tcp://127.0.0.1:0) with W in-process example workers, driven in rounds, plus the wake-latency
  * phase. Commits are timed by the runtime's commit hook, with the database as the authority.
  */
+import type { TurnTracer } from '../../src/base/turn-tracer.ts';
 import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { actorKey, type ActorKey } from '../../src/base/actor-key.ts';
@@ -199,9 +200,19 @@ export class CorralSession {
 
   /** CURVE on the fabric (the default deployment) or off (`--insecure`), to measure its cost. */
   private readonly curve: boolean;
+  /** Tracing (bench/tracing.ts): the daemon's tracer, and the OTEL_* variables of the worker processes. */
+  private readonly tracing: { tracer: TurnTracer; workerEnv: Record<string, string> } | undefined;
 
-  constructor(dbUrl: string, home: string, opts: Options, serverCpu: ServerCpu, curve = true) {
+  constructor(
+    dbUrl: string,
+    home: string,
+    opts: Options,
+    serverCpu: ServerCpu,
+    curve = true,
+    tracing?: { tracer: TurnTracer; workerEnv: Record<string, string> },
+  ) {
     this.curve = curve;
+    this.tracing = tracing;
     this.serverCpu = serverCpu;
     this.dbUrl = dbUrl;
     this.home = home;
@@ -216,7 +227,7 @@ export class CorralSession {
   private spawnWorker(workerId: string, endpoint: string, capacity: number, keyFile: string | undefined): Proc {
     const args = ['worker', '--id', workerId, '--endpoint', endpoint, '--capacity', String(capacity)];
     args.push(...(keyFile ? ['--key-file', keyFile] : ['--insecure']));
-    const proc = spawnCorral(args, { CORRAL_HOME: this.home, CORRAL_LOG_LEVEL: 'warn' }, workerId);
+    const proc = spawnCorral(args, { CORRAL_HOME: this.home, CORRAL_LOG_LEVEL: 'warn', ...this.tracing?.workerEnv }, workerId);
     const pid = proc.child.pid;
     this.cleanup.defer(`stop worker ${workerId}`, async () => {
       if (pid === undefined) return;
@@ -259,6 +270,7 @@ export class CorralSession {
       logger: silentLogger,
       skipMigrations: true,
       metrics: this.counter.metrics,
+      ...(this.tracing ? { tracer: this.tracing.tracer } : {}),
     }));
     const workers: Worker[] = [];
     const client = (this.client = openDatabase(this.dbUrl, { max: 4, applicationName: 'corral-bench' }));
