@@ -86,6 +86,18 @@ export function traceIdsOf(traceparent: string): { traceId: string; spanId: stri
   };
 }
 
+/**
+ * A stored carrier (an event job's `trace`) as corral wrote it, or undefined: a job written by
+ * other means with a malformed one must not fail its begin (the turn row checks the pattern).
+ */
+export function storedTraceCarrier(value: unknown): TraceCarrier | undefined {
+  const c = value as Partial<TraceCarrier> | null | undefined;
+  if (typeof c?.traceparent !== 'string' || !STORED_TRACEPARENT_PATTERN.test(c.traceparent)) return undefined;
+  return typeof c.tracestate === 'string' && tracestateProblem(c.tracestate) === undefined
+    ? { traceparent: c.traceparent, tracestate: c.tracestate }
+    : { traceparent: c.traceparent };
+}
+
 /** A traced turn's log fields: its trace, and the span the line belongs to (the carrier's). */
 export function traceLogFields(carrier: TraceCarrier | undefined): { trace_id: string; span_id: string } | Record<string, never> {
   if (!carrier) return {};

@@ -22,7 +22,7 @@ import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
 import type { TimerHandle } from '../base/clock.ts';
 import type { ControlMessage } from '../db/turns/control.ts';
 import { FenceRejected, toError } from '../base/errors.ts';
-import { traceLogFields } from '../base/trace-context.ts';
+import { storedTraceCarrier, traceLogFields } from '../base/trace-context.ts';
 import type { AttemptEnd, AttemptTrace } from '../base/turn-tracer.ts';
 import { withRawField, type DaemonMessage } from '../fabric/protocol.ts';
 import type { Logger } from '../base/logger.ts';
@@ -146,7 +146,7 @@ export class Dispatcher {
       key: { agentUid: job.data.agentUid, sessionId: job.data.sessionId },
       eventId: job.id,
       attempt: job.retryCount + 1,
-      parent: job.data.trace,
+      parent: job.data.trace && storedTraceCarrier(job.data.trace),
       enqueuedAtMs: Number.isFinite(enqueuedAtMs) ? enqueuedAtMs : undefined,
       batchSize: 1 + (job.batch?.length ?? 0),
     });

@@ -18,7 +18,7 @@ import * as transcript from '../db/turns/transcript.ts';
 import { fenceOf, lockFence, type Fence, type JobTable } from '../db/turns/fence.ts';
 import { DELIVERY_LIVE } from '../db/schema.ts';
 import { CorralError, isConnectionError } from '../base/errors.ts';
-import type { TraceCarrier } from '../base/trace-context.ts';
+import { storedTraceCarrier, type TraceCarrier } from '../base/trace-context.ts';
 import type { ConsumedJob } from '../queue/consumer.ts';
 import type { BatchMember } from '../db/turns/batches.ts';
 import type { AttemptFailures } from './attempt-failure.ts';
@@ -56,7 +56,7 @@ export interface BeginRequest {
 }
 
 /** The context the attempt continues: its own span's, else the event's. */
-const traceOf = (r: BeginRequest): TraceCarrier | undefined => r.trace ?? r.job.data.trace;
+const traceOf = (r: BeginRequest): TraceCarrier | undefined => r.trace ?? (r.job.data.trace && storedTraceCarrier(r.job.data.trace));
 
 const keyOf = (job: FetchedJob): ActorKey => ({ agentUid: job.data.agentUid, sessionId: job.data.sessionId });
 

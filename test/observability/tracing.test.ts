@@ -13,6 +13,8 @@ import { addSink } from '../../src/outbox/sinks.ts';
 import { createTurnTracer, registerProcessTracing } from '../../src/observability/tracing.ts';
 import { tracingSettings } from '../../src/observability/tracing-settings.ts';
 import type { TurnTracer } from '../../src/base/turn-tracer.ts';
+import type { TraceCarrier } from '../../src/base/trace-context.ts';
+import { actorEventJob } from '../../src/queue/event-job.ts';
 import { createWorker } from '../../src/worker/index.ts';
 import type { Worker } from '../../src/worker/types.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
@@ -326,6 +328,20 @@ describe('one trace per turn, exported over OTLP', () => {
     expect(attempts[0]!.attributes['error.type']).toBe('fenced_out');
     const first = named(spans, 'corral.handler').find((h) => h.attributes['corral.attempt'] === 1)!;
     expect([first.parentSpanId, first.attributes['corral.outcome']]).toEqual([attempts[0]!.spanId, 'cancelled']);
+  });
+
+  it('a job written by other means with a malformed trace still runs: traced from no parent, its row without the bad value', async () => {
+    const job = actorEventJob({ agentUid: AGENT, sessionId: 'forged' }, { n: 'forged' }, 1024, {
+      traceparent: "00-x' or 1=1--",
+      tracestate: 'x',
+    } as unknown as TraceCarrier);
+    await t.daemon.boss.send(t.daemon.queues.events, job.data, { id: job.id, singletonKey: job.singletonKey });
+    await waitFor(() => seen.get('forged#1'), { what: 'the forged event’s turn' });
+    const traceId = job.id.replace(/-/g, '');
+    const spans = await traceOnceItHas(traceId, ['corral.commit']);
+    const invoke = only(spans, `invoke_agent ${AGENT}`);
+    expect([invoke.parentSpanId, invoke.attributes['corral.outcome']]).toEqual(['', 'committed']);
+    expect(await turnTraceparents(job.id)).toEqual([`00-${traceId}-${invoke.spanId}-01`]);
   });
 
   it('an attempt span ending in a dead letter has an error status; an outbox POST that fails is an error', async () => {

@@ -18,6 +18,8 @@ import { WebhookReceiver } from '../helpers/webhook-receiver.ts';
 import { startApi, type Api } from '../http/helpers.ts';
 import { connect, type Corral } from '../../src/client/index.ts';
 import pg from 'pg';
+import type { TraceCarrier } from '../../src/base/trace-context.ts';
+import { actorEventJob } from '../../src/queue/event-job.ts';
 
 const TP = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
 const TS = 'congo=t61rcWkgMzE,rojo=00f067aa0ba902b7';
@@ -140,6 +142,20 @@ describe('trace context from the sender to the worker and the sink', () => {
     // outside the span's context: none
     const outside = await corral.send('trace/outside', { n: 'outside' });
     expect(await storedTrace(outside.eventId)).toBeNull();
+  });
+
+  it('a job written by other means with a malformed trace still runs, with no trace', async () => {
+    const job = actorEventJob({ agentUid: 'trace', sessionId: 'forged' }, { n: 'forged' }, 1024, {
+      traceparent: "00-x' or 1=1--",
+    } as unknown as TraceCarrier);
+    await t.daemon.boss.send(t.daemon.queues.events, job.data, { id: job.id, singletonKey: job.singletonKey });
+    expect((await handled('forged')).trace).toBeUndefined();
+    await waitFor(
+      async () => (await raw.query(`select 1 from corral.turns where event_id = $1 and status = 'succeeded'`, [job.id])).rowCount === 1,
+      { what: 'the forged event committed' },
+    );
+    const rows = await raw.query<{ traceparent: string | null }>(`select traceparent from corral.turns where event_id = $1`, [job.id]);
+    expect(rows.rows.map((r) => r.traceparent)).toEqual([null]);
   });
 
   it('a malformed traceparent or tracestate given to send is refused, nothing enqueued', async () => {
