@@ -406,7 +406,13 @@ describe('outbox for many tenants', () => {
     const s = await start(agent, session);
     await w.send({ type: 'turn_result', turn_ref: s.turn_ref, messages: [{ role: 'assistant', content: 'ok' }], deliver });
     const ref = s.turn_ref as Ref;
-    return w.next('', (m) => (m.type === 'turn_committed' || m.type === 'turn_rejected') && (m.turn_ref as Ref).event_id === ref.event_id);
+    // not the answer to the accept: written lazily, it can come after a refusal failed the attempt (already_failed)
+    return w.next(
+      '',
+      (m) =>
+        (m.type === 'turn_committed' || (m.type === 'turn_rejected' && m.reason !== 'already_failed')) &&
+        (m.turn_ref as Ref).event_id === ref.event_id,
+    );
   }
 
   const rowsOf = async (agent: string) =>
