@@ -50,6 +50,8 @@ export type { Logger } from '../base/logger.ts';
 const CORRAL_BIN = fileURLToPath(new URL('../../bin/corral.js', import.meta.url));
 /** The most the HTTP API or the metrics server may take to close. */
 const RELEASE_STEP_MS = 3_000;
+/** The longest a stop waits for the last spans to be exported (a collector that is away is retried for its exporter's timeout). */
+const TRACE_FLUSH_MS = 1_500;
 /** The most stopping the embedded PostgreSQL may take (a fast shutdown, a checkpoint included). */
 const EMBEDDED_STOP_MS = 15_000;
 
@@ -379,7 +381,7 @@ class HostedDaemon implements CorralDaemon {
       .catch((e: unknown) => this.log.warn({ err: toError(e) }, 'the daemon did not stop cleanly'));
     await this.releaseStep('the metrics server', RELEASE_STEP_MS, this.server?.close());
     // the spans of the last turns go out before the process ends
-    await this.releaseStep('the trace exporter', RELEASE_STEP_MS, this.tracer?.shutdown());
+    await this.releaseStep('the trace exporter', TRACE_FLUSH_MS, this.tracer?.shutdown());
     await this.releaseStep('the embedded PostgreSQL', EMBEDDED_STOP_MS, stopEmbeddedIfStartedHere(this.database?.embedded, this.log));
   }
 

@@ -89,7 +89,8 @@ function samplerOf(s: SamplerSetting): Sampler {
 }
 
 function providerOf(settings: TracingSettings, ids: IdGenerator): TracerProvider {
-  const exporterOptions = { url: settings.url, headers: settings.headers, timeoutMillis: settings.batch.exportTimeoutMillis };
+  // the request timeout is the exporter's own (OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT, 10 s), read by it
+  const exporterOptions = { url: settings.url, headers: settings.headers };
   const exporter = settings.protocol === 'http/json' ? new OtlpJsonExporter(exporterOptions) : new OtlpProtoExporter(exporterOptions);
   return new TracerProvider({
     resource: defaultResource().merge(resourceFromAttributes({ 'service.name': settings.serviceName, 'service.version': CORRAL_VERSION })),

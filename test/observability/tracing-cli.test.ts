@@ -98,4 +98,40 @@ describe('corral daemon and its local workers export their spans', () => {
     child.kill('SIGTERM');
     expect(await exited).toBe(0);
   });
+
+  it('a collector that is not there costs the turns nothing: they commit, and the daemon stops in time', async () => {
+    const port = await freePort();
+    const deadCollector = `http://127.0.0.1:${await freePort()}`;
+    stderr = '';
+    child = spawn(
+      process.execPath,
+      [CORRAL, 'daemon', '--endpoint', 'tcp://127.0.0.1:0', '--workers', '1', '--metrics-port', String(port)],
+      {
+        cwd: ROOT,
+        env: { ...env(), OTEL_EXPORTER_OTLP_ENDPOINT: deadCollector },
+        stdio: ['ignore', 'ignore', 'pipe'],
+      },
+    );
+    child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    const exited = new Promise<number | null>((resolve) => child!.on('exit', (code) => resolve(code)));
+    await waitFor(async () => (await fetch(`http://127.0.0.1:${port}/readyz`)).status === 200, {
+      what: () => `readyz (stderr: ${stderr})`,
+      timeoutMs: 45_000,
+      intervalMs: 200,
+    });
+    const corral = await connect({ databaseUrl: tdb.url, env: {} });
+    try {
+      const sent = await Promise.all(Array.from({ length: 5 }, (_, i) => corral.send(`cli/dead-${i}`, { text: `hi ${i}` })));
+      for (const s of sent) expect((await corral.waitForTurn(s.eventId, { timeoutMs: 20_000 })).eventId).toBe(s.eventId);
+    } finally {
+      await corral.close();
+    }
+    const stoppedAt = Date.now();
+    child.kill('SIGTERM');
+    expect(await exited).toBe(0);
+    // the flushes are bounded (the daemon's 3 s, its worker's 2 s), not by the exporter's 30 s of
+    // retries, nor by the daemon's 10 s deadline for its local workers
+    console.log('STOP MS', Date.now() - stoppedAt);
+    expect(Date.now() - stoppedAt).toBeLessThan(8_000);
+  });
 });

@@ -7,6 +7,10 @@ import type { Config } from '../../config.ts';
 import type { WorkerCredentials } from '../../worker/credentials.ts';
 import { runExampleWorker } from '../../worker/example.ts';
 import { tracingSettings } from '../../observability/tracing-settings.ts';
+import { settlesWithin, systemClock } from '../../base/clock.ts';
+
+/** The longest a stopping worker waits for its last spans to be exported. */
+const TRACE_FLUSH_MS = 1_000;
 import { commandLogger } from '../database.ts';
 import { parentWatchReason, watchParent } from '../parent-watch.ts';
 import { StopRequests, type StopSource } from '../stop-requests.ts';
@@ -97,7 +101,12 @@ export async function runWorkerCommand(config: Config, opts: WorkerCommandOption
   });
   stopWatching();
   await stopping;
-  await tracing?.shutdown().catch((e: unknown) => logger.warn({ err: String(e) }, 'the trace exporter did not flush'));
+  // the last spans go out, but a collector that is away does not hold the stop up (its exporter retries for 30 s)
+  if (tracing) {
+    const flushed = tracing.shutdown().catch((e: unknown) => logger.warn({ err: String(e) }, 'the trace exporter did not flush'));
+    if (!(await settlesWithin(systemClock, TRACE_FLUSH_MS, flushed)))
+      logger.warn({ waitedMs: TRACE_FLUSH_MS }, 'the trace exporter did not flush in time');
+  }
   logger.info({ workerId }, 'example worker stopped');
   return 0;
 }
