@@ -4,7 +4,7 @@
  * Imported only by those two: the rest of corral does not load `@opentelemetry/api`.
  */
 import { ROOT_CONTEXT, createTraceState, trace, type Context, type Span } from '@opentelemetry/api';
-import { traceIdsOf, type TraceCarrier } from './trace-context.ts';
+import { formatTraceparent, traceIdsOf, type TraceCarrier } from './trace-context.ts';
 
 /** `base` with the (remote) span `carrier` names as its active span; `base` itself without one. */
 export function contextOf(carrier: TraceCarrier | undefined, base: Context = ROOT_CONTEXT): Context {
@@ -22,7 +22,7 @@ export function contextOf(carrier: TraceCarrier | undefined, base: Context = ROO
 /** `span`'s context as W3C headers write it. */
 export function carrierOf(span: Span): TraceCarrier {
   const sc = span.spanContext();
-  const traceparent = `00-${sc.traceId}-${sc.spanId}-${(sc.traceFlags & 0xff).toString(16).padStart(2, '0')}`;
+  const traceparent = formatTraceparent(sc.traceId, sc.spanId, sc.traceFlags);
   const tracestate = sc.traceState?.serialize();
   return tracestate ? { traceparent, tracestate } : { traceparent };
 }

@@ -105,8 +105,18 @@ export function traceLogFields(carrier: TraceCarrier | undefined): { trace_id: s
   return { trace_id: traceId, span_id: spanId };
 }
 
+/** A version-00 traceparent for a span context's ids and flags. */
+export function formatTraceparent(traceId: string, spanId: string, traceFlags: number): string {
+  return `00-${traceId}-${spanId}-${(traceFlags & 0xff).toString(16).padStart(2, '0')}`;
+}
+
 /** Where `@opentelemetry/api` (major version 1) keeps what an application registered. */
 const OTEL_API_GLOBAL = Symbol.for('opentelemetry.js.api.1');
+
+/** What the process registered with `@opentelemetry/api` 1.x (its `context` manager, its `trace` provider), if anything. */
+export function otelRegistration(): { context?: { active?: () => unknown }; trace?: unknown } | undefined {
+  return (globalThis as Record<symbol, { context?: { active?: () => unknown }; trace?: unknown } | undefined>)[OTEL_API_GLOBAL];
+}
 /** The context key `@opentelemetry/api` keeps the active span under (its `createContextKey` is `Symbol.for`). */
 const OTEL_SPAN_KEY = Symbol.for('OpenTelemetry Context Key SPAN');
 
@@ -125,13 +135,11 @@ interface OtelSpanContext {
  * global lookup and loads nothing.
  */
 export function activeTraceCarrier(): TraceCarrier | undefined {
-  const registered = (globalThis as Record<symbol, { context?: { active?: () => unknown } } | undefined>)[OTEL_API_GLOBAL];
-  const active = registered?.context?.active?.() as { getValue?: (key: symbol) => unknown } | undefined;
+  const active = otelRegistration()?.context?.active?.() as { getValue?: (key: symbol) => unknown } | undefined;
   const span = active?.getValue?.(OTEL_SPAN_KEY) as { spanContext?: () => OtelSpanContext } | undefined;
   const sc = span?.spanContext?.();
   if (!sc || typeof sc.traceId !== 'string' || typeof sc.spanId !== 'string') return undefined;
-  const flags = ((sc.traceFlags ?? 0) & 0xff).toString(16).padStart(2, '0');
-  const traceparent = `00-${sc.traceId}-${sc.spanId}-${flags}`;
+  const traceparent = formatTraceparent(sc.traceId, sc.spanId, sc.traceFlags ?? 0);
   if (traceparentProblem(traceparent) !== undefined) return undefined;
   const tracestate = sc.traceState?.serialize();
   return tracestate && tracestateProblem(tracestate) === undefined ? { traceparent, tracestate } : { traceparent };

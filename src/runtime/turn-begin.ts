@@ -198,6 +198,7 @@ export class TurnBeginner {
     const { context, contexts } = this.deps;
     // what the cache holds now: the entries are immutable, so these are what the database checks
     const known = requests.map((r) => (context ? contexts.known(formatActorKey(keyOf(r.job))) : undefined));
+    const traces = requests.map(traceOf);
     const begun = await turnRows.beginTurnsMany(
       db,
       requests.map((r, i) => ({
@@ -208,7 +209,7 @@ export class TurnBeginner {
         input: r.job.data.payload,
         coalesced: r.job.batch,
         known: knownOf(known[i]),
-        traceparent: traceOf(r)?.traceparent,
+        traceparent: traces[i]?.traceparent,
       })),
       { kind, leaseMs: this.deps.leaseMs, ownerId: this.deps.ownerId, context },
     );
@@ -219,7 +220,7 @@ export class TurnBeginner {
       const conv = b.conversation;
       const json =
         conv && contextJson(contexts.resolve(key, known[i], { conversationId: conv.id, nextSeq: conv.nextSeq, lines: conv.lines }));
-      return this.startedTurn(r, b.activation, b.deliveryId, json);
+      return this.startedTurn(r, traces[i], b.activation, b.deliveryId, json);
     });
   }
 
@@ -247,9 +248,14 @@ export class TurnBeginner {
     });
   }
 
-  private startedTurn(request: BeginRequest, activation: ActivationRow, deliveryId: string, contextJson: string | undefined): StartedTurn {
+  private startedTurn(
+    request: BeginRequest,
+    trace: TraceCarrier | undefined,
+    activation: ActivationRow,
+    deliveryId: string,
+    contextJson: string | undefined,
+  ): StartedTurn {
     const { job, workerId } = request;
-    const trace = traceOf(request);
     return {
       fence: fenceOf({ ...activation, eventId: job.id, deliveryId }),
       payload: job.data.payload,

@@ -6,18 +6,14 @@
  * `execute_tool {name}` span (GenAI semantic conventions, docs/observability.md).
  */
 import { SpanKind, SpanStatusCode, context, trace, type Attributes, type Context, type Span } from '@opentelemetry/api';
-import type { TraceCarrier } from '../base/trace-context.ts';
+import { otelRegistration, type TraceCarrier } from '../base/trace-context.ts';
 import { carrierOf, contextOf } from '../base/otel-span-context.ts';
 import type { TurnStart } from '../fabric/protocol.ts';
 
 const SCOPE = '@corral/worker';
-/** Where `@opentelemetry/api` 1.x keeps the registered providers: `trace` is set once one is. */
-const OTEL_API_GLOBAL = Symbol.for('opentelemetry.js.api.1');
-
-/** Whether this process registered an OpenTelemetry tracer provider. */
+/** Whether this process registered an OpenTelemetry tracer provider (the API sets `trace` once one is). */
 export function tracingRegistered(): boolean {
-  const registered = (globalThis as Record<symbol, { trace?: unknown } | undefined>)[OTEL_API_GLOBAL];
-  return registered?.trace !== undefined;
+  return otelRegistration()?.trace !== undefined;
 }
 
 /** One turn's handler span, and the tool spans under it. */
