@@ -41,6 +41,25 @@ describe('corral daemon and its local workers export their spans', () => {
     OTEL_BSP_SCHEDULE_DELAY: '100',
   });
 
+  /** `corral daemon --workers 1` with `extraEnv`, once it is ready, and its exit code to come. */
+  async function startDaemon(extraEnv: Record<string, string>): Promise<{ daemon: ChildProcess; exited: Promise<number | null> }> {
+    const port = await freePort();
+    stderr = '';
+    child = spawn(
+      process.execPath,
+      [CORRAL, 'daemon', '--endpoint', 'tcp://127.0.0.1:0', '--workers', '1', '--metrics-port', String(port)],
+      { cwd: ROOT, env: { ...env(), ...extraEnv }, stdio: ['ignore', 'ignore', 'pipe'] },
+    );
+    child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    const exited = new Promise<number | null>((resolve) => child!.on('exit', (code) => resolve(code)));
+    await waitFor(async () => (await fetch(`http://127.0.0.1:${port}/readyz`)).status === 200, {
+      what: () => `readyz (stderr: ${stderr})`,
+      timeoutMs: 45_000,
+      intervalMs: 200,
+    });
+    return { daemon: child, exited };
+  }
+
   it('a malformed OTEL_* setting: exit 2, naming it', () => {
     const res = spawnSync(process.execPath, [CORRAL, 'daemon', '--endpoint', 'tcp://127.0.0.1:0'], {
       cwd: ROOT,
@@ -53,23 +72,7 @@ describe('corral daemon and its local workers export their spans', () => {
   });
 
   it('one trace: the daemon’s attempt and its local worker’s handler span; SIGTERM still exits 0', async () => {
-    const port = await freePort();
-    child = spawn(
-      process.execPath,
-      [CORRAL, 'daemon', '--endpoint', 'tcp://127.0.0.1:0', '--workers', '1', '--metrics-port', String(port)],
-      {
-        cwd: ROOT,
-        env: env(),
-        stdio: ['ignore', 'ignore', 'pipe'],
-      },
-    );
-    child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-    const exited = new Promise<number | null>((resolve) => child!.on('exit', (code) => resolve(code)));
-    await waitFor(async () => (await fetch(`http://127.0.0.1:${port}/readyz`)).status === 200, {
-      what: () => `readyz (stderr: ${stderr})`,
-      timeoutMs: 45_000,
-      intervalMs: 200,
-    });
+    const { daemon, exited } = await startDaemon({});
     const corral = await connect({ databaseUrl: tdb.url, env: {} });
     try {
       const sent = await corral.send('cli/s1', { text: 'hi' }, { traceparent: TP });
@@ -95,30 +98,13 @@ describe('corral daemon and its local workers export their spans', () => {
     } finally {
       await corral.close();
     }
-    child.kill('SIGTERM');
+    daemon.kill('SIGTERM');
     expect(await exited).toBe(0);
   });
 
   it('a collector that is not there costs the turns nothing: they commit, and the daemon stops in time', async () => {
-    const port = await freePort();
     const deadCollector = `http://127.0.0.1:${await freePort()}`;
-    stderr = '';
-    child = spawn(
-      process.execPath,
-      [CORRAL, 'daemon', '--endpoint', 'tcp://127.0.0.1:0', '--workers', '1', '--metrics-port', String(port)],
-      {
-        cwd: ROOT,
-        env: { ...env(), OTEL_EXPORTER_OTLP_ENDPOINT: deadCollector },
-        stdio: ['ignore', 'ignore', 'pipe'],
-      },
-    );
-    child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-    const exited = new Promise<number | null>((resolve) => child!.on('exit', (code) => resolve(code)));
-    await waitFor(async () => (await fetch(`http://127.0.0.1:${port}/readyz`)).status === 200, {
-      what: () => `readyz (stderr: ${stderr})`,
-      timeoutMs: 45_000,
-      intervalMs: 200,
-    });
+    const { daemon, exited } = await startDaemon({ OTEL_EXPORTER_OTLP_ENDPOINT: deadCollector });
     const corral = await connect({ databaseUrl: tdb.url, env: {} });
     try {
       const sent = await Promise.all(Array.from({ length: 5 }, (_, i) => corral.send(`cli/dead-${i}`, { text: `hi ${i}` })));
@@ -127,7 +113,7 @@ describe('corral daemon and its local workers export their spans', () => {
       await corral.close();
     }
     const stoppedAt = Date.now();
-    child.kill('SIGTERM');
+    daemon.kill('SIGTERM');
     expect(await exited).toBe(0);
     // the flushes are bounded (the daemon's 3 s, its worker's 2 s), not by the exporter's 30 s of
     // retries, nor by the daemon's 10 s deadline for its local workers
