@@ -404,6 +404,12 @@ export class Broker {
       this.invalid(routing, rid, 'invalid_message', `frame of ${frames[1]!.length} bytes exceeds the limit of ${this.maxMessageBytes}`);
       return;
     }
+    // invariant 6: an unregistered connection's frames are refused anyway, but for its worker_ready;
+    // one larger than any worker_ready is refused unread, so a flood of them costs no parsing
+    if (frames[1]!.length > MAX_UNREGISTERED_FRAME_BYTES && !this.conns.has(rid)) {
+      this.invalid(routing, rid, 'not_registered', `a frame of ${frames[1]!.length} bytes from a connection that has not registered`);
+      return;
+    }
     const parsed = parseWorkerMessage(frames[1]!);
     if (!parsed.ok) {
       const code: ProtocolErrorCode = parsed.code === 'unsupported_version' ? 'unsupported_version' : 'invalid_message';
@@ -587,6 +593,8 @@ export class Broker {
 
 /** Log/answer at most this many refusals per connection per second; the rest are only counted. */
 const REFUSALS_PER_SECOND = 10;
+/** The largest frame read from a connection that has not registered: a worker_ready is under 2 KiB (docs/protocol.md §4). */
+export const MAX_UNREGISTERED_FRAME_BYTES = 64 * 1024;
 
 /** The protected option setters of zeromq.js sockets, for libzmq's draft options. */
 interface RawOptions {

@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { StaticTokenAuthenticator } from '../../src/fabric/auth.ts';
-import { Broker, type BrokerEvent, type BrokerOptions } from '../../src/fabric/broker.ts';
+import { Broker, MAX_UNREGISTERED_FRAME_BYTES, type BrokerEvent, type BrokerOptions } from '../../src/fabric/broker.ts';
 import type { DaemonMessage } from '../../src/fabric/protocol.ts';
 import { silentLogger } from '../../src/base/logger.ts';
 import { RawPeer } from '../helpers/raw-peer.ts';
@@ -117,6 +117,25 @@ describe('Broker', () => {
     await w.sendJson(heartbeat('w-3'));
     await w.waitFor('error', 3);
     expect(w.ofType('error')[2]?.code).toBe('not_registered');
+  });
+
+  it('refuses a frame larger than any worker_ready from an unregistered connection unread, and still registers it after', async () => {
+    const { broker, events } = await startBroker();
+    const w = peer(broker.endpoint, 'w-big');
+    const big = { v: 1, type: 'turn_chunk', turn_ref: makeTurnRef(), seq: 0, data: { delta: 'x'.repeat(MAX_UNREGISTERED_FRAME_BYTES) } };
+    await w.sendJson(big);
+    // a worker_ready padded to just under the limit is read (unknown fields are ignored)
+    await w.sendJson({ ...ready('w-big'), padding: 'p'.repeat(MAX_UNREGISTERED_FRAME_BYTES - 200) });
+    await w.waitFor('worker_welcome');
+    const [err] = await w.waitFor('error', 1);
+    expect(err).toMatchObject({ code: 'not_registered' });
+    expect(String(err!.message)).toContain('bytes from a connection that has not registered');
+    expect(events.filter((e) => e.kind === 'invalid')).toHaveLength(1);
+    // registered, a frame that large is read like any other
+    await w.sendJson({ v: 1, type: 'turn_progress', turn_ref: makeTurnRef(), padding: 'x'.repeat(MAX_UNREGISTERED_FRAME_BYTES) });
+    await waitFor(() => events.find((e) => e.kind === 'turn_progress'), 'a large frame read once registered');
+    expect(events.filter((e) => e.kind === 'invalid')).toHaveLength(1);
+    expect(broker.isRegistered('w-big')).toBe(true);
   });
 
   it('binds one connection to one worker id; heartbeats must name it', async () => {

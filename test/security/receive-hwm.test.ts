@@ -3,8 +3,9 @@
  * broker's ROUTER reads at most `CORRAL_RECEIVE_HWM` frames ahead per connection (ZMQ_RCVHWM),
  * and a peer sending faster waits on its own side. A real `corral daemon` process, a real
  * `corral worker`, and a raw DEALER peer in this process sending, for FLOOD_MS, frames just
- * under the 1 MiB limit that the daemon must parse in full (valid JSON: a `turn_chunk` of
- * ~1 MiB of text), from a connection that never registers. Stated bounds:
+ * under the 1 MiB limit (valid JSON: a `turn_chunk` of ~1 MiB of text), from a connection that
+ * never registers: each is received (the HWM bounds how many wait) and refused `not_registered`
+ * unread (over 64 KiB before a `worker_ready`). Stated bounds:
  *  - the daemon's RSS, sampled every 100 ms, stays within RSS_GROWTH_MB of its RSS before the
  *    flood (measured on 2 cores, default HWM 32: +35 to +60 MB; with libzmq's default of 1000,
  *    CORRAL_TEST_RECEIVE_HWM=1000, the same flood took it up by 700 MB to 1.3 GB and this test
