@@ -62,6 +62,8 @@ export interface DaemonDeps {
   extraChildren?: (endpoint: string) => ChildSpec<Daemon>[];
   /** Spans of turns and outbox requests (docs/observability.md); its owner shuts it down. */
   tracer?: TurnTracer;
+  /** A busy actor's next turn begins in its current turn's commit (default true; false: through the queue's fetch, to compare). */
+  continueTurns?: boolean;
 }
 
 export type { DaemonState };
@@ -129,8 +131,10 @@ export class Daemon {
       logger,
       ownerId: this.ownerId,
       onCapacity: () => consumer?.wakeForCapacity(),
+      queueBacklogged: () => consumer?.backlogged ?? false,
       ...(deps.metrics ? { metrics: deps.metrics } : {}),
       ...(deps.tracer ? { tracer: deps.tracer } : {}),
+      ...(deps.continueTurns === false ? { continueTurns: false } : {}),
     });
     const security = (this.security = config.insecure
       ? undefined
@@ -400,6 +404,7 @@ export class Daemon {
   private async drain(drainMs: number): Promise<void> {
     if (!this.handle || drainMs <= 0) return;
     await this.handle.removeChild('queue-consumer').catch(() => false);
+    this.runtime.stopContinuing();
     const until = this.clock.nowMs() + drainMs;
     if (this.runtime.inFlightCount() > 0) {
       this.log.info({ inFlight: this.runtime.inFlightCount(), drainMs }, 'draining in-flight turns');

@@ -115,6 +115,11 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
     help: 'Running turns interrupted by a newer event (input policy interrupt); their events went to the next turn',
     registers,
   });
+  const continued = new Counter({
+    name: 'corral_turns_continued_total',
+    help: "Turns begun in the commit of their actor's previous turn (a busy actor's next event: no fetch, no begin transaction)",
+    registers,
+  });
   const streamChunks = new Counter({
     name: 'corral_stream_chunks_total',
     help: 'turn_chunk messages by outcome: relayed to watchers, or dropped (stale delivery, out of order, too large, over the turn or backlog bytes, unstorable, not written)',
@@ -326,6 +331,7 @@ export function createMetrics(opts: CreateMetricsOptions = {}): Metrics {
       if (events > 0) coalesced.inc(events);
     },
     interrupted: () => interrupted.inc(),
+    continued: () => continued.inc(),
     rpcRefused: (budget) => rpcRefused.inc({ budget }),
     streamChunk: (outcome) => streamChunks.inc({ outcome }),
     outboxDelivered: (sink, seconds) => {

@@ -38,6 +38,8 @@ export interface ConsumedJob {
   data: ActorEventJobData;
   /** The events after this one its turn takes, in order (src/db/turns/batches.ts); absent for one event. */
   batch?: BatchMember[];
+  /** Its actor had another event queued behind it (src/db/boss/fetch.ts): its next turn may be claimed in this one's commit. */
+  more?: boolean;
 }
 
 export interface ConsumerOptions {
@@ -64,6 +66,12 @@ export class QueueConsumer {
   private woken = false;
   private failures = 0;
   fetched = 0;
+  /**
+   * The last fetch took as many jobs as it asked for: other actors' events may be waiting for a
+   * slot. (A busy actor's next turn then goes through the queue, not its commit: N4 of
+   * src/runtime/turn-commit.ts.)
+   */
+  backlogged = false;
 
   constructor(opts: ConsumerOptions) {
     this.opts = opts;
@@ -114,6 +122,7 @@ export class QueueConsumer {
         try {
           asked = Math.min(this.opts.capacity(), this.opts.batchSize);
           taken = await this.tick();
+          if (asked > 0) this.backlogged = taken >= asked;
           if (this.failures > 0) this.log.info({ after: this.failures }, 'queue reachable again');
           this.failures = 0;
         } catch (e) {

@@ -194,27 +194,33 @@ export class ContextCache {
    */
   committed(key: string, conversationId: string, firstSeq: number, lines: MessageLines): void {
     if (this.maxBytes === 0) return;
+    const next = this.afterCommit(key, conversationId, firstSeq, lines);
+    if (next === 'unchanged') return;
+    if (next) this.put(key, next);
+    else this.drop(key);
+  }
+
+  /**
+   * The entry `committed` would keep for `key` after that commit, changing nothing: 'unchanged'
+   * when the entry holds those messages already, undefined when it would be dropped. A turn begun
+   * in the same transaction as the commit (src/runtime/turn-commit.ts) sends it as its known context.
+   */
+  afterCommit(key: string, conversationId: string, firstSeq: number, lines: MessageLines): CachedContext | 'unchanged' | undefined {
     const entry = this.entries.get(key);
     const added = parseLines(splitLines(lines), firstSeq);
     const nextSeq = firstSeq + added.elements.length;
     const same = entry !== undefined && entry.conversationId === conversationId;
-    if (same && entry.nextSeq >= nextSeq) return; // it holds these already
+    if (same && entry.nextSeq >= nextSeq) return 'unchanged';
     if (same && entry.nextSeq === firstSeq) {
-      this.put(
-        key,
-        entryOf(
-          conversationId,
-          nextSeq,
-          [...entry.elements, ...added.elements],
-          [...entry.contentBytes, ...added.contentBytes],
-          this.limits,
-        ),
+      return entryOf(
+        conversationId,
+        nextSeq,
+        [...entry.elements, ...added.elements],
+        [...entry.contentBytes, ...added.contentBytes],
+        this.limits,
       );
-    } else if (firstSeq === 1) {
-      this.put(key, entryOf(conversationId, nextSeq, added.elements, added.contentBytes, this.limits));
-    } else {
-      this.drop(key);
     }
+    return firstSeq === 1 ? entryOf(conversationId, nextSeq, added.elements, added.contentBytes, this.limits) : undefined;
   }
 
   /** Drops every entry (the daemon is idle: the memory goes back, C3). */

@@ -41,7 +41,18 @@ const PARKED_RETRY_MS = 100;
 export interface DispatcherOptions extends RuntimeParts {
   /** Called whenever capacity may have freed up (the consumer fetches again). */
   onCapacity?: () => void;
+  /**
+   * A busy actor's next turn begins in its current turn's commit (N1 of src/runtime/turn-commit.ts):
+   * the finishing turn's slot is kept for it. Default true; never while the daemon traces (the
+   * attempt's span starts before its begin) or stops.
+   */
+  continueTurns?: boolean;
+  /** Other actors' events may be waiting for a slot: a freed slot goes to the queue (N4 of turn-commit.ts). */
+  queueBacklogged?: () => boolean;
 }
+
+/** The slot kept for the next turn of the actor whose turn `eventId` finishes. */
+const nextSlotOf = (eventId: string) => `next:${eventId}`;
 
 export class Dispatcher {
   private readonly opts: DispatcherOptions;
@@ -111,6 +122,26 @@ export class Dispatcher {
     }
   }
 
+  /**
+   * The commit of the actor's turn `previousEventId` ran with the slot `workerFinished` kept for
+   * its next turn: that turn, begun in the commit, takes the slot and goes out now; with none
+   * begun (nothing was due, or the commit did not happen) the slot is freed. Call on the actor's
+   * controller, after the previous turn settled.
+   */
+  async continued(controller: SessionController, previousEventId: string, next: StartedTurn | undefined): Promise<void> {
+    if (!next) {
+      this.opts.workers.release(nextSlotOf(previousEventId));
+      this.dispatchParked();
+      this.opts.onCapacity?.();
+      return;
+    }
+    this.opts.metrics.continued?.();
+    // the worker the delivery names; undefined if it went away meanwhile (the turn waits for another)
+    const workerId = this.opts.workers.rekey(nextSlotOf(previousEventId), next.fence.eventId);
+    await this.held(controller, next, workerId ?? null);
+    if (workerId === undefined) this.dispatchParked();
+  }
+
   private async startTurn(controller: SessionController, job: FetchedJob, workerId: string | null): Promise<void> {
     const trace = this.opts.tracer ? this.attemptTrace(job) : undefined;
     let started: StartedTurn;
@@ -123,6 +154,12 @@ export class Dispatcher {
       throw e;
     }
     trace?.begun(started.fence, workerId);
+    await this.held(controller, started, workerId, trace);
+  }
+
+  /** A begun turn is the controller's, and goes to its worker (or waits for one). */
+  private async held(controller: SessionController, started: StartedTurn, workerId: string | null, trace?: AttemptTrace): Promise<void> {
+    const eventId = started.fence.eventId;
     controller.hold({
       fence: started.fence,
       dispatch: firstDispatch(workerId),
@@ -130,13 +167,13 @@ export class Dispatcher {
       startedAtMs: this.opts.clock.nowMs(),
       ...(trace ? { trace } : {}),
     });
-    this.holders.set(job.id, controller);
+    this.holders.set(eventId, controller);
     this.log.info({ ...fenceFields(started.fence), workerId, attempt: started.attempt, ...traceLogFields(started.trace) }, 'turn started');
     if (workerId === null) {
-      this.parked.push(job.id);
+      this.parked.push(eventId);
       return;
     }
-    await this.send(job.id);
+    await this.send(eventId);
   }
 
   /** The attempt's span, started before its begin: the begin stores its context with the turn. */
@@ -375,24 +412,51 @@ export class Dispatcher {
    * first final message counts (a refused result or an error followed by a good result frees
    * nothing); and only while it has fewer than `capacity` turns finishing. The turn stays in
    * flight until the attempt settles.
+   *
+   * When the actor had another event queued behind this one (`StartedTurn.more`), the slot is kept
+   * for its next turn instead (N1 of src/runtime/turn-commit.ts): the worker returned gets it once
+   * the commit ran (`continued`). Otherwise undefined.
    */
-  workerFinished(workerId: string, ref: Fence, free: boolean): void {
+  workerFinished(workerId: string, ref: Fence, free: boolean): string | undefined {
     const f = this.turnOf(ref.eventId);
-    if (!f || workerOf(f) !== workerId) return;
+    if (!f || workerOf(f) !== workerId) return undefined;
     if (f.fence.deliveryId !== ref.deliveryId || f.fence.activationUid !== ref.activationUid || f.fence.actorEpoch !== ref.actorEpoch)
-      return;
-    if (this.opts.workers.workerOf(ref.eventId) !== workerId) return;
-    if (this.finals.get(ref.eventId)?.deliveryId === ref.deliveryId) return;
+      return undefined;
+    if (this.opts.workers.workerOf(ref.eventId) !== workerId) return undefined;
+    if (this.finals.get(ref.eventId)?.deliveryId === ref.deliveryId) return undefined;
     const finishing = this.finishingOf(workerId);
     if (!free || finishing >= this.opts.workers.capacityOf(workerId)) {
       this.finals.set(ref.eventId, { deliveryId: ref.deliveryId, freedBy: null });
-      return;
+      return undefined;
     }
     this.finals.set(ref.eventId, { deliveryId: ref.deliveryId, freedBy: workerId });
     this.finishingPerWorker.set(workerId, finishing + 1);
+    if (f.started.more && this.continuing()) {
+      this.opts.workers.rekey(ref.eventId, nextSlotOf(ref.eventId));
+      return workerId;
+    }
     this.opts.workers.release(ref.eventId);
     this.dispatchParked();
     this.opts.onCapacity?.();
+    return undefined;
+  }
+
+  /** Whether a finishing turn's slot may be kept for its actor's next turn (`DispatcherOptions.continueTurns`). */
+  private continuing(): boolean {
+    return (
+      !this.stopping &&
+      !this.draining &&
+      this.opts.continueTurns !== false &&
+      this.opts.tracer === undefined &&
+      this.opts.queueBacklogged?.() !== true
+    );
+  }
+
+  private draining = false;
+
+  /** The daemon drains: no next turn begins in a commit any more (the queue's fetch has stopped too). */
+  stopContinuing(): void {
+    this.draining = true;
   }
 
   /** Turns of `workerId` whose result freed their slot and that have not settled yet. */

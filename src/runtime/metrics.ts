@@ -18,6 +18,8 @@ export interface RuntimeMetrics extends OutboxMetrics {
   coalesced?(events: number): void;
   /** A running turn was interrupted by a newer event (input policy interrupt). */
   interrupted?(): void;
+  /** A turn began in the commit of its actor's previous turn (N1 of src/runtime/turn-commit.ts). */
+  continued?(): void;
   /** A `turn_chunk`, by what became of it (src/runtime/stream-relay.ts). */
   streamChunk?(outcome: string): void;
   /** A worker RPC answered `busy`: over the worker's requests at once, or per second. */

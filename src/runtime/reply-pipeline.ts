@@ -39,6 +39,7 @@ import { fenceFields, fromWire, type Fence, type WireTurnRef } from './fence.ts'
 import { GroupWriter } from './group-writer.ts';
 import type { RuntimeParts } from './transport.ts';
 import type { ReplyOutcome, ReplyRequest } from './turn-commit.ts';
+import type { StartedTurn } from './turn-begin.ts';
 import type { FailOutcome } from './attempt-failure.ts';
 import { checkEmits, type EmitRequest } from '../effects/emit.ts';
 import { checkDeliveries, type DeliverRequest, type SinkDirectory } from '../effects/deliver.ts';
@@ -157,48 +158,70 @@ export class ReplyPipeline {
   /** A result that passed every check that needs no fence: committed on its actor's controller. */
   private commitResult(e: ResultEvent, emits: readonly EmitRequest[], deliver: readonly DeliverRequest[], admitted: boolean): void {
     // invariant 5: the pipeline settles the turn from here on, so its slot may go to the next one
-    this.opts.dispatcher.workerFinished(e.workerId, fromWire(e.turnRef), true);
+    // (invariant 8: or is kept for the actor's next turn, begun in this commit)
+    let continuation = this.opts.dispatcher.workerFinished(e.workerId, fromWire(e.turnRef), true);
     this.dropAccept(e.turnRef.delivery_id);
     this.fenced(e.workerId, e.turnRef, 'commit', admitted, async (fence) => {
-      let outcome: ReplyOutcome;
-      const chunks = this.opts.chunksWritten?.(fence.deliveryId);
-      if (chunks) await chunks;
-      const held = this.opts.dispatcher.turnOf(fence.eventId);
-      const trace = held?.started.trace;
-      const commitEnded = held?.trace?.commit(e.workerId);
+      // once: a retried commit (a lost database) goes without it, the slot freed by the first try
+      const keep = continuation;
+      continuation = undefined;
+      let next: StartedTurn | undefined;
       try {
-        outcome = await this.writer.submit({
-          kind: 'commit',
-          fence,
-          workerId: e.workerId,
-          ...(trace ? { trace } : {}),
-          messages: e.messages,
-          ...(e.output === undefined ? {} : { output: e.output }),
-          ...(emits.length > 0 ? { emit: [...emits] } : {}),
-          ...(deliver.length > 0 ? { deliver: [...deliver] } : {}),
-        });
-      } catch (err) {
-        commitEnded?.(err instanceof FenceRejected ? 'rejected' : 'failed', errorMessage(err));
-        // the fence is answered by `judged`; a lost database is retried there
-        if (err instanceof FenceRejected || isConnectionError(err)) throw err;
-        await this.commitFailed(e.workerId, e.turnRef, fence, err);
-        return;
+        next = await this.commitChecked(e, emits, deliver, fence, keep);
+      } finally {
+        if (keep !== undefined) await this.opts.dispatcher.continued(this.opts.directory.wake(fence), fence.eventId, next);
       }
-      commitEnded?.(outcome.outcome === 'committed' ? 'committed' : 'duplicate');
-      if (outcome.outcome === 'committed') {
-        this.opts.metrics.committed();
-        this.opts.workers.committed(e.workerId);
-        if (held?.started.batch) this.opts.metrics.coalesced?.(held.started.batch.length);
-        const sentAtMs = held?.firstSentAtMs;
-        if (sentAtMs !== undefined) this.opts.metrics.commitLatency?.((this.opts.clock.nowMs() - sentAtMs) / 1000);
-        this.log.info({ ...fenceFields(fence), workerId: e.workerId, ...traceLogFields(trace) }, 'turn committed');
-      } else {
-        this.opts.metrics.duplicate();
-        this.log.info({ ...fenceFields(fence), workerId: e.workerId }, 'duplicate result: already committed');
-      }
-      this.opts.dispatcher.settle(fence, { outcome: outcome.outcome === 'committed' ? 'committed' : 'duplicate' });
-      await this.answer(e.workerId, { v: 1, type: 'turn_committed', turn_ref: e.turnRef });
     });
+  }
+
+  /** The commit of a checked result, its settlement and its answer; the next turn it began, if any (invariant 8). */
+  private async commitChecked(
+    e: ResultEvent,
+    emits: readonly EmitRequest[],
+    deliver: readonly DeliverRequest[],
+    fence: Fence,
+    continuation: string | undefined,
+  ): Promise<StartedTurn | undefined> {
+    let outcome: ReplyOutcome;
+    const chunks = this.opts.chunksWritten?.(fence.deliveryId);
+    if (chunks) await chunks;
+    const held = this.opts.dispatcher.turnOf(fence.eventId);
+    const trace = held?.started.trace;
+    const commitEnded = held?.trace?.commit(e.workerId);
+    try {
+      outcome = await this.writer.submit({
+        kind: 'commit',
+        fence,
+        workerId: e.workerId,
+        ...(trace ? { trace } : {}),
+        messages: e.messages,
+        ...(e.output === undefined ? {} : { output: e.output }),
+        ...(emits.length > 0 ? { emit: [...emits] } : {}),
+        ...(deliver.length > 0 ? { deliver: [...deliver] } : {}),
+        ...(continuation !== undefined ? { continuation: { workerId: continuation } } : {}),
+      });
+    } catch (err) {
+      commitEnded?.(err instanceof FenceRejected ? 'rejected' : 'failed', errorMessage(err));
+      // the fence is answered by `judged`; a lost database is retried there
+      if (err instanceof FenceRejected || isConnectionError(err)) throw err;
+      await this.commitFailed(e.workerId, e.turnRef, fence, err);
+      return undefined;
+    }
+    commitEnded?.(outcome.outcome === 'committed' ? 'committed' : 'duplicate');
+    if (outcome.outcome === 'committed') {
+      this.opts.metrics.committed();
+      this.opts.workers.committed(e.workerId);
+      if (held?.started.batch) this.opts.metrics.coalesced?.(held.started.batch.length);
+      const sentAtMs = held?.firstSentAtMs;
+      if (sentAtMs !== undefined) this.opts.metrics.commitLatency?.((this.opts.clock.nowMs() - sentAtMs) / 1000);
+      this.log.info({ ...fenceFields(fence), workerId: e.workerId, ...traceLogFields(trace) }, 'turn committed');
+    } else {
+      this.opts.metrics.duplicate();
+      this.log.info({ ...fenceFields(fence), workerId: e.workerId }, 'duplicate result: already committed');
+    }
+    this.opts.dispatcher.settle(fence, { outcome: outcome.outcome === 'committed' ? 'committed' : 'duplicate' });
+    await this.answer(e.workerId, { v: 1, type: 'turn_committed', turn_ref: e.turnRef });
+    return outcome.outcome === 'committed' ? outcome.next : undefined;
   }
 
   error(e: ErrorEvent): void {

@@ -84,6 +84,10 @@ export interface RuntimeOptions {
   metrics?: RuntimeMetrics;
   /** Spans of the turns (docs/observability.md); undefined: no tracing work at all. */
   tracer?: TurnTracer | undefined;
+  /** Busy actors' next turns begin in their commits (N1 of turn-commit.ts); default true. */
+  continueTurns?: boolean;
+  /** Whether other actors' events may be waiting for a slot (the consumer's last fetch was full: N4 of turn-commit.ts). */
+  queueBacklogged?: () => boolean;
 }
 
 export class Runtime {
@@ -135,6 +139,8 @@ export class Runtime {
       maxEventBytes: config.maxEventBytes,
       contexts: this.contexts,
       failures: this.failures,
+      // a batch's events share a turn_start's room for one event (B1 of src/db/turns/batches.ts), as in the fetch
+      continuations: { begin: this.begin, batchBytes: Math.floor(config.maxMessageBytes / 2) },
     });
     this.rpc = new RpcServer({
       db,
@@ -176,6 +182,8 @@ export class Runtime {
     this.dispatcher = new Dispatcher({
       ...parts,
       ...(opts.onCapacity ? { onCapacity: opts.onCapacity } : {}),
+      ...(opts.continueTurns === false ? { continueTurns: false } : {}),
+      ...(opts.queueBacklogged ? { queueBacklogged: opts.queueBacklogged } : {}),
     });
     this.replies = new ReplyPipeline({
       ...parts,
@@ -289,6 +297,11 @@ export class Runtime {
     await this.stream.flushed();
     await this.background.drain();
     await this.rpc.drain();
+  }
+
+  /** The daemon drains: commits begin no next turns any more. */
+  stopContinuing(): void {
+    this.dispatcher.stopContinuing();
   }
 
   /** Stops retrying database work and parked turns (shutdown). */

@@ -22,7 +22,7 @@ import { storedTraceCarrier, type TraceCarrier } from '../base/trace-context.ts'
 import type { ConsumedJob } from '../queue/consumer.ts';
 import type { BatchMember } from '../db/turns/batches.ts';
 import type { AttemptFailures } from './attempt-failure.ts';
-import { contextJson, knownOf, type ContextCache } from './context-cache.ts';
+import { contextJson, knownOf, type CachedContext, type ContextCache } from './context-cache.ts';
 import type { Settlement } from './group-writer.ts';
 
 /** A job fetched from the actor queue. */
@@ -45,6 +45,8 @@ export interface StartedTurn {
   contextJson?: string | undefined;
   /** The events after this one the turn takes, in order (src/db/turns/batches.ts); absent for one event. */
   batch?: BatchMember[] | undefined;
+  /** Its actor had another event queued behind it when its job was claimed (its next turn may begin in this one's commit). */
+  more?: boolean | undefined;
 }
 
 /** A fetched job to begin, and the worker whose slot it holds (null: it waits for one). */
@@ -194,10 +196,15 @@ export class TurnBeginner {
    * One begin statement (`beginTurnsMany`) for `requests`: the turn begun for each, in order, or
    * undefined for an actor the statement left alone.
    */
-  private async beginStatement(db: DbOrTx, kind: 'warm' | 'new', requests: readonly BeginRequest[]): Promise<(StartedTurn | undefined)[]> {
+  private async beginStatement(
+    db: DbOrTx,
+    kind: 'warm' | 'new',
+    requests: readonly BeginRequest[],
+    knownNow?: readonly (CachedContext | undefined)[],
+  ): Promise<(StartedTurn | undefined)[]> {
     const { context, contexts } = this.deps;
     // what the cache holds now: the entries are immutable, so these are what the database checks
-    const known = requests.map((r) => (context ? contexts.known(formatActorKey(keyOf(r.job))) : undefined));
+    const known = requests.map((r, i) => (context ? (knownNow ? knownNow[i] : contexts.known(formatActorKey(keyOf(r.job)))) : undefined));
     const traces = requests.map(traceOf);
     const begun = await turnRows.beginTurnsMany(
       db,
@@ -222,6 +229,21 @@ export class TurnBeginner {
         conv && contextJson(contexts.resolve(key, known[i], { conversationId: conv.id, nextSeq: conv.nextSeq, lines: conv.lines }));
       return this.startedTurn(r, traces[i], b.activation, b.deliveryId, json);
     });
+  }
+
+  /**
+   * T2 in the transaction of a commit (src/runtime/turn-commit.ts): the next turns of actors whose
+   * current turns it commits, on their activations made warm by that commit, each checked against
+   * the context the cache holds once the commit is done (`known`, C1 of context-cache.ts). The
+   * turn begun for each, in order; undefined for an actor the statement left alone.
+   */
+  async beginInCommit(
+    tx: DbOrTx,
+    requests: readonly BeginRequest[],
+    known: readonly (CachedContext | undefined)[],
+  ): Promise<(StartedTurn | undefined)[]> {
+    if (requests.length === 0) return [];
+    return this.beginStatement(tx, 'warm', requests, known);
   }
 
   /**
@@ -266,6 +288,7 @@ export class TurnBeginner {
       workerId,
       ...(contextJson === undefined ? {} : { contextJson }),
       ...(job.batch ? { batch: job.batch } : {}),
+      ...(job.more ? { more: true } : {}),
     };
   }
 }

@@ -36,14 +36,19 @@ import { enqueueEffects, type EmitRequest, type TurnEffects } from '../effects/e
 import { insertOutboxMany, type NewOutboxMessage } from '../db/outbox/messages.ts';
 import { outboxRowsOf, type DeliverRequest } from '../effects/deliver.ts';
 import type { AttemptFailures, FailOutcome } from './attempt-failure.ts';
-import type { ContextCache } from './context-cache.ts';
+import type { CachedContext, ContextCache } from './context-cache.ts';
+import type { BeginRequest, StartedTurn, TurnBeginner } from './turn-begin.ts';
+import type { ActorEventJobData } from '../queue/event-job.ts';
+import { claimKeyHeads } from '../db/boss/fetch.ts';
+import { crashPoint } from '../base/crash-points.ts';
 
 export interface ReplyMessage {
   role: 'assistant' | 'tool';
   content: unknown;
 }
 
-export type CommitOutcome = { outcome: 'committed' } | { outcome: 'duplicate' };
+/** `next`: the actor's next turn, claimed and begun in the same transaction (its continuation). */
+export type CommitOutcome = { outcome: 'committed'; next?: StartedTurn } | { outcome: 'duplicate' };
 
 /** One worker result in a group commit. */
 export interface CommitRequest {
@@ -57,6 +62,11 @@ export interface CommitRequest {
   deliver?: DeliverRequest[];
   /** The trace context the turn continues: its emits and outbound messages carry it on. */
   trace?: TraceCarrier;
+  /**
+   * The worker whose slot is kept for the actor's next turn: the commit claims the actor's next
+   * event and begins its turn for that worker in the same transaction (N1, `beginNextTurns`).
+   */
+  continuation?: { workerId: string };
 }
 
 /** One worker reply in a group transaction: a result, an accept or a progress report. */
@@ -97,6 +107,16 @@ export interface TurnCommitDeps {
   contexts: ContextCache;
   /** A `turn_error` fails its attempt through the attempt-failure step. */
   failures: AttemptFailures;
+  /** Begins the next turns of busy actors in their commits (`CommitRequest.continuation`); absent: never. */
+  continuations?: { begin: Pick<TurnBeginner, 'beginInCommit'>; batchBytes: number };
+}
+
+/** A commit's next turns could not all be begun: it runs again without them (N3). */
+class NextTurnsNotBegun extends Error {
+  constructor(keys: string[]) {
+    super(`next turns claimed but not begun: ${keys.join(', ')}`);
+    this.name = 'NextTurnsNotBegun';
+  }
 }
 
 export class TurnCommits {
@@ -140,6 +160,17 @@ export class TurnCommits {
    * kept on the turn (`corral.turns.output`), not on the pg-boss job.
    */
   async replyMany(requests: readonly ReplyRequest[]): Promise<ReplyOutcome[]> {
+    if (!requests.some((r) => r.kind === 'commit' && r.continuation)) return this.replyGroup(requests, false);
+    try {
+      return await this.replyGroup(requests, true);
+    } catch (e) {
+      // N3: rolled back; the replies are written without the next turns (the queue brings them)
+      if (!(e instanceof NextTurnsNotBegun)) throw e;
+      return this.replyGroup(requests, false);
+    }
+  }
+
+  private async replyGroup(requests: readonly ReplyRequest[], continuing: boolean): Promise<ReplyOutcome[]> {
     const keepContexts = this.deps.contexts.enabled;
     let written: Map<string, turnRows.CommittedTurn> | undefined;
     const outcomes = await inTransaction(this.deps.db, async (tx) => {
@@ -237,8 +268,19 @@ export class TurnCommits {
         // a member an operator settled meanwhile (a cancel) stays as it is; the others complete here
         await this.deps.boss.complete(this.deps.jobs.queue, members, null, { db: fromDrizzle(tx, sql), includeQueued: true });
       }
+      // continuation hook: the next turns of busy actors, once their current jobs are complete
+      if (continuing) {
+        const wanted = requests.flatMap((r, i) =>
+          r.kind === 'commit' && r.continuation && outcomes[i]!.outcome === 'committed'
+            ? [{ i, request: r, workerId: r.continuation.workerId }]
+            : [],
+        );
+        const next = await this.beginNextTurns(tx, wanted, written!);
+        for (const [i, started] of next) outcomes[i] = { outcome: 'committed', next: started };
+      }
       return outcomes;
     });
+    if (continuing && outcomes.some((o) => o.outcome === 'committed' && o.next)) crashPoint('continued-commit');
     // committed: the contexts move on (C1 of context-cache.ts: a begin still checks them)
     if (keepContexts && written) {
       requests.forEach((r, i) => {
@@ -248,6 +290,62 @@ export class TurnCommits {
       });
     }
     return outcomes;
+  }
+
+  /**
+   * The continuation of busy actors (N1–N3, docs/failure-semantics.md), in the commit's transaction
+   * after their jobs completed:
+   *  N1 each actor whose commit keeps a worker's slot gets its next event claimed (pg-boss's
+   *     key_strict_fifo claim of that key's head, `claimKeyHeads`) and its turn begun on its
+   *     activation, now warm, for that worker: the queue's fetch and the begin's transaction are
+   *     saved, and the turn goes out as soon as the commit is durable. An actor with nothing due is
+   *     left out, its slot freed.
+   *  N2 its context is checked against what the cache holds once this commit is done (C1 of
+   *     context-cache.ts): a conversation that moved on is read by the database, as at any begin.
+   *  N3 a claimed event whose turn could not be begun rolls the whole transaction back
+   *     (`NextTurnsNotBegun`), which then runs again without next turns: a claim never stands
+   *     without its turn, and a next turn never costs the commit.
+   *  N4 only while the queue has no backlog of other actors (the consumer's last fetch took less
+   *     than it asked for, src/runtime/dispatcher.ts `continuing`): a slot freed while other actors
+   *     wait goes to the queue, so a busy actor does not keep a slot from them, and the begins of
+   *     a loaded daemon stay in their own transactions beside the commits.
+   * Keyed by the request's index.
+   */
+  private async beginNextTurns(
+    tx: Parameters<Parameters<typeof inTransaction>[1]>[0],
+    wanted: readonly { i: number; request: CommitRequest; workerId: string }[],
+    written: ReadonlyMap<string, turnRows.CommittedTurn>,
+  ): Promise<Map<number, StartedTurn>> {
+    const out = new Map<number, StartedTurn>();
+    const continuations = this.deps.continuations;
+    if (!continuations || wanted.length === 0) return out;
+    const byKey = new Map(wanted.map((w) => [formatActorKey(w.request.fence), w]));
+    const claimed = await claimKeyHeads<ActorEventJobData>(tx, this.deps.jobs.queue, [...byKey.keys()], continuations.batchBytes);
+    if (claimed.length === 0) return out;
+    const begins: { i: number; request: BeginRequest; known: CachedContext | undefined }[] = [];
+    for (const job of claimed) {
+      const key = formatActorKey(job.data);
+      const w = byKey.get(key);
+      if (!w) throw new NextTurnsNotBegun([key]);
+      begins.push({ i: w.i, request: { job, workerId: w.workerId }, known: this.knownAfter(key, written.get(w.request.fence.deliveryId)) });
+    }
+    const started = await continuations.begin.beginInCommit(
+      tx,
+      begins.map((b) => b.request),
+      begins.map((b) => b.known),
+    );
+    const missing = begins.filter((_, k) => started[k] === undefined);
+    if (missing.length > 0) throw new NextTurnsNotBegun(missing.map((b) => formatActorKey(b.request.job.data)));
+    begins.forEach((b, k) => out.set(b.i, started[k]!));
+    return out;
+  }
+
+  /** N2: the context of `key` as the cache holds it once `turn` is committed. */
+  private knownAfter(key: string, turn: turnRows.CommittedTurn | undefined): CachedContext | undefined {
+    const contexts = this.deps.contexts;
+    if (!turn || turn.lines === null) return undefined;
+    const after = contexts.afterCommit(key, turn.conversationId, turn.firstSeq, turn.lines);
+    return after === 'unchanged' ? contexts.known(key) : after;
   }
 
   /**

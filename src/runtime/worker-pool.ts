@@ -200,6 +200,18 @@ export class WorkerPool {
     return id;
   }
 
+  /** Moves the slot held for `from` to `to`, on the same worker. Returns that worker (undefined: `from` held none). */
+  rekey(from: string, to: string): string | undefined {
+    const id = this.eventToWorker.get(from);
+    const w = id === undefined ? undefined : this.workers.get(id);
+    this.release(from);
+    if (!w) return undefined;
+    this.release(to);
+    w.inFlight.add(to);
+    this.eventToWorker.set(to, w.id);
+    return w.id;
+  }
+
   workerOf(eventId: string): string | undefined {
     return this.eventToWorker.get(eventId);
   }

@@ -107,6 +107,11 @@ export class WorkerRegistry {
     this.pool.committed(workerId);
   }
 
+  /** Moves the slot held for `from` to `to` on the same worker (WorkerPool.rekey). */
+  rekey(from: string, to: string): string | undefined {
+    return this.pool.rekey(from, to);
+  }
+
   release(eventId: string): void {
     this.pool.release(eventId);
   }

@@ -9,7 +9,7 @@
  */
 import { beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULTS } from '../../src/config.ts';
-import { CLAIM_FUNCTION, CLAIM_SIGNATURE, claimStatement, queueTable } from '../../src/db/boss/fetch.ts';
+import { CLAIM_FUNCTION, CLAIM_KEYS_FUNCTION, CLAIM_SIGNATURE, claimStatement, queueTable } from '../../src/db/boss/fetch.ts';
 import { loadFenceRowsMany } from '../../src/db/turns/fence.ts';
 import { queuesOf } from '../../src/queue/names.ts';
 import { useTestDatabase } from '../helpers/db.ts';
@@ -107,6 +107,29 @@ describe('the claim on statistics that see no queued job', () => {
     expect(claimed).toBe(LIMIT);
     // a head lookup through job_i11 would read the backlog once per claimed job: 50 × 20,000
     expect(read, `index entries read for ${LIMIT} claimed jobs`).toBeLessThan(20 * LIMIT);
+  });
+
+  it("the claim of named keys' heads (a busy actor's next turn) reads a few index entries per key, not the backlog", async () => {
+    // the backlog's keys hold one job each; give some a second, so `more` has something to find
+    const t = `${q.schema}.${table}`;
+    const keys = Array.from({ length: LIMIT }, (_, i) => `backlog/s${i * 7 + 3}`);
+    await tdb.client.query(
+      `insert into ${t} (id, name, data, state, policy, singleton_key)
+       select gen_random_uuid(), '${q.events}', '{}'::jsonb, 'created', 'key_strict_fifo', k from unnest($1::text[]) as k`,
+      [keys.slice(0, 10)],
+    );
+    const before = await reads();
+    await tdb.client.query('begin');
+    let rows: { more: boolean }[];
+    try {
+      rows = (await tdb.client.query<{ more: boolean }>(`select * from ${CLAIM_KEYS_FUNCTION}($1, $2::text[])`, [q.events, keys])).rows;
+    } finally {
+      await tdb.client.query('rollback');
+    }
+    const read = (await reads()) - before;
+    expect(rows).toHaveLength(LIMIT);
+    expect(rows.filter((r) => r.more)).toHaveLength(10);
+    expect(read, `index entries read for ${LIMIT} named keys`).toBeLessThan(20 * LIMIT);
   });
 
   it("a reply's attempt check reaches its job by the key, not through the live jobs' partial index", async () => {

@@ -1,4 +1,5 @@
 /** An in-process daemon on a fresh test database (or on one its caller gives), with real ZeroMQ and real pg-boss. */
+import type { RuntimeMetrics } from '../../src/runtime/metrics.ts';
 import { loadConfig, type Config } from '../../src/config.ts';
 import { Daemon } from '../../src/daemon/daemon.ts';
 import type { TurnTracer } from '../../src/base/turn-tracer.ts';
@@ -20,7 +21,7 @@ export interface TestDaemon<D extends GivenDatabase = TestDatabase> {
 /** A daemon on `opts.db` (left to its caller to drop), or on a fresh test database that `stop()` drops. */
 export async function startTestDaemon<D extends GivenDatabase = TestDatabase>(
   overrides: Partial<Config> = {},
-  opts: { start?: boolean; db?: D; tracer?: TurnTracer } = {},
+  opts: { start?: boolean; db?: D; tracer?: TurnTracer; continueTurns?: boolean; metrics?: RuntimeMetrics } = {},
 ): Promise<TestDaemon<D>> {
   const made = opts.db ? undefined : await createTestDatabase();
   // without opts.db, D is its default: TestDatabase
@@ -40,6 +41,8 @@ export async function startTestDaemon<D extends GivenDatabase = TestDatabase>(
     logger: testLogger,
     skipMigrations: true,
     ...(opts.tracer ? { tracer: opts.tracer } : {}),
+    ...(opts.continueTurns === false ? { continueTurns: false } : {}),
+    ...(opts.metrics ? { metrics: opts.metrics } : {}),
   });
   if (opts.start ?? true) await daemon.start();
   return {

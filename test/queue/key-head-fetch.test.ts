@@ -8,7 +8,11 @@ import type { PgBoss } from 'pg-boss';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { actorKey, type ActorKey } from '../../src/base/actor-key.ts';
 import { DEFAULTS } from '../../src/config.ts';
-import { keyHeadFetch, queueTable } from '../../src/db/boss/fetch.ts';
+import { claimKeyHeads, keyHeadFetch, queueTable, type ClaimedJob } from '../../src/db/boss/fetch.ts';
+import { formatActorKey } from '../../src/base/actor-key.ts';
+import { openDatabase } from '../../src/db/client.ts';
+import { inTransaction } from '../../src/db/tx.ts';
+import { sql } from '../../src/db/orm.ts';
 import { createBoss, ensureQueues, queuesOf } from '../../src/queue/boss.ts';
 import { actorEventJob } from '../../src/queue/event-job.ts';
 import { useTestDatabase } from '../helpers/db.ts';
@@ -101,6 +105,53 @@ describe('the key-head fetch', () => {
     expect(viaCorral.ids).toEqual(viaBoss.ids);
     expect(viaCorral.rows).toEqual(viaBoss.rows);
     expect(viaCorral.rows.find((r) => r.id === f[0])).toMatchObject({ state: 'active', retry_count: 1, started: true, heartbeat: true });
+  });
+
+  it("claims the heads of named keys under the same conditions (a busy actor's next turn, in its commit), and says which keys have more", async () => {
+    const a = await send(actorKey('keys-a', 's'), 3); // head a[0], more behind it
+    const b = await send(actorKey('keys-b', 's'), 1); // head b[0], nothing behind
+    const later = new Date(Date.now() + 3_600_000);
+    const c = [...(await send(actorKey('keys-c', 's'), 1, later)), ...(await send(actorKey('keys-c', 's'), 1))]; // c[0] not due
+    const d = await send(actorKey('keys-d', 's'), 2); // d[0] active: d held
+    const g = await send(actorKey('keys-g', 's'), 1); // not named
+    const admin = new pg.Client({ connectionString: tdb.url });
+    await admin.connect();
+    await admin.query(`update pgboss.job set state = 'active', started_on = now() where id = $1`, [d[0]]);
+    await admin.end();
+    const names = ['a', 'b', 'c', 'd', 'nobody'].map((x) => formatActorKey(actorKey(`keys-${x}`, 's')));
+    const db = openDatabase(tdb.url, { max: 1 });
+    try {
+      const claimed = await inTransaction(db.db, async (tx) => {
+        const jobs = await claimKeyHeads(tx, q.events, names);
+        const rows = await tx.execute<{ id: string; state: string }>(
+          sql`select id, state::text from pgboss.job where id = any(${sql.param([...a, ...b, ...c, ...d, ...g])}::uuid[])`,
+        );
+        throw Object.assign(new Error('roll back'), { result: { jobs, rows: rows.rows } });
+      }).catch((e: { result?: unknown }) => e.result as { jobs: ClaimedJob[]; rows: { id: string; state: string }[] });
+      expect(claimed.jobs.map((j) => j.id).sort()).toEqual([a[0], b[0], c[1]].sort());
+      const more = new Map(claimed.jobs.map((j) => [j.id, j.more ?? false]));
+      expect(more.get(a[0]!), 'a has two more').toBe(true);
+      expect(more.get(b[0]!)).toBe(false);
+      expect(more.get(c[1]!), "c's other job is not due").toBe(false);
+      const active = claimed.rows.filter((r) => r.state === 'active').map((r) => r.id);
+      expect(active.sort(), 'claimed: active; the rest untouched').toEqual([a[0], b[0], c[1], d[0]].sort());
+      // nothing named, nothing claimed, no statement
+      expect(await claimKeyHeads(db.db, q.events, [])).toEqual([]);
+    } finally {
+      await db.close();
+    }
+  });
+
+  it('says of a fetched job whether its key has more queued behind it', async () => {
+    const busy = await send(actorKey('more-busy', 's'), 2);
+    const lone = await send(actorKey('more-lone', 's'), 1);
+    const jobs = await rolledBack(async (cl) => (await keyHeadFetch(cl, q, table)(1000)).filter((j) => [busy[0], lone[0]].includes(j.id)));
+    expect(new Map(jobs.map((j) => [j.id, j.more ?? false]))).toEqual(
+      new Map([
+        [busy[0], true],
+        [lone[0], false],
+      ]),
+    );
   });
 
   it('stops at the limit, oldest heads first', async () => {

@@ -64,6 +64,25 @@ describe('ContextCache', () => {
     expect(cache.stats).toMatchObject({ hits: 1, misses: 0, entries: 1 });
   });
 
+  it('tells, changing nothing, the entry a commit would leave (the known context of a turn begun in that commit)', () => {
+    const cache = new ContextCache(limits, 1_000_000);
+    // a first turn starts an entry; one that does not follow it would drop it
+    const first = cache.afterCommit(key, conv, 1, lines(['user', 1], ['assistant', 2]));
+    expect(first).toMatchObject({ conversationId: conv, nextSeq: 3 });
+    expect(cache.known(key)).toBeUndefined();
+    expect(cache.afterCommit(key, conv, 5, lines(['user', 5]))).toBeUndefined();
+    cache.committed(key, conv, 1, lines(['user', 1], ['assistant', 2]));
+    const now = cache.known(key)!;
+    const after = cache.afterCommit(key, conv, 3, lines(['user', 3], ['assistant', 4]));
+    expect(cache.known(key)).toBe(now);
+    // what committed() then keeps is the same context
+    cache.committed(key, conv, 3, lines(['user', 3], ['assistant', 4]));
+    expect(after).toEqual(cache.known(key));
+    expect(cache.afterCommit(key, conv, 3, lines(['user', 3], ['assistant', 4]))).toBe('unchanged');
+    // the begin in the commit finds the conversation where that entry says: a hit, the entry is the context
+    expect(cache.resolve(key, after as ReturnType<typeof cache.known>, { conversationId: conv, nextSeq: 5, lines: null })).toBe(after);
+  });
+
   it('takes what the database read when the conversation moved on elsewhere, and drops what it cannot bring up to date', () => {
     const cache = new ContextCache(limits, 1_000_000);
     cache.committed(key, conv, 1, lines(['user', 1]));

@@ -178,6 +178,30 @@ describe('WorkerPool', () => {
     expect(pool.freeSlots(0)).toBe(1);
   });
 
+  it("moves a slot to another id on the same worker (a finishing turn's slot kept for its actor's next turn)", () => {
+    const pool = new WorkerPool({ initialWindow: 4 });
+    pool.register('w1', 1, 0);
+    pool.register('w2', 1, 0);
+    expect(pool.acquire('e1', 'agent', 0)).toBe('w1');
+    expect(pool.rekey('e1', 'next:e1')).toBe('w1');
+    expect(pool.workerOf('e1')).toBeUndefined();
+    expect(pool.workerOf('next:e1')).toBe('w1');
+    // still taken: the one free slot is w2's
+    expect(pool.freeSlots(0)).toBe(1);
+    expect(pool.rekey('next:e1', 'e2')).toBe('w1');
+    expect(pool.release('e2')).toBe('w1');
+    expect(pool.freeSlots(0)).toBe(2);
+    // nothing held: nothing moved, nothing taken
+    expect(pool.rekey('gone', 'e3')).toBeUndefined();
+    expect(pool.workerOf('e3')).toBeUndefined();
+    // its worker restarted meanwhile: the slot went with its run
+    pool.acquire('e4', 'agent', 0);
+    const w = pool.rekey('e4', 'next:e4')!;
+    expect(pool.register(w, 1, 1).lostEvents).toEqual(['next:e4']);
+    expect(pool.rekey('next:e4', 'e5')).toBeUndefined();
+    expect(pool.freeSlots(1)).toBe(2);
+  });
+
   it('marks silent workers stale and reports their in-flight events; re-registration reports lost events', () => {
     const pool = new WorkerPool({ initialWindow: 4 });
     pool.register('w1', 2, 0);

@@ -36,17 +36,21 @@
  */
 import { createHash } from 'node:crypto';
 import type { Queues } from './jobs.ts';
-import { claimStatement, insertTargetOf, queueTable, type BossSqlRunner } from './internals.ts';
+import { claimKeysStatement, claimStatement, insertTargetOf, moreQueuedExpression, queueTable, type BossSqlRunner } from './internals.ts';
 import { sqlState } from '../../base/errors.ts';
-import type { Queryable } from '../prepared.ts';
+import { executeNamed, type Queryable } from '../prepared.ts';
+import type { DbOrTx } from '../client.ts';
+import { sql } from '../orm.ts';
 import { ACTOR_BATCH_FUNCTION, actorBatchFunctionSql, BATCHING_POSSIBLE, type BatchMember } from '../turns/batches.ts';
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../../base/defaults.ts';
 
-export { claimStatement, queueTable };
+export { claimKeysStatement, claimStatement, queueTable };
 
 /** The function the claim runs in (one per database: corral's schema holds one deployment). */
 export const CLAIM_FUNCTION = 'corral.claim_actor_events';
 export const CLAIM_SIGNATURE = `${CLAIM_FUNCTION}(text, integer, integer)`;
+/** The claim of named keys' heads (`claimKeysStatement`): the next turns of busy actors, in their commits. */
+export const CLAIM_KEYS_FUNCTION = 'corral.claim_actor_events_of';
 /** The byte budget of a batch when the caller names none: half of the default CORRAL_MAX_MESSAGE_BYTES. */
 const DEFAULT_BATCH_BYTES = DEFAULT_MAX_MESSAGE_BYTES / 2;
 
@@ -64,14 +68,15 @@ export function claimFunctionSql(schema: string, table: string): string {
     .map(([k, v]) => `SET ${k} = ${v}`)
     .join(' ');
   const quote = '$corral_claim$';
-  const body = claimStatement(schema, table);
-  if (body.includes(quote)) throw new Error(`the claim holds ${quote}`);
-  return `${actorBatchFunctionSql(schema, table)}
+  /** One claim function; `guarded`: a unique violation is an empty claim (it runs inside a commit, which must not fail for it). */
+  const claimFunction = (name: string, second: string, body: string, guarded: boolean) => {
+    if (body.includes(quote)) throw new Error(`the claim holds ${quote}`);
+    const [secondName, secondType] = second.split(' ') as [string, string];
+    // its rows gained `more`: a function whose row type changes cannot be replaced, only dropped
+    return `DROP FUNCTION IF EXISTS ${name}(text, ${secondType}, integer);
 
-DROP FUNCTION IF EXISTS ${CLAIM_FUNCTION}(text, integer);
-
-CREATE OR REPLACE FUNCTION ${CLAIM_FUNCTION}(queue text, lim integer, batch_bytes integer DEFAULT ${DEFAULT_BATCH_BYTES})
-RETURNS TABLE (id uuid, retry_count integer, data jsonb, batch jsonb)
+CREATE FUNCTION ${name}(queue text, ${secondName} ${secondType}, batch_bytes integer DEFAULT ${DEFAULT_BATCH_BYTES})
+RETURNS TABLE (id uuid, retry_count integer, data jsonb, batch jsonb, more boolean)
 LANGUAGE plpgsql VOLATILE ${settings}
 AS ${quote}
 #variable_conflict use_column
@@ -81,10 +86,25 @@ BEGIN
   RETURN QUERY WITH c AS (${body})
   SELECT c.id, c.retry_count, c.data,
          CASE WHEN batching OR c.retry_count > 0
-              THEN ${ACTOR_BATCH_FUNCTION}(queue, c.id, c.retry_count, c.data, batching, batch_bytes) END
-    FROM c;
+              THEN ${ACTOR_BATCH_FUNCTION}(queue, c.id, c.retry_count, c.data, batching, batch_bytes) END,
+         ${moreQueuedExpression(schema, table, 'queue', 'c')}
+    FROM c;${
+      guarded
+        ? `
+EXCEPTION WHEN unique_violation THEN
+  RETURN;`
+        : ''
+    }
 END
 ${quote};`;
+  };
+  return `${actorBatchFunctionSql(schema, table)}
+
+DROP FUNCTION IF EXISTS ${CLAIM_FUNCTION}(text, integer);
+
+${claimFunction(CLAIM_FUNCTION, 'lim integer', claimStatement(schema, table), false)}
+
+${claimFunction(CLAIM_KEYS_FUNCTION, 'keys text[]', claimKeysStatement(schema, table), true)}`;
 }
 
 /** The comment that names the installed text's digest (so an unchanged function is not replaced). */
@@ -116,7 +136,19 @@ export interface ClaimedJob<T = unknown> {
   data: T;
   /** The events after this one its turn takes (src/db/turns/batches.ts), in order; absent for one event. */
   batch?: BatchMember[];
+  /** Its key had another job the claim could take after it (a hint: the actor will likely have a next turn). */
+  more?: boolean;
 }
+
+type ClaimRow<T> = { id: string; retry_count: number; data: T; batch: BatchMember[] | null; more: boolean | null };
+
+const claimedOf = <T>(r: ClaimRow<T>): ClaimedJob<T> => ({
+  id: r.id,
+  retryCount: r.retry_count,
+  data: r.data,
+  ...(r.batch ? { batch: r.batch } : {}),
+  ...(r.more ? { more: true } : {}),
+});
 
 /** A fetch of up to `limit` key heads of the actor queue, claimed for this caller. */
 export type KeyHeadFetch = <T>(limit: number) => Promise<ClaimedJob<T>[]>;
@@ -132,20 +164,36 @@ export function keyHeadFetch(
   batchBytes: number = DEFAULT_BATCH_BYTES,
 ): KeyHeadFetch {
   // the function embeds the table; `table` names the statement so a moved queue gets a new one
-  const text = `select id, retry_count, data, batch from ${CLAIM_FUNCTION}($1, $2, $3)`;
+  const text = `select id, retry_count, data, batch, more from ${CLAIM_FUNCTION}($1, $2, $3)`;
   const name = `corral_fetch:${q.schema}.${table}`;
   return async <T>(limit: number): Promise<ClaimedJob<T>[]> => {
     if (limit <= 0) return [];
     try {
-      const res = await db.query<{ id: string; retry_count: number; data: T; batch: BatchMember[] | null }>({
-        name,
-        text,
-        values: [q.events, limit, batchBytes],
-      });
-      return res.rows.map((r) => ({ id: r.id, retryCount: r.retry_count, data: r.data, ...(r.batch ? { batch: r.batch } : {}) }));
+      const res = await db.query<ClaimRow<T>>({ name, text, values: [q.events, limit, batchBytes] });
+      return res.rows.map(claimedOf);
     } catch (e) {
       if (sqlState(e) === '23505') return [];
       throw e;
     }
   };
+}
+
+/**
+ * The heads of the actor keys `keys` (`agent_uid/session_id`), claimed in the caller's transaction
+ * (`corral.claim_actor_events_of`): the next turns of busy actors, taken in the commit of their
+ * current ones. A key with nothing to claim is left out; the claim never fails the transaction.
+ */
+export async function claimKeyHeads<T>(
+  tx: DbOrTx,
+  queue: string,
+  keys: readonly string[],
+  batchBytes: number = DEFAULT_BATCH_BYTES,
+): Promise<ClaimedJob<T>[]> {
+  if (keys.length === 0) return [];
+  const rows = await executeNamed<ClaimRow<T>>(
+    tx,
+    'corral_claim_keys',
+    sql`select id, retry_count, data, batch, more from ${sql.raw(CLAIM_KEYS_FUNCTION)}(${queue}, ${sql.param([...keys])}::text[], ${batchBytes})`,
+  );
+  return rows.map(claimedOf);
 }

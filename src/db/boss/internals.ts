@@ -242,16 +242,35 @@ export async function queueTable(db: pg.Pool | pg.Client, q: { schema: string; e
 const J = JOB;
 const S = JOB_STATE;
 
+/** S5: a job of `a` that the claim may take: queued, not blocked, of the policy, due. */
+const queuedJob = (s: string, a: string, indent: string) =>
+  `${a}.${J.state} < '${S.active}' and not ${a}.${J.blocked} and ${a}.${J.policy} = '${KEY_STRICT_FIFO}'\n${indent}and ${a}.${J.start_after} <= ${s}.${BOSS_NOW}()`;
+
+/** S5: no other job of `j`'s key is active, waiting to retry or failed (one probe of `job_i8`). */
+const keyNotHeld = (t: string, queue: string, j: string) => `not exists (
+           select 1 from ${t} b
+            where b.${J.name} = ${queue} and b.${J.singleton_key} = ${j}.${J.singleton_key}
+              and b.${J.state} in ${stateList(HOLDING_STATES)} and b.${J.policy} = '${KEY_STRICT_FIFO}' and b.${J.id} <> ${j}.${J.id}
+            offset 0)`;
+
+/** S5: the claim's update of the jobs `ids` (an array expression): pg-boss's, as its fetch writes it. */
+const claimUpdate = (s: string, t: string, queue: string, ids: string) => {
+  const now = `${s}.${BOSS_NOW}()`;
+  return `update ${t} j
+       set ${J.state} = '${S.active}', ${J.started_on} = ${now}, ${J.heartbeat_on} = ${now},
+           ${J.retry_count} = case when ${J.started_on} is not null then ${J.retry_count} + 1 else ${J.retry_count} end
+     where j.${J.name} = ${queue} and j.${J.id} = any(${ids})
+    returning ${jobColumns(['id', 'retry_count', 'data', 'singleton_key'], 'j')}`;
+};
+
 /**
  * S5: the claim's text (see db/boss-fetch.ts for how it walks the queue): `$1` the queue's name,
- * `$2` the limit. Rows: `id`, `retry_count` (the attempt), `data`.
+ * `$2` the limit. Rows: `id`, `retry_count` (the attempt), `data`, `singleton_key`.
  */
 export function claimStatement(schema: string, table: string): string {
   const s = pg.escapeIdentifier(schema);
   const t = `${s}.${pg.escapeIdentifier(table)}`;
-  const now = `${s}.${BOSS_NOW}()`;
-  const queued = (a: string, indent: string) =>
-    `${a}.${J.state} < '${S.active}' and not ${a}.${J.blocked} and ${a}.${J.policy} = '${KEY_STRICT_FIFO}'\n${indent}and ${a}.${J.start_after} <= ${now}`;
+  const queued = (a: string, indent: string) => queuedJob(s, a, indent);
   return `
     with next as (
       select j.${J.id}
@@ -263,20 +282,55 @@ export function claimStatement(schema: string, table: string): string {
               and ${queued('h', '              ')}
             order by h.${J.state} desc, h.${J.created_on}, h.${J.id}
             limit 1)
-         and not exists (
-           select 1 from ${t} b
-            where b.${J.name} = $1 and b.${J.singleton_key} = j.${J.singleton_key}
-              and b.${J.state} in ${stateList(HOLDING_STATES)} and b.${J.policy} = '${KEY_STRICT_FIFO}' and b.${J.id} <> j.${J.id}
-            offset 0)
+         and ${keyNotHeld(t, '$1', 'j')}
        order by j.${J.priority} desc, j.${J.created_on}
        limit $2
        for update of j skip locked
     )
-    update ${t} j
-       set ${J.state} = '${S.active}', ${J.started_on} = ${now}, ${J.heartbeat_on} = ${now},
-           ${J.retry_count} = case when ${J.started_on} is not null then ${J.retry_count} + 1 else ${J.retry_count} end
-     where j.${J.name} = $1 and j.${J.id} = any(array(select ${J.id} from next))
-    returning ${jobColumns(['id', 'retry_count', 'data'], 'j')}`;
+    ${claimUpdate(s, t, '$1', `array(select ${J.id} from next)`)}`;
+}
+
+/**
+ * S5 for named keys (the next turn of a busy actor, claimed in its commit: src/runtime/turn-commit.ts):
+ * the head of each key of `$2` (a text array), taken under the claim's conditions with its update.
+ * Rows as `claimStatement`'s. One entry of `job_i10` per key, then the probe of `job_i8`.
+ */
+export function claimKeysStatement(schema: string, table: string): string {
+  const s = pg.escapeIdentifier(schema);
+  const t = `${s}.${pg.escapeIdentifier(table)}`;
+  return `
+    with next as (
+      -- each head by its primary key (name, id): a walk of another index would read the backlog
+      select j.${J.id}
+        from unnest(array(
+           select (select h.${J.id} from ${t} h
+                    where h.${J.name} = $1 and h.${J.singleton_key} = k.key
+                      and ${queuedJob(s, 'h', '                      ')}
+                    order by h.${J.state} desc, h.${J.created_on}, h.${J.id}
+                    limit 1)
+             from unnest($2::text[]) as k(key))) as n(id)
+        join ${t} j on j.${J.name} = $1 and j.${J.id} = n.id
+       -- re-checked on the locked row; as \`is true\`, no partial index on queued jobs matches it
+       where (${queuedJob(s, 'j', '         ')}) is true
+         and ${keyNotHeld(t, '$1', 'j')}
+       for update of j skip locked
+    )
+    ${claimUpdate(s, t, '$1', `array(select ${J.id} from next)`)}`;
+}
+
+/**
+ * S5: whether the key of the claimed job `c` has another job the claim could take after it
+ * (queued, not blocked, due): a hint that its actor will have a next turn (one entry of `job_i10`).
+ */
+export function moreQueuedExpression(schema: string, table: string, queue: string, c: string): string {
+  const s = pg.escapeIdentifier(schema);
+  const t = `${s}.${pg.escapeIdentifier(table)}`;
+  // in the head order, as the head lookup: the only plan without a sort is job_i10's, whatever the statistics say
+  return `(select true from ${t} m
+             where m.${J.name} = ${queue} and m.${J.singleton_key} = ${c}.${J.singleton_key} and m.${J.id} <> ${c}.${J.id}
+               and ${queuedJob(s, 'm', '               ')}
+             order by m.${J.state} desc, m.${J.created_on}, m.${J.id}
+             limit 1) is not null`;
 }
 
 /**
