@@ -50,6 +50,8 @@ export interface CorralResult {
   meanInFlight: number;
   /** The rounds' turn_start contexts: taken from the daemon's cache, or read by the database. */
   contexts: { cached: number; read: number };
+  /** The rounds' turns begun in the commit of their actor's previous turn (no fetch, no begin transaction). */
+  continued: number;
   /** CPU time of the (embedded) PostgreSQL per committed turn, when measurable. */
   serverCpuMsPerTurn?: number;
   /** enqueue (job created_on) → commit (turn finished_at), database clock, every event. */
@@ -78,9 +80,11 @@ export interface WakeResult {
 export class CommitCounter {
   count = 0;
   lastAt = 0;
+  /** Turns begun in their predecessor's commit. */
+  continued = 0;
   private waiters: { target: number; resolve: () => void }[] = [];
-  /** The daemon's metric hooks: every hook a no-op except `committed`. */
-  readonly metrics: RuntimeMetrics = { ...noopMetrics, committed: () => this.committed() };
+  /** The daemon's metric hooks: every hook a no-op except `committed` and `continued`. */
+  readonly metrics: RuntimeMetrics = { ...noopMetrics, committed: () => this.committed(), continued: () => void this.continued++ };
   committed(): void {
     this.count++;
     this.lastAt = performance.now();
@@ -178,6 +182,7 @@ export class CorralSession {
   private readonly cleanup = new Cleanup();
   private daemon!: Daemon;
   private client!: Database;
+  private bossSchema = 'pgboss';
   private queueName = '';
   private next = 0;
   private readonly ids: string[] = [];
@@ -189,6 +194,7 @@ export class CorralSession {
   private occupied = 0;
   private occupancySamples = 0;
   private readonly contexts = { cached: 0, read: 0 };
+  private continued = 0;
   private readonly workerProcs: Proc[] = [];
   private serverMs: number | undefined = 0;
   private sampler: { on: boolean; stop(): Promise<ActivitySummary> } | undefined;
@@ -264,6 +270,7 @@ export class CorralSession {
       {},
     );
     this.queueName = config.queueName;
+    this.bossSchema = config.bossSchema;
     const daemon = (this.daemon = new Daemon({
       config,
       databaseUrl: this.dbUrl,
@@ -271,6 +278,7 @@ export class CorralSession {
       skipMigrations: true,
       metrics: this.counter.metrics,
       ...(this.tracing ? { tracer: this.tracing.tracer } : {}),
+      ...(this.opts.continueTurns ? {} : { continueTurns: false }),
     }));
     const workers: Worker[] = [];
     const client = (this.client = openDatabase(this.dbUrl, { max: 4, applicationName: 'corral-bench' }));
@@ -337,6 +345,11 @@ export class CorralSession {
     }
   }
 
+  /** Fresh planner statistics of this session's job table (its database's own: see bench/e2e.ts). */
+  async analyzeQueue(): Promise<void> {
+    await this.client.pool.query(`analyze ${this.bossSchema}.job`);
+  }
+
   /** One measured round: `n` events continuing the round-robin over the actors. */
   async round(n: number, label: string): Promise<RoundResult> {
     const events = Array.from({ length: n }, () => {
@@ -345,6 +358,7 @@ export class CorralSession {
     });
     const elu0 = performance.eventLoopUtilization();
     const contexts0 = this.daemon.runtime.contexts.stats;
+    const continued0 = this.counter.continued;
     if (this.sampler) this.sampler.on = true;
     const workers0 = await this.workerCpuMs();
     // slot occupancy: worker slots taken in the daemon, sampled every 5 ms of the round
@@ -388,8 +402,10 @@ export class CorralSession {
     const read = contexts.misses - contexts0.misses;
     this.contexts.cached += cached;
     this.contexts.read += read;
+    const continued = this.counter.continued - continued0;
+    this.continued += continued;
     progress(
-      `${label}: ${n} turns in ${totalMs.toFixed(0)} ms → ${r.turnsPerSec.toFixed(0)} turns/s` +
+      `${label}: ${n} turns in ${totalMs.toFixed(0)} ms → ${r.turnsPerSec.toFixed(0)} turns/s, ${continued} begun in a commit` +
         (cached + read > 0 ? ` (contexts: ${cached} cached, ${read} read)` : ''),
     );
     return r;
@@ -412,6 +428,7 @@ export class CorralSession {
       workerCpuMsPerTurn: this.workerMs / events,
       meanInFlight: this.occupied / Math.max(1, this.occupancySamples),
       contexts: { ...this.contexts },
+      continued: this.continued,
       ...(this.serverMs !== undefined ? { serverCpuMsPerTurn: this.serverMs / events } : {}),
       enqueueToCommitMs: summarise(lat.e2e),
       stagesMs: { queued: summarise(lat.queued), fetchToBegin: summarise(lat.fetchToBegin), beginToCommit: summarise(lat.beginToCommit) },

@@ -25,6 +25,8 @@ export interface Options {
   contextCacheBytes: number | undefined;
   /** Write a CPU profile of this process per CURVE round to `<prefix>-round<i>.cpuprofile`. */
   cpuProfile: string | undefined;
+  /** Busy actors' next turns begin in their commits (corral's default); false: every turn through the queue's fetch. */
+  continueTurns: boolean;
 }
 
 export const USAGE = `usage: npm run bench -- [options]
@@ -50,6 +52,8 @@ export const USAGE = `usage: npm run bench -- [options]
                       of the corral rounds by server time (calls per turn, mean time)
   --cpu-profile PREFIX  write a V8 CPU profile of the bench process (daemon, and the workers when
                       in-process) for each CURVE round: PREFIX-round<i>.cpuprofile
+  --no-continue       every turn through the queue's fetch and a begin transaction (a busy actor's
+                      next turn otherwise begins in its current turn's commit: corral's default)
   --quick             a smaller run (a smoke test of the benchmark itself)
   --json              print the result as JSON on stdout instead of a table
   -h, --help`;
@@ -74,6 +78,7 @@ export function parseOptions(argv: string[]): Options {
       history: { type: 'string' },
       'context-cache-bytes': { type: 'string' },
       'cpu-profile': { type: 'string' },
+      'no-continue': { type: 'boolean', default: false },
       json: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
@@ -106,6 +111,7 @@ export function parseOptions(argv: string[]): Options {
     statements: values.statements,
     processWorkers: !values['in-process-workers'],
     cpuProfile: values['cpu-profile'],
+    continueTurns: !values['no-continue'],
     contextMessages: values['context-messages'] === undefined ? undefined : int('context-messages', values['context-messages'], 0, 0, 1000),
     history: int('history', values.history, quick ? 5 : 25, 0, 10_000),
     contextCacheBytes:

@@ -153,5 +153,6 @@ export function sessionOptions(o: ProfileOptions): E2eOptions {
     history: o.history,
     contextCacheBytes: o.contextCacheBytes,
     cpuProfile: undefined,
+    continueTurns: true,
   };
 }

@@ -125,6 +125,7 @@ export function printTable(r: Report): void {
       `${r.params.events} / ${r.params.actors} in ${r.params.rounds} rounds` +
         (r.params.history > 0 ? `, after ${r.params.history} turns per actor` : ', on new actors'),
     ],
+    ['turns begun in a commit', `${c.continued} of ${c.events} (the actor's previous turn's commit claimed and began them)`],
     ...(c.contexts.cached + c.contexts.read > 0
       ? ([['turn_start contexts', `${c.contexts.cached} from the daemon's cache, ${c.contexts.read} read by the database`]] as [
           string,
