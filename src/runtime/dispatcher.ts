@@ -443,13 +443,8 @@ export class Dispatcher {
 
   /** Whether a finishing turn's slot may be kept for its actor's next turn (`DispatcherOptions.continueTurns`). */
   private continuing(): boolean {
-    return (
-      !this.stopping &&
-      !this.draining &&
-      this.opts.continueTurns !== false &&
-      this.opts.tracer === undefined &&
-      this.opts.queueBacklogged?.() !== true
-    );
+    const off = this.stopping || this.draining || this.opts.continueTurns === false || this.opts.tracer !== undefined;
+    return !off && this.opts.queueBacklogged?.() !== true;
   }
 
   private draining = false;
@@ -479,7 +474,7 @@ export class Dispatcher {
    * event (another activation) changes nothing. `end` is how its span ends (the first end of a
    * span counts: the commit and a failure end it before they settle).
    */
-  settle(attempt: Pick<AttemptRef, 'eventId' | 'activationUid'>, end?: AttemptEnd): void {
+  settle(attempt: Pick<AttemptRef, 'eventId' | 'activationUid'>, end?: AttemptEnd, kept = false): void {
     const holder = this.holders.get(attempt.eventId);
     if (holder?.turn && holder.turn.fence.activationUid === attempt.activationUid) {
       holder.turn.trace?.end(end ?? { outcome: 'cancelled', why: 'the attempt ended in this daemon' });
@@ -490,6 +485,8 @@ export class Dispatcher {
       const i = this.parked.indexOf(attempt.eventId);
       if (i >= 0) this.parked.splice(i, 1);
     }
+    // `kept`: its slot waits for the actor's next turn (`continued` frees it, or gives it on)
+    if (kept) return;
     this.dispatchParked();
     this.opts.onCapacity?.();
   }

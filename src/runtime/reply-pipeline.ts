@@ -219,7 +219,12 @@ export class ReplyPipeline {
       this.opts.metrics.duplicate();
       this.log.info({ ...fenceFields(fence), workerId: e.workerId }, 'duplicate result: already committed');
     }
-    this.opts.dispatcher.settle(fence, { outcome: outcome.outcome === 'committed' ? 'committed' : 'duplicate' });
+    // a slot kept for the actor's next turn wakes no fetch: that turn was begun here, or `continued` frees the slot
+    this.opts.dispatcher.settle(
+      fence,
+      { outcome: outcome.outcome === 'committed' ? 'committed' : 'duplicate' },
+      continuation !== undefined,
+    );
     await this.answer(e.workerId, { v: 1, type: 'turn_committed', turn_ref: e.turnRef });
     return outcome.outcome === 'committed' ? outcome.next : undefined;
   }
