@@ -33,7 +33,7 @@
  *    end (ZMQ_DISCONNECT_MSG: 32 random bytes chosen at start, which no peer knows); the
  *    broker consumes both, so neither is ever taken for a peer's message.
  */
-import { Context, Router } from 'zeromq';
+import { Context, type Router } from 'zeromq';
 import { settlesWithin, systemClock, type Clock } from '../base/clock.ts';
 import { CorralError, toError } from '../base/errors.ts';
 import type { Logger } from '../base/logger.ts';
@@ -56,6 +56,7 @@ import {
 import { SerialQueue } from '../base/serial-queue.ts';
 import { ZapHandler, type ZapAnswer, type ZapRequest } from './zap.ts';
 import { runReceiveLoop } from './receive-loop.ts';
+import { openRouterSocket } from './router-socket.ts';
 import { WindowCounter } from '../base/rate-limits.ts';
 import type { BrokerEvent, BrokerOptions, BrokerState, BrokerStats, SendFailure, SendResult, WorkerSession } from './broker-types.ts';
 
@@ -190,40 +191,21 @@ export class Broker {
     await zap.start();
     this.zap = zap;
     const curve = this.opts.curve;
-    const socket = new Router({
-      context,
-      mandatory: true,
-      sendTimeout: 0,
-      linger: 0,
-      // Twice the limit: frames in between reach the broker, which refuses and counts them
-      // (invariant 8); libzmq drops a connection that sends more.
-      maxMessageSize: this.maxMessageBytes * 2,
-      // invariant 8: libzmq's default (1000) let one peer flooding 1 MiB frames park up to 2 GB
-      // in the daemon while the receive loop parsed them (docs/benchmarks.md, "Receive high-water mark")
-      receiveHighWaterMark: this.receiveHighWaterMark,
-      handshakeInterval: this.opts.handshakeIntervalMs ?? 5_000,
-      zapDomain: 'corral',
-      ...(curve ? { curveServer: true, curveSecretKey: curve.secretKey, curvePublicKey: curve.publicKey } : {}),
-      ...(zmtp > 0 ? { heartbeatInterval: zmtp, heartbeatTimeout: zmtp * 3 } : {}),
-    });
+    let socket: Router;
     try {
-      // invariant 9 (draft options of libzmq 4.3: ZMQ_ROUTER_NOTIFY = 97, NOTIFY_CONNECT = 1;
-      // ZMQ_DISCONNECT_MSG = 111); set before bind, so every connection carries them
-      (socket as unknown as RawOptions).setInt32Option(97, 1);
-      (socket as unknown as RawOptions).setStringOption(111, this.disconnectMsg);
-    } catch (e) {
-      socket.close();
-      await zap.stop();
-      throw new CorralError('invalid_config', `this libzmq lacks the draft options the broker needs: ${toError(e).message}`, { cause: e });
-    }
-    try {
-      await socket.bind(this.opts.endpoint);
-    } catch (e) {
-      socket.close();
-      await zap.stop();
-      throw new CorralError('invalid_config', `broker cannot bind ${this.opts.endpoint}: ${toError(e).message}`, {
-        cause: e,
+      socket = await openRouterSocket({
+        context,
+        endpoint: this.opts.endpoint,
+        maxMessageBytes: this.maxMessageBytes,
+        receiveHighWaterMark: this.receiveHighWaterMark,
+        handshakeIntervalMs: this.opts.handshakeIntervalMs ?? 5_000,
+        zmtpHeartbeatMs: zmtp,
+        curve,
+        disconnectMsg: this.disconnectMsg,
       });
+    } catch (e) {
+      await zap.stop();
+      throw e;
     }
     this.socket = socket;
     this.boundEndpoint = socket.lastEndpoint ?? this.opts.endpoint;
@@ -595,9 +577,3 @@ export class Broker {
 const REFUSALS_PER_SECOND = 10;
 /** The largest frame read from a connection that has not registered: a worker_ready is under 2 KiB (docs/protocol.md §4). */
 export const MAX_UNREGISTERED_FRAME_BYTES = 64 * 1024;
-
-/** The protected option setters of zeromq.js sockets, for libzmq's draft options. */
-interface RawOptions {
-  setInt32Option(option: number, value: number): void;
-  setStringOption(option: number, value: string | Buffer | null): void;
-}
