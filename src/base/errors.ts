@@ -29,6 +29,10 @@ export type ErrorCode =
   | 'actor_busy'
   // a name taken (an API token's: revoked ones keep theirs)
   | 'already_exists'
+  // a shard count that can no longer change, or a shard's schema that is another shard (src/ops/shards.ts)
+  | 'shard_count_fixed'
+  // an event sent to a shard that does not hold its actor (E10 of src/db/enqueue/send-event.ts)
+  | 'wrong_shard'
   // the HTTP API's own (src/http/errors.ts maps every code to one status): no valid bearer token,
   // a token without the scope a route needs, too many streams open, too many requests (a token's
   // stream opens, an address's failed authentications, connections), and requests it cannot read

@@ -15,9 +15,17 @@ import { registerKeysCommands } from './commands/keys.ts';
 import { registerPolicyCommands } from './commands/policy.ts';
 import { registerRetentionCommands } from './commands/retention.ts';
 import { registerTokensCommands } from './commands/tokens.ts';
+import { registerShardsCommands } from './commands/shards.ts';
 import { registerSinksCommands } from './commands/sinks.ts';
 import { registerOutboxCommands } from './commands/outbox.ts';
 import { intArg } from './args.ts';
+
+const MIGRATE_HELP = `
+--shards N sets up a deployment of N shards on this database (the catalog, shard 0): corral's
+tables and pg-boss's in corral_s<k> and pgboss_s<k> for each shard k, at the database
+"corral shards set-url" names for it. N is fixed once any shard holds an actor or an event.
+Each shard's SQL enqueue takes only its own actors' events (wrong_shard names the right one).
+The daemon serves a deployment of one shard so far (docs/scaling.md, "Shards").`;
 import { DEFAULT_WORKER_CAPACITY } from '../base/defaults.ts';
 
 interface Globals {
@@ -256,11 +264,14 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
   registerTokensCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerSinksCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerOutboxCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
+  registerShardsCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
 
   const db = program.command('db').description('database maintenance');
   db.command('migrate')
     .description("apply corral's migrations and pg-boss's schema (safe with several daemons)")
-    .action(() => run(import('./commands/db.ts').then((m) => m.runMigrateCommand(config(), process.stdout))));
+    .option('--shards <n>', 'spread actors over N shards, fixed once keys are placed (default: as set, else 1)', intArg(1, 1024))
+    .addHelpText('after', MIGRATE_HELP)
+    .action((o: { shards?: number }) => run(import('./commands/db.ts').then((m) => m.runMigrateCommand(config(), process.stdout, o))));
   db.command('stop')
     .description('stop the embedded PostgreSQL under .corral/ (if running)')
     .action(() => run(import('./commands/db.ts').then((m) => m.runStopEmbeddedCommand(config(), process.stdout))));

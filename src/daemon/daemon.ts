@@ -26,6 +26,7 @@ import { createBoss, queuesOf, setUpDatabase, type Queues } from '../queue/boss.
 import { QueueConsumer } from '../queue/consumer.ts';
 import type { ActorEventJobData } from '../queue/event-job.ts';
 import { keyHeadFetch, queueTable, type KeyHeadFetch } from '../db/boss/fetch.ts';
+import { refuseManyShards } from '../db/shards/catalog.ts';
 import { Recovery } from '../runtime/recovery.ts';
 import { Runtime } from '../runtime/runtime.ts';
 import type { SessionController } from '../runtime/directory.ts';
@@ -291,6 +292,7 @@ export class Daemon {
     if (this._state !== 'idle') throw new CorralError('internal', `prepare() called on a daemon that is ${this._state}`);
     this._state = 'starting';
     await setUpDatabase(this.deps.databaseUrl, this.boss, this.config, { migrations: !this.deps.skipMigrations });
+    await refuseManyShards(this.database.pool);
     // a batch's events share a turn_start's room for one event (B1 of src/db/turns/batches.ts)
     const batchBytes = Math.floor(this.config.maxMessageBytes / 2);
     this.fetchHeads = keyHeadFetch(this.database.pool, this.queues, await queueTable(this.database.pool, this.queues), batchBytes);

@@ -26,12 +26,20 @@ export async function withSetupLock<T>(url: string, fn: (client: pg.Client) => P
   }
 }
 
-/** Applies corral's migrations on `client` (which should hold the set-up lock). */
-export async function applyMigrations(client: pg.Client): Promise<void> {
+/** Where Drizzle records the migrations applied to a shard's schema (shard 0: as before shards). */
+export function migrationsTableOf(shard: number): string {
+  return shard === 0 ? 'corral_migrations' : `corral_migrations_s${shard}`;
+}
+
+/**
+ * Applies corral's migrations on `client` (which should hold the set-up lock). For a shard k > 0,
+ * `client` rewrites schema names (src/db/shards/shard-sql.ts) and `shard` names its own record.
+ */
+export async function applyMigrations(client: pg.Client, shard = 0): Promise<void> {
   await migrate(drizzle(client), {
     migrationsFolder: MIGRATIONS_FOLDER,
     migrationsSchema: 'drizzle',
-    migrationsTable: 'corral_migrations',
+    migrationsTable: migrationsTableOf(shard),
   });
 }
 

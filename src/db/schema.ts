@@ -17,23 +17,7 @@
  *  I3' at most one succeeded turn per event (partial unique index `turns_one_success_per_event`).
  *  D1 at most one live delivery per event (partial unique index `deliveries_one_live_per_event`).
  */
-import {
-  sql,
-  bigint,
-  bigserial,
-  boolean,
-  check,
-  index,
-  integer,
-  jsonb,
-  pgSchema,
-  primaryKey,
-  text,
-  timestamp,
-  uniqueIndex,
-  uuid,
-  type SQL,
-} from './orm.ts';
+import { sql, bigint, bigserial, boolean, check, index, integer, jsonb, primaryKey, text, uniqueIndex, uuid, type SQL } from './orm.ts';
 import {
   ACTIVATION_LIVE,
   ACTIVATION_STATUSES,
@@ -49,9 +33,10 @@ import {
 import { ACTOR_PART } from '../base/actor-key.ts';
 import { MAX_TRACESTATE_LENGTH, STORED_TRACEPARENT_PATTERN, TRACESTATE_PATTERN } from '../base/trace-context.ts';
 
-export const corral = pgSchema('corral');
+import { corral, tz } from './schema-base.ts';
 
-const tz = (name: string) => timestamp(name, { withTimezone: true, mode: 'date' });
+export { corral };
+export * from './schema-shards.ts';
 
 export { ACTIVATION_LIVE, ACTIVATION_STATUSES, TURN_STATUSES, MESSAGE_ROLES, MAX_IDEMPOTENCY_KEY_LENGTH } from './views.ts';
 /** Activations that ended. */

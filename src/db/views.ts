@@ -79,6 +79,7 @@ export const SEND_ERRORS: Readonly<Record<string, ErrorCode>> = {
   CR403: 'forbidden',
   CR409: 'idempotency_conflict',
   CR413: 'payload_too_large',
+  CR421: 'wrong_shard',
   CR423: 'actor_busy',
 };
 

@@ -27,6 +27,8 @@ export const STATUS_OF: Readonly<Record<ErrorCode, number>> = {
   actor_busy: 409,
   idempotency_conflict: 409,
   already_exists: 409,
+  shard_count_fixed: 409,
+  wrong_shard: 421,
   dead_lettered: 409,
   cancelled: 409,
   fence_rejected: 409,

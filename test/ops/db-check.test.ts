@@ -16,7 +16,8 @@ function scratchCopy(): string {
   // The schema, the module it loads Drizzle through and the one of its shared values (with the
   // defaults it takes the input policies from), and the actor key's and trace context's rules
   // (check constraints) with the error module they import.
-  for (const f of ['schema.ts', 'orm.ts', 'views.ts']) cpSync(join(ROOT, 'src', 'db', f), join(dir, 'src', 'db', f));
+  for (const f of ['schema.ts', 'schema-base.ts', 'schema-shards.ts', 'orm.ts', 'views.ts'])
+    cpSync(join(ROOT, 'src', 'db', f), join(dir, 'src', 'db', f));
   for (const f of ['actor-key.ts', 'trace-context.ts', 'errors.ts', 'defaults.ts'])
     cpSync(join(ROOT, 'src', 'base', f), join(dir, 'src', 'base', f));
   cpSync(join(ROOT, 'drizzle'), join(dir, 'drizzle'), { recursive: true });

@@ -4,7 +4,7 @@ import { stopEmbeddedPostgres } from '../../db/postgres/embedded.ts';
 import { createBoss, setUpDatabase } from '../../queue/boss.ts';
 import { commandLogger, resolveDatabase } from '../context.ts';
 
-export async function runMigrateCommand(config: Config, out: NodeJS.WritableStream): Promise<number> {
+export async function runMigrateCommand(config: Config, out: NodeJS.WritableStream, flags: { shards?: number } = {}): Promise<number> {
   const logger = commandLogger(config);
   const { url } = await resolveDatabase(config, logger);
   // pg-boss migrates its own schema on start; the queues (kept as a daemon set them, if one did)
@@ -16,6 +16,12 @@ export async function runMigrateCommand(config: Config, out: NodeJS.WritableStre
     await boss.stop({ graceful: false, close: true });
   }
   out.write('migrations applied (corral schema and pg-boss schema)\n');
+  if (flags.shards !== undefined) {
+    const { migrateShards } = await import('../../ops/shards.ts');
+    const { maskUrl } = await import('../../config.ts');
+    await migrateShards(url, flags.shards, config, (shard, at, what) => out.write(`shard ${shard}: ${what} (${maskUrl(at)})\n`));
+    out.write(`${flags.shards} shard${flags.shards === 1 ? '' : 's'}: corral shards list shows them\n`);
+  }
   return 0;
 }
 

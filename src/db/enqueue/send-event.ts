@@ -39,6 +39,9 @@
  *  E9 an event may carry its sender's W3C trace context (`traceparent`, optionally `tracestate`;
  *     src/base/trace-context.ts has the same rules): a malformed one is refused, a valid one is
  *     kept in the job's data as `trace` (version 00) and travels in the turn's `turn_start`.
+ *  E10 on a shard of a deployment of N > 1 shards (src/base/shard-map.ts), an event to an actor of
+ *     another shard is refused `wrong_shard`, naming the actor's shard: nothing is written. With one
+ *     shard the check is not in the function at all.
  *
  * Errors carry SQLSTATEs of their own (`SEND_ERRORS`), mapped to corral's error codes by
  * `sendError`. The functions are generated (`sendEventFunctionsSql`) and installed when the
@@ -72,6 +75,8 @@ export interface SendEventSettings {
   maxEventBytes: number;
   /** CORRAL_INPUT_POLICY: the policy of actors and agents without one of their own (P1 of src/db/enqueue/input-policies.ts). */
   inputPolicy: InputPolicy;
+  /** E10: which shard of how many the functions' schema is (absent: shard 0 of 1). */
+  shard?: { shard: number; shardCount: number } | undefined;
 }
 
 /** The largest number JSON (a double) keeps. */
@@ -148,6 +153,16 @@ END
 $corral_busy$;`;
 }
 
+/** E10: the check of the actor's shard, or nothing with one shard. */
+function shardCheckSql(shard: SendEventSettings['shard']): string {
+  if (!shard || shard.shardCount <= 1) return '';
+  const { shard: k, shardCount: n } = shard;
+  return `
+    IF corral.shard_of(agent, session, ${n}) <> ${k} THEN
+      RAISE EXCEPTION USING ERRCODE = 'CR421', MESSAGE = at || format('the actor %s belongs to shard %s of ${n}, not to this one (shard ${k}): send it to that shard''s database', actor, corral.shard_of(agent, session, ${n}));
+    END IF;`;
+}
+
 /** The functions' text for `s`, with S11's insert for the queue's `target`. */
 export async function sendEventFunctionsSql(s: SendEventSettings, target: InsertTarget): Promise<string> {
   const insert = await eventJobsInsertFunction(s.bossSchema, s.queueName, target);
@@ -219,7 +234,7 @@ BEGIN
     IF session IS NULL OR session !~ ${lit(ACTOR_PART.source)} THEN
       ${fail('CR401', `at || format('invalid session_id %s: expected 1-128 characters of A-Z a-z 0-9 . _ : @ -', coalesce(to_json(session)::text, 'null'))`)}
     END IF;
-    actor := agent || '/' || session;
+    actor := agent || '/' || session;${shardCheckSql(s.shard)}
     idem := NULL;
     IF e ? 'idempotency_key' AND jsonb_typeof(e->'idempotency_key') <> 'null' THEN
       IF jsonb_typeof(e->'idempotency_key') <> 'string'
@@ -414,7 +429,7 @@ const MARK = 'corral generated ';
 export async function installSendEvent(db: BossSqlRunner, s: SendEventSettings): Promise<boolean> {
   const target = await insertTargetOf(db, s.bossSchema, s.queueName);
   if (!target) return false;
-  const text = await sendEventFunctionsSql(s, target);
+  const text = await sendEventFunctionsSql({ ...s, shard: s.shard ?? (await shardIdentityOf(db)) }, target);
   const digest = createHash('sha256').update(text).digest('hex').slice(0, 32);
   const current = await db.executeSql(`select obj_description(to_regprocedure('corral.send_events(jsonb)'), 'pg_proc') as mark`);
   const installed = (current.rows[0] as { mark?: string | null } | undefined)?.mark === `${MARK}${digest}`;
@@ -428,6 +443,15 @@ export async function installSendEvent(db: BossSqlRunner, s: SendEventSettings):
     ].join(';\n'),
   );
   return true;
+}
+
+/** E10: the schema's shard identity (src/db/schema-shards.ts), none before the shard tables were made. */
+async function shardIdentityOf(db: BossSqlRunner): Promise<SendEventSettings['shard']> {
+  const r = await db.executeSql("select to_regclass('corral.shard_identity') is not null as there");
+  if ((r.rows[0] as { there?: boolean } | undefined)?.there !== true) return undefined;
+  const id = (await db.executeSql('select shard, shard_count from corral.shard_identity')).rows[0] as
+    { shard: number; shard_count: number } | undefined;
+  return id ? { shard: id.shard, shardCount: id.shard_count } : undefined;
 }
 
 /** Arbitrary, stable: "send" in ASCII. */

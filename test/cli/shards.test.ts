@@ -1,0 +1,94 @@
+/**
+ * `corral db migrate --shards N` and `corral shards list | set-url` as subprocesses, on a real
+ * database: the shards set up and listed, a send to the wrong shard refused by `corral send`, the
+ * map's URLs, and bad arguments answered with exit code 2 (3 for a shard the map lacks).
+ */
+import { describe, expect, it } from 'vitest';
+import { actorKey } from '../../src/base/actor-key.ts';
+import { shardOf } from '../../src/base/shard-map.ts';
+import { useTestDatabase } from '../helpers/db.ts';
+import { corral, json } from './helpers.ts';
+
+interface Row {
+  shard: number;
+  url: string | null;
+  schemas: { corral: string; boss: string };
+  actors: number | null;
+  queued: number | null;
+}
+
+describe('corral shards (CLI)', { timeout: 180_000 }, () => {
+  const tdb = useTestDatabase();
+  const cli = (...args: string[]) => corral(args, tdb.url);
+
+  it('sets up, lists and moves shards; corral send is told the right shard', async () => {
+    const migrated = await cli('db', 'migrate', '--shards', '3');
+    expect(migrated.code, migrated.stderr).toBe(0);
+    expect(migrated.stdout).toContain('shard 1: set up');
+    expect(migrated.stdout).toContain('shard 2: set up');
+    expect(migrated.stdout).toContain('3 shards: corral shards list shows them');
+
+    const home = Array.from({ length: 20 }, (_, i) => actorKey('cli', `s${i}`)).find((k) => shardOf(k, 3) === 0)!;
+    const away = Array.from({ length: 20 }, (_, i) => actorKey('cli', `s${i}`)).find((k) => shardOf(k, 3) === 2)!;
+    const sent = await cli('send', `${home.agentUid}/${home.sessionId}`, '{"n":1}');
+    expect(sent.code, sent.stderr).toBe(0);
+    const refused = await cli('send', `${away.agentUid}/${away.sessionId}`, '{"n":2}');
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toContain('belongs to shard 2 of 3');
+
+    const listed = await cli('shards', 'list', '--json');
+    expect(listed.code, listed.stderr).toBe(0);
+    expect(json<Row[]>(listed).map((r) => [r.shard, r.schemas.corral, r.queued, r.url])).toEqual([
+      [0, 'corral', 1, null],
+      [1, 'corral_s1', 0, null],
+      [2, 'corral_s2', 0, null],
+    ]);
+    const table = await cli('shards', 'list');
+    expect(table.stdout.split('\n')[0]).toMatch(/^SHARD +SCHEMAS +ACTORS +QUEUED +DATABASE$/);
+    expect(table.stdout).toContain('corral_s2, pgboss_s2');
+
+    const moved = await cli('shards', 'set-url', '2', 'postgres://corral:sekret@db-2.internal:5432/corral');
+    expect(moved.code, moved.stderr).toBe(0);
+    const after = await cli('shards', 'list');
+    expect(after.stdout).toContain('postgres://corral:****@db-2.internal:5432/corral');
+    expect(after.stdout).not.toContain('sekret');
+    const back = await cli('shards', 'set-url', '2', '--catalog');
+    expect(back.code, back.stderr).toBe(0);
+    expect(json<Row[]>(await cli('shards', 'list', '--json'))[2]!.url).toBeNull();
+
+    const fixed = await cli('db', 'migrate', '--shards', '4');
+    expect(fixed.code).toBe(1);
+    expect(fixed.stderr).toContain('the shard count is fixed once keys are placed');
+  });
+
+  it('answers bad arguments with exit code 2 and an unknown shard with 3', async () => {
+    for (const args of [
+      ['db', 'migrate', '--shards', '0'],
+      ['db', 'migrate', '--shards', '1025'],
+      ['db', 'migrate', '--shards', 'many'],
+      ['shards', 'set-url', 'x', 'postgres://h/d'],
+      ['shards', 'set-url', '2', 'http://h/d'],
+      ['shards', 'set-url', '2'],
+      ['shards', 'set-url', '2', 'postgres://h/d', '--catalog'],
+      ['shards', 'set-url', '0', 'postgres://h/d'],
+      ['shards', 'set-url', '99999', 'postgres://h/d'],
+    ]) {
+      const r = await cli(...args);
+      expect(r.code, `${args.join(' ')}: ${r.stderr}`).toBe(2);
+      expect(r.stderr.length).toBeGreaterThan(0);
+    }
+    const unknown = await cli('shards', 'set-url', '7', 'postgres://h/d');
+    expect(unknown.code, unknown.stderr).toBe(3);
+    expect(unknown.stderr).toContain('no shard 7');
+    for (const help of [
+      ['shards', '--help'],
+      ['shards', 'list', '--help'],
+      ['shards', 'set-url', '--help'],
+      ['db', 'migrate', '--help'],
+    ]) {
+      const r = await cli(...help);
+      expect(r.code, r.stderr).toBe(0);
+      expect(r.stdout).toMatch(/shard/i);
+    }
+  });
+});
