@@ -19,6 +19,7 @@ import { registerShardsCommands } from './commands/shards.ts';
 import { registerSinksCommands } from './commands/sinks.ts';
 import { registerOutboxCommands } from './commands/outbox.ts';
 import { intArg } from './args.ts';
+import { DEFAULT_WORKER_CAPACITY } from '../base/defaults.ts';
 
 const MIGRATE_HELP = `
 --shards N sets up a deployment of N shards on this database (the catalog, shard 0): corral's
@@ -26,7 +27,6 @@ tables and pg-boss's in corral_s<k> and pgboss_s<k> for each shard k, at the dat
 "corral shards set-url" names for it. N is fixed once any shard holds an actor or an event.
 Each shard's SQL enqueue takes only its own actors' events (wrong_shard names the right one).
 The daemon serves a deployment of one shard so far (docs/scaling.md, "Shards").`;
-import { DEFAULT_WORKER_CAPACITY } from '../base/defaults.ts';
 
 interface Globals {
   logLevel?: Config['logLevel'];

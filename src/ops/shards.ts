@@ -14,8 +14,8 @@
  */
 import pg from 'pg';
 import { checkShardCount, MAX_SHARDS, shardSchemas } from '../base/shard-map.ts';
-import { CorralError } from '../base/errors.ts';
-import { maskUrl } from '../config.ts';
+import { CorralError, errorMessage } from '../base/errors.ts';
+import { isConnectionString, maskUrl } from '../config.ts';
 import { applyMigrations, withSetupLock } from '../db/migrate.ts';
 import {
   isEmptyShard,
@@ -51,14 +51,9 @@ export function parseShardUrl(text: string): string {
   if (text.length === 0 || text.length > MAX_SHARD_URL_LENGTH) {
     throw new CorralError('invalid_argument', `invalid shard URL: expected 1 to ${MAX_SHARD_URL_LENGTH} characters`);
   }
-  let u: URL;
-  try {
-    u = new URL(text);
-  } catch {
+  // DATABASE_URL's rule, less its socket forms: the map names databases on other hosts
+  if (!/^postgres(ql)?:\/\//i.test(text) || !isConnectionString(text)) {
     throw new CorralError('invalid_argument', 'invalid shard URL: expected postgres://user:password@host:port/database');
-  }
-  if (u.protocol !== 'postgres:' && u.protocol !== 'postgresql:') {
-    throw new CorralError('invalid_argument', `invalid shard URL: expected a postgres:// URL, got ${u.protocol}//…`);
   }
   return text;
 }
@@ -74,8 +69,10 @@ export function parseShardNumber(text: string): number {
 
 async function withClient<T>(url: string, fn: (c: pg.Client) => Promise<T>): Promise<T> {
   const c = new pg.Client({ connectionString: url, application_name: 'corral-shards', connectionTimeoutMillis: 10_000 });
-  await c.connect();
+  // an idle connection's error (the server restarted) fails the statement in flight, never the process
+  c.on('error', () => undefined);
   try {
+    await c.connect();
     return await fn(c);
   } finally {
     await c.end().catch(() => undefined);
@@ -91,7 +88,7 @@ export async function migrateShards(
 ): Promise<void> {
   checkShardCount(shardCount);
   const map = await withSetupLock(catalogUrl, async (c) => {
-    const id = await readShardIdentity(c);
+    const id = await readShardIdentity((text) => c.query(text));
     const current = id?.shardCount ?? 1;
     if (current !== shardCount) {
       // H2: every shard of the current count must be empty
@@ -153,17 +150,13 @@ export async function setUpShard(url: string, shard: number, shardCount: number,
   const names = shardSchemas(shard, config.bossSchema);
   return withSetupLock(url, async (raw) => {
     const c = rewritingClient(raw, rewrite);
-    const existed = await tableExists(raw, `${names.corral}.shard_identity`);
-    if (existed) {
-      const id = await readShardIdentity(c);
-      if (id && (id.shard !== shard || id.shardCount !== shardCount)) {
-        if (!(await isEmptyShard(c, names.boss)) || id.shard !== shard) {
-          throw new CorralError(
-            'shard_count_fixed',
-            `the schema ${names.corral} at ${maskUrl(url)} is shard ${id.shard} of ${id.shardCount}, not shard ${shard} of ${shardCount}`,
-          );
-        }
-      }
+    // H3: a schema that is another shard, or of another count while it holds anything
+    const id = await readShardIdentity((text) => c.query(text));
+    if (id && (id.shard !== shard || (id.shardCount !== shardCount && !(await isEmptyShard(c, names.boss))))) {
+      throw new CorralError(
+        'shard_count_fixed',
+        `the schema ${names.corral} at ${maskUrl(url)} is shard ${id.shard} of ${id.shardCount}, not shard ${shard} of ${shardCount}`,
+      );
     }
     await applyMigrations(c as pg.Client, shard);
     await writeShardIdentity(c, { shard, shardCount });
@@ -174,7 +167,7 @@ export async function setUpShard(url: string, shard: number, shardCount: number,
     } finally {
       await boss.stop({ graceful: false, close: false });
     }
-    return !existed;
+    return id === undefined;
   });
 }
 
@@ -196,7 +189,7 @@ export async function listShards(catalogUrl: string, config: QueueConfig & { que
             ? { ...entry, schemas, actors: null, queued: null, error: 'not set up (corral db migrate --shards N)' }
             : { ...entry, schemas, ...counts };
       } catch (e) {
-        rows[i] = { ...entry, schemas, actors: null, queued: null, error: e instanceof Error ? e.message : String(e) };
+        rows[i] = { ...entry, schemas, actors: null, queued: null, error: errorMessage(e) };
       }
     }
   };

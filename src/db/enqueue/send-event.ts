@@ -49,6 +49,7 @@
  * pg-boss's insert for the queue's table and the configured limit.
  */
 import { createHash } from 'node:crypto';
+import { readShardIdentity } from '../shards/catalog.ts';
 import { ACTOR_PART } from '../../base/actor-key.ts';
 import { MAX_TRACESTATE_LENGTH, TRACEPARENT_PATTERN, TRACESTATE_PATTERN } from '../../base/trace-context.ts';
 
@@ -429,7 +430,7 @@ const MARK = 'corral generated ';
 export async function installSendEvent(db: BossSqlRunner, s: SendEventSettings): Promise<boolean> {
   const target = await insertTargetOf(db, s.bossSchema, s.queueName);
   if (!target) return false;
-  const text = await sendEventFunctionsSql({ ...s, shard: s.shard ?? (await shardIdentityOf(db)) }, target);
+  const text = await sendEventFunctionsSql({ ...s, shard: s.shard ?? (await readShardIdentity((text) => db.executeSql(text))) }, target);
   const digest = createHash('sha256').update(text).digest('hex').slice(0, 32);
   const current = await db.executeSql(`select obj_description(to_regprocedure('corral.send_events(jsonb)'), 'pg_proc') as mark`);
   const installed = (current.rows[0] as { mark?: string | null } | undefined)?.mark === `${MARK}${digest}`;
@@ -443,15 +444,6 @@ export async function installSendEvent(db: BossSqlRunner, s: SendEventSettings):
     ].join(';\n'),
   );
   return true;
-}
-
-/** E10: the schema's shard identity (src/db/schema-shards.ts), none before the shard tables were made. */
-async function shardIdentityOf(db: BossSqlRunner): Promise<SendEventSettings['shard']> {
-  const r = await db.executeSql("select to_regclass('corral.shard_identity') is not null as there");
-  if ((r.rows[0] as { there?: boolean } | undefined)?.there !== true) return undefined;
-  const id = (await db.executeSql('select shard, shard_count from corral.shard_identity')).rows[0] as
-    { shard: number; shard_count: number } | undefined;
-  return id ? { shard: id.shard, shardCount: id.shard_count } : undefined;
 }
 
 /** Arbitrary, stable: "send" in ASCII. */

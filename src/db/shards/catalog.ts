@@ -16,10 +16,19 @@ export interface ShardMapEntry {
   url: string | null;
 }
 
-/** This schema's identity; undefined for a database migrated before shards (shard 0 of 1). */
-export async function readShardIdentity(c: pg.ClientBase): Promise<ShardIdentity | undefined> {
-  const r = await c.query<{ shard: number; shard_count: number }>('select shard, shard_count from corral.shard_identity');
-  const row = r.rows[0];
+/** Runs one statement: a pg client's or pool's `query`, or pg-boss's `executeSql`. */
+export type RunSql = (text: string) => Promise<{ rows: unknown[] }>;
+
+/**
+ * This schema's identity; undefined for a database migrated before shards (shard 0 of 1). The
+ * table is looked up first rather than its absence caught: pg-boss closes a connection whose
+ * statement failed.
+ */
+export async function readShardIdentity(run: RunSql): Promise<ShardIdentity | undefined> {
+  const there = await run("select to_regclass('corral.shard_identity') is not null as there");
+  if ((there.rows[0] as { there?: boolean } | undefined)?.there !== true) return undefined;
+  const row = (await run('select shard, shard_count from corral.shard_identity')).rows[0] as
+    { shard: number; shard_count: number } | undefined;
   return row ? { shard: row.shard, shardCount: row.shard_count } : undefined;
 }
 
@@ -79,17 +88,11 @@ export async function shardCounts(c: pg.ClientBase, bossSchema: string, queue: s
  * an emit to another shard's actor into a job on its own shard (docs/scaling.md, "Shards").
  */
 export async function refuseManyShards(db: pg.Pool | pg.ClientBase): Promise<void> {
-  let id: { shard: number; shard_count: number } | undefined;
-  try {
-    id = (await db.query<{ shard: number; shard_count: number }>('select shard, shard_count from corral.shard_identity')).rows[0];
-  } catch (e) {
-    // a schema migrated before the shard tables: one shard
-    if ((e as { code?: string }).code !== '42P01') throw e;
-  }
-  if (id && id.shard_count > 1) {
+  const id = await readShardIdentity((text) => db.query(text));
+  if (id && id.shardCount > 1) {
     throw new CorralError(
       'invalid_config',
-      `this database is shard ${id.shard} of ${id.shard_count}: the daemon serves a deployment of one shard only so far ` +
+      `this database is shard ${id.shard} of ${id.shardCount}: the daemon serves a deployment of one shard only so far ` +
         '(docs/scaling.md, "Shards": what runs on several shards today)',
     );
   }

@@ -4,8 +4,9 @@
  * statements with its own schemas' names put in (src/base/shard-map.ts, S3).
  *
  *  Q1 Only whole schema names are replaced: the quoted identifier `"corral"`, a bare `corral`
- *     followed by a dot or after `SCHEMA`, and the literal `'corral'` (a schema looked up by name). `corral_producer` (a role of the cluster),
- *     `corral_migrations` and identifiers that merely contain the word are left as they are.
+ *     followed by a dot or after `SCHEMA`, and the literal `'corral'` (a schema looked up by name).
+ *     `corral_producer` (a role of the cluster), `corral_migrations` and identifiers that merely
+ *     contain the word are left as they are.
  *  Q2 Shard 0's text is never touched: `--shards 1` runs exactly the statements it ran before.
  *  Q3 Statements are a fixed set of texts: each rewritten text is kept, so a statement costs one
  *     lookup after its first run (the map is bounded; past its bound texts are rewritten again).
