@@ -72,6 +72,8 @@ describe('corral shards (CLI)', { timeout: 180_000 }, () => {
       ['shards', 'set-url', '2', 'postgres://h/d', '--catalog'],
       ['shards', 'set-url', '0', 'postgres://h/d'],
       ['shards', 'set-url', '99999', 'postgres://h/d'],
+      // the map's URL is bounded (2048 characters, checked again by the table)
+      ['shards', 'set-url', '2', `postgres://h/${'d'.repeat(2048)}`],
     ]) {
       const r = await cli(...args);
       expect(r.code, `${args.join(' ')}: ${r.stderr}`).toBe(2);

@@ -94,6 +94,9 @@ describe('shards as schemas', { timeout: 120_000 }, () => {
       await expect(migrateShards(db.url, 0, config)).rejects.toMatchObject({ code: 'invalid_argument' });
       await expect(migrateShards(db.url, 1025, config)).rejects.toMatchObject({ code: 'invalid_argument' });
       await expect(setShardUrl(db.url, 7, 'postgres://x/y')).rejects.toMatchObject({ code: 'not_found' });
+      // the stored URL is bounded by the table too, whoever writes it
+      await expect(c.query("update corral.shards set url = repeat('x', 2049) where shard = 1")).rejects.toThrow(/shards_url/);
+      await expect(c.query("update corral.shards set url = '' where shard = 1")).rejects.toThrow(/shards_url/);
       // an empty deployment may still change its count
       await c.query('delete from corral_s1.actors');
       await migrateShards(db.url, 3, config);
