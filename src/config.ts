@@ -4,6 +4,7 @@
  */
 import { resolve } from 'node:path';
 import { CorralError } from './base/errors.ts';
+import { SERVED_SHARDS_PATTERN } from './base/shard-map.ts';
 import {
   DEFAULT_CONTEXT_CACHE_BYTES,
   DEFAULT_EMBEDDED_ROOT,
@@ -255,6 +256,12 @@ const SETTINGS = {
   /** An HTTP API token (`corral tokens create`), for commands that reach a remote daemon's API (`corral watch --url`). */
   apiToken: setting({ env: 'CORRAL_TOKEN', rule: optional(text({ min: 1 })) }),
   /** Most worker ids registered with one daemon at once. */
+  /** The shards a daemon serves: `all` or a list (src/base/shard-map.ts; docs/scaling.md). */
+  shards: setting({
+    env: 'CORRAL_SHARDS',
+    default: 'all',
+    rule: text({ pattern: SERVED_SHARDS_PATTERN, message: 'Invalid string: expected all or shard numbers such as 0,3,5' }),
+  }),
   maxWorkers: setting({ env: 'CORRAL_MAX_WORKERS', default: 256, rule: int(1, 100_000) }),
   /** Most connections to the broker at once (ZAP refuses the rest). */
   maxConnections: setting({ env: 'CORRAL_MAX_CONNECTIONS', default: 1024, rule: int(1, 1_000_000) }),

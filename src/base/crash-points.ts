@@ -6,11 +6,13 @@
  * crash test sets it.
  *
  * The points: `continued-commit` (src/runtime/turn-commit.ts), right after a commit that began
- * next turns is durable and before any of them is sent to its worker.
+ * next turns is durable and before any of them is sent to its worker; `shard-relay-delivered`
+ * (src/runtime/shard-relay.ts), right after a target shard committed cross-shard emits and before
+ * the source shard deleted them.
  */
 const armed = process.env.CORRAL_CRASH_AT;
 
-export type CrashPoint = 'continued-commit';
+export type CrashPoint = 'continued-commit' | 'shard-relay-delivered';
 
 export function crashPoint(name: CrashPoint): void {
   if (armed === name) process.kill(process.pid, 'SIGKILL');

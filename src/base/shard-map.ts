@@ -53,3 +53,31 @@ export function checkShardCount(n: number): number {
   }
   return n;
 }
+
+/** The shards a daemon serves (`corral daemon --shards`, CORRAL_SHARDS): `all`, or a list such as `0,3,5`. */
+export const SERVED_SHARDS_PATTERN = /^(all|\d{1,4}(,\d{1,4}){0,1023})$/;
+
+/**
+ * The shard numbers `text` names among `shardCount` shards, ascending; `invalid_config` for a
+ * number past the count or named twice.
+ */
+export function servedShards(text: string, shardCount: number): number[] {
+  checkShardCount(shardCount);
+  if (!SERVED_SHARDS_PATTERN.test(text)) {
+    throw new CorralError(
+      'invalid_config',
+      `invalid CORRAL_SHARDS ${JSON.stringify(text.slice(0, 100))}: expected all or shard numbers such as 0,3,5`,
+    );
+  }
+  if (text === 'all') return Array.from({ length: shardCount }, (_, i) => i);
+  const list = text.split(',').map(Number);
+  const past = list.find((n) => n >= shardCount);
+  if (past !== undefined)
+    throw new CorralError(
+      'invalid_config',
+      `no shard ${past}: the deployment has ${shardCount} shard${shardCount === 1 ? '' : 's'} (0 to ${shardCount - 1})`,
+    );
+  if (new Set(list).size !== list.length)
+    throw new CorralError('invalid_config', `CORRAL_SHARDS names a shard twice: ${text.slice(0, 100)}`);
+  return list.sort((a, b) => a - b);
+}

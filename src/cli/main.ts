@@ -26,7 +26,8 @@ const MIGRATE_HELP = `
 tables and pg-boss's in corral_s<k> and pgboss_s<k> for each shard k, at the database
 "corral shards set-url" names for it. N is fixed once any shard holds an actor or an event.
 Each shard's SQL enqueue takes only its own actors' events (wrong_shard names the right one).
-The daemon serves a deployment of one shard so far (docs/scaling.md, "Shards").`;
+A daemon serves every shard (corral daemon --shards all) or the ones it is given (--shards 0,3);
+see docs/scaling.md, "Shards".`;
 
 interface Globals {
   logLevel?: Config['logLevel'];
@@ -77,6 +78,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
     )
     .option('--http-host <host>', 'address for the HTTP API (default CORRAL_HTTP_HOST or 127.0.0.1; loopback unless behind TLS)')
     .option('--http-ui', 'with --http-port, also serve the chat page at / (CORRAL_HTTP_UI=1)')
+    .option('--shards <list>', 'the shards to serve of a sharded deployment: all, or numbers such as 0,3 (default CORRAL_SHARDS or all)')
     .option('--insecure', 'turn CURVE off: any process that reaches the endpoint may register as a worker (CORRAL_INSECURE=1)')
     .option('--insecure-remote', 'with --insecure, allow binding a non-loopback address (CORRAL_INSECURE_REMOTE=1)')
     .action(
@@ -89,6 +91,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
         httpPort?: number;
         httpHost?: string;
         httpUi?: boolean;
+        shards?: string;
         insecure?: boolean;
         insecureRemote?: boolean;
       }) =>
@@ -104,6 +107,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
                 ...(o.httpPort !== undefined ? { httpPort: o.httpPort } : {}),
                 ...(o.httpHost ? { httpHost: o.httpHost } : {}),
                 ...(o.httpUi ? { httpUi: true } : {}),
+                ...(o.shards ? { shards: o.shards } : {}),
               }),
               o,
             ),

@@ -10,40 +10,39 @@ import { hostname } from 'node:os';
 import type { PgBoss } from 'pg-boss';
 import { settlesWithin, systemClock, type Clock } from '../base/clock.ts';
 import type { Config } from '../config.ts';
-import { openDatabase, type Database } from '../db/client.ts';
+import type { Database } from '../db/client.ts';
 import { markOwnerWorkersGone } from '../db/operations/workers.ts';
 import { stopIdleActivationsOf } from '../db/turns/activations.ts';
 import { daemonHeartbeatMs, markDaemonStopped, recordDaemonHeartbeat } from '../db/operations/daemons.ts';
-import { CONTROL_CHANNEL, parseControl } from '../db/turns/control.ts';
 import type { Fence } from '../db/turns/fence.ts';
-import type { ActorKey } from '../base/actor-key.ts';
+import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
 import { CorralError, errorMessage, toError } from '../base/errors.ts';
+import { servedShards, shardOf } from '../base/shard-map.ts';
 import { Broker } from '../fabric/broker.ts';
 import { FabricSecurity } from '../fabric/security.ts';
 import type { TimerHandle } from '../base/clock.ts';
 import type { Logger } from '../base/logger.ts';
-import { createBoss, queuesOf, setUpDatabase, type Queues } from '../queue/boss.ts';
-import { QueueConsumer } from '../queue/consumer.ts';
-import type { ActorEventJobData } from '../queue/event-job.ts';
-import { keyHeadFetch, queueTable, type KeyHeadFetch } from '../db/boss/fetch.ts';
-import { refuseManyShards } from '../db/shards/catalog.ts';
-import { Recovery } from '../runtime/recovery.ts';
-import { Runtime } from '../runtime/runtime.ts';
+import { setUpDatabase, type Queues } from '../queue/boss.ts';
+import type { QueueConsumer } from '../queue/consumer.ts';
+import { readShardIdentity, readShardMap } from '../db/shards/catalog.ts';
+import { ShardPools } from '../db/shards/shard-pools.ts';
+import type { Recovery } from '../runtime/recovery.ts';
+import type { Runtime } from '../runtime/runtime.ts';
 import type { SessionController } from '../runtime/directory.ts';
 import { cancelTurn, steerTurn } from '../ops/turn-control.ts';
-import { Watchdog } from '../runtime/watchdog.ts';
-import { JobKeeper } from '../runtime/job-keeper.ts';
+import { redispatchUnaccepted, type Watchdog } from '../runtime/watchdog.ts';
+import type { JobKeeper } from '../runtime/job-keeper.ts';
 import { Periodic } from '../runtime/periodic.ts';
-import { OutboxSender } from '../outbox/sender.ts';
+import { ShardRouter } from '../runtime/shard-router.ts';
+import type { OutboxSender } from '../outbox/sender.ts';
 import type { TurnTracer } from '../base/turn-tracer.ts';
 import { HeapTrim, memoryReducingGc } from '../runtime/heap-trim.ts';
-import { sweepRetention, type SweepResult } from '../queue/retention.ts';
-import type { RuntimeMetrics } from '../runtime/metrics.ts';
+import type { SweepResult } from '../queue/retention.ts';
+import { noopMetrics, type RuntimeMetrics } from '../runtime/metrics.ts';
 import { Supervisor, type ChildSpec, type ShutdownResult, type SupervisorHandle } from '../supervisor/index.ts';
+import { ShardNode } from './shard-node.ts';
 import type { DaemonState } from './state.ts';
 
-/** How often retention runs: a pass with nothing due is a few index probes, one with work drains it (src/queue/retention.ts). */
-const RETENTION_INTERVAL_MS = 60_000;
 /** How often the daemon checks whether it is idle enough to trim its heap (see src/runtime/heap-trim.ts). */
 const HEAP_TRIM_CHECK_MS = 2_000;
 const INSECURE_WARNING_INTERVAL_MS = 3_600_000;
@@ -74,27 +73,22 @@ export class Daemon {
   private stopping: Promise<ShutdownResult | undefined> | undefined;
   readonly ownerId = `daemon-${randomUUID()}`;
   readonly config: Config;
-  readonly database: Database;
-  readonly boss: PgBoss;
+  /**
+   * The catalog's node: shard 0 at DATABASE_URL. It serves a one-shard deployment; with several
+   * shards its registry is the workers' and its database the daemon's own rows', and the nodes
+   * of the shards served (`nodes`) do the rest.
+   */
+  readonly home: ShardNode;
   readonly broker: Broker;
   /** CURVE keys and the worker allow-list; undefined with `insecure`. */
   readonly security: FabricSecurity | undefined;
-  readonly runtime: Runtime;
-  readonly consumer: QueueConsumer;
-  /** The actor queue's fetch, once pg-boss's queue exists (prepare). */
-  private fetchHeads: KeyHeadFetch | undefined;
-  readonly watchdog: Watchdog;
-  readonly recovery: Recovery;
-  readonly jobKeeper: JobKeeper;
-  /** Deletes completed actor events past `completedRetentionSeconds` (every minute). */
-  readonly retention: Periodic<SweepResult>;
-  /** Sends what committed turns deliver to their sinks (the outbox). */
-  readonly outbox: OutboxSender;
   readonly heapTrim: HeapTrim;
   private readonly heapTrimLoop: Periodic<boolean>;
   /** The daemon's own row in `corral.daemons`, touched every quarter of the stale timeout. */
   readonly heartbeat: Periodic<void>;
-  readonly queues: Queues;
+  private served: ShardNode[] = [];
+  private router: ShardRouter | undefined;
+  private pools: ShardPools | undefined;
   private readonly deps: DaemonDeps;
   private readonly log: Logger;
   private readonly abort = new AbortController();
@@ -110,33 +104,7 @@ export class Daemon {
     this.clock = clock;
     this.config = config;
     this.log = logger.child({ component: 'daemon', ownerId: this.ownerId });
-    this.database = openDatabase(deps.databaseUrl, {
-      max: 20,
-      onError: (e) => this.log.warn({ err: e.message }, 'database connection lost'),
-    });
-    this.boss = createBoss(deps.databaseUrl, config, {
-      supervise: true,
-      max: 10,
-      onError: (e) => this.log.warn({ err: e.message }, 'pg-boss background error'),
-    });
-    this.queues = queuesOf(config);
-    let consumer: QueueConsumer | undefined;
-    this.runtime = new Runtime({
-      db: this.database.db,
-      boss: this.boss,
-      queues: this.queues,
-      config,
-      // the broker is built below: it hands its events to the runtime
-      transport: { send: (id, msg) => this.broker.send(id, msg), forget: (id) => void this.broker.forget(id) },
-      clock,
-      logger,
-      ownerId: this.ownerId,
-      onCapacity: () => consumer?.wakeForCapacity(),
-      queueBacklogged: () => consumer?.backlogged ?? false,
-      ...(deps.metrics ? { metrics: deps.metrics } : {}),
-      ...(deps.tracer ? { tracer: deps.tracer } : {}),
-      ...(deps.continueTurns === false ? { continueTurns: false } : {}),
-    });
+    this.home = this.node(0, 1, deps.databaseUrl);
     const security = (this.security = config.insecure
       ? undefined
       : new FabricSecurity({
@@ -167,73 +135,17 @@ export class Daemon {
         streamTurnBytes: config.streamTurnBytes,
       },
       ...(security ? security.brokerOptions() : {}),
-      onEvent: (e) => this.runtime.handleBrokerEvent(e),
-    });
-    consumer = this.consumer = new QueueConsumer({
-      boss: this.boss,
-      fetch: (limit) => {
-        if (!this.fetchHeads) throw new CorralError('internal', 'the daemon is not prepared');
-        return this.fetchHeads<ActorEventJobData>(limit);
-      },
-      queueName: this.queues.events,
-      bossSchema: config.bossSchema,
-      clock,
-      logger,
-      pollIntervalMs: config.pollIntervalMs,
-      batchSize: config.fetchBatchSize,
-      capacity: () => this.runtime.fetchCapacity(),
-      onJobs: (jobs) => {
-        this.heapTrim.noteActivity();
-        this.runtime.dispatchJobs(jobs);
-      },
-    });
-    this.watchdog = new Watchdog({
-      db: this.database.db,
-      failures: this.runtime.failures,
-      dispatcher: this.runtime.dispatcher,
-      workers: this.runtime.workers,
-      clock,
-      logger,
-      intervalMs: config.watchdogIntervalMs,
-      idleTimeoutMs: config.idleTimeoutMs,
-      maxTurnMs: config.maxTurnMs,
-    });
-    this.retention = new Periodic(
-      () =>
-        sweepRetention({
-          boss: this.boss,
-          db: this.database.db,
-          bossSchema: config.bossSchema,
-          queueName: this.queues.events,
-          retentionSeconds: config.completedRetentionSeconds,
-          runtimeRetentionSeconds: config.runtimeRetentionSeconds,
-          clock,
-          signal: this.abort.signal,
-        }),
-      { clock, log: this.log, intervalMs: RETENTION_INTERVAL_MS, what: 'retention sweep', firstPass: 'now' },
-    );
-    this.outbox = new OutboxSender({
-      db: this.database.db,
-      listen: (channel, onPayload, onReconnect) => {
-        const db = this.boss.getDb();
-        if (typeof db.listen !== 'function') return Promise.reject(new Error('pg-boss offers no LISTEN'));
-        return db.listen(channel, onPayload, onReconnect);
-      },
-      clock,
-      logger,
-      ownerId: this.ownerId,
-      retry: { limit: config.outboxRetryLimit, delayS: config.retryDelaySeconds, maxS: config.retryDelayMaxSeconds },
-      ...(deps.metrics ? { metrics: deps.metrics } : {}),
-      ...(deps.tracer ? { tracer: deps.tracer } : {}),
+      // D3 of src/runtime/shard-router.ts: one shard, no router on the turn path
+      onEvent: (e) => (this.router ? this.router.handleBrokerEvent(e) : this.home.runtime.handleBrokerEvent(e)),
     });
     this.heapTrim = new HeapTrim({
       clock,
       logger,
       idleMs: config.heapTrimIdleMs,
-      inFlight: () => this.runtime.inFlightCount(),
+      inFlight: () => this.inFlightCount(),
       // an idle daemon keeps no contexts: the next turns read theirs from the database
       trim: () => {
-        this.runtime.contexts.clear();
+        for (const n of this.nodes) n.runtime.contexts.clear();
         memoryReducingGc();
       },
     });
@@ -251,22 +163,90 @@ export class Daemon {
       what: 'daemon heartbeat',
       firstPass: 'after-interval',
     });
-    this.jobKeeper = new JobKeeper({
-      boss: this.boss,
-      queueName: this.queues.events,
-      dispatcher: this.runtime.dispatcher,
-      clock,
+  }
+
+  /** The node of `shard` of `shardCount` at `url`; with several shards it shares the home's workers. */
+  private node(shard: number, shardCount: number, url: string): ShardNode {
+    const { config, logger, metrics, tracer, continueTurns } = this.deps;
+    const sharing = shardCount > 1;
+    return new ShardNode({
+      config,
+      url,
+      shard,
+      shardCount,
       logger,
-      jobHeartbeatSeconds: config.jobHeartbeatSeconds,
+      clock: this.clock,
+      ownerId: this.ownerId,
+      // the broker is built after the home node: it hands its events to the runtimes
+      transport: { send: (id, msg) => this.broker.send(id, msg), forget: (id) => void this.broker.forget(id) },
+      signal: this.abort.signal,
+      onActivity: () => this.heapTrim.noteActivity(),
+      ...(metrics ? { metrics } : {}),
+      ...(tracer ? { tracer } : {}),
+      ...(continueTurns === false ? { continueTurns: false } : {}),
+      ...(sharing
+        ? {
+            workers: this.home.runtime.workers,
+            ...(this.pools ? { pools: this.pools } : {}),
+            capacity: (n: ShardNode) => this.router?.fetchCapacity(n.runtime) ?? 0,
+            onCapacity: () => {
+              this.router?.capacityFreed();
+              for (const n of this.served) n.consumer.wakeForCapacity();
+            },
+          }
+        : {}),
     });
-    this.recovery = new Recovery({
-      db: this.database.db,
-      failures: this.runtime.failures,
-      jobs: { schema: this.queues.schema, queue: this.queues.events },
-      clock,
-      logger,
-      intervalMs: config.recoveryIntervalMs,
-    });
+  }
+
+  /** The nodes whose shards this daemon serves (the home alone with one shard). */
+  get nodes(): readonly ShardNode[] {
+    return this.served.length > 0 ? this.served : [this.home];
+  }
+
+  /** The node of the shard `key` lives on, if this daemon serves it. */
+  nodeOf(key: ActorKey): ShardNode | undefined {
+    if (!this.router) return this.home;
+    const shard = shardOf(key, this.served[0]!.shardCount);
+    return this.served.find((n) => n.shard === shard);
+  }
+
+  private inFlightCount(): number {
+    let n = 0;
+    for (const node of this.nodes) n += node.runtime.inFlightCount();
+    return n;
+  }
+
+  get database(): Database {
+    return this.home.database;
+  }
+  get boss(): PgBoss {
+    return this.home.boss;
+  }
+  get queues(): Queues {
+    return this.home.queues;
+  }
+  get runtime(): Runtime {
+    return this.home.runtime;
+  }
+  get consumer(): QueueConsumer {
+    return this.home.consumer;
+  }
+  get watchdog(): Watchdog {
+    return this.home.watchdog;
+  }
+  get recovery(): Recovery {
+    return this.home.recovery;
+  }
+  get jobKeeper(): JobKeeper {
+    return this.home.jobKeeper;
+  }
+  /** Deletes completed actor events past `completedRetentionSeconds` (every minute). */
+  get retention(): Periodic<SweepResult> {
+    return this.home.retention;
+  }
+  /** Sends what committed turns deliver to their sinks (the outbox). */
+  get outbox(): OutboxSender {
+    return this.home.outbox;
   }
 
   private recordHeartbeat(): Promise<void> {
@@ -287,15 +267,16 @@ export class Daemon {
     return this.abort.signal;
   }
 
-  /** Migrations, pg-boss, queues, broker and a first recovery pass. Loops are started by `startLoops`. */
+  /** Migrations, pg-boss, queues, the shards served, broker and a first recovery pass. Loops are started by `startSupervisor`. */
   async prepare(): Promise<void> {
     if (this._state !== 'idle') throw new CorralError('internal', `prepare() called on a daemon that is ${this._state}`);
     this._state = 'starting';
     await setUpDatabase(this.deps.databaseUrl, this.boss, this.config, { migrations: !this.deps.skipMigrations });
-    await refuseManyShards(this.database.pool);
-    // a batch's events share a turn_start's room for one event (B1 of src/db/turns/batches.ts)
-    const batchBytes = Math.floor(this.config.maxMessageBytes / 2);
-    this.fetchHeads = keyHeadFetch(this.database.pool, this.queues, await queueTable(this.database.pool, this.queues), batchBytes);
+    const identity = await readShardIdentity((text) => this.database.pool.query(text));
+    const shardCount = identity?.shardCount ?? 1;
+    const shards = servedShards(this.config.shards, shardCount);
+    if (shardCount === 1) await this.home.prepare(true);
+    else await this.prepareShards(shardCount, shards);
     await this.broker.start();
     await this.recordHeartbeat();
     if (this.security) {
@@ -309,35 +290,53 @@ export class Daemon {
       warn();
       this.insecureWarning = this.clock.setInterval(warn, INSECURE_WARNING_INTERVAL_MS);
     }
-    await this.listenForControl();
-    const report = await this.recovery.tick();
-    this.log.info({ endpoint: this.broker.endpoint, recovered: report }, 'daemon prepared');
+    const recovered = await Promise.all(this.nodes.map((n) => n.recovery.tick()));
+    this.log.info({ endpoint: this.broker.endpoint, shards: shardCount > 1 ? shards : undefined, recovered }, 'daemon prepared');
   }
 
-  private controlListener: { close(): Promise<void> } | undefined;
-
-  private async listenForControl(): Promise<void> {
-    const db = this.boss.getDb();
-    if (typeof db.listen !== 'function') return;
-    this.controlListener = await db.listen(
-      CONTROL_CHANNEL,
-      (payload) => {
-        const msg = parseControl(payload);
-        if (msg) this.runtime.handleControl(msg);
-        else this.log.warn({ payload: payload.slice(0, 200) }, 'ignored a malformed control notification');
+  /** A deployment of several shards: a node per shard served, at the database the catalog's map names. */
+  private async prepareShards(shardCount: number, shards: readonly number[]): Promise<void> {
+    const map = await readShardMap(this.database.pool);
+    this.pools = new ShardPools(
+      {
+        catalogUrl: this.deps.databaseUrl,
+        bossSchema: this.config.bossSchema,
+        onError: (e) => this.log.warn({ err: e.message }, 'shard connection lost'),
       },
-      () => this.log.info('control channel reconnected'),
+      map,
     );
+    this.served = shards.map((k) => this.node(k, shardCount, this.pools!.urlOf(k)));
+    this.router = new ShardRouter({
+      shardCount,
+      runtimes: new Map(this.served.map((n) => [n.shard, n.runtime])),
+      workers: this.home.runtime.workers,
+      metrics: this.deps.metrics ?? noopMetrics,
+      logger: this.deps.logger,
+    });
+    // D1: one watchdog takes stale workers out, and each shard sends their unaccepted turns elsewhere
+    this.served[0]!.watchdog.takeWorkers(this.home.runtime.workers, async (workerId) => {
+      let n = 0;
+      for (const node of this.served) n += await redispatchUnaccepted(node.database.db, node.runtime.dispatcher, workerId);
+      return n;
+    });
+    for (const n of this.served) await n.prepare(false);
   }
 
   /** Steers the live turn of `key` (library API; `corral steer` does the same). */
   steer(key: ActorKey, input: unknown): Promise<Fence> {
-    return steerTurn({ db: this.database.db }, key, input);
+    return steerTurn({ db: this.nodeFor(key).database.db }, key, input);
   }
 
   /** Cancels the live turn of `key` (library API; `corral cancel` does the same). */
   cancel(key: ActorKey, reason = 'cancelled by operator'): Promise<Fence> {
-    return cancelTurn({ db: this.database.db, boss: this.boss, queueName: this.queues.events }, key, reason);
+    const n = this.nodeFor(key);
+    return cancelTurn({ db: n.database.db, boss: n.boss, queueName: n.queues.events }, key, reason);
+  }
+
+  private nodeFor(key: ActorKey): ShardNode {
+    const n = this.nodeOf(key);
+    if (!n) throw new CorralError('wrong_shard', `${formatActorKey(key)} lives on a shard this daemon does not serve`);
+    return n;
   }
 
   /**
@@ -359,12 +358,7 @@ export class Daemon {
       policy: 'permanent',
       factory: (_d, signal) => this.runControllerSupervisor(signal),
     });
-    sup.register(loop('queue-consumer', (s) => this.consumer.run(s)));
-    sup.register(loop('watchdog', (s) => this.watchdog.run(s)));
-    sup.register(loop('recovery', (s) => this.recovery.run(s)));
-    sup.register(loop('job-keeper', (s) => this.jobKeeper.run(s)));
-    sup.register(loop('retention', (s) => this.retention.run(s)));
-    sup.register(loop('outbox', (s) => this.outbox.run(s)));
+    for (const n of this.nodes) for (const l of n.loops()) sup.register(loop(l.name, l.run));
     sup.register(loop('heap-trim', (s) => this.heapTrimLoop.run(s)));
     sup.register(loop('daemon-heartbeat', (s) => this.heartbeat.run(s)));
     for (const child of this.deps.extraChildren?.(this.broker.endpoint) ?? []) sup.register(child);
@@ -382,8 +376,8 @@ export class Daemon {
     const inner = new Supervisor<Daemon>(this, { name: 'session-controllers', keepAlive: true, clock: this.clock, signal });
     const handle = inner.start();
     const childName = (c: SessionController) => `actor:${c.name}`;
-    this.runtime.directory.setHost({
-      adopt: (c) => {
+    const host = {
+      adopt: (c: SessionController) => {
         try {
           handle.addChild({
             name: childName(c),
@@ -394,26 +388,29 @@ export class Daemon {
           this.log.debug({ actor: c.name, err: toError(e).message }, 'controller not supervised');
         }
       },
-      release: (c) => void handle.removeChild(childName(c)).catch(() => undefined),
-    });
+      release: (c: SessionController) => void handle.removeChild(childName(c)).catch(() => undefined),
+    };
+    for (const n of this.nodes) n.runtime.directory.setHost(host);
     try {
       await handle.done;
     } finally {
-      this.runtime.directory.setHost(undefined);
+      for (const n of this.nodes) n.runtime.directory.setHost(undefined);
     }
   }
 
   private async drain(drainMs: number): Promise<void> {
     if (!this.handle || drainMs <= 0) return;
-    await this.handle.removeChild('queue-consumer').catch(() => false);
-    this.runtime.stopContinuing();
-    const until = this.clock.nowMs() + drainMs;
-    if (this.runtime.inFlightCount() > 0) {
-      this.log.info({ inFlight: this.runtime.inFlightCount(), drainMs }, 'draining in-flight turns');
+    for (const n of this.nodes) {
+      await this.handle.removeChild(n.loops()[0]!.name).catch(() => false);
+      n.runtime.stopContinuing();
     }
-    while (this.runtime.inFlightCount() > 0 && this.clock.nowMs() < until) await this.clock.sleep(50);
-    if (this.runtime.inFlightCount() > 0) {
-      this.log.warn({ inFlight: this.runtime.inFlightCount() }, 'stopping with turns in flight: they will be retried after their leases');
+    const until = this.clock.nowMs() + drainMs;
+    if (this.inFlightCount() > 0) {
+      this.log.info({ inFlight: this.inFlightCount(), drainMs }, 'draining in-flight turns');
+    }
+    while (this.inFlightCount() > 0 && this.clock.nowMs() < until) await this.clock.sleep(50);
+    if (this.inFlightCount() > 0) {
+      this.log.warn({ inFlight: this.inFlightCount() }, 'stopping with turns in flight: they will be retried after their leases');
     }
   }
 
@@ -446,23 +443,31 @@ export class Daemon {
     if (this._state === 'stopped') return undefined;
     this._state = 'stopping';
     await this.drain(opts.drainMs ?? this.config.drainMs);
-    this.runtime.stop();
+    const nodes = this.nodes;
+    for (const n of nodes) n.runtime.stop();
     const deadlineMs = opts.deadlineMs ?? 10_000;
     let result: ShutdownResult | undefined;
     await this.stopStep('the supervisor', deadlineMs + STOP_STEP_MS, async () => {
       result = await this.handle?.shutdown({ deadlineMs });
     });
     this.abort.abort();
-    await this.stopStep('the runtime’s last operations', STOP_STEP_MS, () => this.runtime.drain());
-    await this.stopStep('the control listener', STOP_STEP_MS, async () => this.controlListener?.close());
+    await this.stopStep('the runtime’s last operations', STOP_STEP_MS, () =>
+      Promise.all([...nodes.map((n) => n.runtime.drain()), this.router?.drain()]),
+    );
+    await this.stopStep('the control listener', STOP_STEP_MS, () => Promise.all(nodes.map((n) => n.closeControl())));
     this.security?.stop();
     this.insecureWarning?.cancel();
     await this.stopStep('the broker', STOP_STEP_MS, () => this.broker.stop());
     await this.stopStep('marking its workers gone', STOP_STEP_MS, () => markOwnerWorkersGone(this.database.db, this.ownerId));
-    await this.stopStep('stopping its idle activations', STOP_STEP_MS, () => stopIdleActivationsOf(this.database.db, this.ownerId));
+    await this.stopStep('stopping its idle activations', STOP_STEP_MS, () =>
+      Promise.all(nodes.map((n) => stopIdleActivationsOf(n.database.db, this.ownerId))),
+    );
     await this.stopStep('marking the daemon stopped', STOP_STEP_MS, () => markDaemonStopped(this.database.db, this.ownerId));
-    await this.stopStep('pg-boss', STOP_STEP_MS, () => this.boss.stop({ graceful: false, close: true, timeout: STOP_STEP_MS / 2 }));
-    await this.stopStep('the database pool', STOP_STEP_MS, () => this.database.close());
+    const all = this.served.includes(this.home) ? this.served : [this.home, ...this.served];
+    await this.stopStep('pg-boss', STOP_STEP_MS, () =>
+      Promise.all(all.map((n) => n.boss.stop({ graceful: false, close: true, timeout: STOP_STEP_MS / 2 }))),
+    );
+    await this.stopStep('the database pool', STOP_STEP_MS, () => Promise.all([...all.map((n) => n.database.close()), this.pools?.close()]));
     this._state = 'stopped';
     return result;
   }

@@ -23,6 +23,8 @@ export interface OpenOptions {
   applicationName?: string;
   /** Called for errors on idle clients (e.g. the server restarted); must not throw. */
   onError?: (err: Error) => void;
+  /** The pool's client class: a shard's, whose statements name the shard's schemas (src/db/shards/shard-sql.ts). */
+  Client?: typeof pg.Client;
 }
 
 /**
@@ -41,6 +43,7 @@ const GENERIC_PLANS = 'set plan_cache_mode = force_generic_plan';
 export function openDatabase(url: string, opts: OpenOptions = {}): Database {
   const pool = new pg.Pool({
     connectionString: url,
+    ...(opts.Client ? { Client: opts.Client } : {}),
     max: opts.max ?? 10,
     application_name: opts.applicationName ?? 'corral',
     connectionTimeoutMillis: 10_000,

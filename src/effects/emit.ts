@@ -12,6 +12,9 @@
  *     PostgreSQL interval (`start_after = now() + delay`), never Node's clock.
  *  E3 a result whose `emit` breaks the limits (count, size, actor key, delay) is rejected before
  *     any transaction (`turn_rejected{emit_limit}`): nothing of it is written.
+ *  E4 on a shard of a deployment of several (src/base/shard-map.ts), an emit to an actor of another
+ *     shard is the same job written to the shard's outbox of emits instead of its queue (X1 of
+ *     src/db/shards/shard-emits.ts): the relay enqueues it at its shard, with the same id.
  */
 import type { TraceCarrier } from '../base/trace-context.ts';
 import { sql } from '../db/orm.ts';
@@ -22,6 +25,14 @@ import type { DbOrTx } from '../db/client.ts';
 import { recordEmittedMany, steersOfMany, type EmittedRecord } from '../db/turns/effects.ts';
 import { MAX_EMITS, emitSchema } from '../fabric/protocol.ts';
 import { actorEventJob } from '../queue/event-job.ts';
+import { shardOf } from '../base/shard-map.ts';
+import { recordShardEmits, type ShardEmit } from '../db/shards/shard-emits.ts';
+
+/** The shard a runtime serves, of how many (E4); absent: one shard. */
+export interface ShardPlace {
+  shard: number;
+  shardCount: number;
+}
 
 /** One checked effect. */
 export interface EmitRequest {
@@ -88,6 +99,7 @@ export async function enqueueEffects(
   queueName: string,
   turns: readonly TurnEffects[],
   maxEventBytes: number,
+  place?: ShardPlace,
 ): Promise<void> {
   if (turns.length === 0) return;
   const late = turns.filter((t) => t.lateSteerAfter !== undefined);
@@ -97,17 +109,29 @@ export async function enqueueEffects(
   );
   const jobs: { id: string; data: object; singletonKey: string; startAfter?: string }[] = [];
   const records: { deliveryId: string; emitted: EmittedRecord[] }[] = [];
+  const elsewhere: ShardEmit[] = [];
   for (const t of turns) {
     const emitted: EmittedRecord[] = [];
     const add = (key: ActorKey, data: unknown, delayMs: number | undefined, steerRevision?: number) => {
       // a steer input was checked when it was accepted; the limit is the wire's here
       const job = actorEventJob(key, data, steerRevision === undefined ? maxEventBytes : Number.MAX_SAFE_INTEGER, t.trace);
-      jobs.push({
-        id: job.id,
-        data: job.data as unknown as object,
-        singletonKey: job.singletonKey,
-        ...(delayMs ? { startAfter: `${delayMs} milliseconds` } : {}),
-      });
+      const target = place && place.shardCount > 1 ? shardOf(key, place.shardCount) : undefined;
+      if (target !== undefined && target !== place!.shard) {
+        elsewhere.push({
+          targetShard: target,
+          eventId: job.id,
+          agentUid: key.agentUid,
+          sessionId: key.sessionId,
+          data: job.data as unknown as object,
+          ...(delayMs ? { delayMs } : {}),
+        });
+      } else
+        jobs.push({
+          id: job.id,
+          data: job.data as unknown as object,
+          singletonKey: job.singletonKey,
+          ...(delayMs ? { startAfter: `${delayMs} milliseconds` } : {}),
+        });
       emitted.push({
         event_id: job.id,
         actor: formatActorKey(key),
@@ -122,9 +146,12 @@ export async function enqueueEffects(
     }
     if (emitted.length > 0) records.push({ deliveryId: t.deliveryId, emitted });
   }
-  if (jobs.length === 0) return;
-  const ids = await boss.insert(queueName, jobs, { db: fromDrizzle(tx, sql) });
-  if (ids !== null && ids.length !== jobs.length)
-    throw new CorralError('internal', `pg-boss inserted ${ids.length} of ${jobs.length} emitted events`);
+  if (jobs.length === 0 && elsewhere.length === 0) return;
+  if (jobs.length > 0) {
+    const ids = await boss.insert(queueName, jobs, { db: fromDrizzle(tx, sql) });
+    if (ids !== null && ids.length !== jobs.length)
+      throw new CorralError('internal', `pg-boss inserted ${ids.length} of ${jobs.length} emitted events`);
+  }
+  await recordShardEmits(tx, elsewhere);
   await recordEmittedMany(tx, records);
 }

@@ -11,6 +11,7 @@
  * stay until an operator replays or discards them.
  */
 import { PgBoss, type Db as BossDb, type Queue } from 'pg-boss';
+import type pg from 'pg';
 import { CorralError } from '../base/errors.ts';
 import type { Config } from '../config.ts';
 import type { Queues } from '../db/boss/jobs.ts';
@@ -45,6 +46,8 @@ export interface BossOptions {
   onError?: (err: Error) => void;
   /** Run every statement on this connection instead of a pool of pg-boss's own (short commands). */
   db?: BossDb;
+  /** The pool's client class (a shard's: src/db/shards/shard-sql.ts); pg-boss hands its options to its pool. */
+  Client?: typeof pg.Client;
 }
 
 /** The supervise/monitor cadence for a job heartbeat period: a third of it, between 1 and 60 s. */
@@ -55,7 +58,7 @@ export function superviseSeconds(config: Pick<Config, 'jobHeartbeatSeconds'>): n
 export function createBoss(url: string, config: QueueConfig, opts: BossOptions = {}): PgBoss {
   const supervise = opts.supervise ?? false;
   const boss = new PgBoss({
-    ...(opts.db ? { db: opts.db } : { connectionString: url }),
+    ...(opts.db ? { db: opts.db } : { connectionString: url, ...(opts.Client ? { Client: opts.Client } : {}) }),
     schema: config.bossSchema,
     max: opts.max ?? 10,
     application_name: 'corral-boss',

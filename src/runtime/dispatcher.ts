@@ -83,14 +83,12 @@ export class Dispatcher {
     });
   }
 
-  /** Free worker slots minus turns waiting for a worker: how many jobs the consumer may fetch. */
-  fetchCapacity(): number {
-    return Math.max(0, this.opts.workers.freeSlots() - this.parked.length);
+  /** Free worker slots minus turns waiting for a worker (`parkedElsewhere`: of runtimes sharing the workers): how many jobs the consumer may fetch. */
+  fetchCapacity(parkedElsewhere = 0): number {
+    return Math.max(0, this.opts.workers.freeSlots() - this.parked.length - parkedElsewhere);
   }
-
-  inFlightCount(): number {
-    return this.holders.size;
-  }
+  parkedCount = (): number => this.parked.length;
+  inFlightCount = (): number => this.holders.size;
 
   /** The turn in flight here for `eventId`, if any. */
   turnOf(eventId: string): InFlightTurn | undefined {

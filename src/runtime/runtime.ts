@@ -41,6 +41,7 @@ import { AttemptFailures } from './attempt-failure.ts';
 import { ContextCache } from './context-cache.ts';
 import { RpcServer } from './rpc.ts';
 import { SinkDirectory } from '../effects/deliver.ts';
+import type { ShardPlace } from '../effects/emit.ts';
 import { StreamRelay } from './stream-relay.ts';
 import { TurnBeginner, type FetchedJob } from './turn-begin.ts';
 import { TurnCommits } from './turn-commit.ts';
@@ -88,6 +89,12 @@ export interface RuntimeOptions {
   continueTurns?: boolean;
   /** Whether other actors' events may be waiting for a slot (the consumer's last fetch was full: N4 of turn-commit.ts). */
   queueBacklogged?: () => boolean;
+  /** The workers, when several runtimes (one per shard a daemon serves) share them: src/runtime/shard-router.ts. */
+  workers?: WorkerRegistry;
+  /** The shard this runtime serves, of how many (absent: one shard). */
+  place?: ShardPlace;
+  /** A commit emitted to another shard's actor (the shard relay delivers it). */
+  emittedElsewhere?: () => void;
 }
 
 export class Runtime {
@@ -141,6 +148,8 @@ export class Runtime {
       failures: this.failures,
       // a batch's events share a turn_start's room for one event (B1 of src/db/turns/batches.ts), as in the fetch
       continuations: { begin: this.begin, batchBytes: Math.floor(config.maxMessageBytes / 2) },
+      ...(opts.place ? { place: opts.place } : {}),
+      ...(opts.emittedElsewhere ? { emittedElsewhere: opts.emittedElsewhere } : {}),
     });
     this.rpc = new RpcServer({
       db,
@@ -155,16 +164,18 @@ export class Runtime {
       maxMessageBytes: config.maxMessageBytes,
     });
     this.directory = new ActorDirectory({ clock: opts.clock, onError: (e) => this.log.error({ err: e }, 'directory') });
-    this.workers = new WorkerRegistry({
-      db: opts.db,
-      ownerId: opts.ownerId,
-      clock: opts.clock,
-      logger: opts.logger,
-      background: this.background,
-      staleMs: config.workerStaleMs,
-      initialTurns: config.workerInitialTurns,
-      ...(opts.transport.forget ? { forgetSession: (id: string) => opts.transport.forget?.(id) } : {}),
-    });
+    this.workers =
+      opts.workers ??
+      new WorkerRegistry({
+        db: opts.db,
+        ownerId: opts.ownerId,
+        clock: opts.clock,
+        logger: opts.logger,
+        background: this.background,
+        staleMs: config.workerStaleMs,
+        initialTurns: config.workerInitialTurns,
+        ...(opts.transport.forget ? { forgetSession: (id: string) => opts.transport.forget?.(id) } : {}),
+      });
     const parts = {
       begin: this.begin,
       commits: this.commits,
@@ -280,8 +291,15 @@ export class Runtime {
   private async onWorkerReady(workerId: string, capacity: number, instance?: string, agents?: readonly string[]): Promise<void> {
     const { restarted, lostEvents } = await this.workers.register(workerId, capacity, instance, agents);
     this.log.info({ workerId, capacity, restarted }, 'worker ready');
-    // A worker process that restarted lost what it was running: those turns go elsewhere now
-    // instead of waiting for their leases to run out. (A reconnect of the same run keeps them.)
+    this.workerRegistered(workerId, lostEvents);
+  }
+
+  /**
+   * A worker (re)registered. A worker process that restarted lost what it was running: those
+   * turns go elsewhere now instead of waiting for their leases to run out. (A reconnect of the
+   * same run keeps them.) Events this runtime does not hold are left alone.
+   */
+  workerRegistered(workerId: string, lostEvents: readonly string[]): void {
     this.dispatcher.workerReady(workerId, lostEvents);
   }
 
@@ -289,6 +307,11 @@ export class Runtime {
   private onWorkerGone(workerId: string, reason: string): void {
     const events = this.workers.forget(workerId);
     this.log.warn({ workerId, reason, inFlight: events.length }, 'worker gone');
+    this.workerLost(workerId, reason, events);
+  }
+
+  /** The turns of `events` this runtime holds on a worker that is gone go elsewhere. */
+  workerLost(workerId: string, reason: string, events: readonly string[]): void {
     for (const eventId of events) this.dispatcher.reassign(eventId, `worker ${workerId} gone: ${reason}`);
   }
 

@@ -32,7 +32,7 @@ import { makeLastAttempt } from '../db/boss/jobs.ts';
 import { sql } from '../db/orm.ts';
 import { DELIVERY_LIVE } from '../db/schema.ts';
 import { FenceRejected, type FenceReason } from '../base/errors.ts';
-import { enqueueEffects, type EmitRequest, type TurnEffects } from '../effects/emit.ts';
+import { enqueueEffects, type EmitRequest, type ShardPlace, type TurnEffects } from '../effects/emit.ts';
 import { insertOutboxMany, type NewOutboxMessage } from '../db/outbox/messages.ts';
 import { outboxRowsOf, type DeliverRequest } from '../effects/deliver.ts';
 import type { AttemptFailures, FailOutcome } from './attempt-failure.ts';
@@ -109,6 +109,10 @@ export interface TurnCommitDeps {
   failures: AttemptFailures;
   /** Begins the next turns of busy actors in their commits (`CommitRequest.continuation`); absent: never. */
   continuations?: { begin: Pick<TurnBeginner, 'beginInCommit'>; batchBytes: number };
+  /** The shard this runtime serves, of how many: emits to other shards' actors go to its outbox (E4 of src/effects/emit.ts). */
+  place?: ShardPlace;
+  /** Called after a commit that emitted to another shard (the relay delivers it). */
+  emittedElsewhere?: () => void;
 }
 
 /** A commit's next turns could not all be begun: it runs again without them (N3). */
@@ -173,6 +177,7 @@ export class TurnCommits {
   private async replyGroup(requests: readonly ReplyRequest[], continuing: boolean): Promise<ReplyOutcome[]> {
     const keepContexts = this.deps.contexts.enabled;
     let written: Map<string, turnRows.CommittedTurn> | undefined;
+    let emitted = false;
     const outcomes = await inTransaction(this.deps.db, async (tx) => {
       const rows = await loadFenceRowsMany(
         tx,
@@ -251,7 +256,10 @@ export class TurnCommits {
       const missing = commits.filter((c) => !written!.has(c.deliveryId));
       if (missing.length > 0) throw new BatchNotSettled(missing.map((c) => c.deliveryId));
       // effects hook: emitted events enqueued in this transaction (none for most turns)
-      if (effects.length > 0) await enqueueEffects(tx, this.deps.boss, this.deps.jobs.queue, effects, this.deps.maxEventBytes);
+      if (effects.length > 0) {
+        await enqueueEffects(tx, this.deps.boss, this.deps.jobs.queue, effects, this.deps.maxEventBytes, this.deps.place);
+        emitted = (this.deps.place?.shardCount ?? 1) > 1;
+      }
       // outbox hook: the messages of the turns committed here, fenced with them (none for most turns)
       if (outbound.length > 0) await insertOutboxMany(tx, outbound);
       if (completions.length > 0) {
@@ -280,6 +288,7 @@ export class TurnCommits {
       }
       return outcomes;
     });
+    if (emitted) this.deps.emittedElsewhere?.();
     if (continuing && outcomes.some((o) => o.outcome === 'committed' && o.next)) crashPoint('continued-commit');
     // committed: the contexts move on (C1 of context-cache.ts: a begin still checks them)
     if (keepContexts && written) {

@@ -28,7 +28,10 @@ export interface WatchdogOptions {
   db: Db;
   failures: Pick<AttemptFailures, 'expire'>;
   dispatcher: Dispatcher;
-  workers: WorkerRegistry;
+  /** Absent: another runtime's watchdog takes stale workers out (runtimes sharing workers: src/runtime/shard-router.ts). */
+  workers?: WorkerRegistry;
+  /** The turns a stale worker never accepted, sent elsewhere; default: this runtime's. Returns how many. */
+  redispatchStale?: (workerId: string) => Promise<number>;
   clock: Clock;
   logger: Logger;
   intervalMs: number;
@@ -65,6 +68,12 @@ export class Watchdog {
     });
   }
 
+  /** This watchdog takes stale workers out of `workers` too (the one watchdog of runtimes sharing them). */
+  takeWorkers(workers: WorkerRegistry, redispatch: (workerId: string) => Promise<number>): void {
+    this.opts.workers = workers;
+    this.opts.redispatchStale = redispatch;
+  }
+
   /** One pass. Concurrent calls share the pass in progress (no re-entry). */
   tick(): Promise<WatchdogReport> {
     return this.periodic.tick();
@@ -88,13 +97,10 @@ export class Watchdog {
 
     if (this.opts.maxTurnMs !== undefined) report.overdue = await dispatcher.failOverdueTurns(this.opts.maxTurnMs);
 
-    for (const stale of await workers.takeStale()) {
+    for (const stale of (await workers?.takeStale()) ?? []) {
       report.staleWorkers.push(stale.id);
       this.log.warn({ workerId: stale.id, inFlight: stale.events.length }, 'worker stale: no heartbeat');
-      for (const d of await deliveries.unacceptedDeliveriesOf(db, stale.id)) {
-        dispatcher.reassign(d.eventId, `worker ${stale.id} stale`);
-        report.redispatched++;
-      }
+      report.redispatched += await (this.opts.redispatchStale ?? ((id) => redispatchUnaccepted(db, dispatcher, id)))(stale.id);
     }
 
     const now = this.opts.clock.nowMs();
@@ -115,4 +121,11 @@ export class Watchdog {
     }
     return report;
   }
+}
+
+/** A stale worker's turns it never accepted, in `db`, sent to other workers by `dispatcher`. */
+export async function redispatchUnaccepted(db: Db, dispatcher: Dispatcher, workerId: string): Promise<number> {
+  const unaccepted = await deliveries.unacceptedDeliveriesOf(db, workerId);
+  for (const d of unaccepted) dispatcher.reassign(d.eventId, `worker ${workerId} stale`);
+  return unaccepted.length;
 }

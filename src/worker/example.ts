@@ -12,6 +12,9 @@
  * - `{"deliver": {"sink": "s", "body"?: …, "key"?: "k"}}` (or an array of them) → sent to sink `s`
  *   once the turn commits (the outbox); without `body`, the body is `{ "text": <the reply text>,
  *   "actor": "agent/session", "event_id": … }`
+ * - `{"ring": {"actors": ["a/b", …], "n": 0, "last": 999}}` → passes the ring on: emits the same
+ *   event with `n + 1` to `actors[(n + 1) % length]`, until `n` is `last` (chains of emits for the
+ *   crash tests, e.g. across shards)
  * - `{"remindInMs": N}`      → a timer: emits `{ "reminder": <text or true> }` to this same actor,
  *   N ms after the commit
  * - `{"history": true}`      → reads the whole conversation back through `history.read` (worker
@@ -177,6 +180,11 @@ function effectsOf(rec: Record<string, JsonValue> | null, ctx: TurnContext): Emi
     if (r && typeof r.actor === 'string') {
       out.push({ actor: r.actor, data: r.data ?? null, ...(typeof r.delay_ms === 'number' ? { delay_ms: r.delay_ms } : {}) });
     }
+  }
+  const ring = asRecord(rec.ring ?? null);
+  if (ring && Array.isArray(ring.actors) && ring.actors.length > 0 && typeof ring.n === 'number' && typeof ring.last === 'number') {
+    const next = ring.actors[(ring.n + 1) % ring.actors.length];
+    if (ring.n < ring.last && typeof next === 'string') out.push({ actor: next, data: { ...rec, ring: { ...ring, n: ring.n + 1 } } });
   }
   const remind = rec.remindInMs;
   if (typeof remind === 'number' && Number.isInteger(remind) && remind >= 0) {

@@ -191,12 +191,16 @@ describe('shards as schemas', { timeout: 120_000 }, () => {
     }
   });
 
-  it('a daemon refuses to start on a deployment of several shards, naming why', async () => {
+  it('a daemon refuses shards the deployment does not have, or named twice', async () => {
     const db = await dbs.fresh();
     await migrateShards(db.url, 2, config);
-    await expect(startTestDaemon({}, { db })).rejects.toMatchObject({
+    await expect(startTestDaemon({ shards: '0,2' }, { db })).rejects.toMatchObject({
       code: 'invalid_config',
-      message: expect.stringContaining('this database is shard 0 of 2'),
+      message: expect.stringContaining('no shard 2: the deployment has 2 shards (0 to 1)'),
+    });
+    await expect(startTestDaemon({ shards: '1,1' }, { db })).rejects.toMatchObject({
+      code: 'invalid_config',
+      message: expect.stringContaining('names a shard twice'),
     });
   });
 });

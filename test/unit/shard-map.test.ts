@@ -6,7 +6,7 @@
 import { spawnSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
 import { actorKey } from '../../src/base/actor-key.ts';
-import { MAX_SHARDS, checkShardCount, shardOf, shardSchemas } from '../../src/base/shard-map.ts';
+import { MAX_SHARDS, checkShardCount, servedShards, shardOf, shardSchemas } from '../../src/base/shard-map.ts';
 
 /** agent_uid, session_id, uint32 of the digest's first 4 bytes, shard of 2, 4, 16, 1024. */
 const VECTORS: Array<[string, string, number, number[]]> = [
@@ -50,5 +50,22 @@ describe('shard map', () => {
     for (const bad of [-1, 1.5, MAX_SHARDS, Number.NaN]) expect(() => shardSchemas(bad, 'pgboss')).toThrow(/invalid shard/);
     for (const bad of [0, -2, 1025, 2.5]) expect(() => checkShardCount(bad)).toThrow(/invalid shard count/);
     expect(() => shardOf(actorKey('a', 'b'), 0)).toThrow(/invalid shard count/);
+  });
+});
+
+describe('servedShards (corral daemon --shards)', () => {
+  it('reads all, or a list, ascending', () => {
+    expect(servedShards('all', 4)).toEqual([0, 1, 2, 3]);
+    expect(servedShards('all', 1)).toEqual([0]);
+    expect(servedShards('3,0', 4)).toEqual([0, 3]);
+    expect(servedShards('0', 1)).toEqual([0]);
+  });
+
+  it('refuses a shard past the count, one named twice, and anything else', () => {
+    expect(() => servedShards('4', 4)).toThrow(/no shard 4: the deployment has 4 shards \(0 to 3\)/);
+    expect(() => servedShards('1', 1)).toThrow(/no shard 1: the deployment has 1 shard \(0 to 0\)/);
+    expect(() => servedShards('1,1', 4)).toThrow(/names a shard twice/);
+    for (const bad of ['', ' all', '1,', ',1', '-1', '1;2', 'ALL', '12345', '1, 2'])
+      expect(() => servedShards(bad, 4), bad).toThrow(expect.objectContaining({ code: 'invalid_config' }));
   });
 });

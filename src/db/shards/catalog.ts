@@ -3,7 +3,6 @@
  * shard: for a shard k > 0 a client that rewrites schema names (src/db/shards/shard-sql.ts).
  */
 import type pg from 'pg';
-import { CorralError } from '../../base/errors.ts';
 
 export interface ShardIdentity {
   shard: number;
@@ -62,7 +61,7 @@ export async function resizeShardMap(c: pg.ClientBase, shardCount: number): Prom
   ]);
 }
 
-export async function readShardMap(c: pg.ClientBase): Promise<ShardMapEntry[]> {
+export async function readShardMap(c: pg.Pool | pg.ClientBase): Promise<ShardMapEntry[]> {
   const r = await c.query<{ shard: number; url: string | null }>('select shard, url from corral.shards order by shard');
   return r.rows.map((row) => ({ shard: row.shard, url: row.url }));
 }
@@ -81,21 +80,6 @@ export async function shardCounts(c: pg.ClientBase, bossSchema: string, queue: s
     [queue],
   );
   return { actors: Number(r.rows[0]?.actors ?? 0), queued: Number(r.rows[0]?.queued ?? 0) };
-}
-
-/**
- * A daemon serves a database of one shard: on a shard of a deployment of several, it would turn
- * an emit to another shard's actor into a job on its own shard (docs/scaling.md, "Shards").
- */
-export async function refuseManyShards(db: pg.Pool | pg.ClientBase): Promise<void> {
-  const id = await readShardIdentity((text) => db.query(text));
-  if (id && id.shardCount > 1) {
-    throw new CorralError(
-      'invalid_config',
-      `this database is shard ${id.shard} of ${id.shardCount}: the daemon serves a deployment of one shard only so far ` +
-        '(docs/scaling.md, "Shards": what runs on several shards today)',
-    );
-  }
 }
 
 /** Whether the table `schema.table` exists (a shard's schemas made yet). */

@@ -11,7 +11,7 @@
  *  Q3 Statements are a fixed set of texts: each rewritten text is kept, so a statement costs one
  *     lookup after its first run (the map is bounded; past its bound texts are rewritten again).
  */
-import type pg from 'pg';
+import pg from 'pg';
 import { BASE_SCHEMA, shardSchemas } from '../../base/shard-map.ts';
 
 export type SqlRewrite = (text: string) => string;
@@ -45,10 +45,17 @@ export function shardSqlRewrite(shard: number, bossSchema: string): SqlRewrite {
   };
 }
 
+const pgClient = pg.Client;
+
 type QueryArg = string | { text: string } | undefined;
 
 function rewriteQuery(q: QueryArg, rewrite: SqlRewrite): QueryArg {
   if (typeof q === 'string') return rewrite(q);
+  // a submittable (pg's Query, a cursor) keeps its prototype: its text is rewritten in place
+  if (q && typeof q === 'object' && typeof (q as { submit?: unknown }).submit === 'function' && typeof q.text === 'string') {
+    q.text = rewrite(q.text);
+    return q;
+  }
   if (q && typeof q === 'object' && typeof q.text === 'string') return { ...q, text: rewrite(q.text) };
   return q;
 }
@@ -64,6 +71,20 @@ export function rewritingClient<C extends pg.ClientBase>(client: C, rewrite: Sql
       return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
     },
   });
+}
+
+/**
+ * A `pg.Client` class whose statements are rewritten, for pools (`new pg.Pool({ Client })`):
+ * corral's pool of a shard and that shard's pg-boss pool alike, so every connection of a shard's
+ * runtime runs the shard's names (Q1), including statements a pooled client runs for `pool.query`.
+ */
+export function shardClientClass(rewrite: SqlRewrite): typeof pg.Client {
+  return class ShardClient extends pgClient {
+    override query(...args: unknown[]): never {
+      const [q, ...rest] = args as [QueryArg, ...unknown[]];
+      return (super.query as (...a: unknown[]) => never)(rewriteQuery(q, rewrite), ...rest);
+    }
+  };
 }
 
 /** The `{ executeSql }` adapter pg-boss takes, on `client`, with the shard's names put in. */
