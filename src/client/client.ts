@@ -8,11 +8,17 @@
 import { parseActorPatterns } from '../base/actor-scope.ts';
 import { createToken, generatedTokenName, listTokens, parseScopes, parseTokenName, parseTokenTtl, revokeToken } from '../ops/api-tokens.ts';
 import type { PgBoss } from 'pg-boss';
+import type pg from 'pg';
 import { loadConfig, type Config } from '../config.ts';
 import type { Queues } from '../db/boss/jobs.ts';
 import type { Database } from '../db/client.ts';
 import { isStatementTarget } from '../db/executor.ts';
 import { openUsableDatabase } from '../db/postgres/open.ts';
+import { openDatabase } from '../db/client.ts';
+import { readShardIdentity, readShardMap } from '../db/shards/catalog.ts';
+import { shardClientClass, shardSqlRewrite } from '../db/shards/shard-sql.ts';
+import { shardSchemas } from '../base/shard-map.ts';
+import { ShardedCorral } from './sharded.ts';
 import { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, sendEvents } from '../db/enqueue/send-event.ts';
 import { readTranscript, type TranscriptEntry } from '../db/turns/transcript.ts';
 import { DEFAULT_LINGER_MS, TurnListener } from '../db/turns/turn-listener.ts';
@@ -81,8 +87,15 @@ class CorralClient implements Corral {
   readonly outbox: OutboxApi;
   readonly tokens: TokensApi;
 
-  /** Use `connect()`. */
-  constructor(config: Config, database: Database, opts: { logger: Logger; applicationName: string; lingerMs: number }) {
+  private readonly Client: typeof pg.Client | undefined;
+
+  /** Use `connect()`. `Client`: a shard's connection class (src/client/sharded.ts). */
+  constructor(
+    config: Config,
+    database: Database,
+    opts: { logger: Logger; applicationName: string; lingerMs: number; Client?: typeof pg.Client },
+  ) {
+    this.Client = opts.Client;
     this.config = config;
     this.queues = queuesOf(config);
     this.database = database;
@@ -332,6 +345,7 @@ class CorralClient implements Corral {
       logger: this.logger,
       onStatement: () => this.calls++,
       lingerMs: this.lingerMs,
+      ...(this.Client ? { Client: this.Client } : {}),
     });
     return this.listenerInstance;
   }
@@ -342,6 +356,7 @@ class CorralClient implements Corral {
       const { createBoss, ensureQueues } = await import('../queue/boss.ts');
       const boss = createBoss(this.database.url, this.config, {
         max: 2,
+        ...(this.Client ? { Client: this.Client } : {}),
         onError: (e) => this.logger.warn({ err: e.message }, 'pg-boss error'),
       });
       await boss.start();
@@ -381,12 +396,27 @@ export async function connect(opts: ConnectOptions = {}): Promise<Corral> {
   if (!Number.isInteger(lingerMs) || lingerMs < 0 || lingerMs > 3_600_000) {
     throw new CorralError('invalid_argument', 'watchLingerMs is an integer from 0 to 3,600,000');
   }
-  const database = await openUsableDatabase(config, logger, {
-    max,
-    applicationName,
-    onError: (e) => logger.warn({ err: e.message }, 'database connection error'),
-  });
-  return new CorralClient(config, database, { logger, applicationName, lingerMs });
+  const onError = (e: Error) => logger.warn({ err: e.message }, 'database connection error');
+  const database = await openUsableDatabase(config, logger, { max, applicationName, onError });
+  const client = new CorralClient(config, database, { logger, applicationName, lingerMs });
+  try {
+    const identity = await readShardIdentity((text) => database.pool.query(text));
+    if (!identity || identity.shardCount === 1) return client;
+    // a deployment of several shards (src/client/sharded.ts): a client per shard, at its database
+    const map = new Map((await readShardMap(database.pool)).map((e) => [e.shard, e.url]));
+    const shards: Corral[] = [client];
+    for (let k = 1; k < identity.shardCount; k++) {
+      const names = shardSchemas(k, config.bossSchema);
+      const url = map.get(k) ?? database.url;
+      const Client = shardClientClass(shardSqlRewrite(k, config.bossSchema));
+      const shardDb = openDatabase(url, { max, applicationName, onError, Client });
+      shards.push(new CorralClient({ ...config, bossSchema: names.boss }, shardDb, { logger, applicationName, lingerMs, Client }));
+    }
+    return new ShardedCorral(shards);
+  } catch (e) {
+    await client.close();
+    throw e;
+  }
 }
 
 function checkedIdempotencyKey(key: unknown, what = 'idempotency key'): string | undefined {

@@ -1,7 +1,7 @@
 /**
  * `corral db migrate --shards N` and `corral shards list | set-url` as subprocesses, on a real
- * database: the shards set up and listed, a send to the wrong shard refused by `corral send`, the
- * map's URLs, and bad arguments answered with exit code 2 (3 for a shard the map lacks).
+ * database: the shards set up and listed, `corral send` to an actor of another shard than the
+ * catalog enqueued on that shard, the map's URLs, and bad arguments answered with exit code 2 (3 for a shard the map lacks).
  */
 import { describe, expect, it } from 'vitest';
 import { actorKey } from '../../src/base/actor-key.ts';
@@ -21,7 +21,7 @@ describe('corral shards (CLI)', { timeout: 180_000 }, () => {
   const tdb = useTestDatabase();
   const cli = (...args: string[]) => corral(args, tdb.url);
 
-  it('sets up, lists and moves shards; corral send is told the right shard', async () => {
+  it('sets up, lists and moves shards; corral send enqueues on the actor’s shard', async () => {
     const migrated = await cli('db', 'migrate', '--shards', '3');
     expect(migrated.code, migrated.stderr).toBe(0);
     expect(migrated.stdout).toContain('shard 1: set up');
@@ -32,16 +32,17 @@ describe('corral shards (CLI)', { timeout: 180_000 }, () => {
     const away = Array.from({ length: 20 }, (_, i) => actorKey('cli', `s${i}`)).find((k) => shardOf(k, 3) === 2)!;
     const sent = await cli('send', `${home.agentUid}/${home.sessionId}`, '{"n":1}');
     expect(sent.code, sent.stderr).toBe(0);
-    const refused = await cli('send', `${away.agentUid}/${away.sessionId}`, '{"n":2}');
-    expect(refused.code).toBe(1);
-    expect(refused.stderr).toContain('belongs to shard 2 of 3');
+    const routed = await cli('send', `${away.agentUid}/${away.sessionId}`, '{"n":2}');
+    expect(routed.code, routed.stderr).toBe(0);
+    const onShard2 = await tdb.client.query('select data from pgboss_s2.job where id = $1', [routed.stdout.trim()]);
+    expect(onShard2.rows[0]?.data.payload).toEqual({ n: 2 });
 
     const listed = await cli('shards', 'list', '--json');
     expect(listed.code, listed.stderr).toBe(0);
     expect(json<Row[]>(listed).map((r) => [r.shard, r.schemas.corral, r.queued, r.url])).toEqual([
       [0, 'corral', 1, null],
       [1, 'corral_s1', 0, null],
-      [2, 'corral_s2', 0, null],
+      [2, 'corral_s2', 1, null],
     ]);
     const table = await cli('shards', 'list');
     expect(table.stdout.split('\n')[0]).toMatch(/^SHARD +SCHEMAS +ACTORS +QUEUED +DATABASE$/);
@@ -52,6 +53,11 @@ describe('corral shards (CLI)', { timeout: 180_000 }, () => {
     const after = await cli('shards', 'list');
     expect(after.stdout).toContain('postgres://corral:****@db-2.internal:5432/corral');
     expect(after.stdout).not.toContain('sekret');
+    // the map is what a send follows: shard 2 at an unreachable database is a clear failure, nothing sent
+    const unreachable = await cli('send', `${away.agentUid}/${away.sessionId}`, '{"n":3}');
+    expect(unreachable.code).not.toBe(0);
+    expect(unreachable.stderr).toMatch(/db-2\.internal|ENOTFOUND|getaddrinfo|database/i);
+    expect(unreachable.stderr).not.toContain('sekret');
     const back = await cli('shards', 'set-url', '2', '--catalog');
     expect(back.code, back.stderr).toBe(0);
     expect(json<Row[]>(await cli('shards', 'list', '--json'))[2]!.url).toBeNull();

@@ -13,7 +13,8 @@ import { migrateShards } from '../../src/ops/shards.ts';
 import { rewritingClient, shardSqlRewrite } from '../../src/db/shards/shard-sql.ts';
 import { useTestDatabase } from '../helpers/db.ts';
 import { startTestDaemon, type TestDaemon } from '../helpers/daemon.ts';
-import { RawPeer, type Msg } from '../helpers/raw-peer.ts';
+import { RawPeer } from '../helpers/raw-peer.ts';
+import { answerEveryTurn, type Answering } from '../helpers/answering-peer.ts';
 import { sendEvent } from '../helpers/send.ts';
 
 const SHARDS = 4;
@@ -31,28 +32,6 @@ function keysByShard(agent: string, perShard: number): ActorKey[][] {
   return out;
 }
 
-/** A worker that answers every turn at once, and emits what `emitOf` says for it. */
-function answerAll(w: RawPeer, emitOf: (m: Msg) => unknown[] | undefined, stop: { done: boolean }): Promise<void> {
-  return (async () => {
-    while (!stop.done) {
-      let s: Msg;
-      try {
-        s = await w.next('turn_start', () => true, 1_000);
-      } catch {
-        continue;
-      }
-      await w.send({ type: 'turn_accepted', turn_ref: s.turn_ref });
-      const emit = emitOf(s);
-      await w.send({
-        type: 'turn_result',
-        turn_ref: s.turn_ref,
-        messages: [{ role: 'assistant', content: 'ok' }],
-        ...(emit ? { emit } : {}),
-      });
-    }
-  })();
-}
-
 async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
   const until = Date.now() + timeoutMs;
   for (;;) {
@@ -68,8 +47,7 @@ describe('a daemon serving 4 shards on one PostgreSQL', { timeout: 180_000 }, ()
   let t: TestDaemon<typeof db>;
   let c: pg.Client;
   let w: RawPeer;
-  const stop = { done: false };
-  let worker: Promise<void>;
+  let worker: Answering;
 
   beforeAll(async () => {
     await migrateShards(db.url, SHARDS, loadConfig({}, {}));
@@ -78,21 +56,16 @@ describe('a daemon serving 4 shards on one PostgreSQL', { timeout: 180_000 }, ()
     await c.connect();
     w = new RawPeer(t.daemon.broker.endpoint, 'shards-w1');
     await w.register(16);
-    worker = answerAll(
-      w,
-      (m) => {
-        const data = (m.event as { data?: { chain?: string; n?: number; keys?: string[]; last?: number } }).data;
-        if (!data?.chain || data.n === undefined || !data.keys || data.last === undefined || data.n >= data.last) return undefined;
-        const next = data.keys[(data.n + 1) % data.keys.length]!;
-        return [{ actor: next, data: { ...data, n: data.n + 1 } }];
-      },
-      stop,
-    );
+    worker = answerEveryTurn(w, (m) => {
+      const data = (m.event as { data?: { chain?: string; n?: number; keys?: string[]; last?: number } }).data;
+      if (!data?.chain || data.n === undefined || !data.keys || data.last === undefined || data.n >= data.last) return undefined;
+      const next = data.keys[(data.n + 1) % data.keys.length]!;
+      return [{ actor: next, data: { ...data, n: data.n + 1 } }];
+    });
   });
 
   afterAll(async () => {
-    stop.done = true;
-    await worker;
+    await worker?.stop();
     await w?.close();
     await c?.end();
     await t?.stop();

@@ -9,6 +9,7 @@
  */
 import pg from 'pg';
 import { parseActorKey } from '../../base/actor-key.ts';
+import { CorralError } from '../../base/errors.ts';
 import { toJsonPayload } from '../../base/json-safety.ts';
 import type { Config } from '../../config.ts';
 import { requireCorralSchema } from '../../db/postgres/health.ts';
@@ -35,7 +36,9 @@ export async function runSendCommand(config: Config, actor: string, source: Json
   // refused before the database is touched (the one enqueue checks it again, as for every sender)
   toJsonPayload(event, config.maxEventBytes);
   const logger = commandLogger(config);
+  let catalogUrl = '';
   const client = await connectDatabase(config, logger, async (url) => {
+    catalogUrl = url;
     const client = new pg.Client({ connectionString: url, application_name: 'corral-cli', connectionTimeoutMillis: 10_000 });
     client.on('error', (e) => logger.warn({ err: e.message }, 'database connection error'));
     try {
@@ -55,8 +58,18 @@ export async function runSendCommand(config: Config, actor: string, source: Json
     });
     // before anything is written: a database that is not corral's gets nothing
     await requireCorralSchema(client);
-    const [sent] = await sendEvents(client, [{ agentUid: key.agentUid, sessionId: key.sessionId, data: event }], {
-      maxEventBytes: config.maxEventBytes,
+    const events = [{ agentUid: key.agentUid, sessionId: key.sessionId, data: event }];
+    const send = (c: pg.ClientBase) => sendEvents(c, events, { maxEventBytes: config.maxEventBytes });
+    const [sent] = await send(client).catch(async (e: unknown) => {
+      // a deployment of several shards: the catalog takes only shard 0's actors; this one's shard takes it
+      if (!(e instanceof CorralError && e.code === 'wrong_shard')) throw e;
+      const { connectShardOf } = await import('../../db/shards/shard-pools.ts');
+      const shard = await connectShardOf(client, catalogUrl, key, config.bossSchema, 'corral-cli');
+      try {
+        return await send(shard);
+      } finally {
+        await shard.end().catch(() => undefined);
+      }
     });
     io.out.write(`${sent!.eventId}\n`);
     return 0;

@@ -10,7 +10,8 @@
  */
 import pg from 'pg';
 import { shardClientClass, shardSqlRewrite } from './shard-sql.ts';
-import { readShardMap, type ShardMapEntry } from './catalog.ts';
+import { readShardIdentity, readShardMap, type ShardMapEntry } from './catalog.ts';
+import { shardOf } from '../../base/shard-map.ts';
 
 export interface ShardPoolsOptions {
   catalogUrl: string;
@@ -76,4 +77,26 @@ export class ShardPools {
     this.pools.clear();
     await Promise.all(open.map((o) => o.pool.end().catch(() => undefined)));
   }
+}
+
+/**
+ * A connection to the shard `key` lives on, found through the catalog (`catalog`, at
+ * `catalogUrl`): for a sender the catalog's enqueue refused (`wrong_shard`). Its statements name
+ * the shard's schemas. The caller ends it.
+ */
+export async function connectShardOf(
+  catalog: pg.ClientBase,
+  catalogUrl: string,
+  key: { agentUid: string; sessionId: string },
+  bossSchema: string,
+  applicationName = 'corral',
+): Promise<pg.Client> {
+  const id = await readShardIdentity((text) => catalog.query(text));
+  const shardCount = id?.shardCount ?? 1;
+  const shard = shardOf(key, shardCount);
+  const url = (await readShardMap(catalog)).find((e) => e.shard === shard)?.url ?? catalogUrl;
+  const Client = shardClientClass(shardSqlRewrite(shard, bossSchema));
+  const client = new Client({ connectionString: url, application_name: applicationName, connectionTimeoutMillis: 10_000 });
+  await client.connect();
+  return client;
 }

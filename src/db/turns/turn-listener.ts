@@ -47,6 +47,8 @@ export interface TurnListenerOptions {
   lingerMs?: number;
   /** Longest wait for the transactions a registration must outlast (default 10 s; L1). */
   barrierMs?: number;
+  /** The connection's class: a shard's, whose statements name its schemas (src/db/shards/shard-sql.ts). */
+  Client?: typeof pg.Client;
 }
 
 export const DEFAULT_LINGER_MS = 30_000;
@@ -212,7 +214,7 @@ export class TurnListener {
   }
 
   private async connect(): Promise<pg.Client> {
-    const client = new pg.Client({
+    const client = new (this.opts.Client ?? pg.Client)({
       connectionString: this.opts.url,
       application_name: this.opts.applicationName ?? 'corral-client-listen',
       connectionTimeoutMillis: 10_000,
