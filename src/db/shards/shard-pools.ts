@@ -66,6 +66,11 @@ export class ShardPools {
       application_name: 'corral-shard-relay',
       connectionTimeoutMillis: 10_000,
       idleTimeoutMillis: 30_000,
+      // a client checked out has no pool listener: a server that goes away mid-statement must
+      // not end the process (the statement fails on its own, and the relay backs off)
+      onConnect: (client) => {
+        client.on('error', (e) => this.opts.onError?.(e));
+      },
     });
     pool.on('error', (e) => this.opts.onError?.(e));
     this.pools.set(shard, { url, pool });
@@ -97,6 +102,8 @@ export async function connectShardOf(
   const url = (await readShardMap(catalog)).find((e) => e.shard === shard)?.url ?? catalogUrl;
   const Client = shardClientClass(shardSqlRewrite(shard, bossSchema));
   const client = new Client({ connectionString: url, application_name: applicationName, connectionTimeoutMillis: 10_000 });
+  // its statement fails on its own when the server goes away; the event must not end the process
+  client.on('error', () => undefined);
   await client.connect();
   return client;
 }
