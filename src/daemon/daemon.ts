@@ -189,6 +189,9 @@ export class Daemon {
             workers: this.home.runtime.workers,
             ...(this.pools ? { pools: this.pools } : {}),
             capacity: (n: ShardNode) => this.router?.fetchCapacity(n.runtime) ?? 0,
+            fetched: (n: ShardNode) => {
+              for (const r of this.router?.fetched(n.runtime) ?? []) this.served.find((m) => m.runtime === r)?.consumer.wakeForCapacity();
+            },
             onCapacity: () => {
               this.router?.capacityFreed();
               for (const n of this.served) n.consumer.wakeForCapacity();

@@ -60,6 +60,8 @@ export interface ShardNodeOptions {
   pools?: ShardPools;
   /** This node's consumer may fetch this many jobs (default: its runtime's free slots). */
   capacity?: (node: ShardNode) => number;
+  /** The fetch `capacity` allowed is dispatched, came back empty, or failed. */
+  fetched?: (node: ShardNode) => void;
   /** A turn of this node settled: slots may have freed for every node. */
   onCapacity?: () => void;
   /** A fetch found jobs (the daemon's heap trim counts activity). */
@@ -132,9 +134,16 @@ export class ShardNode {
     });
     consumer = this.consumer = new QueueConsumer({
       boss: this.boss,
-      fetch: (limit) => {
+      fetch: async (limit) => {
         if (!this.fetchHeads) throw new CorralError('internal', 'the daemon is not prepared');
-        return this.fetchHeads<ActorEventJobData>(limit);
+        try {
+          const jobs = await this.fetchHeads<ActorEventJobData>(limit);
+          if (jobs.length === 0) opts.fetched?.(this);
+          return jobs;
+        } catch (e) {
+          opts.fetched?.(this);
+          throw e;
+        }
       },
       queueName: this.queues.events,
       bossSchema: names.boss,
@@ -146,6 +155,7 @@ export class ShardNode {
       onJobs: (jobs) => {
         opts.onActivity?.();
         this.runtime.dispatchJobs(jobs);
+        opts.fetched?.(this);
       },
     });
     this.watchdog = new Watchdog({

@@ -12,6 +12,8 @@
  *     daemon does not serve is dropped and counted as invalid (no runtime here sent that turn).
  *  D3 With one shard the daemon hands the broker's events to its runtime directly: this router
  *     is not on a one-shard daemon's turn path at all.
+ *  D4 The shards' consumers share the free slots: a fetch reserves what it may take until its jobs
+ *     are dispatched (`fetchCapacity`, `fetched`).
  */
 import { shardOf } from '../base/shard-map.ts';
 import type { Logger } from '../base/logger.ts';
@@ -77,11 +79,46 @@ export class ShardRouter {
     for (const r of this.opts.runtimes.values()) r.workerRegistered(workerId, lostEvents);
   }
 
-  /** Free slots for one shard's fetch: the turns parked by every runtime wait for the same slots. */
+  /** D4: the slots other shards' fetches under way may take, by runtime. */
+  private readonly reserved = new Map<Runtime, number>();
+
+  /**
+   * D4: free slots for one shard's fetch. The turns parked by every runtime wait for the same
+   * slots, and so do the jobs of another shard's fetch under way (its slots are taken only when
+   * its jobs are dispatched): this fetch reserves what it is given until `fetched`. Without it, N
+   * consumers woken together would each fetch every free slot and park the rest, and a parked
+   * turn costs a second delivery when a slot frees.
+   */
   fetchCapacity(runtime: Runtime): number {
+    let reservedElsewhere = 0;
     let parkedElsewhere = 0;
-    for (const r of this.opts.runtimes.values()) if (r !== runtime) parkedElsewhere += r.dispatcher.parkedCount();
-    return runtime.dispatcher.fetchCapacity(parkedElsewhere);
+    for (const r of this.opts.runtimes.values()) {
+      if (r === runtime) continue;
+      parkedElsewhere += r.dispatcher.parkedCount();
+      reservedElsewhere += this.reserved.get(r) ?? 0;
+    }
+    const capacity = runtime.dispatcher.fetchCapacity(parkedElsewhere + reservedElsewhere);
+    if (capacity > 0) this.reserved.set(runtime, capacity);
+    else {
+      this.reserved.delete(runtime);
+      // refused for another shard's fetch: it is woken when that fetch is done
+      if (reservedElsewhere > 0) this.refused.add(runtime);
+    }
+    return capacity;
+  }
+
+  /** D4: the runtimes whose fetch was refused for slots another fetch held. */
+  private readonly refused = new Set<Runtime>();
+
+  /**
+   * D4: the fetch of `runtime` is dispatched (its jobs hold their slots now), came back empty or
+   * failed. Returns the runtimes refused a fetch meanwhile: their consumers should look again.
+   */
+  fetched(runtime: Runtime): Runtime[] {
+    if (!this.reserved.delete(runtime) || this.refused.size === 0) return [];
+    const refused = [...this.refused];
+    this.refused.clear();
+    return refused;
   }
 
   /** A slot freed on one shard: the turns parked on the others may take it. */
