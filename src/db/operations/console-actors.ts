@@ -6,7 +6,8 @@
  *     index `actors_console`), never `offset`: page 1,000 costs what page 1 does. An agent prefix
  *     is a range of that index (`>= prefix` and `< prefix || '~'`: every character an actor key
  *     may hold sorts below `~`), so a prefix never scans the actors outside it.
- *  L2 A state filter starts from the rows that state is rare in, each through its own index:
+ *  L2 `running` is a live activation with an event in flight (a warm activation between turns is
+ *     idle). A state filter starts from the rows that state is rare in, each through its own index:
  *     `running` from the live activations (`activations_live_lease`), `blocked` from the partial
  *     index `actors_console_blocked`, `dead_lettered` from the dead-letter queue (its own
  *     partition of pg-boss's job table). `idle` is most actors: read from `actors_console`, the
@@ -45,6 +46,7 @@ export interface ConsoleActorRow {
   /** Its own policy, its agent's, or null (the default applies). */
   policy: string | null;
   lastTurnAt: Date | null;
+  /** The live activation's status while a turn is in flight. */
   liveStatus: string | null;
 }
 
@@ -82,7 +84,7 @@ export async function listConsoleActors(
   switch (filter.state) {
     case 'running':
       keys = sql`select v.agent_uid, v.session_id from corral.activations v
-        where v.status in ${LIVE_ACT} and ${and(where('v.agent_uid', 'v.session_id'))} ${order}`;
+        where v.status in ${LIVE_ACT} and v.current_event_id is not null and ${and(where('v.agent_uid', 'v.session_id'))} ${order}`;
       break;
     case 'blocked':
       keys = sql`select a.agent_uid, a.session_id from corral.actors a
@@ -97,7 +99,7 @@ export async function listConsoleActors(
     case 'idle':
       keys = sql`select a.agent_uid, a.session_id from corral.actors a
         where a.blocked_by_event_id is null and ${and(where('a.agent_uid', 'a.session_id'))}
-          and not exists (select 1 from corral.activations v where v.agent_uid = a.agent_uid and v.session_id = a.session_id and v.status in ${LIVE_ACT})
+          and not exists (select 1 from corral.activations v where v.agent_uid = a.agent_uid and v.session_id = a.session_id and v.status in ${LIVE_ACT} and v.current_event_id is not null)
           and not exists (select 1 from ${bossSql.job(q.schema)} d where d.${c.name} = ${q.deadLetter} and d.${c.singleton_key} = a.agent_uid || '/' || a.session_id)
         ${order}`;
       break;
@@ -128,7 +130,7 @@ export async function listConsoleActors(
       (select max(t.started_at) from corral.conversations cv join corral.turns t on t.conversation_id = cv.id
         where cv.agent_uid = k.agent_uid and cv.session_id = k.session_id) as last_turn_at,
       (select v.status from corral.activations v
-        where v.agent_uid = k.agent_uid and v.session_id = k.session_id and v.status in ${LIVE_ACT} limit 1) as live_status
+        where v.agent_uid = k.agent_uid and v.session_id = k.session_id and v.status in ${LIVE_ACT} and v.current_event_id is not null limit 1) as live_status
     from k left join corral.actors a on a.agent_uid = k.agent_uid and a.session_id = k.session_id
     order by k.agent_uid collate "C", k.session_id collate "C"`);
   return res.rows.map((r) => {

@@ -11,7 +11,7 @@ import { describeDelivery } from '../../outbox/operations.ts';
 import { actorOf, StreamHeaders, parsed } from '../requests.ts';
 import { principalOf } from './auth.ts';
 import { acted, logAction, respond, type ConsoleDeps } from './context.ts';
-import { html, query, seg, shown, when } from './html.ts';
+import { markup, query, seg, shown, when } from './html.ts';
 import { csrfForm, pager, stateBadge } from './layout.ts';
 import { check, fieldsOf, PageSize, type Guard } from './forms.ts';
 
@@ -68,35 +68,39 @@ export function registerActorRoutes(app: FastifyInstance, deps: ConsoleDeps, gua
     const list = messages.slice(0, q.limit);
     const here = actorPath(key);
     const next = more ? `${here}${query({ before: list.at(-1)!.seq })}` : undefined;
-    const live = status.activation && ['starting', 'active', 'draining'].includes(status.activation.status) ? status.activation : null;
+    // a warm activation between turns holds no event: the actor is idle
+    const live =
+      status.activation && ['starting', 'active', 'draining'].includes(status.activation.status) && status.activation.currentEventId
+        ? status.activation
+        : null;
     const state = live ? 'running' : status.blockedByEventId ? 'blocked' : status.deadLetters.length > 0 ? 'dead_lettered' : 'idle';
     const policy = status.inputPolicy;
     return respond(req, reply, {
       title: formatActorKey(key),
       here: '/console/actors',
       json: { ...status, state, transcript: list, next: next ?? null },
-      body: (viewer) => html`<h1>${key.agentUid} / ${key.sessionId} ${stateBadge(state)}</h1>
-<p class="muted">epoch ${status.epochCounter}${live ? html`, turn in flight: event <code>${live.currentEventId ?? '-'}</code> (activation ${live.status}, revision ${live.revision})` : ''}${
-        status.blockedByEventId ? html`, <strong>blocked</strong> by the dead-lettered event <code>${status.blockedByEventId}</code>` : ''
+      body: (viewer) => markup`<h1>${key.agentUid} / ${key.sessionId} ${stateBadge(state)}</h1>
+<p class="muted">epoch ${status.epochCounter}${live ? markup`, turn in flight: event <code>${live.currentEventId ?? '-'}</code> (activation ${live.status}, revision ${live.revision})` : ''}${
+        status.blockedByEventId ? markup`, <strong>blocked</strong> by the dead-lettered event <code>${status.blockedByEventId}</code>` : ''
       }</p>
 <div class="live" id="live" data-stream="${here}/stream" data-state="connecting"><div class="muted">Live turn: <span id="live-state">connecting</span></div><pre id="live-text"></pre></div>
 <div class="actions">
 ${csrfForm(`${here}/send`, viewer, { cls: 'panel', id: 'send-form' })}<label>Send an event (JSON)<textarea name="event" id="send-event" maxlength="${maxEventChars}" required>{"text": ""}</textarea></label><button id="send-button">Send</button></form>
-${csrfForm(`${here}/steer`, viewer, { cls: 'panel', id: 'steer-form' })}<label>Steer the turn in flight (JSON)<textarea name="input" id="steer-input" maxlength="8000" required>{"text": ""}</textarea></label><button id="steer-button"${live ? '' : html` disabled`}>Steer</button></form>
-${csrfForm(`${here}/cancel`, viewer, { cls: 'panel', id: 'cancel-form', confirm: 'Cancel the turn in flight? Its event is completed as cancelled.' })}<label>Cancel the turn in flight: reason<input name="reason" maxlength="500" value="cancelled from the console"></label><button class="danger" id="cancel-button"${live ? '' : html` disabled`}>Cancel turn</button></form>
+${csrfForm(`${here}/steer`, viewer, { cls: 'panel', id: 'steer-form' })}<label>Steer the turn in flight (JSON)<textarea name="input" id="steer-input" maxlength="8000" required>{"text": ""}</textarea></label><button id="steer-button"${live ? '' : markup` disabled`}>Steer</button></form>
+${csrfForm(`${here}/cancel`, viewer, { cls: 'panel', id: 'cancel-form', confirm: 'Cancel the turn in flight? Its event is completed as cancelled.' })}<label>Cancel the turn in flight: reason<input name="reason" maxlength="500" value="cancelled from the console"></label><button class="danger" id="cancel-button"${live ? '' : markup` disabled`}>Cancel turn</button></form>
 ${csrfForm(`${here}/policy`, viewer, { cls: 'panel', id: 'policy-form' })}<label>Input policy (now ${policy.policy}, from ${policy.from})<select name="policy" id="policy-select">${AVAILABLE_INPUT_POLICIES.map(
-        (p) => html`<option value="${p}" ${p === policy.policy ? html` selected` : ''}>${p}</option>`,
+        (p) => markup`<option value="${p}" ${p === policy.policy ? markup` selected` : ''}>${p}</option>`,
       )}</select></label><label>For<select name="scope"><option value="actor">this actor</option><option value="agent">every session of ${key.agentUid}</option></select></label><label>Debounce (coalesce, interrupt: 300ms, 2s)<input name="debounce" maxlength="20"></label><button id="policy-button">Set policy</button></form>
 </div>
-${policy.from === 'actor' ? html`${csrfForm(`${here}/policy/clear`, viewer)}<button class="quiet" id="policy-clear">Clear this actor's own policy</button></form>` : ''}
+${policy.from === 'actor' ? markup`${csrfForm(`${here}/policy/clear`, viewer)}<button class="quiet" id="policy-clear">Clear this actor's own policy</button></form>` : ''}
 ${
   status.deadLetters.length > 0
-    ? html`<h2>Dead letters</h2>
+    ? markup`<h2>Dead letters</h2>
         <table id="actor-dead-letters">
           <tbody>
             ${status.deadLetters.map(
               (d) =>
-                html`<tr><td><a href="/console/dead-letters/${d.id}">${d.id}</a></td><td>${errorLine(d.lastError)}</td><td>${d.attempts} attempts</td><td>${csrfForm('/console/dead-letters/act', viewer)}<input type="hidden" name="ids" value="${d.id}"><input type="hidden" name="back" value="${here}"><button name="action" value="replay">Replay${d.eventId === status.blockedByEventId ? ' (unblocks)' : ''}</button> <button name="action" value="discard" class="danger">Discard${d.eventId === status.blockedByEventId ? ' (unblocks)' : ''}</button></form></td></tr>`,
+                markup`<tr><td><a href="/console/dead-letters/${d.id}">${d.id}</a></td><td>${errorLine(d.lastError)}</td><td>${d.attempts} attempts</td><td>${csrfForm('/console/dead-letters/act', viewer)}<input type="hidden" name="ids" value="${d.id}"><input type="hidden" name="back" value="${here}"><button name="action" value="replay">Replay${d.eventId === status.blockedByEventId ? ' (unblocks)' : ''}</button> <button name="action" value="discard" class="danger">Discard${d.eventId === status.blockedByEventId ? ' (unblocks)' : ''}</button></form></td></tr>`,
             )}
           </tbody>
         </table>`
@@ -105,7 +109,7 @@ ${
 <h2>Queued events (${status.pendingEvents.length})</h2>
 <table id="queued"><thead><tr><th>Event</th><th>State</th><th>Enqueued</th><th>Payload</th></tr></thead><tbody>${status.pendingEvents.map(
         (p) =>
-          html`<tr>
+          markup`<tr>
             <td class="mono">${p.id}</td>
             <td>${stateBadge(p.state)}</td>
             <td>${when(p.createdOn)}</td>
@@ -113,7 +117,7 @@ ${
           </tr>`,
       )}${
         status.pendingEvents.length === 0
-          ? html`<tr>
+          ? markup`<tr>
               <td colspan="4" class="muted">None.</td>
             </tr>`
           : ''
@@ -121,17 +125,17 @@ ${
 <h2>Recent turns and deliveries</h2>
 <table id="turns"><thead><tr><th>Started</th><th>Event</th><th>Status</th><th>Attempt</th><th>Worker</th><th>Delivered</th></tr></thead><tbody>${status.recentTurns.map(
         (t) =>
-          html`<tr>
+          markup`<tr>
             <td>${when(t.startedAt)}</td>
             <td class="mono">${t.eventId}</td>
-            <td>${stateBadge(t.status)}${t.error ? html` <span class="muted">${errorLine(t.error)}</span>` : ''}</td>
+            <td>${stateBadge(t.status)}${t.error ? markup` <span class="muted">${errorLine(t.error)}</span>` : ''}</td>
             <td>${t.attempt}</td>
             <td>${t.workerId ?? '-'}</td>
-            <td>${t.delivered.map((d) => html`<div>${describeDelivery(d)}</div>`)}</td>
+            <td>${t.delivered.map((d) => markup`<div>${describeDelivery(d)}</div>`)}</td>
           </tr>`,
       )}${
         status.recentTurns.length === 0
-          ? html`<tr>
+          ? markup`<tr>
               <td colspan="6" class="muted">None.</td>
             </tr>`
           : ''
@@ -139,7 +143,7 @@ ${
 <h2>Transcript (newest first)</h2>
 <table id="transcript"><thead><tr><th>#</th><th>Role</th><th>Content</th><th>Turn</th><th>At</th></tr></thead><tbody>${list.map(
         (m) =>
-          html`<tr class="msg-${m.role}">
+          markup`<tr class="msg-${m.role}">
             <td>${m.seq}</td>
             <td>${m.role}</td>
             <td><pre>${shown(m.content)}</pre></td>
@@ -148,7 +152,7 @@ ${
           </tr>`,
       )}${
         list.length === 0
-          ? html`<tr>
+          ? markup`<tr>
               <td colspan="5" class="muted">No message yet.</td>
             </tr>`
           : ''

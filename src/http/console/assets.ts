@@ -92,3 +92,6 @@ if (live && live.dataset.stream) {
   source.addEventListener('error', () => { if (source.readyState === EventSource.CONNECTING) say('reconnecting'); });
 }
 `;
+
+/** The tab's icon (a browser asks for one; without it every page logs a 404). */
+export const CONSOLE_ICON = `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#2456c7"/><path d="M4 11V5h3a2 2 0 0 1 0 4H4m4 0 3 2" stroke="#fff" stroke-width="1.6" fill="none"/></svg>`;

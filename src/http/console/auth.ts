@@ -63,10 +63,11 @@ export function requireSameOrigin(req: FastifyRequest): void {
   if (site === 'cross-site')
     throw new CorralError('forbidden', 'a cross-site request may not act on the console', { details: { scope: 'admin' } });
   const origin = req.headers.origin;
-  if (origin === undefined || origin === 'null') {
-    if (origin === 'null')
-      throw new CorralError('forbidden', 'a request from an opaque origin may not act on the console', { details: { scope: 'admin' } });
-    return;
+  if (origin === undefined) return;
+  if (origin === 'null') {
+    // a browser that withholds the origin says where the request came from in Sec-Fetch-Site
+    if (site === 'same-origin') return;
+    throw new CorralError('forbidden', 'a request from an opaque origin may not act on the console', { details: { scope: 'admin' } });
   }
   let host: string;
   try {

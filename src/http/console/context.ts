@@ -54,6 +54,8 @@ export const CONSOLE_HEADERS: Readonly<Record<string, string>> = {
   ...UI_HEADERS,
   // forms post to the console itself (A2 of auth.ts)
   'content-security-policy': UI_HEADERS['content-security-policy']!.replace("form-action 'none'", "form-action 'self'"),
+  // the console's own forms then carry their Origin (A2 of auth.ts); no other site learns a console URL
+  'referrer-policy': 'same-origin',
 };
 
 export function viewerOf(req: FastifyRequest): Viewer {

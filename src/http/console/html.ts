@@ -1,12 +1,12 @@
 /**
- * HTML written as template strings, escaped by construction: `html\`…\`` escapes every value it
- * is given (`& < > " '`) unless that value is itself `html\`…\``'s result (`Html`), so agent
+ * HTML written as template strings, escaped by construction: `markup\`…\`` escapes every value it
+ * is given (`& < > " '`) unless that value is itself `markup\`…\``'s result (`Html`), so agent
  * names, transcripts, errors and payloads (whatever an application or a worker put there) reach a
  * page as text, never as markup. Arrays are joined; `null`, `undefined` and `false` are nothing.
  * Attribute values are always quoted in the templates, so an escaped value cannot end one.
  */
 
-/** Markup that is safe as it is: only `html` makes one. */
+/** Markup that is safe as it is: only `markup` makes one. */
 export class Html {
   readonly text: string;
 
@@ -40,7 +40,7 @@ function render(v: HtmlValue): string {
   return escapeHtml(String(v));
 }
 
-export function html(strings: TemplateStringsArray, ...values: HtmlValue[]): Html {
+export function markup(strings: TemplateStringsArray, ...values: HtmlValue[]): Html {
   let out = strings[0]!;
   for (let i = 0; i < values.length; i++) out += render(values[i]) + strings[i + 1]!;
   return Html.of(out);

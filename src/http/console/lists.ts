@@ -8,7 +8,7 @@ import { overviewMinutes } from '../../db/operations/console-overview.ts';
 import { workersPage } from '../../db/operations/console-pages.ts';
 import { systemStatus } from '../../ops/status.ts';
 import { acted, logAction, respond, type ConsoleDeps } from './context.ts';
-import { html, query, seg, when } from './html.ts';
+import { markup, query, seg, when } from './html.ts';
 import { barChart, csrfForm, pager, stateBadge } from './layout.ts';
 import { check, fieldsOf, PageSize, type Guard } from './forms.ts';
 
@@ -87,11 +87,11 @@ export function registerListRoutes(app: FastifyInstance, deps: ConsoleDeps, guar
       here: '/console',
       json: { minutes, queue: depth, liveActivations: status.liveActivations, blockedActors: status.blockedActors, outbox: status.outbox },
       body: () =>
-        html`<h1>Overview</h1>
+        markup`<h1>Overview</h1>
           <div class="grid">
             ${cards.map(
               (c) =>
-                html`<div class="card" id="card-${c.id}">
+                markup`<div class="card" id="card-${c.id}">
                   <div class="muted">${c.title}</div>
                   <div class="big">${c.big}</div>
                   ${barChart(c.chart, c.title)}
@@ -131,7 +131,7 @@ export function registerListRoutes(app: FastifyInstance, deps: ConsoleDeps, guar
       here: '/console/actors',
       json: { actors: shownRows, next: next ?? null },
       body: () =>
-        html`<h1>Actors</h1>
+        markup`<h1>Actors</h1>
           <form method="get" action="/console/actors" class="filters" id="actor-filters">
             <label
               >Agent (prefix; exact with a session)<input name="agent" id="filter-agent" value="${agent ?? ''}" maxlength="128"
@@ -141,7 +141,7 @@ export function registerListRoutes(app: FastifyInstance, deps: ConsoleDeps, guar
               >State<select name="state" id="filter-state">
                 <option value="">any</option>
                 ${CONSOLE_ACTOR_STATES.map(
-                  (s) => html`<option value="${s}" ${s === state ? html` selected` : ''}>${s.replace('_', '-')}</option>`,
+                  (s) => markup`<option value="${s}" ${s === state ? markup` selected` : ''}>${s.replace('_', '-')}</option>`,
                 )}
               </select></label
             >
@@ -162,19 +162,19 @@ export function registerListRoutes(app: FastifyInstance, deps: ConsoleDeps, guar
             <tbody>
               ${shownRows.map(
                 (r) =>
-                  html`<tr data-actor="${r.agentUid}/${r.sessionId}">
+                  markup`<tr data-actor="${r.agentUid}/${r.sessionId}">
                     <td>${r.agentUid}</td>
                     <td><a href="/console/actors/${seg(r.agentUid)}/${seg(r.sessionId)}">${r.sessionId}</a></td>
                     <td>${stateBadge(r.state)}</td>
                     <td>${r.queued}</td>
-                    <td>${r.policy ?? html`<span class="muted">default</span>`}</td>
+                    <td>${r.policy ?? markup`<span class="muted">default</span>`}</td>
                     <td>${when(r.lastTurnAt)}</td>
                     <td>${r.epoch}</td>
                   </tr>`,
               )}
               ${
                 shownRows.length === 0
-                  ? html`<tr>
+                  ? markup`<tr>
                       <td colspan="7" class="muted">No actor matches.</td>
                     </tr>`
                   : ''
@@ -203,8 +203,8 @@ export function registerListRoutes(app: FastifyInstance, deps: ConsoleDeps, guar
       here: '/console/workers',
       json: { workers: view, keysWithoutWorker: keyOnly, next: next ?? null, keysManaged: deps.workerKeys !== undefined },
       body: (viewer) =>
-        html`<h1>Workers</h1>
-          ${deps.workerKeys ? '' : html`<p class="muted">Worker keys are not managed by this process (CURVE is off, or the console runs outside a daemon): revoke with corral keys revoke.</p>`}
+        markup`<h1>Workers</h1>
+          ${deps.workerKeys ? '' : markup`<p class="muted">Worker keys are not managed by this process (CURVE is off, or the console runs outside a daemon): revoke with corral keys revoke.</p>`}
           <table id="workers">
             <thead>
               <tr>
@@ -221,18 +221,18 @@ export function registerListRoutes(app: FastifyInstance, deps: ConsoleDeps, guar
             <tbody>
               ${view.map(
                 (w) =>
-                  html`<tr data-worker="${w.workerId}">
+                  markup`<tr data-worker="${w.workerId}">
                     <td>${w.workerId}</td>
                     <td>${stateBadge(w.status)}</td>
                     <td>${w.capacity}</td>
                     <td>${w.inFlight}</td>
-                    <td class="mono">${w.key ? w.key.publicKey : html`<span class="muted">none</span>`}</td>
+                    <td class="mono">${w.key ? w.key.publicKey : markup`<span class="muted">none</span>`}</td>
                     <td>${when(w.lastHeartbeatAt)} <span class="muted">(${Math.round(w.heartbeatAgeSeconds)} s ago)</span></td>
                     <td class="mono">${w.ownerId}</td>
                     <td>
                       ${
                         w.key && deps.workerKeys
-                          ? html`${csrfForm(`/console/workers/${seg(w.workerId)}/revoke`, viewer, { confirm: `Revoke the key of worker ${w.workerId}? It is disconnected and its turns are dispatched again.` })}<button class="danger" id="revoke-${w.workerId}">Revoke</button></form>`
+                          ? markup`${csrfForm(`/console/workers/${seg(w.workerId)}/revoke`, viewer, { confirm: `Revoke the key of worker ${w.workerId}? It is disconnected and its turns are dispatched again.` })}<button class="danger" id="revoke-${w.workerId}">Revoke</button></form>`
                           : ''
                       }
                     </td>
@@ -240,7 +240,7 @@ export function registerListRoutes(app: FastifyInstance, deps: ConsoleDeps, guar
               )}
               ${
                 view.length === 0
-                  ? html`<tr>
+                  ? markup`<tr>
                       <td colspan="8" class="muted">No worker has registered.</td>
                     </tr>`
                   : ''
@@ -250,12 +250,12 @@ export function registerListRoutes(app: FastifyInstance, deps: ConsoleDeps, guar
           ${pager(next, q.after ? '/console/workers' : undefined)}
           ${
             keyOnly.length > 0
-              ? html`<h2>Keys of workers not connected</h2>
+              ? markup`<h2>Keys of workers not connected</h2>
                   <table id="keys">
                     <tbody>
                       ${keyOnly.map(
                         (k) =>
-                          html`<tr>
+                          markup`<tr>
                             <td>${k.workerId}</td>
                             <td class="mono">${k.publicKey}</td>
                             <td>${k.createdAt ?? ''}</td>

@@ -17,7 +17,7 @@ import {
 import { actOnOutbox, listOutboxMessages, lastAnswer } from '../../outbox/operations.ts';
 import { disableSink, enableSink, listSinkViews } from '../../outbox/sinks.ts';
 import { acted, logAction, respond, type ConsoleDeps } from './context.ts';
-import { html, query, seg, shown, when } from './html.ts';
+import { markup, query, seg, shown, when } from './html.ts';
 import { csrfForm, pager, stateBadge } from './layout.ts';
 import { check, fieldsOf, PageSize, type Guard } from './forms.ts';
 
@@ -94,7 +94,7 @@ export function registerOpsRoutes(app: FastifyInstance, deps: ConsoleDeps, guard
       here: '/console/dead-letters',
       json: { deadLetters: list, matching: counted.deadLetters, next: next ?? null },
       body: (viewer) =>
-        html`<h1>
+        markup`<h1>
             Dead letters
             <span class="muted">(${counted.deadLetters} matching, of ${counted.actors} actors; mode ${deps.deadLetterMode})</span>
           </h1>
@@ -105,14 +105,14 @@ export function registerOpsRoutes(app: FastifyInstance, deps: ConsoleDeps, guard
           </form>
           ${
             counted.deadLetters > 0
-              ? html`<div class="filters">
+              ? markup`<div class="filters">
                   ${[
                     ['replay', 'Replay'],
                     ['discard', 'Discard'],
                   ].map(
                     ([action, label]) =>
-                      html`${csrfForm('/console/dead-letters/batch', viewer, { id: `batch-${action}`, confirm: `${label} all ${counted.deadLetters} dead letters this filter matches?` })}<input type="hidden" name="action" value="${action}"><input type="hidden" name="actor" value="${base.actor ?? ''}"><input type="hidden" name="error" value="${base.error ?? ''}"><input type="hidden" name="expected" value="${counted.deadLetters}"><button class="${action === 'discard' ? 'danger' : ''}"${counted.deadLetters > MAX_BATCH ? html` disabled` : ''}>${label} all ${counted.deadLetters} matching</button></form> `,
-                  )}${counted.deadLetters > MAX_BATCH ? html`<span class="muted">Narrow the filter to at most ${MAX_BATCH} for a batch.</span>` : ''}
+                      markup`${csrfForm('/console/dead-letters/batch', viewer, { id: `batch-${action}`, confirm: `${label} all ${counted.deadLetters} dead letters this filter matches?` })}<input type="hidden" name="action" value="${action}"><input type="hidden" name="actor" value="${base.actor ?? ''}"><input type="hidden" name="error" value="${base.error ?? ''}"><input type="hidden" name="expected" value="${counted.deadLetters}"><button class="${action === 'discard' ? 'danger' : ''}"${counted.deadLetters > MAX_BATCH ? markup` disabled` : ''}>${label} all ${counted.deadLetters} matching</button></form> `,
+                  )}${counted.deadLetters > MAX_BATCH ? markup`<span class="muted">Narrow the filter to at most ${MAX_BATCH} for a batch.</span>` : ''}
                 </div>`
               : ''
           }
@@ -130,11 +130,11 @@ export function registerOpsRoutes(app: FastifyInstance, deps: ConsoleDeps, guard
             <tbody>
               ${list.map(
                 (d) =>
-                  html`<tr data-dead-letter="${d.id}"><td><a href="/console/dead-letters/${d.id}">${d.id}</a></td><td><a href="/console/actors/${seg(d.agentUid)}/${seg(d.sessionId)}">${d.actor}</a></td><td>${errorLine(d.lastError)}</td><td>${d.attempts}</td><td>${when(d.failedAt)}</td><td>${csrfForm('/console/dead-letters/act', viewer)}<input type="hidden" name="ids" value="${d.id}"><button name="action" value="replay" class="replay">Replay</button> <button name="action" value="discard" class="danger">Discard</button></form></td></tr>`,
+                  markup`<tr data-dead-letter="${d.id}"><td><a href="/console/dead-letters/${d.id}">${d.id}</a></td><td><a href="/console/actors/${seg(d.agentUid)}/${seg(d.sessionId)}">${d.actor}</a></td><td>${errorLine(d.lastError)}</td><td>${d.attempts}</td><td>${when(d.failedAt)}</td><td>${csrfForm('/console/dead-letters/act', viewer)}<input type="hidden" name="ids" value="${d.id}"><button name="action" value="replay" class="replay">Replay</button> <button name="action" value="discard" class="danger">Discard</button></form></td></tr>`,
               )}
               ${
                 list.length === 0
-                  ? html`<tr>
+                  ? markup`<tr>
                       <td colspan="6" class="muted">No dead letter matches.</td>
                     </tr>`
                   : ''
@@ -153,14 +153,14 @@ export function registerOpsRoutes(app: FastifyInstance, deps: ConsoleDeps, guard
       title: `Dead letter ${d.id}`,
       here: '/console/dead-letters',
       json: detail,
-      body: (viewer) => html`<h1>Dead letter <code>${d.id}</code></h1>
+      body: (viewer) => markup`<h1>Dead letter <code>${d.id}</code></h1>
 <p>Event <code>${d.eventId}</code> of <a href="/console/actors/${seg(d.agentUid)}/${seg(d.sessionId)}">${d.actor}</a>, ${d.attempts} attempts, dead-lettered ${when(d.failedAt)}.</p>
 <div class="error" id="dead-letter-error">${errorLine(d.lastError)}</div>
 ${csrfForm('/console/dead-letters/act', viewer)}<input type="hidden" name="ids" value="${d.id}"><input type="hidden" name="back" value="/console/dead-letters"><button name="action" value="replay" id="replay-one">Replay</button> <button name="action" value="discard" class="danger" id="discard-one">Discard</button></form>
 <h2>Payload</h2><pre id="payload">${shown(d.payload, 20_000)}</pre>
 <h2>Attempts</h2><table><tbody>${detail.attempts.map(
         (t) =>
-          html`<tr>
+          markup`<tr>
             <td>${t.attempt}</td>
             <td>${stateBadge(t.status)}</td>
             <td>${errorLine(t.error)}</td>
@@ -216,7 +216,7 @@ ${csrfForm('/console/dead-letters/act', viewer)}<input type="hidden" name="ids" 
       here: '/console/outbox',
       json: { sinks, messages: messages.messages, next: next ?? null },
       body: (viewer) =>
-        html`<h1>Outbox</h1>
+        markup`<h1>Outbox</h1>
           <h2>Sinks</h2>
           <table id="sinks">
             <thead>
@@ -232,13 +232,15 @@ ${csrfForm('/console/dead-letters/act', viewer)}<input type="hidden" name="ids" 
             <tbody>
               ${sinks.map(
                 (s) =>
-                  html`<tr data-sink="${s.name}"><td><a href="/console/outbox${query({ sink: s.name })}">${s.name}</a></td><td class="mono">${s.url}</td><td>${s.pending}</td><td>${s.dead}</td><td>${
-                    s.disabledAt ? html`${stateBadge('paused')} <span class="muted">${s.disabledReason ?? ''}</span>` : stateBadge('ready')
+                  markup`<tr data-sink="${s.name}"><td><a href="/console/outbox${query({ sink: s.name })}">${s.name}</a></td><td class="mono">${s.url}</td><td>${s.pending}</td><td>${s.dead}</td><td>${
+                    s.disabledAt
+                      ? markup`${stateBadge('paused')} <span class="muted">${s.disabledReason ?? ''}</span>`
+                      : stateBadge('ready')
                   }</td><td>${csrfForm(`/console/sinks/${seg(s.name)}/${s.disabledAt ? 'enable' : 'disable'}`, viewer, s.disabledAt ? {} : { confirm: `Disable sink ${s.name}? Its messages wait until it is enabled.` })}<button class="${s.disabledAt ? '' : 'danger'}">${s.disabledAt ? 'Enable' : 'Disable'}</button></form></td></tr>`,
               )}
               ${
                 sinks.length === 0
-                  ? html`<tr>
+                  ? markup`<tr>
                       <td colspan="6" class="muted">No sink (corral sinks add).</td>
                     </tr>`
                   : ''
@@ -250,7 +252,7 @@ ${csrfForm('/console/dead-letters/act', viewer)}<input type="hidden" name="ids" 
             <label
               >State<select name="state">
                 <option value="">any</option>
-                ${OUTBOX_STATES.map((s) => html`<option value="${s}" ${s === state ? html` selected` : ''}>${s}</option>`)}
+                ${OUTBOX_STATES.map((s) => markup`<option value="${s}" ${s === state ? markup` selected` : ''}>${s}</option>`)}
               </select></label
             ><label>Sink<input name="sink" value="${sink ?? ''}" maxlength="64" /></label><button>Filter</button>
           </form>
@@ -270,7 +272,7 @@ ${csrfForm('/console/dead-letters/act', viewer)}<input type="hidden" name="ids" 
             <tbody>
               ${messages.messages.map(
                 (m) =>
-                  html`<tr data-message="${m.id}">
+                  markup`<tr data-message="${m.id}">
                     <td>${m.id}</td>
                     <td>${m.sink}</td>
                     <td>${m.actor}</td>
@@ -282,14 +284,14 @@ ${csrfForm('/console/dead-letters/act', viewer)}<input type="hidden" name="ids" 
                       ${
                         m.state === 'delivered'
                           ? ''
-                          : html`${csrfForm('/console/outbox/act', viewer)}<input type="hidden" name="ids" value="${m.id}">${m.state === 'dead' || m.state === 'discarded' ? html`<button name="action" value="replay">Replay</button> ` : ''}${m.state === 'pending' || m.state === 'dead' ? html`<button name="action" value="discard" class="danger">Discard</button>` : ''}</form>`
+                          : markup`${csrfForm('/console/outbox/act', viewer)}<input type="hidden" name="ids" value="${m.id}">${m.state === 'dead' || m.state === 'discarded' ? markup`<button name="action" value="replay">Replay</button> ` : ''}${m.state === 'pending' || m.state === 'dead' ? markup`<button name="action" value="discard" class="danger">Discard</button>` : ''}</form>`
                       }
                     </td>
                   </tr>`,
               )}
               ${
                 messages.messages.length === 0
-                  ? html`<tr>
+                  ? markup`<tr>
                       <td colspan="8" class="muted">No message matches.</td>
                     </tr>`
                   : ''

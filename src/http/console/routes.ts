@@ -18,11 +18,11 @@ import type { TokenVerifier } from '../../ops/api-tokens.ts';
 import { closeSession, openSession, useSignInCode } from '../../ops/console-sessions.ts';
 import { cameOverHttps, type AuthFailures } from '../auth.ts';
 import { httpErrorOf } from '../errors.ts';
-import { CONSOLE_CSS, CONSOLE_JS } from './assets.ts';
+import { CONSOLE_CSS, CONSOLE_ICON, CONSOLE_JS } from './assets.ts';
 import { consoleCookie, CONSOLE_COOKIE, cookieOf, requireAdmin, requireSameOrigin } from './auth.ts';
 import { check, fieldsOf, type Fields, type Guard } from './forms.ts';
 import { CONSOLE_HEADERS, type ConsoleDeps, wantsJson } from './context.ts';
-import { html } from './html.ts';
+import { markup } from './html.ts';
 import { page } from './layout.ts';
 import { registerActorRoutes } from './actor.ts';
 import { registerListRoutes } from './lists.ts';
@@ -73,9 +73,9 @@ export async function registerConsole(app: FastifyInstance, deps: ConsoleDeps, o
         return reply.code(303).header('location', '/console/sign-in').send();
       }
       if (!browser) return reply.code(failure.status).headers(failure.headers).type('application/json; charset=utf-8').send(failure.body);
-      const body = html`<h1>${String(failure.status)}: ${failure.body.error.code}</h1>
+      const body = markup`<h1>${String(failure.status)}: ${failure.body.error.code}</h1>
         <div class="error" id="error">${failure.body.error.message}</div>
-        <p>${failure.status === 401 ? html`<a href="/console/sign-in">Sign in</a>` : html`<a href="/console">Back to the console</a>`}</p>`;
+        <p>${failure.status === 401 ? markup`<a href="/console/sign-in">Sign in</a>` : markup`<a href="/console">Back to the console</a>`}</p>`;
       return reply
         .code(failure.status)
         .headers({ ...CONSOLE_HEADERS, ...failure.headers })
@@ -88,9 +88,10 @@ export async function registerConsole(app: FastifyInstance, deps: ConsoleDeps, o
       scope.get(path, async (_req, reply) => reply.headers(CONSOLE_HEADERS).type(type).send(body));
     asset('/console/assets/console.css', 'text/css; charset=utf-8', CONSOLE_CSS);
     asset('/console/assets/console.js', 'text/javascript; charset=utf-8', CONSOLE_JS);
+    asset('/console/assets/icon.svg', 'image/svg+xml', CONSOLE_ICON);
 
     scope.get('/console/sign-in', async (_req, reply) => {
-      const body = html`<h1>Sign in</h1>
+      const body = markup`<h1>Sign in</h1>
         <form method="post" action="/console/sign-in" class="panel" id="sign-in-code"><input type="hidden" name="code" value="" /></form>
         <form method="post" action="/console/sign-in" class="panel" id="sign-in">
           <label
