@@ -12,8 +12,9 @@
  *     index `actors_console_blocked`, `dead_lettered` from the dead-letter queue (its own
  *     partition of pg-boss's job table). `idle` is most actors: read from `actors_console`, the
  *     others left out by their index probes.
- *  L3 A row's figures are per-row index probes, at most `limit` of each: queued events
- *     (pg-boss's index on a queue's singleton keys), the live activation, the last turn (the
+ *  L3 A row's figures are per-row index probes, at most `limit` of each: queued events and dead
+ *     letters (pg-boss's `job_i17`, on a queue's singleton keys of jobs before `active`: each
+ *     probe says `state < 'active' and singleton_key is not null`, its predicate), the live activation, the last turn (the
  *     conversation's `turns_conversation`), the policy (`input_policies`' primary key).
  */
 import { sql, type SQL } from '../orm.ts';
@@ -21,7 +22,6 @@ import type { DbOrTx } from '../client.ts';
 import { toDate } from '../rows.ts';
 import { ACTIVATION_LIVE } from '../schema.ts';
 import { bossSql, type Queues } from '../boss/jobs.ts';
-import { LIVE_STATES } from '../boss/internals.ts';
 
 export const CONSOLE_ACTOR_STATES = ['idle', 'running', 'blocked', 'dead_lettered'] as const;
 export type ConsoleActorState = (typeof CONSOLE_ACTOR_STATES)[number];
@@ -40,7 +40,7 @@ export interface ConsoleActorRow {
   state: ConsoleActorState;
   epoch: number;
   blockedByEventId: string | null;
-  /** Events waiting or being processed (created, retry, active, failed-held). */
+  /** Events waiting (created, retry): not the one in flight; a failed one holding its actor shows as `blocked`. */
   queued: number;
   deadLetters: number;
   /** Its own policy, its agent's, or null (the default applies). */
@@ -51,6 +51,7 @@ export interface ConsoleActorRow {
 }
 
 const c = bossSql.col;
+const st = bossSql.state;
 const LIVE_ACT = sql.raw(`(${ACTIVATION_LIVE.map((s) => `'${s}'`).join(', ')})`);
 /** L1: above every character an actor key part may hold (A-Z a-z 0-9 . _ : @ -). */
 const PREFIX_END = '~';
@@ -100,7 +101,8 @@ export async function listConsoleActors(
       keys = sql`select a.agent_uid, a.session_id from corral.actors a
         where a.blocked_by_event_id is null and ${and(where('a.agent_uid', 'a.session_id'))}
           and not exists (select 1 from corral.activations v where v.agent_uid = a.agent_uid and v.session_id = a.session_id and v.status in ${LIVE_ACT} and v.current_event_id is not null)
-          and not exists (select 1 from ${bossSql.job(q.schema)} d where d.${c.name} = ${q.deadLetter} and d.${c.singleton_key} = a.agent_uid || '/' || a.session_id)
+          and not exists (select 1 from ${bossSql.job(q.schema)} d where d.${c.name} = ${q.deadLetter}
+            and d.${c.singleton_key} = a.agent_uid || '/' || a.session_id and d.${c.state} < ${st.active} and d.${c.singleton_key} is not null)
         ${order}`;
       break;
     default:
@@ -122,9 +124,10 @@ export async function listConsoleActors(
     select k.agent_uid, k.session_id, a.epoch_counter, a.blocked_by_event_id,
       (select count(*)::int from ${bossSql.job(q.schema)} j
         where j.${c.name} = ${q.events} and j.${c.singleton_key} = k.agent_uid || '/' || k.session_id
-          and j.${c.state} in ${bossSql.states(LIVE_STATES)}) as queued,
+          and j.${c.state} < ${st.active} and j.${c.singleton_key} is not null) as queued,
       (select count(*)::int from ${bossSql.job(q.schema)} d
-        where d.${c.name} = ${q.deadLetter} and d.${c.singleton_key} = k.agent_uid || '/' || k.session_id) as dead_letters,
+        where d.${c.name} = ${q.deadLetter} and d.${c.singleton_key} = k.agent_uid || '/' || k.session_id
+          and d.${c.state} < ${st.active} and d.${c.singleton_key} is not null) as dead_letters,
       (select p.policy from corral.input_policies p
         where p.agent_uid = k.agent_uid and p.session_id in (k.session_id, '') order by p.session_id desc limit 1) as policy,
       (select max(t.started_at) from corral.conversations cv join corral.turns t on t.conversation_id = cv.id

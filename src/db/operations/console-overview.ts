@@ -36,20 +36,22 @@ export async function overviewMinutes(db: DbOrTx, q: Queues, minutes: number): P
   const res = await db.execute<{ at: unknown; turns: number; failed: number; dead: number; wake_ms: number | null }>(sql`
     with bounds as (select date_trunc('minute', now()) - make_interval(mins => ${n - 1}) as since),
     t as (
-      select date_trunc('minute', t.started_at) as m, t.status, t.attempt,
-             extract(epoch from t.started_at) * 1000 - ${v7Ms(sql`t.event_id`)} as wake_ms
+      select date_trunc('minute', t.started_at) as m, count(*)::int as turns,
+             (count(*) filter (where t.status = 'failed'))::int as failed,
+             (avg(extract(epoch from t.started_at) * 1000 - ${v7Ms(sql`t.event_id`)})
+               filter (where t.attempt = 1 and extract(epoch from t.started_at) * 1000 >= ${v7Ms(sql`t.event_id`)}))::float8 as wake_ms
         from corral.turns t, bounds b
-       where t.id >= ${v7Floor(sql`(extract(epoch from b.since) * 1000)::bigint`)} and t.started_at >= b.since),
+       where t.id >= ${v7Floor(sql`(extract(epoch from b.since) * 1000)::bigint`)} and t.started_at >= b.since
+       group by 1),
     d as (
       select date_trunc('minute', j.${c.created_on}) as m, count(*)::int as n
         from ${bossSql.job(q.schema)} j, bounds b
        where j.${c.name} = ${q.deadLetter} and j.${c.created_on} >= b.since group by 1)
-    select g.m as at,
-           coalesce((select count(*)::int from t where t.m = g.m), 0) as turns,
-           coalesce((select count(*)::int from t where t.m = g.m and t.status = 'failed'), 0) as failed,
-           coalesce((select d.n from d where d.m = g.m), 0) as dead,
-           (select avg(t.wake_ms)::float8 from t where t.m = g.m and t.attempt = 1 and t.wake_ms >= 0) as wake_ms
-      from bounds b, generate_series(b.since, date_trunc('minute', now()), interval '1 minute') as g(m)
+    select g.m as at, coalesce(t.turns, 0) as turns, coalesce(t.failed, 0) as failed, coalesce(d.n, 0) as dead, t.wake_ms
+      from bounds b
+      cross join generate_series(b.since, date_trunc('minute', now()), interval '1 minute') as g(m)
+      left join t on t.m = g.m
+      left join d on d.m = g.m
      order by g.m`);
   return res.rows.map((r) => ({
     at: toDate(r.at)!,
