@@ -82,3 +82,11 @@ export function csrfMatches(secret: string, given: unknown): boolean {
   const got = Buffer.from(given);
   return got.length === want.length && timingSafeEqual(got, want);
 }
+
+/**
+ * S2's HMAC over an action's notice, so that a page shows only the notices its own session's
+ * actions made: a link someone else crafted (`?notice=Your session expired, sign in at …`) shows nothing.
+ */
+export function noticeSignature(secret: string, notice: string): string {
+  return createHmac('sha256', secret).update(`corral-console-notice/1\n${notice}`).digest('base64url');
+}

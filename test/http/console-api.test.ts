@@ -11,6 +11,9 @@ import { loadConfig } from '../../src/config.ts';
 import { createToken, revokeToken } from '../../src/ops/api-tokens.ts';
 import { createSignInCode } from '../../src/ops/console-sessions.ts';
 import { setBlockedBy } from '../../src/db/turns/actors.ts';
+import { listPolicies } from '../../src/ops/input-policies.ts';
+import { createBoss } from '../../src/queue/boss.ts';
+import { queuesOf } from '../../src/queue/names.ts';
 import { Capture } from '../helpers/capture.ts';
 import { useTestDatabase } from '../helpers/db.ts';
 import { answer, failure, startApi, type Api } from './helpers.ts';
@@ -18,11 +21,12 @@ import { answer, failure, startApi, type Api } from './helpers.ts';
 const tdb = useTestDatabase();
 const logs = new Capture();
 let api: Api;
+let config: ReturnType<typeof loadConfig>;
 let admin: string;
 let reader: string;
 
 beforeAll(async () => {
-  const config = loadConfig({ databaseUrl: tdb.url, logLevel: 'silent' }, {});
+  config = loadConfig({ databaseUrl: tdb.url, logLevel: 'silent' }, {});
   api = await startApi(tdb.url, { logger: pino({ level: 'info' }, logs), console: { databaseUrl: tdb.url, config } });
   admin = (await createToken(api.database.db, 'ops', ['admin'])).token;
   reader = (await createToken(api.database.db, 'reader', ['read', 'send'])).token;
@@ -140,7 +144,9 @@ describe('the console: who may use it', () => {
     // the page's own token, from its own origin: done, and logged with the token's name
     const ok = await api.call(path, { ...form({ event: '{"n":1}', _csrf: csrf }, { cookie, origin: api.server.url }), token: null });
     expect(ok.status).toBe(303);
-    expect(ok.headers.get('location')).toMatch(/^\/console\/actors\/csrf\/s1\?notice=Sent%20event%20/);
+    expect(ok.headers.get('location')).toMatch(
+      /^\/console\/actors\/csrf\/s1\?notice=Sent%20event%20[0-9a-f-]{36}\.&sig=[A-Za-z0-9_-]{43}$/,
+    );
     expect((await api.corral.actor(actorKey('csrf', 's1'))).pendingEvents).toHaveLength(1);
     expect(logs.text).toMatch(/"token":"ops","action":"actor\.send","actor":"csrf\/s1"/);
     for (const secret of [csrf, cookie.split('=')[1]!, admin]) expect(logs.text).not.toContain(secret);
@@ -223,5 +229,104 @@ describe('the console: the list of actors', () => {
     expect((await page('?agent=pager')).actors).toHaveLength(5);
     expect((await page('?agent=pager-z')).actors).toEqual([]);
     expect((await page('?agent=pager-&state=dead_lettered')).actors).toEqual([]);
+  });
+});
+
+describe('the console: actions', () => {
+  const bearer = (body: unknown): RequestInit => ({
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json' },
+    body: JSON.stringify(body),
+  });
+
+  it('sets and clears an input policy, for the actor or its agent, through the operations of corral policy', async () => {
+    const set = await api.call('/console/actors/pol/s1/policy', { ...bearer({ policy: 'coalesce', debounce: '300ms' }), token: admin });
+    expect(await answer(set)).toMatchObject({ status: 200, body: { target: 'pol/s1', policy: 'coalesce', options: { debounceMs: 300 } } });
+    const agent = await api.call('/console/actors/pol/s1/policy', { ...bearer({ policy: 'reject', scope: 'agent' }), token: admin });
+    expect(await answer(agent)).toMatchObject({ status: 200, body: { target: 'pol', policy: 'reject' } });
+    expect((await listPolicies(api.database.db)).policies.map((p) => `${p.target}=${p.policy}`)).toEqual(['pol=reject', 'pol/s1=coalesce']);
+    const bad = await api.call('/console/actors/pol/s1/policy', { ...bearer({ policy: 'reject', debounce: '300ms' }), token: admin });
+    expect(await answer(bad)).toEqual({ status: 400, body: failure('invalid_argument', /takes no options/) });
+    expect((await answer(await api.call('/console/actors/pol/s1/policy/clear', { ...bearer({}), token: admin }))).status).toBe(200);
+    expect(await answer(await api.call('/console/actors/pol/s1/policy/clear', { ...bearer({}), token: admin }))).toEqual({
+      status: 404,
+      body: failure('nothing_matched', /has no input policy of its own/),
+    });
+    expect(logs.text).toMatch(/"token":"ops","action":"policy\.set","target":"pol\/s1","policy":"coalesce"/);
+  });
+
+  it('steering or cancelling an actor with no turn in flight is 404, and changes nothing', async () => {
+    for (const [path, body] of [
+      ['/console/actors/quiet/s1/steer', { input: '{"text":"faster"}' }],
+      ['/console/actors/quiet/s1/cancel', { reason: 'stop' }],
+    ] as const) {
+      expect(await answer(await api.call(path, { ...bearer(body), token: admin }))).toEqual({
+        status: 404,
+        body: failure('not_found', 'quiet/s1 has no turn in flight'),
+      });
+    }
+  });
+
+  it('a batch of dead letters acts only on the count confirmed', async () => {
+    const q = queuesOf(config);
+    const boss = createBoss(tdb.url, config, { max: 1 });
+    await boss.start();
+    try {
+      for (const s of ['d1', 'd2']) {
+        const data = { agentUid: 'batch', sessionId: s, payload: { n: s }, enqueuedAt: new Date().toISOString() };
+        await boss.insert(q.deadLetter, [{ data, singletonKey: `batch/${s}` }]);
+      }
+    } finally {
+      await boss.stop({ graceful: false, close: true });
+    }
+    const list = async () =>
+      ((await (await api.call('/console/dead-letters?actor=', { token: admin, headers: jsonAccept })).json()) as { matching: number })
+        .matching;
+    expect(await list()).toBe(2);
+    const stale = await api.call('/console/dead-letters/batch', { ...bearer({ action: 'discard', expected: 3 }), token: admin });
+    expect(await answer(stale)).toEqual({
+      status: 400,
+      body: failure(
+        'invalid_argument',
+        'the filter matches 2 dead letters now, not the 3 confirmed: look at the list again and confirm anew',
+      ),
+    });
+    expect(await list()).toBe(2);
+    const done = await api.call('/console/dead-letters/batch', { ...bearer({ action: 'discard', expected: 2 }), token: admin });
+    expect(await answer(done)).toMatchObject({ status: 200, body: { results: [{ status: 'discarded' }, { status: 'discarded' }] } });
+    expect(await list()).toBe(0);
+    expect(logs.text).toMatch(/"token":"ops","action":"dead_letters\.discard_batch"/);
+  });
+
+  it('the outbox: unknown messages are reported, an unknown sink is 404', async () => {
+    const r = await api.call('/console/outbox/act', { ...bearer({ action: 'replay', ids: ['424242'] }), token: admin });
+    expect(await answer(r)).toMatchObject({ status: 200, body: { done: [], notFound: [424242] } });
+    for (const action of ['enable', 'disable']) {
+      expect((await api.call(`/console/sinks/nope/${action}`, { ...bearer({}), token: admin })).status).toBe(404);
+    }
+  });
+
+  it('a notice shows only when this session’s own action left it; signing out ends the session', async () => {
+    const { cookie, csrf } = await signIn();
+    const forged = await (
+      await api.call('/console/actors?notice=Session%20expired%3A%20sign%20in%20at%20evil.example&sig=x', {
+        token: null,
+        headers: { cookie },
+      })
+    ).text();
+    expect(forged).not.toContain('evil.example');
+    const acted = await api.call('/console/actors/notes/s1/send', { ...form({ event: '{}', _csrf: csrf }, { cookie }), token: null });
+    const back = await api.call(acted.headers.get('location')!, { token: null, headers: { cookie } });
+    expect(await back.text()).toMatch(/<div class="notice" id="notice">Sent event [0-9a-f-]{36}\.<\/div>/);
+    // another session's signature is not this one's
+    const other = await signIn();
+    expect(await (await api.call(acted.headers.get('location')!, { token: null, headers: { cookie: other.cookie } })).text()).not.toContain(
+      'Sent event',
+    );
+
+    const out = await api.call('/console/sign-out', { ...form({ _csrf: csrf }, { cookie }), token: null });
+    expect(out.status).toBe(303);
+    expect(out.headers.getSetCookie()[0]).toMatch(/^corral_console=; HttpOnly; SameSite=Strict; Path=\/console; Max-Age=0$/);
+    expect((await api.call('/console/actors', { token: null, headers: { cookie, ...jsonAccept } })).status).toBe(401);
   });
 });

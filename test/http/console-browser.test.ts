@@ -168,17 +168,18 @@ describe('the operator console in Chromium', () => {
     await page.goto(`${base}/console/actors/support-bot/s1`, { waitUntil: 'load' });
     await page.waitForFunction(() => document.querySelector('#live')?.dataset.state === 'waiting for a turn', { timeout: 10_000 });
     const reply = 'echo: tell me about durable actors and their transcripts';
-    const { eventId } = await corral.send(actorKey('support-bot', 's1'), {
-      text: 'tell me about durable actors and their transcripts',
-      stream: true,
-      streamMs: 3_000,
-    });
+    // sent from the page's own form: back on the page, its stream picks the turn up from its start
+    const event = JSON.stringify({ text: 'tell me about durable actors and their transcripts', stream: true, streamMs: 3_000 });
+    await page.$eval('#send-event', (e, v) => ((e as unknown as { value: string }).value = v), event);
+    await Promise.all([page.waitForNavigation(), page.click('#send-button')]);
+    const eventId = /^Sent event ([0-9a-f-]{36})\.$/.exec(await text(page, '#notice'))?.[1];
+    expect(eventId).toBeDefined();
     await page.waitForFunction(() => (document.querySelector('#live-text')?.textContent ?? '').length > 0, {
       timeout: 15_000,
       polling: 50,
     });
     const early = await text(page, '#live-text');
-    expect(await stateOf(eventId)).toBe('pending');
+    expect(await stateOf(eventId!)).toBe('pending');
     expect(reply.startsWith(early)).toBe(true);
     expect(early.length).toBeLessThan(reply.length);
     expect(await text(page, '#live-state')).toMatch(/^turn running \(event /);
@@ -193,7 +194,21 @@ describe('the operator console in Chromium', () => {
       timeout: 15_000,
     });
     expect(await text(page, '#live-text')).toBe(reply);
-    expect(await stateOf(eventId)).toBe('committed');
+    expect(await stateOf(eventId!)).toBe('committed');
+  });
+
+  it('cancels the turn in flight from the actor page, after a confirmation', async () => {
+    const { eventId } = await corral.send(actorKey('support-bot', 's2'), { text: 'a slow one', delayMs: 30_000 });
+    await page.goto(`${base}/console/actors/support-bot/s2`, { waitUntil: 'load' });
+    await page.waitForFunction(() => (document.querySelector('#live-state')?.textContent ?? '').startsWith('turn running'), {
+      timeout: 15_000,
+    });
+    await page.reload({ waitUntil: 'load' });
+    expect(await text(page, 'h1 .state')).toBe('running');
+    await Promise.all([page.waitForNavigation(), page.click('#cancel-button')]);
+    expect(await text(page, '#notice')).toBe(`Cancelled the turn of event ${eventId}.`);
+    expect(await stateOf(eventId)).toBe('cancelled');
+    expect(await text(page, 'h1 .state')).toBe('idle');
   });
 
   it('replays a dead letter and sees it commit; then a filtered batch, after a confirmation', async () => {

@@ -24,6 +24,7 @@ const ActorPageQuery = z.object({
     .optional(),
   limit: PageSize,
   notice: z.string().optional(),
+  sig: z.string().optional(),
 });
 
 /** A JSON text from a form's textarea, at most `max` characters. */

@@ -7,6 +7,7 @@ import type { Queues } from '../../db/boss/jobs.ts';
 import type { Logger } from '../../base/logger.ts';
 import type { LiveSource, Streams } from '../streams.ts';
 import { UI_HEADERS } from '../ui.ts';
+import { noticeSignature } from '../../ops/console-sessions.ts';
 import { csrfOf, principalOf } from './auth.ts';
 import { page, type Viewer } from './layout.ts';
 import type { HtmlValue } from './html.ts';
@@ -71,23 +72,30 @@ export function respond(
 ): FastifyReply {
   if (wantsJson(req)) return reply.type('application/json; charset=utf-8').send(view.json);
   const viewer = viewerOf(req);
-  const notice =
-    typeof (req.query as Record<string, unknown>)?.notice === 'string'
-      ? String((req.query as Record<string, string>).notice).slice(0, 300)
-      : undefined;
+  const notice = noticeOf(req);
   return reply
     .headers(CONSOLE_HEADERS)
     .type('text/html; charset=utf-8')
     .send(page({ title: view.title, here: view.here, viewer, notice, body: view.body(viewer) }).text);
 }
 
+/** The notice an action of this session left for the page (`?notice=…&sig=…`), if its signature is the session's. */
+function noticeOf(req: FastifyRequest): string | undefined {
+  const q = (req.query ?? {}) as Record<string, unknown>;
+  const p = principalOf(req);
+  if (typeof q.notice !== 'string' || typeof q.sig !== 'string' || !p.secret || q.notice.length > 300) return undefined;
+  return q.sig === noticeSignature(p.secret, q.notice) ? q.notice : undefined;
+}
+
 /** An action's answer: its result as JSON, or back to `to` with a notice (303, so a reload does not repeat it). */
 export function acted(req: FastifyRequest, reply: FastifyReply, to: string, notice: string, json: unknown): FastifyReply {
   if (wantsJson(req) || principalOf(req).via === 'bearer') return reply.type('application/json; charset=utf-8').send(json);
   const sep = to.includes('?') ? '&' : '?';
+  const text = notice.slice(0, 300);
+  const sig = noticeSignature(principalOf(req).secret!, text);
   return reply
     .code(303)
-    .header('location', `${to}${sep}notice=${encodeURIComponent(notice.slice(0, 300))}`)
+    .header('location', `${to}${sep}notice=${encodeURIComponent(text)}&sig=${sig}`)
     .send();
 }
 

@@ -26,6 +26,7 @@ const ActorsQuery = z.object({
   after: z.string().max(260).optional(),
   limit: PageSize,
   notice: z.string().optional(),
+  sig: z.string().optional(),
 });
 
 const WorkersQuery = z.object({ after: PART.optional(), limit: PageSize, notice: z.string().optional() });

@@ -34,6 +34,7 @@ const DeadLettersQuery = z.object({
   after: UUID.optional(),
   limit: PageSize,
   notice: z.string().optional(),
+  sig: z.string().optional(),
 });
 /** One id or several (a repeated form field). */
 const Ids = <T extends z.ZodTypeAny>(item: T) =>
@@ -57,6 +58,7 @@ const OutboxQueryParams = z.object({
   before: z.coerce.number().int().min(1).optional(),
   limit: PageSize,
   notice: z.string().optional(),
+  sig: z.string().optional(),
 });
 const OutboxActBody = z.object({
   action: z.enum(['replay', 'discard']),
