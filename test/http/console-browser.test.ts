@@ -27,7 +27,11 @@ import { queuesOf } from '../../src/queue/names.ts';
 import { createExampleHandler } from '../../src/worker/example.ts';
 import { createWorker, type Worker } from '../../src/worker/sdk.ts';
 import { startTestDaemon, testLogger, type TestDaemon } from '../helpers/daemon.ts';
+import { useTestDatabase } from '../helpers/db.ts';
 import { waitFor } from '../helpers/wait.ts';
+import { WebhookReceiver } from '../helpers/webhook-receiver.ts';
+import { addSink } from '../../src/outbox/sinks.ts';
+import { listOutboxMessages } from '../../src/outbox/operations.ts';
 
 interface PageElement {
   readonly textContent: string | null;
@@ -39,8 +43,9 @@ const CHROMIUM = process.env.PUPPETEER_EXECUTABLE_PATH || '/usr/bin/chromium';
 const SHOTS = join(import.meta.dirname, '../../docs/console');
 const WORKER = 'console-w1';
 
+const tdb = useTestDatabase();
 let home: string;
-let t: TestDaemon;
+let t: TestDaemon<typeof tdb>;
 let api: HostedApi;
 let corral: Corral;
 let worker: Worker;
@@ -49,6 +54,7 @@ let base: string;
 /** While true, events with `flaky` fail (then they are dead-lettered: no retries). */
 let failing = true;
 const problems: string[] = [];
+const rx = new WebhookReceiver();
 
 beforeAll(async () => {
   if (!existsSync(CHROMIUM)) {
@@ -59,14 +65,11 @@ beforeAll(async () => {
     );
   }
   home = mkdtempSync(join(tmpdir(), 'corral-console-'));
-  t = await startTestDaemon({
-    insecure: false,
-    homeDir: home,
-    keyPollMs: 50,
-    retryLimit: 0,
-    httpPort: await freePort(),
-    logLevel: 'silent',
-  });
+  await rx.start();
+  // the daemon reads its sinks at start
+  await addSink(tdb.database.db, { name: 'audit', url: rx.url('/audit'), allowPrivate: true });
+  const settings = { insecure: false, homeDir: home, keyPollMs: 50, retryLimit: 0, outboxRetryLimit: 0, logLevel: 'silent' } as const;
+  t = await startTestDaemon({ ...settings, httpPort: await freePort() }, { db: tdb });
   api = await startHostedApi(t.config, t.db.url, testLogger);
   base = api.url;
   corral = await connect({ databaseUrl: t.db.url, env: {} });
@@ -101,6 +104,7 @@ afterAll(async () => {
   await corral?.close();
   await api?.close();
   await t?.stop();
+  await rx.stop();
   if (home) rmSync(home, { recursive: true, force: true });
 });
 
@@ -245,10 +249,30 @@ describe('the operator console in Chromium', () => {
     for (const id of more) await waitFor(async () => (await stateOf(id)) === 'committed', { what: `${id} committed`, timeoutMs: 15_000 });
   });
 
-  it('shows the outbox', async () => {
+  it('replays a dead outbox message, and disables and enables its sink', async () => {
+    rx.respond = () => ({ status: 500 });
+    const shipped = await settled('orders-bot', 'o9', { text: 'ship it', deliver: { sink: 'audit' } });
+    expect(await stateOf(shipped)).toBe('committed');
+    const messages = () => listOutboxMessages(t.daemon.database.db, { sink: 'audit' });
+    await waitFor(async () => (await messages()).messages[0]?.state === 'dead', { what: 'the message dead', timeoutMs: 15_000 });
     await page.goto(`${base}/console/outbox`, { waitUntil: 'load' });
-    expect(await text(page, '#sinks')).toContain('No sink');
+    expect(await text(page, '#sinks tr[data-sink="audit"]')).toContain('1');
+    const id = (await messages()).messages[0]!.id;
+    expect(await text(page, `#outbox tr[data-message="${id}"]`)).toContain('dead');
     await shot(page, 'outbox');
+
+    rx.respond = () => ({ status: 200 });
+    await Promise.all([page.waitForNavigation(), page.click(`#outbox tr[data-message="${id}"] button[value="replay"]`)]);
+    expect(await text(page, '#notice')).toBe('Replayed 1 message(s).');
+    await waitFor(async () => (await messages()).messages[0]?.state === 'delivered', { what: 'the message delivered', timeoutMs: 15_000 });
+    expect(rx.received.filter((r) => r.path === '/audit')).toHaveLength(2);
+
+    await Promise.all([page.waitForNavigation(), page.click('#sinks tr[data-sink="audit"] button')]);
+    expect(await text(page, '#notice')).toBe('Sink audit disabled.');
+    expect(await text(page, '#sinks tr[data-sink="audit"]')).toContain('paused');
+    await Promise.all([page.waitForNavigation(), page.click('#sinks tr[data-sink="audit"] button')]);
+    expect(await text(page, '#notice')).toBe('Sink audit enabled.');
+    expect(await text(page, '#sinks tr[data-sink="audit"]')).not.toContain('paused');
   });
 
   it('revokes a worker: off the allow-list, and the daemon drops it', async () => {
