@@ -232,6 +232,18 @@ describe('the console: the list of actors', () => {
   });
 });
 
+describe('the console: the overview', () => {
+  it('the last hour, a row a minute, and the queue depth sampled since the server started', async () => {
+    const res = await api.call('/console', { token: admin, headers: jsonAccept });
+    const body = (await res.json()) as { minutes: { at: string; turns: number }[]; queueHistory: { at: string; depth: number }[] };
+    expect(res.status).toBe(200);
+    expect(body.minutes.length).toBeGreaterThanOrEqual(60);
+    expect(body.minutes.length).toBeLessThanOrEqual(61);
+    expect(body.queueHistory.length).toBeGreaterThanOrEqual(1);
+    expect(body.queueHistory[0]).toEqual({ at: expect.any(String), depth: expect.any(Number) });
+  });
+});
+
 describe('the console: actions', () => {
   const bearer = (body: unknown): RequestInit => ({
     method: 'POST',

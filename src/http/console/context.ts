@@ -11,6 +11,7 @@ import { noticeSignature } from '../../ops/console-sessions.ts';
 import { csrfOf, principalOf } from './auth.ts';
 import { page, type Viewer } from './layout.ts';
 import type { HtmlValue } from './html.ts';
+import type { DepthHistory } from './depth-history.ts';
 
 /** A worker's key on the allow-list, as the console shows it (never its token hash). */
 export interface WorkerKeyView {
@@ -43,6 +44,8 @@ export interface ConsoleDeps {
   /** Absent: the page says keys are not managed by this process. */
   workerKeys: WorkerKeys | undefined;
   deadLetterMode: string;
+  /** The queue's depth, sampled each minute (the overview's chart). */
+  depthHistory: DepthHistory;
 }
 
 /** Whether the caller asked for JSON (the pages' API) rather than a page. */

@@ -8,6 +8,7 @@ import type { TokenVerifier } from '../../ops/api-tokens.ts';
 import type { AuthFailures } from '../auth.ts';
 import type { ConsoleDeps, WorkerKeys } from './context.ts';
 import { registerConsole } from './routes.ts';
+import { DepthHistory } from './depth-history.ts';
 
 export type { WorkerKeys, WorkerKeyView } from './context.ts';
 
@@ -24,7 +25,11 @@ export interface ConsoleSettings {
 export async function startConsole(
   app: FastifyInstance,
   settings: ConsoleSettings,
-  deps: Omit<ConsoleDeps, 'boss' | 'workerKeys' | 'deadLetterMode'> & { verifier: TokenVerifier; failures: AuthFailures; log: Logger },
+  deps: Omit<ConsoleDeps, 'boss' | 'workerKeys' | 'deadLetterMode' | 'depthHistory'> & {
+    verifier: TokenVerifier;
+    failures: AuthFailures;
+    log: Logger;
+  },
 ): Promise<{ close(): Promise<void> }> {
   let boss: Promise<PgBoss> | undefined;
   const getBoss = (): Promise<PgBoss> => {
@@ -40,13 +45,16 @@ export async function startConsole(
     boss.catch(() => (boss = undefined));
     return boss;
   };
+  const depthHistory = new DepthHistory({ db: deps.db, queues: deps.queues, log: deps.log });
   await registerConsole(
     app,
-    { ...deps, boss: getBoss, workerKeys: settings.workerKeys, deadLetterMode: settings.config.deadLetterMode },
+    { ...deps, boss: getBoss, workerKeys: settings.workerKeys, deadLetterMode: settings.config.deadLetterMode, depthHistory },
     { verifier: deps.verifier, failures: deps.failures, bodyLimit: Math.min(settings.config.maxEventBytes, 1024 * 1024) * 2 + 16_384 },
   );
+  depthHistory.start();
   return {
     async close() {
+      depthHistory.stop();
       const b = await boss?.catch(() => undefined);
       await b?.stop({ graceful: false, close: true }).catch((e: unknown) => deps.log.warn({ err: toError(e) }, 'console pg-boss stop'));
     },

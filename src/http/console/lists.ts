@@ -59,7 +59,7 @@ export function registerListRoutes(app: FastifyInstance, deps: ConsoleDeps, guar
         title: 'Queue depth (now)',
         big: String(depth.ready + depth.deferred + depth.retrying + depth.active),
         sub: `ready ${depth.ready}, active ${depth.active}, retrying ${depth.retrying}, deferred ${depth.deferred}`,
-        chart: perMinute((m) => m.turns),
+        chart: deps.depthHistory.values().map((d) => d.depth),
       },
       {
         id: 'wake',
@@ -86,7 +86,14 @@ export function registerListRoutes(app: FastifyInstance, deps: ConsoleDeps, guar
     return respond(req, reply, {
       title: 'Overview',
       here: '/console',
-      json: { minutes, queue: depth, liveActivations: status.liveActivations, blockedActors: status.blockedActors, outbox: status.outbox },
+      json: {
+        minutes,
+        queue: depth,
+        queueHistory: deps.depthHistory.values(),
+        liveActivations: status.liveActivations,
+        blockedActors: status.blockedActors,
+        outbox: status.outbox,
+      },
       body: () =>
         markup`<h1>Overview</h1>
           <div class="grid">
@@ -101,8 +108,8 @@ export function registerListRoutes(app: FastifyInstance, deps: ConsoleDeps, guar
             )}
           </div>
           <p class="muted">
-            The charts cover the last 60 minutes, a bar a minute, from the database (turns by their start; the queue-depth card charts
-            turns, as depth has no history). Live activations ${status.liveActivations}, blocked actors ${status.blockedActors}, outbox
+            The charts cover the last 60 minutes, a bar a minute: from the database (turns by their start), and for the queue's depth
+            from a sample a minute this server took since it started. Live activations ${status.liveActivations}, blocked actors ${status.blockedActors}, outbox
             pending ${status.outbox.pending}, dead ${status.outbox.dead}.
           </p>`,
     });
