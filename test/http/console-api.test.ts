@@ -141,13 +141,23 @@ describe('the console: who may use it', () => {
       expect(res.status, JSON.stringify([fields, extra])).toBe(403);
     }
     expect((await api.corral.actor(actorKey('csrf', 's1'))).pendingEvents).toEqual([]);
+    // behind a proxy that rewrites Host, the browser's host is the forwarded one
+    const proxied = await api.call(path, {
+      ...form(
+        { event: '{"n":0}', _csrf: csrf },
+        { cookie, origin: 'https://corral.example.com', 'x-forwarded-host': 'corral.example.com' },
+      ),
+      token: null,
+    });
+    expect(proxied.status).toBe(303);
+    expect((await api.corral.actor(actorKey('csrf', 's1'))).pendingEvents).toHaveLength(1);
     // the page's own token, from its own origin: done, and logged with the token's name
     const ok = await api.call(path, { ...form({ event: '{"n":1}', _csrf: csrf }, { cookie, origin: api.server.url }), token: null });
     expect(ok.status).toBe(303);
+    expect((await api.corral.actor(actorKey('csrf', 's1'))).pendingEvents).toHaveLength(2);
     expect(ok.headers.get('location')).toMatch(
       /^\/console\/actors\/csrf\/s1\?notice=Sent%20event%20[0-9a-f-]{36}\.&sig=[A-Za-z0-9_-]{43}$/,
     );
-    expect((await api.corral.actor(actorKey('csrf', 's1'))).pendingEvents).toHaveLength(1);
     expect(logs.text).toMatch(/"token":"ops","action":"actor\.send","actor":"csrf\/s1"/);
     for (const secret of [csrf, cookie.split('=')[1]!, admin]) expect(logs.text).not.toContain(secret);
   });

@@ -9,8 +9,9 @@
  *  A2 CSRF: a write (POST) made with the cookie must carry the session's CSRF token (the `_csrf`
  *     field of the page's forms, or an `X-CSRF-Token` header); one made with a bearer header needs
  *     none, since no other site can make a browser send that header. Any POST whose `Origin`
- *     names another origin, or that a browser marks `Sec-Fetch-Site: cross-site`, is refused
- *     first, the sign-in's too (no other site can sign a browser in as someone else).
+ *     names another host than the request's (`Host`, or a proxy's `X-Forwarded-Host`), or that a
+ *     browser marks `Sec-Fetch-Site: cross-site`, is refused first, the sign-in's too (no other
+ *     site can sign a browser in as someone else).
  *  A3 Every action is logged with the token's name (`console action`), never the token.
  */
 import type { FastifyRequest } from 'fastify';
@@ -75,7 +76,11 @@ export function requireSameOrigin(req: FastifyRequest): void {
   } catch {
     throw new CorralError('forbidden', 'the Origin header is not a URL', { details: { scope: 'admin' } });
   }
-  if (host !== req.headers.host) {
+  // behind a proxy that rewrites Host, the Host the browser used is in X-Forwarded-Host: no other
+  // site can set that header on a browser's request (it is not one a form or a simple request sends)
+  const forwarded = req.headers['x-forwarded-host'];
+  const forwardedHost = (Array.isArray(forwarded) ? forwarded[0] : forwarded)?.split(',')[0]?.trim();
+  if (host !== req.headers.host && host !== forwardedHost) {
     throw new CorralError('forbidden', `a request from ${origin} may not act on the console`, { details: { scope: 'admin' } });
   }
 }
