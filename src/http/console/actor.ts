@@ -107,7 +107,7 @@ ${
         </table>`
     : ''
 }
-<h2>Queued events (${status.pendingEvents.length})</h2>
+<h2>Pending events, waiting or in flight (${status.pendingEvents.length})</h2>
 <table id="queued"><thead><tr><th>Event</th><th>State</th><th>Enqueued</th><th>Payload</th></tr></thead><tbody>${status.pendingEvents.map(
         (p) =>
           markup`<tr>
