@@ -15,6 +15,7 @@ import { registerKeysCommands } from './commands/keys.ts';
 import { registerPolicyCommands } from './commands/policy.ts';
 import { registerRetentionCommands } from './commands/retention.ts';
 import { registerTokensCommands } from './commands/tokens.ts';
+import { registerConsoleCommand } from './commands/console.ts';
 import { registerShardsCommands } from './commands/shards.ts';
 import { registerSinksCommands } from './commands/sinks.ts';
 import { registerOutboxCommands } from './commands/outbox.ts';
@@ -266,6 +267,7 @@ export function buildProgram(run: (p: Promise<number>) => void): Command {
   registerRetentionCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerPolicyCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerTokensCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
+  registerConsoleCommand(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerSinksCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerOutboxCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });
   registerShardsCommands(program, () => config(), run, { out: process.stdout, err: process.stderr });

@@ -37,6 +37,7 @@ import { corral, tz } from './schema-base.ts';
 
 export { corral };
 export * from './schema-shards.ts';
+export * from './schema-tokens.ts';
 
 export { ACTIVATION_LIVE, ACTIVATION_STATUSES, TURN_STATUSES, MESSAGE_ROLES, MAX_IDEMPOTENCY_KEY_LENGTH } from './views.ts';
 /** Activations that ended. */
@@ -94,7 +95,15 @@ export const actors = corral.table(
     createdAt: tz('created_at').notNull().defaultNow(),
     updatedAt: tz('updated_at').notNull().defaultNow(),
   },
-  (t) => [primaryKey({ columns: [t.agentUid, t.sessionId] }), check('actors_epoch_nonneg', sql`${t.epochCounter} >= 0`)],
+  (t) => [
+    primaryKey({ columns: [t.agentUid, t.sessionId] }),
+    check('actors_epoch_nonneg', sql`${t.epochCounter} >= 0`),
+    // the console's keyset pages (src/db/operations/console-actors.ts): byte order, whatever the database's collation
+    index('actors_console').on(sql`agent_uid collate "C"`, sql`session_id collate "C"`),
+    index('actors_console_blocked')
+      .on(sql`agent_uid collate "C"`, sql`session_id collate "C"`)
+      .where(sql.raw('blocked_by_event_id is not null')),
+  ],
 );
 
 export const conversations = corral.table(
@@ -411,36 +420,6 @@ export const inputPolicies = corral.table(
     check('input_policies_policy', inList('policy', INPUT_POLICIES)),
     check('input_policies_agent_uid', sql.raw(`agent_uid ~ '${ACTOR_PART.source}'`)),
     check('input_policies_session_id', sql.raw(`session_id = '' or session_id ~ '${ACTOR_PART.source}'`)),
-  ],
-);
-
-/**
- * API tokens of the HTTP API (`corral tokens`, src/db/operations/api-tokens.ts): a bearer token is shown
- * once when created; only its SHA-256 is stored (a token is 32 random bytes, so a fast hash is
- * enough). `scopes` says what it may do (`read`: streams, transcripts, event states; `send`:
- * events). A revoked token stays, so its name is not reused by mistake.
- */
-export const apiTokens = corral.table(
-  'api_tokens',
-  {
-    name: text('name').primaryKey(),
-    tokenSha256: text('token_sha256').notNull(),
-    scopes: text('scopes').array().notNull(),
-    /** The actors it may touch (src/base/actor-scope.ts patterns); null: every actor. */
-    actors: text('actors').array(),
-    /** When it stops authorizing (a short-lived token, `--ttl`); null: never. */
-    expiresAt: tz('expires_at'),
-    createdAt: tz('created_at').notNull().defaultNow(),
-    lastUsedAt: tz('last_used_at'),
-    revokedAt: tz('revoked_at'),
-  },
-  (t) => [
-    uniqueIndex('api_tokens_sha256').on(t.tokenSha256),
-    // the pruning of tokens expired long ago (src/db/operations/api-tokens.ts)
-    index('api_tokens_expired').on(t.expiresAt).where(sql.raw('expires_at is not null')),
-    check('api_tokens_actors', sql.raw('actors is null or cardinality(actors) between 1 and 64')),
-    check('api_tokens_name', sql.raw(`name ~ '^[A-Za-z0-9._-]{1,64}$'`)),
-    check('api_tokens_scopes', sql.raw(`cardinality(scopes) >= 1 and scopes <@ array['read', 'send']::text[]`)),
   ],
 );
 

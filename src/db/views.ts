@@ -329,8 +329,11 @@ export interface OutboxActionResult {
   disabledSinks: string[];
 }
 
-/** What an API token may do: `read` (transcripts, event states, streams), `send` (events). */
-export const API_TOKEN_SCOPES = ['read', 'send'] as const;
+/**
+ * What an API token may do: `read` (transcripts, event states, streams), `send` (events), `admin`
+ * (the operator console at `/console`, src/http/console/: every actor, and the operators' actions).
+ */
+export const API_TOKEN_SCOPES = ['read', 'send', 'admin'] as const;
 export type ApiTokenScope = (typeof API_TOKEN_SCOPES)[number];
 
 /** An API token as `corral tokens list` and `corral.tokens.list()` show it: never its text. */

@@ -7,6 +7,7 @@
 import type { Config } from '../config.ts';
 import { CorralError, toError } from '../base/errors.ts';
 import type { Logger } from '../base/logger.ts';
+import type { WorkerKeys } from '../http/console/index.ts';
 
 export interface HostedApi {
   /** `http://host:port`. */
@@ -60,6 +61,8 @@ export async function startHostedApi(config: Config, databaseUrl: string, logger
       config,
       logger,
       ui: config.httpUi ? {} : undefined,
+      // the operator console (src/http/console/): with CURVE on, the allow-list is this daemon's to revoke from
+      console: { databaseUrl, config, workerKeys: config.insecure ? undefined : await workerKeysOf(config) },
     });
   } catch (e) {
     await release();
@@ -75,6 +78,32 @@ export async function startHostedApi(config: Config, databaseUrl: string, logger
     close() {
       closed ??= server.close().finally(release);
       return closed;
+    },
+  };
+}
+
+/** The allow-list as `corral keys list | revoke` reads and changes it (the console's Workers view). */
+async function workerKeysOf(config: Config): Promise<WorkerKeys> {
+  const keys = await import('../fabric/keys.ts');
+  const { rmSync } = await import('node:fs');
+  const paths = keys.keyPaths(config.homeDir, {
+    ...(config.daemonKeyFile ? { daemonKeyFile: config.daemonKeyFile } : {}),
+    ...(config.allowlistFile ? { allowlistFile: config.allowlistFile } : {}),
+  });
+  return {
+    list: () =>
+      keys.readAllowlist(paths.allowlist).map((e) => ({
+        workerId: e.worker_id,
+        publicKey: e.public_key,
+        capacity: e.capacity ?? null,
+        agents: e.agents ?? null,
+        createdAt: e.created_at ?? null,
+      })),
+    revoke(workerId) {
+      const revoked = keys.revokeWorkerKey(paths, workerId);
+      // a key file issued under CORRAL_HOME for a local worker goes too, as with corral keys revoke
+      if (revoked) rmSync(keys.workerKeyPath(paths, workerId), { force: true });
+      return revoked;
     },
   };
 }

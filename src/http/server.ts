@@ -23,6 +23,8 @@
  *     429 `rate_limited` and its connection closed; twice that many are not accepted at all.
  *  H7 Every route that names an actor, or an event (by its actor), checks it against the token's
  *     actors first (B6 of auth.ts): outside them, 404 `not_found`, as for what does not exist.
+ *  H8 With `console`, the operator console is served under `/console` (src/http/console/, its own
+ *     rules there): admin tokens only, its own session cookie, CSRF tokens on every write.
  */
 import { traceCarrierFromHeaders } from '../base/trace-context.ts';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, type HTTPMethods } from 'fastify';
@@ -44,6 +46,7 @@ import { actorOf, EventBody, EventParams, parsed, SendHeaders, StreamHeaders } f
 import { Streams, type LiveSource } from './streams.ts';
 import { loadUiFiles, UI_HEADERS } from './ui.ts';
 import { eventJson, sendJson, transcriptJson } from './views.ts';
+import type { ConsoleSettings } from './console/index.ts';
 
 export type { LiveSource } from './streams.ts';
 
@@ -77,6 +80,8 @@ export interface ApiServerOptions {
   requestTimeoutMs?: number;
   /** Serve the chat page at `/` (src/http/ui.ts), from `dir` (default examples/chat/); absent: `/` is 404. */
   ui?: { dir?: string } | undefined;
+  /** H8: serve the operator console at `/console`; absent: `/console` is 404. */
+  console?: ConsoleSettings | undefined;
 }
 
 export interface ApiServer {
@@ -288,6 +293,13 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
     });
   }
 
+  // H8: loaded only when asked for
+  const operatorConsole = opts.console
+    ? await (
+        await import('./console/index.ts')
+      ).startConsole(app, opts.console, { db, corral, queues, live, streams, log, verifier, failures })
+    : undefined;
+
   // S4 of streams.ts: one statement for all open streams' tokens
   const recheck = setInterval(() => {
     const names = streams.tokenNames();
@@ -312,12 +324,16 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
   } catch (e) {
     clearInterval(recheck);
     await app.close().catch(() => undefined);
+    await operatorConsole?.close();
     throw e;
   }
   const addr = app.server.address() as AddressInfo;
   const shownHost = addr.family === 'IPv6' ? `[${addr.address}]` : addr.address;
   const url = `http://${shownHost}:${addr.port}`;
-  log.info({ url, ...(uiFiles.length > 0 ? { page: `${url}/` } : {}) }, 'HTTP API listening');
+  log.info(
+    { url, ...(uiFiles.length > 0 ? { page: `${url}/` } : {}), ...(operatorConsole ? { console: `${url}/console` } : {}) },
+    'HTTP API listening',
+  );
   if (!isLoopback(addr.address)) {
     log.warn({ url }, 'the HTTP API listens beyond loopback and speaks plain HTTP: put a TLS proxy in front of it (docs/operations.md)');
   }
@@ -335,6 +351,7 @@ export async function startApiServer(opts: ApiServerOptions): Promise<ApiServer>
         clearInterval(recheck);
         streams.endAll('the server closes');
         await app.close();
+        await operatorConsole?.close();
       })();
       return closed;
     },

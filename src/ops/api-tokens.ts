@@ -61,12 +61,15 @@ export function parseScopes(given: readonly string[]): ApiTokenScope[] {
   if (unknown.length > 0) {
     throw new CorralError(
       'invalid_argument',
-      `unknown scope ${JSON.stringify(unknown[0])}: a token's scopes are ${API_TOKEN_SCOPES.map((s) => JSON.stringify(s)).join(' and ')}`,
+      `unknown scope ${JSON.stringify(unknown[0])}: a token's scopes are ${API_TOKEN_SCOPES.map((s) => JSON.stringify(s)).join(', ')}`,
     );
   }
   const scopes = API_TOKEN_SCOPES.filter((s) => given.includes(s));
   if (scopes.length === 0)
-    throw new CorralError('invalid_argument', 'a token needs at least one scope: --scope read, --scope send, or both');
+    throw new CorralError(
+      'invalid_argument',
+      'a token needs at least one scope: --scope read, --scope send, --scope admin (repeat for several)',
+    );
   return scopes;
 }
 

@@ -229,3 +229,10 @@ export async function enableSink(db: DbOrTx, name: string): Promise<SinkView> {
   if (!row) throw new CorralError('not_found', `no sink named ${name}`);
   return view(row);
 }
+
+/** Disables a sink by hand (the operator console): its messages wait, as for a receiver's 410, until enabled again; returns it. */
+export async function disableSink(db: DbOrTx, name: string, reason: string): Promise<SinkView> {
+  const row = await setSinkDisabled(db, parseSinkName(name), reason.slice(0, 200) || 'disabled by an operator');
+  if (!row) throw new CorralError('not_found', `no sink named ${name}`);
+  return view(row);
+}

@@ -22,7 +22,7 @@ export interface Api {
 export async function startApi(
   databaseUrl: string,
   opts: { config?: Partial<Config>; corral?: Corral } & Partial<
-    Pick<ApiServerOptions, 'live' | 'keepAliveMs' | 'db' | 'logger' | 'ui'>
+    Pick<ApiServerOptions, 'live' | 'keepAliveMs' | 'db' | 'logger' | 'ui' | 'console'>
   > = {},
 ): Promise<Api> {
   // these tests make many refused requests and streams from one address and token: the limits on
@@ -44,6 +44,7 @@ export async function startApi(
       config,
       logger: opts.logger ?? testLogger,
       ...(opts.ui ? { ui: opts.ui } : {}),
+      ...(opts.console ? { console: opts.console } : {}),
       ...(opts.live ? { live: opts.live } : {}),
       ...(opts.keepAliveMs ? { keepAliveMs: opts.keepAliveMs } : {}),
     });

@@ -85,7 +85,7 @@ describe('corral tokens (command functions)', () => {
     expect(await codeOf(runTokensCreate(config, 'bad name', { scope: ['read'] }, io()))).toBe('invalid_argument');
     expect(await codeOf(runTokensCreate(config, 'x'.repeat(65), { scope: ['read'] }, io()))).toBe('invalid_argument');
     expect(await codeOf(runTokensCreate(config, 'no-scope', {}, io()))).toBe('invalid_argument');
-    expect(await codeOf(runTokensCreate(config, 'admin', { scope: ['admin'] }, io()))).toBe('invalid_argument');
+    expect(await codeOf(runTokensCreate(config, 'root', { scope: ['root'] }, io()))).toBe('invalid_argument');
     expect(() => parseScopes([])).toThrow(/at least one scope/);
     expect(() => parseScopes(['read', 'write'])).toThrow(/unknown scope "write"/);
     expect((await listApiTokens(tdb.database.db)).map((t) => t.name)).not.toContain('no-scope');

@@ -37,8 +37,9 @@ export const LAYERS: { name: string; paths: string[]; uses: string[] }[] = [
   { name: 'ops', paths: ['src/ops/'], uses: ['base', 'config', 'db', 'queue', 'outbox'] },
   { name: 'runtime', paths: ['src/runtime/'], uses: ['base', 'config', 'db', 'queue', 'fabric', 'effects', 'effect-limits', 'outbox'] },
   { name: 'client', paths: ['src/client/'], uses: ['base', 'config', 'db', 'queue', 'ops', 'live', 'outbox'] },
-  // the HTTP API: the client's use-cases behind bearer tokens, for applications in any language
-  { name: 'http', paths: ['src/http/'], uses: ['base', 'config', 'db', 'queue', 'ops', 'live', 'client'] },
+  // the HTTP API: the client's use-cases behind bearer tokens, for applications in any language, and
+  // the operator console (src/http/console/): the operators' use-cases, the outbox's among them
+  { name: 'http', paths: ['src/http/'], uses: ['base', 'config', 'db', 'queue', 'ops', 'live', 'client', 'outbox'] },
   {
     name: 'daemon',
     paths: ['src/daemon/'],

@@ -15,6 +15,8 @@ const AFTER_CREATE = `
 Scopes:
   read   GET the transcript, an event's state, and the live stream of actors
   send   POST events to actors
+  admin  the operator console (/console, corral console): every actor, and acting on them,
+         on dead letters, the outbox and workers; give it to operators only
 
 Actors (--actors, repeatable; default every actor): the actors the token may touch, each
 <agent_uid>/<session_id> with either part exact or a prefix ending in * (tenant-a/*,
@@ -151,7 +153,7 @@ export function registerTokensCommands(program: Command, config: ConfigFn, run: 
     .command('create')
     .description('make an API token and print it (once, alone, on standard output)')
     .argument('<name>', 'a name for it, 1-64 characters of A-Z a-z 0-9 . _ - (never reused, even once revoked)')
-    .option('--scope <scope>', 'what it may do: read or send; repeat for both (at least one)', collect)
+    .option('--scope <scope>', 'what it may do: read, send or admin; repeat for several (at least one)', collect)
     .option(
       '--actors <pattern...>',
       'the actors it may touch: agent/session, either part exact or a prefix ending in * (default every actor)',
