@@ -193,6 +193,8 @@ describe('the console: hostile input', () => {
       ['/console/dead-letters/batch', form({ action: 'replay', expected: '0' }), 400],
       ['/console/outbox/act', form({ action: 'explode', ids: '1' }), 400],
       ['/console/workers/..%2F..%2Fetc/revoke', form({}), 400],
+      // a field named __proto__ is only a field: no prototype is set, and the form is still refused
+      ['/console/actors/m/s1/send', form({ ['__proto__']: ['{}', '{}'], constructor: 'x' }), 400],
     ];
     for (const [path, init, status] of cases) {
       const res = await api.call(path, { ...init, token: admin, headers: { ...(init.headers as Record<string, string>), ...jsonAccept } });

@@ -113,7 +113,9 @@ describe('next turns begun in commits', () => {
       ['b1', 'b2', 'b3'].map((text) => ({ key: actorKey('off', 's'), event: { text } })),
     );
     await runAll(more.map((e) => e.eventId));
-    await expect.poll(async () => (await turnsOf(more.map((e) => e.eventId))).filter((x) => x.status === 'succeeded').length).toBe(3);
+    await expect
+      .poll(async () => (await turnsOf(more.map((e) => e.eventId))).filter((x) => x.status === 'succeeded').length, { timeout: 10_000 })
+      .toBe(3);
     const turns = await turnsOf(more.map((e) => e.eventId));
     expect(off.continued()).toBe(0);
     for (let i = 1; i < turns.length; i++) expect(turns[i]!.started_at).not.toBe(turns[i - 1]!.finished_at);

@@ -44,7 +44,8 @@ export async function registerConsole(app: FastifyInstance, deps: ConsoleDeps, o
   await app.register(async (scope) => {
     const limit = opts.bodyLimit;
     scope.addContentTypeParser('application/x-www-form-urlencoded', { parseAs: 'string', bodyLimit: limit }, (_req, body, done) => {
-      const fields: Fields = {};
+      // no prototype: a field named __proto__ is a field like any other
+      const fields = Object.create(null) as Fields;
       for (const [k, v] of new URLSearchParams(body as string)) {
         const had = fields[k];
         fields[k] = had === undefined ? v : Array.isArray(had) ? [...had, v] : [had, v];
