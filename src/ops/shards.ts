@@ -28,7 +28,10 @@ import {
   writeShardIdentity,
   type ShardMapEntry,
 } from '../db/shards/catalog.ts';
-import { rewritingBossDb, rewritingClient, shardSqlRewrite } from '../db/shards/shard-sql.ts';
+import { rewritingBossDb, rewritingClient, shardClientClass, shardSqlRewrite } from '../db/shards/shard-sql.ts';
+import { openDatabase, type Database } from '../db/client.ts';
+import { queuesOf } from '../queue/names.ts';
+import type { Queues } from '../db/boss/jobs.ts';
 import { MAX_SHARD_URL_LENGTH } from '../db/schema-shards.ts';
 import { createBoss, ensureQueues, type QueueConfig } from '../queue/boss.ts';
 
@@ -201,4 +204,32 @@ export async function listShards(catalogUrl: string, config: QueueConfig & { que
 export async function setShardUrl(catalogUrl: string, shard: number, url: string | null): Promise<void> {
   const found = await withClient(catalogUrl, (c) => updateShardUrl(c, shard, url));
   if (!found) throw new CorralError('not_found', `no shard ${shard} in the shard map (corral shards list shows them)`);
+}
+
+/**
+ * Runs `fn` on every shard k > 0 of the deployment whose catalog is `catalog` (at `catalogUrl`),
+ * one shard at a time, each on a connection of its own whose statements name the shard's schemas;
+ * the results by shard (from 1). Undefined for a deployment of one shard. For reads across shards
+ * (`corral status`): shard 0 is the caller's own database.
+ */
+export async function onOtherShards<T>(
+  catalog: pg.Pool | pg.ClientBase,
+  catalogUrl: string,
+  config: QueueConfig,
+  fn: (db: Database, queues: Queues, shard: number) => Promise<T>,
+): Promise<T[] | undefined> {
+  const id = await readShardIdentity((text) => catalog.query(text));
+  if (!id || id.shardCount <= 1) return undefined;
+  const urls = new Map((await readShardMap(catalog)).map((e) => [e.shard, e.url]));
+  const out: T[] = [];
+  for (let k = 1; k < id.shardCount; k++) {
+    const Client = shardClientClass(shardSqlRewrite(k, config.bossSchema));
+    const database = openDatabase(urls.get(k) ?? catalogUrl, { max: 1, applicationName: 'corral-shards', Client });
+    try {
+      out.push(await fn(database, queuesOf({ ...config, bossSchema: shardSchemas(k, config.bossSchema).boss }), k));
+    } finally {
+      await database.close();
+    }
+  }
+  return out;
 }

@@ -3,6 +3,7 @@
  * gauges): read-only, from the database alone, so it works from any host and whether or not a
  * daemon runs.
  */
+import { CorralError } from '../base/errors.ts';
 import { outboxBacklog, type OutboxBacklog } from '../db/outbox/messages.ts';
 import { formatActorKey, type ActorKey } from '../base/actor-key.ts';
 import type { DbOrTx } from '../db/client.ts';
@@ -162,5 +163,60 @@ export async function actorStatus(
     pendingEvents: pending,
     recentTurns: recent.map((t) => ({ ...t, delivered: delivered.get(t.turnId) ?? [] })),
     deadLetters: dead,
+  };
+}
+
+/** One shard's part of a deployment's status (`corral status` on several shards). */
+export interface ShardStatusView {
+  shard: number;
+  queue: QueueDepth;
+  liveActivations: number;
+  blockedActors: number;
+  outbox: OutboxBacklog;
+}
+
+const laterOf = (a: number | null, b: number | null) => (a === null ? b : b === null ? a : Math.max(a, b));
+
+/**
+ * A deployment's status from each shard's (`shards[0]` the catalog's, whose daemons and workers
+ * are the deployment's): counts summed, the oldest waits the longest of them, and each shard's own.
+ */
+export function mergeShardStatus(shards: readonly SystemStatus[]): SystemStatus & { shards: ShardStatusView[] } {
+  const [catalog] = shards;
+  if (!catalog) throw new CorralError('internal', 'a status of no shard');
+  const sum = (f: (s: SystemStatus) => number) => shards.reduce((n, s) => n + f(s), 0);
+  const oldest = shards.reduce<SystemStatus | undefined>(
+    (o, s) => ((s.queue.oldestWaitingSeconds ?? -1) > (o?.queue.oldestWaitingSeconds ?? -1) ? s : o),
+    undefined,
+  );
+  return {
+    ...catalog,
+    queue: {
+      ...catalog.queue,
+      ready: sum((s) => s.queue.ready),
+      deferred: sum((s) => s.queue.deferred),
+      retrying: sum((s) => s.queue.retrying),
+      active: sum((s) => s.queue.active),
+      failedHeld: sum((s) => s.queue.failedHeld),
+      deadLettered: sum((s) => s.queue.deadLettered),
+      oldestWaitingAt: oldest?.queue.oldestWaitingAt ?? null,
+      oldestWaitingEventId: oldest?.queue.oldestWaitingEventId ?? null,
+      oldestWaitingSeconds: oldest?.queue.oldestWaitingSeconds ?? null,
+    },
+    liveActivations: sum((s) => s.liveActivations),
+    blockedActors: sum((s) => s.blockedActors),
+    oldestWaitingSeconds: oldest?.oldestWaitingSeconds ?? null,
+    outbox: {
+      pending: sum((s) => s.outbox.pending),
+      dead: sum((s) => s.outbox.dead),
+      oldestPendingSeconds: shards.reduce<number | null>((o, s) => laterOf(o, s.outbox.oldestPendingSeconds), null),
+    },
+    shards: shards.map((s, shard) => ({
+      shard,
+      queue: s.queue,
+      liveActivations: s.liveActivations,
+      blockedActors: s.blockedActors,
+      outbox: s.outbox,
+    })),
   };
 }

@@ -37,6 +37,18 @@ describe('corral shards (CLI)', { timeout: 180_000 }, () => {
     const onShard2 = await tdb.client.query('select data from pgboss_s2.job where id = $1', [routed.stdout.trim()]);
     expect(onShard2.rows[0]?.data.payload).toEqual({ n: 2 });
 
+    // corral status counts every shard's events, and shows each shard's
+    const status = await cli('status', '--json');
+    expect(status.code, status.stderr).toBe(0);
+    const st = json<{ queue: { ready: number }; shards: { shard: number; queue: { ready: number } }[] }>(status);
+    expect(st.queue.ready).toBe(2);
+    expect(st.shards.map((x) => [x.shard, x.queue.ready])).toEqual([
+      [0, 1],
+      [1, 0],
+      [2, 1],
+    ]);
+    expect((await cli('status')).stdout).toMatch(/^SHARD +READY +ACTIVE/m);
+
     const listed = await cli('shards', 'list', '--json');
     expect(listed.code, listed.stderr).toBe(0);
     expect(json<Row[]>(listed).map((r) => [r.shard, r.schemas.corral, r.queued, r.url])).toEqual([

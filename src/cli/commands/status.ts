@@ -12,8 +12,9 @@ import { errorLine } from '../../ops/dead-letters.ts';
 import { optionsText } from '../../ops/input-policies.ts';
 import { describeDelivery, type TurnDelivery } from '../../outbox/operations.ts';
 import { attemptsOfEvent, describeActivation } from '../../ops/actor-state.ts';
-import { actorStatus, systemStatus, type SystemStatus } from '../../ops/status.ts';
+import { actorStatus, mergeShardStatus, systemStatus, type SystemStatus } from '../../ops/status.ts';
 import { queuesOf } from '../../queue/names.ts';
+import { readShardIdentity } from '../../db/shards/catalog.ts';
 import { openCommandContext } from '../context.ts';
 
 type Out = NodeJS.WritableStream;
@@ -57,7 +58,19 @@ export function oneLine(v: unknown, max = 60): string {
 export async function runStatusCommand(config: Config, opts: { json?: boolean }, out: Out): Promise<number> {
   const ctx = await openCommandContext(config, { connections: 1 });
   try {
-    const s = await systemStatus(ctx.database.db, queuesOf(config), { defaultStaleMs: config.workerStaleMs });
+    const own = await systemStatus(ctx.database.db, queuesOf(config), { defaultStaleMs: config.workerStaleMs });
+    // a deployment of several shards: every shard's counts, read one shard at a time
+    const identity = await readShardIdentity((text) => ctx.database.pool.query(text));
+    const others =
+      identity && identity.shardCount > 1
+        ? await (
+            await import('../../ops/shards.ts')
+          ).onOtherShards(ctx.database.pool, ctx.database.url, config, (db, queues) =>
+            systemStatus(db.db, queues, { defaultStaleMs: config.workerStaleMs }),
+          )
+        : undefined;
+    const merged = others ? mergeShardStatus([own, ...others]) : undefined;
+    const s: SystemStatus = merged ?? own;
     if (opts.json) {
       out.write(`${JSON.stringify({ ...s, deadLetterMode: config.deadLetterMode }, null, 2)}\n`);
       return 0;
@@ -74,6 +87,16 @@ export async function runStatusCommand(config: Config, opts: { json?: boolean },
     out.write(
       `oldest waiting event: ${q.oldestWaitingEventId ? `${q.oldestWaitingEventId} (waiting ${fmtAge(s.oldestWaitingSeconds)})` : 'none'}\n`,
     );
+    if (merged) {
+      out.write(
+        renderTable(
+          ['SHARD', 'READY', 'ACTIVE', 'DEAD-LETTERED', 'LIVE ACTIVATIONS', 'BLOCKED'],
+          merged.shards.map((x) =>
+            [x.shard, x.queue.ready, x.queue.active, x.queue.deadLettered, x.liveActivations, x.blockedActors].map(String),
+          ),
+        ),
+      );
+    }
     out.write(`live activations: ${s.liveActivations}\n`);
     out.write(`blocked actors: ${s.blockedActors}${s.blockedActors > 0 ? ' (see `corral dlq list`)' : ''}\n`);
     const ob = s.outbox;
