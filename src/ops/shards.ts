@@ -45,6 +45,9 @@ export interface ShardRow {
   schemas: { corral: string; boss: string };
   actors: number | null;
   queued: number | null;
+  /** Emits to other shards' actors waiting in this shard's outbox, and those whose delivery failed (docs/scaling.md). */
+  emitsOut?: number;
+  emitsFailing?: number;
   /** Why the counts are missing (the shard's database unreachable, not set up). */
   error?: string;
 }

@@ -15,6 +15,8 @@ interface Row {
   schemas: { corral: string; boss: string };
   actors: number | null;
   queued: number | null;
+  emitsOut?: number;
+  emitsFailing?: number;
 }
 
 describe('corral shards (CLI)', { timeout: 180_000 }, () => {
@@ -51,13 +53,20 @@ describe('corral shards (CLI)', { timeout: 180_000 }, () => {
 
     const listed = await cli('shards', 'list', '--json');
     expect(listed.code, listed.stderr).toBe(0);
-    expect(json<Row[]>(listed).map((r) => [r.shard, r.schemas.corral, r.queued, r.url])).toEqual([
-      [0, 'corral', 1, null],
-      [1, 'corral_s1', 0, null],
-      [2, 'corral_s2', 1, null],
+    expect(json<Row[]>(listed).map((r) => [r.shard, r.schemas.corral, r.queued, r.emitsOut, r.url])).toEqual([
+      [0, 'corral', 1, 0, null],
+      [1, 'corral_s1', 0, 0, null],
+      [2, 'corral_s2', 1, 0, null],
     ]);
+    // an emit stuck for shard 1 (its rows as a commit writes them; no daemon runs here to deliver it)
+    await tdb.client.query(
+      `insert into corral_s2.shard_emits (target_shard, event_id, agent_uid, session_id, data, attempts, last_error)
+       values (1, '01890000-0000-7000-8000-0000000000aa', 'cli', 'x', '{}', 3, 'connection refused')`,
+    );
+    expect(json<Row[]>(await cli('shards', 'list', '--json'))[2]).toMatchObject({ emitsOut: 1, emitsFailing: 1 });
+    expect((await cli('shards', 'list')).stdout).toMatch(/^ +2 +corral_s2, pgboss_s2 .* 1 \(1 failing\)/m);
     const table = await cli('shards', 'list');
-    expect(table.stdout.split('\n')[0]).toMatch(/^SHARD +SCHEMAS +ACTORS +QUEUED +DATABASE$/);
+    expect(table.stdout.split('\n')[0]).toMatch(/^SHARD +SCHEMAS +ACTORS +QUEUED +EMITS-OUT +DATABASE$/);
     expect(table.stdout).toContain('corral_s2, pgboss_s2');
 
     const moved = await cli('shards', 'set-url', '2', 'postgres://corral:sekret@db-2.internal:5432/corral');

@@ -12,8 +12,10 @@ import type { ConfigFn, Io, RunFn } from './table-commands.ts';
 
 const AFTER_LIST = `
 Each shard: its number, the database it lives in (the catalog's own when none is set), its two
-schemas (corral's tables, pg-boss's), its actors and the events queued for them. The catalog is
-the database of DATABASE_URL (shard 0). A shard whose database cannot be reached shows why.`;
+schemas (corral's tables, pg-boss's), its actors, the events queued for them, and the emits its
+turns made to other shards' actors that wait for delivery (with how many failed at least once: a
+target shard that cannot be reached). The catalog is the database of DATABASE_URL (shard 0). A
+shard whose database cannot be reached shows why.`;
 
 const AFTER_SET_URL = `
 Moves where the catalog looks for a shard; the shard's number, and so which actors it holds,
@@ -44,11 +46,15 @@ export async function runShardsList(config: Config, flags: { json?: boolean }, i
     );
     return 0;
   }
-  io.out.write('SHARD  SCHEMAS                 ACTORS   QUEUED  DATABASE\n');
+  io.out.write('SHARD  SCHEMAS                 ACTORS   QUEUED  EMITS-OUT  DATABASE\n');
   for (const r of rows) {
     const schemas = `${r.schemas.corral}, ${r.schemas.boss}`;
     const where = r.url === null ? '(the catalog)' : maskUrl(r.url);
-    const counts = r.error === undefined ? `${String(r.actors).padStart(6)}  ${String(r.queued).padStart(7)}` : `     -        -`;
+    const out = r.emitsFailing ? `${r.emitsOut} (${r.emitsFailing} failing)` : String(r.emitsOut ?? 0);
+    const counts =
+      r.error === undefined
+        ? `${String(r.actors).padStart(6)}  ${String(r.queued).padStart(7)}  ${out.padStart(9)}`
+        : `     -        -          -`;
     io.out.write(`${String(r.shard).padStart(5)}  ${schemas.padEnd(22)}  ${counts}  ${where}${r.error ? `  (${r.error})` : ''}\n`);
   }
   return 0;
@@ -79,7 +85,7 @@ export function registerShardsCommands(program: Command, config: ConfigFn, run: 
   const cmd = program.command('shards').description('the shards of a deployment (corral db migrate --shards N): list, set-url');
   cmd
     .command('list')
-    .description('list the shards: number, schemas, actors, queued events, database')
+    .description('list the shards: number, schemas, actors, queued events, emits waiting for other shards, database')
     .option('--json', 'JSON output')
     .addHelpText('after', AFTER_LIST)
     .action((o: { json?: boolean }) => run(runShardsList(config(), o, io)));

@@ -73,13 +73,30 @@ export async function updateShardUrl(c: pg.ClientBase, shard: number, url: strin
 }
 
 /** Actors and queued events of one shard, for `corral shards list`. */
-export async function shardCounts(c: pg.ClientBase, bossSchema: string, queue: string): Promise<{ actors: number; queued: number }> {
+export async function shardCounts(
+  c: pg.ClientBase,
+  bossSchema: string,
+  queue: string,
+): Promise<{ actors: number; queued: number; emitsOut: number; emitsFailing: number }> {
   const r = await c.query<{ actors: string; queued: string }>(
     `select (select count(*) from corral.conversations) as actors,
             (select count(*) from ${bossSchema}.job where name = $1 and state in ('created', 'retry')) as queued`,
     [queue],
   );
-  return { actors: Number(r.rows[0]?.actors ?? 0), queued: Number(r.rows[0]?.queued ?? 0) };
+  // the outbox of emits to other shards (a schema migrated before it has none)
+  const out = (await tableExists(c, 'corral.shard_emits'))
+    ? (
+        await c.query<{ n: string; failing: string }>(
+          'select count(*) as n, count(*) filter (where attempts > 0) as failing from corral.shard_emits',
+        )
+      ).rows[0]
+    : undefined;
+  return {
+    actors: Number(r.rows[0]?.actors ?? 0),
+    queued: Number(r.rows[0]?.queued ?? 0),
+    emitsOut: Number(out?.n ?? 0),
+    emitsFailing: Number(out?.failing ?? 0),
+  };
 }
 
 /** Whether the table `schema.table` exists (a shard's schemas made yet). */

@@ -97,15 +97,6 @@ export async function noteShardEmitFailure(db: DbOrTx, ids: readonly number[], e
   );
 }
 
-/** The outbox's size and its oldest row's age, per target shard. */
-export async function shardEmitBacklog(db: DbOrTx): Promise<{ targetShard: number; rows: number; oldestS: number }[]> {
-  const r = await db.execute<{ target_shard: number; rows: string; oldest_s: number }>(
-    sql`select target_shard, count(*) as rows, extract(epoch from now() - min(created_at))::float8 as oldest_s
-          from corral.shard_emits group by target_shard order by target_shard`,
-  );
-  return r.rows.map((x) => ({ targetShard: x.target_shard, rows: Number(x.rows), oldestS: x.oldest_s }));
-}
-
 /**
  * X2, on the target shard's connection `client` (its statements name the target's schemas): one
  * transaction that records the event ids and enqueues the rows not taken before. Returns how many
