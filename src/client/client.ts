@@ -15,8 +15,8 @@ import type { Database } from '../db/client.ts';
 import { isStatementTarget } from '../db/executor.ts';
 import { openUsableDatabase } from '../db/postgres/open.ts';
 import { openDatabase } from '../db/client.ts';
-import { readShardIdentity, readShardMap } from '../db/shards/catalog.ts';
-import { shardClientClass, shardSqlRewrite } from '../db/shards/shard-sql.ts';
+import { readShardLayout } from '../db/shards/catalog.ts';
+import { shardClientOf } from '../db/shards/shard-sql.ts';
 import { shardSchemas } from '../base/shard-map.ts';
 import { ShardedCorral } from './sharded.ts';
 import { MAX_IDEMPOTENCY_KEY_LENGTH, MAX_SEND_BATCH, sendEvents } from '../db/enqueue/send-event.ts';
@@ -400,16 +400,14 @@ export async function connect(opts: ConnectOptions = {}): Promise<Corral> {
   const database = await openUsableDatabase(config, logger, { max, applicationName, onError });
   const client = new CorralClient(config, database, { logger, applicationName, lingerMs });
   try {
-    const identity = await readShardIdentity((text) => database.pool.query(text));
-    if (!identity || identity.shardCount === 1) return client;
+    const layout = await readShardLayout(database.pool, database.url);
+    if (layout.shardCount === 1) return client;
     // a deployment of several shards (src/client/sharded.ts): a client per shard, at its database
-    const map = new Map((await readShardMap(database.pool)).map((e) => [e.shard, e.url]));
     const shards: Corral[] = [client];
-    for (let k = 1; k < identity.shardCount; k++) {
+    for (let k = 1; k < layout.shardCount; k++) {
       const names = shardSchemas(k, config.bossSchema);
-      const url = map.get(k) ?? database.url;
-      const Client = shardClientClass(shardSqlRewrite(k, config.bossSchema));
-      const shardDb = openDatabase(url, { max, applicationName, onError, Client });
+      const Client = shardClientOf(k, config.bossSchema);
+      const shardDb = openDatabase(layout.urlOf(k), { max, applicationName, onError, Client });
       shards.push(new CorralClient({ ...config, bossSchema: names.boss }, shardDb, { logger, applicationName, lingerMs, Client }));
     }
     return new ShardedCorral(shards);

@@ -21,7 +21,7 @@ import { QueueConsumer } from '../queue/consumer.ts';
 import type { ActorEventJobData } from '../queue/event-job.ts';
 import { keyHeadFetch, queueTable, type KeyHeadFetch } from '../db/boss/fetch.ts';
 import { readShardIdentity } from '../db/shards/catalog.ts';
-import { shardClientClass, shardSqlRewrite } from '../db/shards/shard-sql.ts';
+import { shardClientOf } from '../db/shards/shard-sql.ts';
 import type { ShardPools } from '../db/shards/shard-pools.ts';
 import { pruneShardInbox } from '../db/shards/shard-emits.ts';
 import { Recovery } from '../runtime/recovery.ts';
@@ -98,7 +98,7 @@ export class ShardNode {
     const logger = shardCount > 1 ? opts.logger.child({ shard }) : opts.logger;
     this.log = logger.child({ component: 'daemon' });
     const names = shardSchemas(shard, config.bossSchema);
-    const Client = shard === 0 ? undefined : shardClientClass(shardSqlRewrite(shard, config.bossSchema));
+    const Client = shard === 0 ? undefined : shardClientOf(shard, config.bossSchema);
     const shardConfig = { ...config, bossSchema: names.boss };
     this.database = openDatabase(opts.url, {
       max: 20,

@@ -20,6 +20,7 @@ import { applyMigrations, withSetupLock } from '../db/migrate.ts';
 import {
   isEmptyShard,
   readShardIdentity,
+  readShardLayout,
   readShardMap,
   resizeShardMap,
   shardCounts,
@@ -28,7 +29,7 @@ import {
   writeShardIdentity,
   type ShardMapEntry,
 } from '../db/shards/catalog.ts';
-import { rewritingBossDb, rewritingClient, shardClientClass, shardSqlRewrite } from '../db/shards/shard-sql.ts';
+import { rewritingBossDb, rewritingClient, shardClientOf, shardSqlRewrite } from '../db/shards/shard-sql.ts';
 import { openDatabase, type Database } from '../db/client.ts';
 import { queuesOf } from '../queue/names.ts';
 import type { Queues } from '../db/boss/jobs.ts';
@@ -221,13 +222,12 @@ export async function onOtherShards<T>(
   config: QueueConfig,
   fn: (db: Database, queues: Queues, shard: number) => Promise<T>,
 ): Promise<T[] | undefined> {
-  const id = await readShardIdentity((text) => catalog.query(text));
-  if (!id || id.shardCount <= 1) return undefined;
-  const urls = new Map((await readShardMap(catalog)).map((e) => [e.shard, e.url]));
+  const layout = await readShardLayout(catalog, catalogUrl);
+  if (layout.shardCount <= 1) return undefined;
   const out: T[] = [];
-  for (let k = 1; k < id.shardCount; k++) {
-    const Client = shardClientClass(shardSqlRewrite(k, config.bossSchema));
-    const database = openDatabase(urls.get(k) ?? catalogUrl, { max: 1, applicationName: 'corral-shards', Client });
+  for (let k = 1; k < layout.shardCount; k++) {
+    const Client = shardClientOf(k, config.bossSchema);
+    const database = openDatabase(layout.urlOf(k), { max: 1, applicationName: 'corral-shards', Client });
     try {
       out.push(await fn(database, queuesOf({ ...config, bossSchema: shardSchemas(k, config.bossSchema).boss }), k));
     } finally {

@@ -66,6 +66,20 @@ export async function readShardMap(c: pg.Pool | pg.ClientBase): Promise<ShardMap
   return r.rows.map((row) => ({ shard: row.shard, url: row.url }));
 }
 
+/**
+ * The deployment's shard count (1 for a database migrated before shards) and where each shard
+ * lives: the map's URL, or the catalog's (`catalogUrl`) when it names none.
+ */
+export async function readShardLayout(
+  c: pg.Pool | pg.ClientBase,
+  catalogUrl: string,
+): Promise<{ shardCount: number; urlOf(shard: number): string }> {
+  const id = await readShardIdentity((text) => c.query(text));
+  const shardCount = id?.shardCount ?? 1;
+  const urls = new Map(shardCount > 1 ? (await readShardMap(c)).map((e) => [e.shard, e.url]) : []);
+  return { shardCount, urlOf: (shard) => urls.get(shard) ?? catalogUrl };
+}
+
 /** Sets a shard's URL (null: the catalog's database); false when the map has no such shard. */
 export async function updateShardUrl(c: pg.ClientBase, shard: number, url: string | null): Promise<boolean> {
   const r = await c.query('update corral.shards set url = $2, updated_at = now() where shard = $1', [shard, url]);

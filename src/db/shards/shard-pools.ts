@@ -9,8 +9,8 @@
  *     reached at its new URL by the next delivery, and its old pool is closed.
  */
 import pg from 'pg';
-import { shardClientClass, shardSqlRewrite } from './shard-sql.ts';
-import { readShardIdentity, readShardMap, type ShardMapEntry } from './catalog.ts';
+import { shardClientOf } from './shard-sql.ts';
+import { readShardLayout, readShardMap, type ShardMapEntry } from './catalog.ts';
 import { shardOf } from '../../base/shard-map.ts';
 
 export interface ShardPoolsOptions {
@@ -61,7 +61,7 @@ export class ShardPools {
     if (open && open.url === url) return open.pool;
     const pool = new pg.Pool({
       connectionString: url,
-      Client: shardClientClass(shardSqlRewrite(shard, this.opts.bossSchema)),
+      Client: shardClientOf(shard, this.opts.bossSchema),
       max: this.opts.max ?? 2,
       application_name: 'corral-shard-relay',
       connectionTimeoutMillis: 10_000,
@@ -96,12 +96,10 @@ export async function connectShardOf(
   bossSchema: string,
   applicationName = 'corral',
 ): Promise<pg.Client> {
-  const id = await readShardIdentity((text) => catalog.query(text));
-  const shardCount = id?.shardCount ?? 1;
-  const shard = shardOf(key, shardCount);
-  const url = (await readShardMap(catalog)).find((e) => e.shard === shard)?.url ?? catalogUrl;
-  const Client = shardClientClass(shardSqlRewrite(shard, bossSchema));
-  const client = new Client({ connectionString: url, application_name: applicationName, connectionTimeoutMillis: 10_000 });
+  const layout = await readShardLayout(catalog, catalogUrl);
+  const shard = shardOf(key, layout.shardCount);
+  const Client = shardClientOf(shard, bossSchema);
+  const client = new Client({ connectionString: layout.urlOf(shard), application_name: applicationName, connectionTimeoutMillis: 10_000 });
   // its statement fails on its own when the server goes away; the event must not end the process
   client.on('error', () => undefined);
   await client.connect();

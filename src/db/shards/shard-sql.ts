@@ -87,6 +87,9 @@ export function shardClientClass(rewrite: SqlRewrite): typeof pg.Client {
   };
 }
 
+/** The connection class of shard `shard`'s pools and clients. */
+export const shardClientOf = (shard: number, bossSchema: string): typeof pg.Client => shardClientClass(shardSqlRewrite(shard, bossSchema));
+
 /** The `{ executeSql }` adapter pg-boss takes, on `client`, with the shard's names put in. */
 export function rewritingBossDb(client: pg.ClientBase, rewrite: SqlRewrite) {
   return {
